@@ -77,9 +77,12 @@ class TextFeatures(Sliceable):
 class VideoFeatures(Sliceable):
     """Per-frame features for N videos (after the temporal module when a model produced them).
 
-    frames:     [N, F, D] projected CLS feature of every sampled frame slot (padding slots included).
+    frames:     [N, F, D] projected CLS feature of every sampled frame slot (padding slots included). A backbone that
+                pools the video itself (CLIP-ViP: the projected first video proxy) gives one slot, [N, 1, D].
     frame_mask: [N, F] 1 on real frames, 0 on zero-padding slots.
+    proxies:    [N, M, D] per-video proxy embeddings (CLIP-ViP-style backbones, spec §4.1), or None.
     """
 
     frames: Tensor
     frame_mask: Tensor
+    proxies: Tensor | None = None

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from transformers import CLIPConfig, CLIPModel
 
 from tvr.config import ModelConfig, TinyClipConfig
-from tvr.types import TextFeatures
+from tvr.types import TextFeatures, VideoFeatures
 
 #: OpenAI CLIP's start/end-of-text ids; EOT is the largest id, so argmax(input_ids) finds it (spec §1.1)
 SOT_ID = 49406
@@ -251,3 +251,10 @@ class ClipBackbone(nn.Module):
         if not outs:
             return pixels.new_zeros(n, f, self.embed_dim, dtype=torch.float32)
         return torch.cat(outs).reshape(n, f, -1)
+
+    def encode_video(self, pixels: Tensor, frame_mask: Tensor) -> VideoFeatures:
+        """Frames [N, F, 3, S, S] and their mask [N, F] → per-frame features (the temporal module comes after).
+
+        The interface every video backbone offers to :class:`~tvr.models.model.RetrievalModel`; a backbone with
+        video-level tokens (CLIP-ViP) returns its own pooled slot and ``proxies`` instead."""
+        return VideoFeatures(self.encode_frames(pixels), frame_mask)

@@ -5,6 +5,7 @@ backbone outputs, so the backbone is skipped and only the temporal module and th
 
 Raw keys:    text_ids [B, L] long, text_mask [B, L], video [B, F, 3, S, S] float, video_mask [B, F]
 Cached keys: text_eot [B, D], text_words [B, L, D], text_word_mask [B, L], frame_feats [B, F, D], video_mask [B, F]
+             (+ video_proxies [B, M, D] for backbones with video proxies)
 Both may carry ``video_ids`` / ``captions`` (lists) and ``skipped`` (ids of unreadable videos left out).
 """
 
@@ -44,14 +45,15 @@ class RetrievalModel(nn.Module):
     def frame_features(self, batch: dict[str, Any]) -> VideoFeatures:
         """Backbone frame features before the temporal module."""
         if "frame_feats" in batch:
-            return VideoFeatures(batch["frame_feats"], batch["video_mask"])
+            return VideoFeatures(batch["frame_feats"], batch["video_mask"], batch.get("video_proxies"))
         if self.backbone is None:
             raise ValueError("batch has raw pixels but the model was built without a backbone (cached mode)")
-        return VideoFeatures(self.backbone.encode_frames(batch["video"]), batch["video_mask"])
+        return self.backbone.encode_video(batch["video"], batch["video_mask"])
 
     def video_features(self, batch: dict[str, Any]) -> VideoFeatures:
         frames = self.frame_features(batch)
-        return VideoFeatures(self.temporal(frames.frames.float(), frames.frame_mask), frames.frame_mask)
+        proxies = frames.proxies.float() if frames.proxies is not None else None
+        return VideoFeatures(self.temporal(frames.frames.float(), frames.frame_mask), frames.frame_mask, proxies)
 
     # ------------------------------------------------------------------ training
     def loss(self, batch: dict[str, Any]) -> dict[str, Tensor]:
