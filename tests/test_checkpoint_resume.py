@@ -41,7 +41,7 @@ class ToyHead(RetrievalHead):
     """Linear projections + masked mean + symmetric InfoNCE; dropout so the RNG stream matters."""
 
     def __init__(self, dropout: float = 0.25, logit_scale_init: float = math.log(10.0), logit_scale_max: float = 4.6):
-        super().__init__(logit_scale_init, logit_scale_max)
+        super().__init__(DIM, logit_scale_init=logit_scale_init, logit_scale_max=logit_scale_max)
         self.text_proj = nn.Linear(DIM, EMB)
         self.video_proj = nn.Linear(DIM, EMB)
         self.norm = nn.LayerNorm(EMB)

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tvr.config import HeadConfig
 from tvr.models.heads import clip4clip as c4c_mod
-from tvr.models.heads import registry
 from tvr.models.heads.base import LN_100, RetrievalHead
-from tvr.models.heads.clip4clip import Clip4ClipHead, Clip4ClipTextState, Clip4ClipVideoState
+from tvr.models.heads.clip4clip import Clip4ClipHead, Clip4ClipOptions, Clip4ClipTextState, Clip4ClipVideoState
 from tvr.types import TextFeatures, VideoFeatures
 
 D, F_SLOTS = 16, 5
@@ -63,7 +60,7 @@ def symmetric_ce_by_hand(logits: torch.Tensor) -> torch.Tensor:
 
 
 def test_mean_score_equals_formula_and_is_indexable() -> None:
-    head = Clip4ClipHead()
+    head = Clip4ClipHead(D)
     assert head.indexable is True and RetrievalHead.indexable is False
     text, video = make_features(7, 6)
     ts, vs = head.encode_texts(text), head.encode_videos(video)
@@ -76,7 +73,7 @@ def test_mean_score_equals_formula_and_is_indexable() -> None:
 
 
 def test_masked_frames_do_not_matter_in_mean_mode() -> None:
-    head = Clip4ClipHead()
+    head = Clip4ClipHead(D)
     text, video = make_features(4, 6, seed=1)
     base = head.score(head.encode_texts(text), head.encode_videos(video))
     noisy = video.frames.clone()
@@ -87,7 +84,7 @@ def test_masked_frames_do_not_matter_in_mean_mode() -> None:
 
 
 def test_video_without_frames_scores_zero_not_nan() -> None:
-    head = Clip4ClipHead()
+    head = Clip4ClipHead(D)
     text, video = make_features(3, 2)
     video.frame_mask[1] = 0
     s = head.score(head.encode_texts(text), head.encode_videos(video))
@@ -98,7 +95,7 @@ def test_video_without_frames_scores_zero_not_nan() -> None:
 
 
 def test_text_softmax_score_equals_formula(monkeypatch: pytest.MonkeyPatch) -> None:
-    head = Clip4ClipHead(video_pool="text_softmax", pool_temperature=3.0)
+    head = Clip4ClipHead(D, Clip4ClipOptions(video_pool="text_softmax", pool_temperature=3.0))
     assert head.indexable is False
     text, video = make_features(6, 5, seed=2)
     text = TextFeatures(eot=text.eot * 0.5)  # keep the softmax away from one-hot so every weight matters
@@ -113,7 +110,7 @@ def test_text_softmax_score_equals_formula(monkeypatch: pytest.MonkeyPatch) -> N
 def test_text_softmax_padded_slots_only_rescale_the_pooled_vector() -> None:
     # reference behaviour: padded slots take softmax mass but contribute no vector (no renormalisation); the
     # cosine is scale-invariant, so the score equals softmax pooling over the real frames only
-    head = Clip4ClipHead(video_pool="text_softmax", pool_temperature=1.0)
+    head = Clip4ClipHead(D, Clip4ClipOptions(video_pool="text_softmax", pool_temperature=1.0))
     t = torch.tensor([[1.0, 0.0]])
     frames = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]]])
     mask = torch.tensor([[1, 1, 0]])
@@ -126,7 +123,7 @@ def test_text_softmax_padded_slots_only_rescale_the_pooled_vector() -> None:
 
 
 def test_masked_frames_do_not_matter_in_text_softmax_mode() -> None:
-    head = Clip4ClipHead(video_pool="text_softmax")
+    head = Clip4ClipHead(D, Clip4ClipOptions(video_pool="text_softmax"))
     text, video = make_features(4, 6, seed=1)
     base = head.score(head.encode_texts(text), head.encode_videos(video))
     noisy = video.frames.clone()
@@ -138,7 +135,7 @@ def test_masked_frames_do_not_matter_in_text_softmax_mode() -> None:
 
 @pytest.mark.parametrize("pool", ["mean", "text_softmax"])
 def test_chunked_score_equals_unchunked(pool: str) -> None:
-    head = Clip4ClipHead(video_pool=pool)
+    head = Clip4ClipHead(D, Clip4ClipOptions(video_pool=pool))
     text, video = make_features(11, 9, seed=3)
     ts, vs = head.encode_texts(text), head.encode_videos(video)
     full = head.score(ts, vs)
@@ -153,7 +150,7 @@ def test_chunked_score_equals_unchunked(pool: str) -> None:
 
 @pytest.mark.parametrize("pool", ["mean", "text_softmax"])
 def test_loss_equals_hand_computed_infonce(pool: str) -> None:
-    head = Clip4ClipHead(video_pool=pool, logit_scale_init=math.log(20.0))
+    head = Clip4ClipHead(D, Clip4ClipOptions(video_pool=pool), logit_scale_init=math.log(20.0))
     text, video = make_features(6, 6, seed=4)
     out = head.loss(text, video)
     assert set(out) == {"loss", "infonce", "logit_scale"}
@@ -167,7 +164,7 @@ def test_loss_equals_hand_computed_infonce(pool: str) -> None:
 
 
 def test_loss_gradient_reaches_features() -> None:
-    head = Clip4ClipHead(video_pool="text_softmax")
+    head = Clip4ClipHead(D, Clip4ClipOptions(video_pool="text_softmax"))
     text, video = make_features(4, 4, seed=5)
     eot = text.eot.clone().requires_grad_(True)
     frames = video.frames.clone().requires_grad_(True)
@@ -177,7 +174,7 @@ def test_loss_gradient_reaches_features() -> None:
 
 
 def test_logit_scale_clamp() -> None:
-    head = Clip4ClipHead(logit_scale_init=1.0, logit_scale_max=LN_100)
+    head = Clip4ClipHead(D, logit_scale_init=1.0, logit_scale_max=LN_100)
     with torch.no_grad():
         head.logit_scale.fill_(6.0)
     head.clamp_logit_scale()
@@ -190,78 +187,13 @@ def test_logit_scale_clamp() -> None:
 
 def test_bad_options() -> None:
     with pytest.raises(ValueError, match="video_pool"):
-        Clip4ClipHead(video_pool="max")
+        Clip4ClipHead(D, Clip4ClipOptions(video_pool="max"))
     with pytest.raises(ValueError, match="pool_temperature"):
-        Clip4ClipHead(video_pool="text_softmax", pool_temperature=0.0)
-
-
-# ------------------------------------------------------------------------------------------ registry
-
-
-def test_build_head_from_config() -> None:
-    cfg = HeadConfig()
-    head = registry.build_head(cfg, dim=D, logit_scale_init=LN_100)
-    assert isinstance(head, Clip4ClipHead) and head.indexable
-    assert head.logit_scale.item() == pytest.approx(LN_100)
-    cfg.logit_scale_init = 1.5
-    cfg.logit_scale_max = 3.0
-    cfg.clip4clip.video_pool = "text_softmax"
-    cfg.clip4clip.pool_temperature = 5.0
-    head = registry.build_head(cfg, dim=D, logit_scale_init=LN_100)
-    assert head.logit_scale.item() == pytest.approx(1.5) and head.logit_scale_max == 3.0
-    assert head.video_pool == "text_softmax" and head.pool_temperature == 5.0 and not head.indexable
-
-
-def test_unknown_head_lists_valid_names() -> None:
-    with pytest.raises(ValueError, match=r"'nope'.*valid names: \['clip4clip', 'gare'"):
-        registry.build_head(HeadConfig(name="nope"), dim=D, logit_scale_init=LN_100)
-    with pytest.raises(ValueError, match="dim"):
-        registry.build_head(HeadConfig(), dim=0, logit_scale_init=LN_100)
-
-
-def test_register_head(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "HEADS", dict(registry.HEADS))
-
-    def factory(cfg: HeadConfig, dim: int, scale: float) -> RetrievalHead:
-        return Clip4ClipHead(logit_scale_init=scale)
-
-    registry.register_head("custom", factory)
-    registry.register_head("custom", factory)  # same factory again: fine (module reloads)
-    head = registry.build_head(HeadConfig(name="custom"), dim=D, logit_scale_init=0.5)
-    assert head.logit_scale.item() == pytest.approx(0.5)
-    with pytest.raises(ValueError, match="already registered"):
-        registry.register_head("custom", lambda c, d, s: factory(c, d, s))
-    registry.register_head("bad", lambda c, d, s: object())
-    with pytest.raises(TypeError, match="expected a RetrievalHead"):
-        registry.build_head(HeadConfig(name="bad"), dim=D, logit_scale_init=0.5)
-
-
-def test_lazy_head_module(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setattr(registry, "HEADS", dict(registry.HEADS))
-    module = "tvr_test_lazy_head"
-    (tmp_path / f"{module}.py").write_text(
-        "from tvr.models.heads.clip4clip import Clip4ClipHead\n"
-        "from tvr.models.heads.registry import register_head\n"
-        "register_head('lazy', lambda cfg, dim, scale: Clip4ClipHead(logit_scale_init=scale))\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, module, raising=False)
-    monkeypatch.setattr(
-        registry,
-        "LAZY_MODULES",
-        {"lazy": module, "missing": "tvr.models.heads._no_such_module", "silent": "tvr.eval.report"},
-    )
-    head = registry.build_head(HeadConfig(name="lazy"), dim=D, logit_scale_init=0.25)
-    assert isinstance(head, Clip4ClipHead) and "lazy" in registry.HEADS
-    with pytest.raises(ImportError, match=r"'missing' is implemented in tvr\.models\.heads\._no_such_module"):
-        registry.build_head(HeadConfig(name="missing"), dim=D, logit_scale_init=0.25)
-    with pytest.raises(ValueError, match="did not register head 'silent'"):
-        registry.build_head(HeadConfig(name="silent"), dim=D, logit_scale_init=0.25)
-    monkeypatch.delitem(sys.modules, module, raising=False)
+        Clip4ClipHead(D, Clip4ClipOptions(video_pool="text_softmax", pool_temperature=0.0))
 
 
 def test_states_follow_dtype_and_device_helpers() -> None:
-    head = Clip4ClipHead(video_pool="text_softmax")
+    head = Clip4ClipHead(D, Clip4ClipOptions(video_pool="text_softmax"))
     text, video = make_features(3, 4)
     vs = head.encode_videos(video).to("cpu", torch.float64)
     assert vs.frames.dtype == torch.float64 and vs.gram.dtype == torch.float64 and len(vs) == 4

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tvr.config import Config, ConfigError, load_config, save_config
+import tvr.config as config_mod
+from tvr.config import Config, ConfigError, config_from_dict, load_config, save_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -49,8 +50,66 @@ def test_circular_base_is_reported(tmp_path: Path) -> None:
 
 
 def test_saved_config_round_trips(tmp_path: Path) -> None:
-    cfg = load_config(CONFIGS / "clip4clip" / "msrvtt.yaml", ["head.gare.eta=-1", "train.betas=[0.8, 0.9]"])
+    cfg = load_config(CONFIGS / "gare" / "msrvtt.yaml", ["head.options.eta=-1", "train.betas=[0.8, 0.9]"])
     save_config(cfg, tmp_path / "config.yaml")
     again = load_config(tmp_path / "config.yaml")
-    assert again == cfg
+    assert again == cfg and again.head.options["eta"] == -1
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["train"]["betas"] == [0.8, 0.9]
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("train.schedule=cosine", r"train.schedule = 'cosine': expected one of \['warmup_cosine', 'constant'\]"),
+        ("eval.tie_mode=pessimistic", r"eval.tie_mode = 'pessimistic': expected one of \['optimistic', 'reference'\]"),
+        ("model.temporal=lstm", r"model.temporal = 'lstm': expected one of \['meanP', 'seqTransf', 'none'\]"),
+        ("data.sampling=random", r"data.sampling = 'random': expected one of \['clip4clip', 'clipvip'\]"),
+        ("data.dataset=kinetics", r"data.dataset = 'kinetics': expected one of \['msrvtt', "),
+        ("train.select_metric=t2v/R2", r"train.select_metric = 't2v/R2': expected one of \['t2v/R1', "),
+        ("data.val_fraction=1.0", r"data.val_fraction = 1.0: expected a number >= 0.0 and < 1.0"),
+        ("train.lr=0", r"train.lr = 0.0: expected a number > 0.0"),
+        ("train.warmup=-0.1", r"train.warmup = -0.1: expected a number >= 0.0 and < 1.0"),
+        ("eval.rerank_k=-5", r"eval.rerank_k = -5: expected a number >= 0"),
+        ("train.betas=[0.9, 1.5]", r"train.betas\[1\] = 1.5: expected a number >= 0 and < 1"),
+        ("train.device=gpu", r"train.device = 'gpu': expected auto, cpu, cuda or cuda:N"),
+        ("train.select_metric=t2v_dsl/R1", r"train.select_metric = 't2v_dsl/R1' needs eval.dsl = true"),
+    ],
+)
+def test_choices_and_ranges_fail_at_load_with_the_valid_values(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(CONFIGS / "clip4clip" / "msrvtt.yaml", [override])
+
+
+def test_choice_lists_match_the_implementations() -> None:
+    from tvr.data.annotations import DATASETS
+    from tvr.data.video import SAMPLING_MODES
+    from tvr.eval.metrics import METRIC_KEYS, TIE_MODES
+    from tvr.models.temporal import TEMPORAL_MODULES
+    from tvr.train.schedule import SCHEDULES
+
+    assert config_mod.DATASETS == DATASETS
+    assert config_mod.SAMPLINGS == SAMPLING_MODES
+    assert config_mod.TIE_MODES == TIE_MODES
+    assert config_mod.SCHEDULES == SCHEDULES
+    assert config_mod.METRIC_NAMES == METRIC_KEYS
+    assert set(config_mod.TEMPORALS) == set(TEMPORAL_MODULES)
+
+
+def test_switching_the_head_drops_the_previous_heads_options(tmp_path: Path) -> None:
+    gare = CONFIGS / "gare" / "msrvtt.yaml"
+    for overrides in (["head.name=clip4clip", "head.options.video_pool=mean"],
+                      ["head.options.video_pool=mean", "head.name=clip4clip"]):
+        cfg = load_config(gare, overrides)
+        assert cfg.head.name == "clip4clip" and cfg.head.options == {"video_pool": "mean"}
+    kept = load_config(gare, ["head.name=gare"])  # same head: options stay
+    assert kept.head.options["pool_temperature"] == 3.0
+    child = tmp_path / "child.yaml"
+    child.write_text(f"base: {gare}\nhead:\n  name: clip4clip\n  options:\n    video_pool: text_softmax\n")
+    assert load_config(child).head.options == {"video_pool": "text_softmax"}
+
+
+def test_old_head_sections_are_migrated(caplog: pytest.LogCaptureFixture) -> None:
+    old = {"head": {"name": "gare", "gare": {"eta": -1.0, "rerank_k": 50}, "clip4clip": {"video_pool": "mean"}}}
+    cfg = config_from_dict(old)
+    assert cfg.head.options == {"eta": -1.0} and cfg.eval.rerank_k == 50
+    assert "head.options" in caplog.text

@@ -106,7 +106,7 @@ class _Temporal(nn.Module):
 
 class _Head(RetrievalHead):
     def __init__(self) -> None:
-        super().__init__(logit_scale_init=2.0)
+        super().__init__(D, logit_scale_init=2.0)
         self.text_proj = nn.Linear(D, 4)
         self.video_proj = nn.Linear(D, 4)
 

@@ -11,15 +11,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tvr.config import GareOptions, HeadConfig, load_config
+from tvr.config import Config, HeadConfig, load_config
 from tvr.losses import gare_direction, gare_kl, gare_radius, symmetric_infonce
 from tvr.models.heads import gare as gare_module
 from tvr.models.heads.base import LN_100
-from tvr.models.heads.gare import GareHead, Psi, gare_block, validate_gare_options
+from tvr.models.heads.gare import GareHead, GareOptions, Psi, gare_block, validate_gare_options
+from tvr.models.heads.registry import resolve_head_config
 from tvr.types import TextFeatures, VideoFeatures
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = sorted((REPO / "configs" / "gare").rglob("*.yaml"))
+
+
+def load(path: Path) -> Config:
+    """A preset with its head options resolved against the head's dataclass (as every entry point does)."""
+    cfg = load_config(path)
+    resolve_head_config(cfg.head)
+    return cfg
 D = 32
 
 
@@ -213,7 +221,7 @@ def test_word_context_needs_words() -> None:
     ],
 )
 def test_invalid_options_name_the_field(field: str, value: object) -> None:
-    with pytest.raises(ValueError, match=f"head.gare.{field}"):
+    with pytest.raises(ValueError, match=f"head.options.{field}"):
         validate_gare_options(GareOptions(**{field: value}))
 
 
@@ -249,8 +257,7 @@ def test_default_blocks_are_bounded() -> None:
     assert sum(t * v for t, v in seen) == len(text) * len(video)
 
 
-def test_auto_scorer_agrees_with_exact_when_available() -> None:
-    pytest.importorskip("tvr.models.heads.gare_scoring")
+def test_auto_scorer_agrees_with_exact() -> None:
     text, video = make_features(9, 6)
     for variant in VARIANTS:
         exact = GareHead(D, GareOptions(**variant, scorer="exact")).eval()
@@ -262,13 +269,11 @@ def test_auto_scorer_agrees_with_exact_when_available() -> None:
 
 def test_two_stage_rerank_scores_the_shortlist_exactly() -> None:
     text, video = make_features(8, 10)
-    exact = GareHead(D, GareOptions(scorer="exact")).eval()
-    ts, vs = exact.encode_texts(text), exact.encode_videos(video)
-    full = exact.score(ts, vs)
+    head = GareHead(D, GareOptions(scorer="auto")).eval()
+    ts, vs = head.encode_texts(text), head.encode_videos(video)
+    full = head.score(ts, vs)
     for k in (3, 10):
-        two_stage = GareHead(D, GareOptions(scorer="auto", rerank_k=k)).eval()
-        two_stage.load_state_dict(exact.state_dict())
-        got = two_stage.score(ts, vs)
+        got = head.score_two_stage(ts, vs, k)
         # the shortlist is the top-k videos by cos(t_i, mean frame); those get the exact score, the rest -inf
         vbar = video.frames.mean(1)
         expected_idx = torch.topk(F.normalize(text.eot, dim=-1) @ F.normalize(vbar, dim=-1).T, k, dim=1).indices
@@ -276,52 +281,46 @@ def test_two_stage_rerank_scores_the_shortlist_exactly() -> None:
         assert finite.sum(1).tolist() == [k] * len(text)
         assert torch.equal(finite, torch.zeros_like(finite).scatter_(1, expected_idx, True))
         torch.testing.assert_close(got[finite], full[finite], rtol=1e-5, atol=1e-5)
-        if k == 10:  # gallery not larger than K: plain exact scoring
+        if k == 10:  # K = gallery: exhaustive exact scoring
             torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-5)
 
 
-def test_scorer_dispatch_without_and_with_fast_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-    import types
+class _DoubledPsi(Psi):
+    """A ψ whose structure the factorisation does not know (its own forward)."""
 
+    def forward(self, query, context, context_mask=None):  # noqa: ANN001, ANN201
+        return super().forward(query, context, context_mask) * 2.0
+
+
+def test_scorer_dispatch() -> None:
     text, video = make_features(5, 4)
-    name = "tvr.models.heads.gare_scoring"
-    monkeypatch.setitem(sys.modules, name, None)  # simulate the module being absent
-    assert GareHead(D, GareOptions(scorer="auto")).eval()._fast_scorer() is None
-    with pytest.raises(ModuleNotFoundError):
-        GareHead(D, GareOptions(scorer="fast")).eval()._fast_scorer()
-
-    calls: list[tuple[int, int]] = []
-
-    def fake_scores(psi, ts, vs, options):
-        calls.append((len(ts), len(vs)))
-        return gare_block(psi, ts, vs, options)[0]
-
-    fake = types.ModuleType(name)
-    fake.gare_pairwise_scores = fake_scores
-    fake.fast_scorer_supports = lambda options: options.corrected_side == "text"
-    monkeypatch.setitem(sys.modules, name, fake)
     head = GareHead(D, GareOptions(scorer="auto")).eval()
     ts, vs = head.encode_texts(text), head.encode_videos(video)
-    head.score(ts, vs)
-    assert calls == [(5, 4)]
-    assert GareHead(D, GareOptions(scorer="exact")).eval()._fast_scorer() is None
-    assert GareHead(D, GareOptions(scorer="auto", corrected_side="video")).eval()._fast_scorer() is None
-    with pytest.raises(ValueError, match="does not support"):
-        GareHead(D, GareOptions(scorer="fast", corrected_side="video")).eval()._fast_scorer()
+    assert head._use_fast(ts, vs)
+    assert not GareHead(D, GareOptions(scorer="exact")).eval()._use_fast(ts, vs)
+    # an unknown ψ: auto keeps the exact per-pair path (and still scores), fast refuses
+    head.psi = _DoubledPsi(D).eval()
+    assert not head._use_fast(ts, vs)
+    torch.testing.assert_close(head.score(ts, vs), gare_block(head.psi, ts, vs, head.options)[0], rtol=0, atol=0)
+    forced = GareHead(D, GareOptions(scorer="fast")).eval()
+    forced.psi = _DoubledPsi(D).eval()
+    with pytest.raises(ValueError, match="_DoubledPsi"):
+        forced._use_fast(ts, vs)
     # word context + text_softmax: auto keeps the direct path once L·F > D (here 5·6 = 30 ≤ 32 < 8·6 = 48)
     words_head = GareHead(D, GareOptions(scorer="auto", context="words")).eval()
     small_t, small_v = make_features(3, 2, frames=6, words=5)
     big_t, big_v = make_features(3, 2, frames=6, words=8)
-    assert words_head._fast_scorer(words_head.encode_texts(small_t), small_v) is fake_scores
-    assert words_head._fast_scorer(words_head.encode_texts(big_t), big_v) is None
+    assert words_head._use_fast(words_head.encode_texts(small_t), small_v)
+    assert not words_head._use_fast(words_head.encode_texts(big_t), big_v)
     forced = GareHead(D, GareOptions(scorer="fast", context="words")).eval()
-    assert forced._fast_scorer(forced.encode_texts(big_t), big_v) is fake_scores
+    assert forced._use_fast(forced.encode_texts(big_t), big_v)
 
 
 def test_training_mode_score_uses_direct_path() -> None:
     head = GareHead(D, GareOptions(scorer="auto")).train()
-    assert head._fast_scorer() is None
+    assert not head._use_fast()
+    with pytest.raises(RuntimeError, match="eval mode"):
+        GareHead(D, GareOptions(scorer="fast")).train()._use_fast()
 
 
 # ----------------------------------------------------------------------------- loss and training
@@ -409,13 +408,13 @@ def test_presets_exist() -> None:
 def test_preset_loads_and_runs_one_step(path: Path) -> None:
     from tvr.models.heads.registry import build_head
 
-    cfg = load_config(path)
+    cfg = load(path)
     head = build_head(cfg.head, D, LN_100)
     if path.name == "baseline.yaml":  # GARE's "Baseline" row: no Δ, text-conditioned pooling in the score
-        assert cfg.head.name == "clip4clip" and cfg.head.clip4clip.video_pool == "text_softmax"
+        assert cfg.head.name == "clip4clip" and cfg.head.options.video_pool == "text_softmax"
     else:
         assert cfg.head.name == "gare"
-        assert isinstance(head, GareHead) and head.options == cfg.head.gare
+        assert isinstance(head, GareHead) and head.options == cfg.head.options
     b = 4
     text, video = make_features(b, b, frames=cfg.data.max_frames, words=cfg.data.max_words)
     opt = torch.optim.SGD(head.parameters(), lr=1e-3)
@@ -427,19 +426,20 @@ def test_preset_loads_and_runs_one_step(path: Path) -> None:
 
 def test_paper_settings_in_presets() -> None:
     gare = REPO / "configs" / "gare"
-    msrvtt = load_config(gare / "msrvtt.yaml")
-    assert msrvtt.head.gare == GareOptions()  # the released MSR-VTT configuration is the default
+    msrvtt = load(gare / "msrvtt.yaml")
+    assert msrvtt.head.options == GareOptions()  # the released MSR-VTT configuration is the default
     assert (msrvtt.data.max_words, msrvtt.data.max_frames, msrvtt.model.temporal) == (32, 12, "seqTransf")
     t = msrvtt.train
     expected = (1e-4, 1e-3, 128, 5, 0.1, 5)
     assert (t.lr, t.backbone_lr_coef, t.batch_size, t.epochs, t.warmup, t.schedule_epochs) == expected
     assert (t.weight_decay, t.grad_clip, msrvtt.data.augment) == (0.2, 1.0, True)
-    assert load_config(gare / "msvd.yaml").model.temporal == "none"
-    anet = load_config(gare / "activitynet.yaml")
-    assert (anet.head.gare.corrected_side, anet.head.gare.context, anet.head.gare.eta) == ("video", "words", 1.0)
+    assert load(gare / "msvd.yaml").model.temporal == "none"
+    anet = load(gare / "activitynet.yaml")
+    opts = anet.head.options
+    assert (opts.corrected_side, opts.context, opts.eta) == ("video", "words", 1.0)
     assert (anet.data.max_words, anet.data.max_frames, anet.train.epochs) == (64, 64, 10)
-    didemo = load_config(gare / "didemo.yaml")
-    assert (didemo.head.gare.corrected_side, didemo.head.gare.context) == ("text", "frames")
+    didemo = load(gare / "didemo.yaml")
+    assert (didemo.head.options.corrected_side, didemo.head.options.context) == ("text", "frames")
     assert (didemo.data.max_words, didemo.data.max_frames) == (64, 64)
 
 
@@ -455,20 +455,20 @@ def test_paper_settings_in_presets() -> None:
     ],
 )
 def test_loss_ablation_presets(name: str, kl: int, radius: int, direction: int) -> None:
-    cfg = load_config(REPO / "configs" / "gare" / "ablations" / f"{name}.yaml")
-    g = cfg.head.gare
+    cfg = load(REPO / "configs" / "gare" / "ablations" / f"{name}.yaml")
+    g = cfg.head.options
     assert (g.kl_weight > 0, g.radius_weight > 0, g.direction_weight > 0) == (bool(kl), bool(radius), bool(direction))
     assert cfg.data.dataset == "msrvtt"
 
 
 def test_no_gap_preset() -> None:
-    cfg = load_config(REPO / "configs" / "gare" / "ablations" / "no_gap_query.yaml")
-    assert cfg.head.gare.gap_query is False and cfg.head.gare.context == "frames"
+    cfg = load(REPO / "configs" / "gare" / "ablations" / "no_gap_query.yaml")
+    assert cfg.head.options.gap_query is False and cfg.head.options.context == "frames"
 
 
 def test_head_config_round_trip_through_registry() -> None:
     from tvr.models.heads.registry import build_head
 
-    head = build_head(HeadConfig(name="gare", gare=GareOptions(corrected_side="video")), D, 2.0)
+    head = build_head(HeadConfig(name="gare", options={"corrected_side": "video"}), D, 2.0)
     assert isinstance(head, GareHead) and head.options.corrected_side == "video"
     assert head.logit_scale.item() == pytest.approx(2.0)

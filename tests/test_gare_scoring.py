@@ -1,34 +1,29 @@
-"""Factorised GARE scoring (spec §3.3a) against the direct path, a pair-by-pair loop and the GARE head."""
+"""Factorised GARE scoring (spec §3.3a) against the reference-style oracle, a pair-by-pair loop and the head."""
 
 from __future__ import annotations
 
 import copy
 import itertools
-import logging
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from gare_oracle import gare_reference_scores
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tvr.models.heads import gare_scoring as gs
-from tvr.models.heads.gare_psi import Psi
-from tvr.models.heads.gare_scoring import (
-    gare_pairwise_scores,
-    gare_pairwise_scores_direct,
-    gare_rerank_scores,
-    mean_cos_index,
-    rerank_to_dense,
-    shortlist_mean_cos,
-)
+from tvr.models.heads.gare import GareHead
+from tvr.models.heads.gare_psi import GareOptions, Psi
+from tvr.models.heads.gare_scoring import fast_path_support, gare_pair_scores, gare_pairwise_scores
+from tvr.types import TextFeatures, VideoFeatures
 
 D, FR, L = 32, 6, 5
 N_T, N_V = 7, 9
 
 
-def random_psi(dim: int = D, seed: int = 0) -> Psi:
-    """ψ with random weights, random biases and non-trivial LayerNorm affine parameters (every term matters)."""
+def random_psi(dim: int = D, seed: int = 0, eps: tuple[float, float, float] = (1e-3, 1e-3, 1e-3)) -> Psi:
+    """ψ with random weights, random biases and non-trivial LayerNorm affine parameters (every term matters).
+    ``eps`` sets LN1, LN2, LN3's eps (large enough that mishandling one would show)."""
     torch.manual_seed(seed)
     psi = Psi(dim)
     with torch.no_grad():
@@ -36,10 +31,10 @@ def random_psi(dim: int = D, seed: int = 0) -> Psi:
             if isinstance(module, torch.nn.LayerNorm):
                 module.weight.normal_(1.0, 0.3)
                 module.bias.normal_(0.0, 0.3)
-                module.eps = 1e-3  # large enough that mishandling eps would show
             elif isinstance(module, torch.nn.Linear):
                 module.weight.normal_(0.0, 1.5 / math.sqrt(dim))
                 module.bias.normal_(0.0, 0.2)
+    psi.ln_in.eps, psi.ln_attn.eps, psi.ln_out.eps = eps
     return psi.eval()
 
 
@@ -62,6 +57,33 @@ def random_inputs(n_t: int = N_T, n_v: int = N_V, dim: int = D, frames: int = FR
     }
 
 
+def features(inp: dict, masks: bool = True) -> tuple[TextFeatures, VideoFeatures]:
+    """``masks=False``: every slot counts as real (the reference never masks)."""
+    fm = inp["frame_mask"] if masks else torch.ones_like(inp["frame_mask"])
+    wm = inp["word_mask"] if masks else torch.ones_like(inp["word_mask"])
+    return TextFeatures(inp["text"], inp["words"], wm), VideoFeatures(inp["frames"], fm)
+
+
+def options(side: str = "text", context: str = "frames", pool: str = "text_softmax", eta: float = 1.0,
+            gap: bool = True, mask_frames: bool = False) -> GareOptions:
+    return GareOptions(corrected_side=side, context=context, video_pool=pool, eta=eta, gap_query=gap,
+                       mask_frames=mask_frames)
+
+
+def fast(psi, inp, masks: bool = True, text_chunk=None, video_chunk=None, **kw):
+    return gare_pairwise_scores(psi, *features(inp, masks), options(**kw), text_chunk=text_chunk,
+                                video_chunk=video_chunk)
+
+
+def reference(psi, inp, masks: bool = True, text_chunk: int = 16, video_chunk: int = 16, **kw):
+    return gare_reference_scores(psi, *features(inp, masks), options(**kw), text_chunk, video_chunk)
+
+
+VARIANTS = list(itertools.product(["text", "video"], ["frames", "words"], ["mean", "text_softmax"], [1.0, -1.0],
+                                  [True, False], [False, True]))
+KEYS = ("side", "context", "pool", "eta", "gap", "mask_frames")
+
+
 @pytest.fixture(scope="module")
 def psi() -> Psi:
     return random_psi()
@@ -72,31 +94,18 @@ def inputs() -> dict:
     return random_inputs()
 
 
-def call(fn, psi, inp, *, masks: bool, pool: str = "text_softmax", chunk_size=None, **kw):
-    return fn(
-        psi, inp["text"], inp["frames"], inp["frame_mask"] if masks else None, pool, 3.0, chunk_size,
-        words=inp["words"], word_mask=inp["word_mask"] if masks else None, **kw,
-    )
-
-
-VARIANTS = list(itertools.product(["text", "video"], ["frames", "words"], ["mean", "text_softmax"], [1.0, -1.0],
-                                  [True, False], [False, True]))
-
-
-# ----------------------------------------------------------------------------- fast == direct, every variant
+# ----------------------------------------------------------------------------- fast == reference, every variant
 
 
 @pytest.mark.parametrize("masks", [False, True], ids=["nomask", "mask"])
-@pytest.mark.parametrize("side,context,pool,eta,gap,mask_frames", VARIANTS)
-def test_fast_equals_direct(psi, inputs, side, context, pool, eta, gap, mask_frames, masks) -> None:
-    kw = dict(corrected_side=side, context=context, eta=eta, gap_query=gap, mask_frames=mask_frames)
-    fast, info = call(gare_pairwise_scores, psi, inputs, masks=masks, pool=pool, chunk_size=3, method="fast",
-                      video_chunk_size=4, return_info=True, **kw)
-    direct = call(gare_pairwise_scores_direct, psi, inputs, masks=masks, pool=pool, chunk_size=16, **kw)
-    assert info["method"] == "fast"
-    assert fast.shape == (N_T, N_V) and fast.dtype == torch.float32
-    assert torch.isfinite(fast).all()
-    assert (fast - direct).abs().max().item() <= 1e-5
+@pytest.mark.parametrize(",".join(KEYS), VARIANTS)
+def test_fast_equals_reference(psi, inputs, side, context, pool, eta, gap, mask_frames, masks) -> None:
+    kw = dict(side=side, context=context, pool=pool, eta=eta, gap=gap, mask_frames=mask_frames)
+    got = fast(psi, inputs, masks=masks, text_chunk=3, video_chunk=4, **kw)
+    ref = reference(psi, inputs, masks=masks, **kw)
+    assert got.shape == (N_T, N_V) and got.dtype == torch.float32
+    assert torch.isfinite(got).all()
+    assert (got - ref).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("side,context,pool", list(itertools.product(["text", "video"], ["frames", "words"],
@@ -105,47 +114,58 @@ def test_fast_is_exact_in_float64(psi, side, context, pool) -> None:
     """In float64 the factorisation agrees to rounding: it is an identity, not an approximation."""
     inp = random_inputs(dtype=torch.float64)
     for gap, mask_frames in itertools.product([True, False], [False, True]):
-        kw = dict(corrected_side=side, context=context, gap_query=gap, mask_frames=mask_frames, eta=-1.0)
-        fast = call(gare_pairwise_scores, psi, inp, masks=True, pool=pool, method="fast", **kw)
-        direct = call(gare_pairwise_scores_direct, psi, inp, masks=True, pool=pool, **kw)
-        assert fast.dtype == torch.float64
-        assert (fast - direct).abs().max().item() < 1e-12
+        kw = dict(side=side, context=context, pool=pool, gap=gap, mask_frames=mask_frames, eta=-1.0)
+        got = fast(psi, inp, **kw)
+        assert got.dtype == torch.float64
+        assert (got - reference(psi, inp, **kw)).abs().max().item() < 1e-12
 
 
 def test_layernorm_eps_enters_exactly(inputs) -> None:
     """A large eps changes the scores; the factorised path must follow it (σ² = ‖Cx‖²/D + eps)."""
-    psi_small, psi_big = random_psi(), random_psi()
-    for module in psi_big.modules():
-        if isinstance(module, torch.nn.LayerNorm):
-            module.eps = 0.5
-    fast = call(gare_pairwise_scores, psi_big, inputs, masks=True, method="fast")
-    direct = call(gare_pairwise_scores_direct, psi_big, inputs, masks=True)
-    other = call(gare_pairwise_scores_direct, psi_small, inputs, masks=True)
-    assert (fast - direct).abs().max().item() <= 1e-5
-    assert (direct - other).abs().max().item() > 1e-3
+    psi_small, psi_big = random_psi(), random_psi(eps=(0.5, 0.5, 0.5))
+    got = fast(psi_big, inputs)
+    ref = reference(psi_big, inputs)
+    other = reference(psi_small, inputs)
+    assert (got - ref).abs().max().item() <= 1e-5
+    assert (ref - other).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize("eps", [(1e-3, 0.3, 0.05), (0.3, 1e-3, 0.05), (0.05, 0.3, 1e-3)])
+@pytest.mark.parametrize("context,pool", [("frames", "text_softmax"), ("frames", "mean"), ("words", "mean")])
+def test_each_layernorm_keeps_its_own_eps(context, pool, eps) -> None:
+    """Three different eps: swapping any two of them inside the factorisation changes the result (each LayerNorm's
+    σ² must use its own eps), checked in float64 so a swap cannot hide in float32 noise."""
+    inp = random_inputs(dtype=torch.float64, dim=16)
+    inp["frames"] = 0.05 * inp["frames"]  # small activations: eps is a large part of every σ²
+    psi = random_psi(dim=16, eps=eps)
+    kw = dict(context=context, pool=pool, mask_frames=True)
+    got = fast(psi, inp, **kw)
+    assert (got - reference(psi, inp, **kw)).abs().max().item() < 1e-10
+    for a, b in ((0, 1), (1, 2), (0, 2)):
+        swapped = list(eps)
+        swapped[a], swapped[b] = swapped[b], swapped[a]
+        other = random_psi(dim=16, eps=tuple(swapped))
+        assert (reference(other, inp, **kw) - got).abs().max().item() > 1e-6
 
 
 def test_all_padded_video_is_finite_and_matches(psi) -> None:
     inp = random_inputs()
     inp["frame_mask"][5] = 0
     for side, mask_frames in itertools.product(["text", "video"], [False, True]):
-        kw = dict(corrected_side=side, mask_frames=mask_frames)
-        fast = call(gare_pairwise_scores, psi, inp, masks=True, method="fast", **kw)
-        direct = call(gare_pairwise_scores_direct, psi, inp, masks=True, **kw)
-        assert torch.isfinite(fast).all()
-        assert (fast - direct).abs().max().item() <= 1e-5
+        kw = dict(side=side, mask_frames=mask_frames)
+        got = fast(psi, inp, **kw)
+        assert torch.isfinite(got).all()
+        assert (got - reference(psi, inp, **kw)).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("context", ["frames", "words"])
 def test_chunking_does_not_change_scores(psi, inputs, context) -> None:
-    full = call(gare_pairwise_scores, psi, inputs, masks=True, context=context, method="fast")
+    full = fast(psi, inputs, context=context)
     for chunk, video_chunk in [(1, 1), (2, 4), (3, 2), (7, 9), (100, 100), (5, 3)]:
-        part = call(gare_pairwise_scores, psi, inputs, masks=True, context=context, method="fast", chunk_size=chunk,
-                    video_chunk_size=video_chunk)
+        part = fast(psi, inputs, context=context, text_chunk=chunk, video_chunk=video_chunk)
         torch.testing.assert_close(part, full, rtol=0, atol=1e-6)
-        direct = call(gare_pairwise_scores_direct, psi, inputs, masks=True, context=context, chunk_size=chunk,
-                      video_chunk_size=video_chunk)
-        assert (direct - full).abs().max().item() <= 1e-5
+        ref = reference(psi, inputs, context=context, text_chunk=chunk, video_chunk=video_chunk)
+        assert (ref - full).abs().max().item() <= 1e-5
 
 
 # ----------------------------------------------------------------------------- the direct path itself
@@ -184,40 +204,30 @@ def naive_pair_scores(psi: Psi, inp: dict, *, side: str, context: str, pool: str
     return out
 
 
-@pytest.mark.parametrize("side,context,pool,eta,gap,mask_frames",
-                         [v for k, v in enumerate(VARIANTS) if k % 3 == 0] + [VARIANTS[-1], VARIANTS[1]])
-def test_direct_equals_naive_pair_loop(side, context, pool, eta, gap, mask_frames) -> None:
+@pytest.mark.parametrize(",".join(KEYS), VARIANTS[::3] + [VARIANTS[-1], VARIANTS[1]])
+def test_reference_equals_naive_pair_loop(side, context, pool, eta, gap, mask_frames) -> None:
+    """The oracle (the library's per-pair block run on blocks) equals spec §3.1/§3.8 written out pair by pair."""
     psi = random_psi()
-    inp = random_inputs(n_t=4, n_v=5)
+    inp = random_inputs(n_t=4, n_v=5, dtype=torch.float64)
     inp["frame_mask"][3] = 0  # an all-padded video as well
-    kw = dict(side=side, context=context, pool=pool, eta=eta, gap=gap, mask_frames=mask_frames, masks=True)
-    naive = naive_pair_scores(psi, inp, **kw)
-    direct = gare_pairwise_scores_direct(
-        psi, inp["text"].double(), inp["frames"].double(), inp["frame_mask"], pool, 3.0, 2,
-        corrected_side=side, context=context, eta=eta, gap_query=gap, mask_frames=mask_frames,
-        words=inp["words"].double(), word_mask=inp["word_mask"], video_chunk_size=3,
-    )
+    kw = dict(side=side, context=context, pool=pool, eta=eta, gap=gap, mask_frames=mask_frames)
+    naive = naive_pair_scores(psi, inp, masks=True, **kw)
+    ref = reference(psi, inp, text_chunk=2, video_chunk=3, **kw)
     # an all-padded video scores 0/0 with text_softmax on the text side: both paths give 0 (eps-clamped) or nan
     finite = torch.isfinite(naive)
-    torch.testing.assert_close(direct[finite], naive[finite], rtol=0, atol=1e-10)
+    torch.testing.assert_close(ref[finite], naive[finite], rtol=0, atol=1e-10)
 
 
-def test_matches_the_gare_head_block() -> None:
-    """Same conventions as tvr.models.heads.gare (η in the no-gap variant, masks, pooling)."""
-    gare = pytest.importorskip("tvr.models.heads.gare")
-    from tvr.config import GareOptions
-    from tvr.types import TextFeatures, VideoFeatures
-
-    psi = random_psi()
+@pytest.mark.parametrize(",".join(KEYS), VARIANTS[::2] + VARIANTS[1::7])
+def test_gare_head_scores_equal_reference(side, context, pool, eta, gap, mask_frames) -> None:
+    """The head in eval mode (auto scorer) gives the reference scores for every variant."""
     inp = random_inputs()
-    text = TextFeatures(inp["text"], inp["words"], inp["word_mask"])
-    video = VideoFeatures(inp["frames"], inp["frame_mask"])
-    for side, context, pool, eta, gap, mask_frames in VARIANTS[::2] + VARIANTS[1::7]:
-        opts = GareOptions(corrected_side=side, context=context, video_pool=pool, eta=eta, gap_query=gap,
-                           mask_frames=mask_frames, scorer="fast")
-        expected, _ = gare.gare_block(psi, text, video, opts)
-        ours = gare_pairwise_scores(psi, text, video, opts)  # the head's calling convention
-        assert (ours - expected).abs().max().item() <= 1e-5
+    head = GareHead(D, options(side, context, pool, eta, gap, mask_frames)).eval()
+    head.psi = random_psi()
+    text, video = features(inp)
+    got = head.score(head.encode_texts(text), head.encode_videos(video))
+    ref = reference(head.psi, inp, side=side, context=context, pool=pool, eta=eta, gap=gap, mask_frames=mask_frames)
+    assert (got - ref).abs().max().item() <= 1e-5
 
 
 # ----------------------------------------------------------------------------- memory
@@ -243,18 +253,17 @@ class MaxNumel(TorchDispatchMode):
                                           ("words", "text_softmax")])
 def test_fast_path_never_allocates_per_pair_vectors(context, pool) -> None:
     """No tensor of N_t·N_v·D/4 elements or more appears in the fast path (per-pair state is O(F)); the
-    direct path with whole-gallery blocks does allocate such tensors, so the check can fail."""
+    reference path with whole-gallery blocks does allocate such tensors, so the check can fail."""
     dim, n_t, n_v = 128, 64, 64
     psi = random_psi(dim)
     inp = random_inputs(n_t=n_t, n_v=n_v, dim=dim, frames=4, words=3)
     bound = n_t * n_v * dim // 4
-    kw = dict(context=context, mask_frames=True)
+    kw = dict(context=context, pool=pool, mask_frames=True)
     with MaxNumel() as fast_mode:
-        call(gare_pairwise_scores, psi, inp, masks=True, pool=pool, method="fast", chunk_size=n_t,
-             video_chunk_size=n_v, **kw)
+        fast(psi, inp, text_chunk=n_t, video_chunk=n_v, **kw)
     assert fast_mode.max_numel < bound, (fast_mode.max_numel, fast_mode.where)
     with MaxNumel() as direct_mode:
-        call(gare_pairwise_scores_direct, psi, inp, masks=True, pool=pool, chunk_size=n_t, video_chunk_size=n_v, **kw)
+        reference(psi, inp, text_chunk=n_t, video_chunk=n_v, **kw)
     assert direct_mode.max_numel >= n_t * n_v * dim
 
 
@@ -266,123 +275,76 @@ class OtherPsi(Psi):
         return super().forward(query, context, context_mask) * 2.0
 
 
-def test_uncovered_psi_fast_raises_auto_falls_back(inputs, caplog) -> None:
+def test_uncovered_psi_is_refused(inputs) -> None:
     other = OtherPsi(D).eval()
+    covered, preferred, reason = fast_path_support(other, GareOptions())
+    assert (covered, preferred) == (False, False) and "OtherPsi" in reason
     with pytest.raises(NotImplementedError, match="OtherPsi"):
-        call(gare_pairwise_scores, other, inputs, masks=True, method="fast")
-    with caplog.at_level(logging.WARNING, logger="tvr.models.heads.gare_scoring"):
-        scores, info = call(gare_pairwise_scores, other, inputs, masks=True, method="auto", return_info=True)
-    assert info["method"] == "direct" and "OtherPsi" in info["reason"]
-    assert any("falls back" in r.message for r in caplog.records)
-    torch.testing.assert_close(scores, call(gare_pairwise_scores_direct, other, inputs, masks=True))
+        fast(other, inputs)
 
 
-def test_auto_uses_direct_for_large_word_frame_cross_terms(caplog) -> None:
-    """Word context + text_softmax needs an L×F cross term per pair; auto avoids it when L·F > D."""
+def test_word_frame_cross_terms_are_reported_when_large() -> None:
+    """Word context + text_softmax needs an L×F cross term per pair; it is not preferred when L·F > D, but still
+    exact when requested."""
     psi = random_psi(dim=16)
     inp = random_inputs(dim=16, frames=6, words=5)  # L·F = 30 > 16
-    kw = dict(context="words", pool="text_softmax", masks=True)
-    with caplog.at_level(logging.WARNING, logger="tvr.models.heads.gare_scoring"):
-        auto, info = call(gare_pairwise_scores, psi, inp, method="auto", return_info=True, **kw)
-    assert info["method"] == "direct" and "cross-Gram" in info["reason"]
-    fast, info = call(gare_pairwise_scores, psi, inp, method="fast", return_info=True, **kw)
-    assert info["method"] == "fast"
-    assert (fast - auto).abs().max().item() <= 1e-5
-    _, info = call(gare_pairwise_scores, psi, inp, method="auto", return_info=True, context="words", pool="mean",
-                   masks=True)
-    assert info["method"] == "fast"
+    covered, preferred, reason = fast_path_support(psi, options(context="words"), 5, 6)
+    assert covered and not preferred and "cross-Gram" in reason
+    assert fast_path_support(psi, options(context="words", pool="mean"), 5, 6)[:2] == (True, True)
+    got = fast(psi, inp, context="words")
+    assert (got - reference(psi, inp, context="words")).abs().max().item() <= 1e-5
 
 
 def test_training_mode_psi_is_scored_without_dropout(inputs) -> None:
     psi = random_psi()
-    expected = call(gare_pairwise_scores_direct, psi, inputs, masks=True)
+    expected = reference(psi, inputs)
     psi.train()
     torch.manual_seed(3)
-    for method in ("fast", "direct", "auto"):
-        torch.testing.assert_close(call(gare_pairwise_scores, psi, inputs, masks=True, method=method), expected,
-                                   rtol=0, atol=1e-5)
+    torch.testing.assert_close(fast(psi, inputs), expected, rtol=0, atol=1e-5)
     assert psi.training
 
 
 def test_folded_weights_follow_parameter_updates(inputs) -> None:
     psi = random_psi()
-    before = call(gare_pairwise_scores, psi, inputs, masks=True, method="fast")
+    before = fast(psi, inputs)
     with torch.no_grad():
         psi.delta_proj.weight.mul_(2.0)
-    after = call(gare_pairwise_scores, psi, inputs, masks=True, method="fast")
+    after = fast(psi, inputs)
     assert (after - before).abs().max().item() > 1e-3
-    assert (after - call(gare_pairwise_scores_direct, psi, inputs, masks=True)).abs().max().item() <= 1e-5
+    assert (after - reference(psi, inputs)).abs().max().item() <= 1e-5
 
 
 def test_bad_inputs_are_named(psi, inputs) -> None:
+    text, video = features(inputs)
+    opts = GareOptions()
     with pytest.raises(ValueError, match="frames"):
-        gare_pairwise_scores(psi, inputs["text"], inputs["frames"][..., :5])
+        gare_pairwise_scores(psi, text, VideoFeatures(video.frames[..., :5], video.frame_mask), opts)
     with pytest.raises(ValueError, match="frame_mask"):
-        gare_pairwise_scores(psi, inputs["text"], inputs["frames"], inputs["frame_mask"][:, :2])
+        gare_pairwise_scores(psi, text, VideoFeatures(video.frames, video.frame_mask[:, :2]), opts)
     with pytest.raises(ValueError, match="words"):
-        gare_pairwise_scores(psi, inputs["text"], inputs["frames"], context="words")
-    with pytest.raises(ValueError, match="method"):
-        gare_pairwise_scores(psi, inputs["text"], inputs["frames"], method="exactly")
-    with pytest.raises(ValueError, match="corrected_side"):
-        gare_pairwise_scores(psi, inputs["text"], inputs["frames"], corrected_side="both")
-    with pytest.raises(ValueError, match="chunk_size"):
-        gare_pairwise_scores(psi, inputs["text"], inputs["frames"], chunk_size=0)
+        gare_pairwise_scores(psi, TextFeatures(text.eot), video, GareOptions(context="words"))
+    with pytest.raises(TypeError, match="GareOptions"):
+        gare_pairwise_scores(psi, text, video, {"context": "frames"})
+    with pytest.raises(ValueError, match="text_chunk"):
+        gare_pairwise_scores(psi, text, video, opts, text_chunk=0)
+    with pytest.raises(ValueError, match="video indices"):
+        gare_pair_scores(psi, text, video, opts, torch.tensor([0]), torch.tensor([N_V]))
 
 
-def test_fast_scorer_supports_every_valid_option() -> None:
-    from tvr.config import GareOptions
-
-    assert gs.fast_scorer_supports(GareOptions())
-    assert gs.fast_scorer_supports(GareOptions(context="words", corrected_side="video", gap_query=False))
-    assert not gs.fast_scorer_supports(GareOptions(corrected_side="left"))
+# ----------------------------------------------------------------------------- given pairs
 
 
-# ----------------------------------------------------------------------------- two-stage
-
-
-@pytest.mark.parametrize("context,pool,mask_frames", [("frames", "text_softmax", False), ("frames", "mean", True),
-                                                      ("words", "text_softmax", True)])
-def test_rerank_returns_exact_scores_of_the_shortlist(context, pool, mask_frames) -> None:
-    psi = random_psi()
+@pytest.mark.parametrize("pool,mask_frames,side", [("text_softmax", False, "text"), ("mean", True, "video"),
+                                                   ("text_softmax", True, "video")])
+def test_pair_scores_equal_the_dense_matrix(psi, pool, mask_frames, side) -> None:
+    """The ragged per-video path scores exactly the requested pairs, in any order, with repeats."""
     inp = random_inputs(n_t=11, n_v=23)
-    kw = dict(context=context, mask_frames=mask_frames)
-    full = call(gare_pairwise_scores_direct, psi, inp, masks=True, pool=pool, **kw)
-    k = 5
-    idx, scores = call(gare_rerank_scores, psi, inp, masks=True, pool=pool, k=k, **kw)
-    assert idx.shape == scores.shape == (11, k)
-    index = mean_cos_index(inp["frames"], inp["frame_mask"], masked=mask_frames)
-    short, _ = shortlist_mean_cos(inp["text"], index, k)
-    assert torch.equal(idx.sort(dim=1).values, short.sort(dim=1).values)  # the shortlist is the mean-cos top-k
-    torch.testing.assert_close(scores, full.gather(1, idx), rtol=0, atol=1e-5)
-    assert (scores[:, :-1] >= scores[:, 1:]).all()  # sorted by GARE score
-    # a precomputed shortlist (e.g. from an ANN index) gives the same result
-    idx2, scores2 = call(gare_rerank_scores, psi, inp, masks=True, pool=pool, k=k, shortlist=short, **kw)
-    assert torch.equal(idx2, idx) and torch.equal(scores2, scores)
-    with pytest.raises(ValueError, match="shortlist"):
-        call(gare_rerank_scores, psi, inp, masks=True, pool=pool, k=k, shortlist=short[:, :2], **kw)
-
-
-@pytest.mark.parametrize("context", ["frames", "words"])
-def test_rerank_with_k_equal_gallery_is_full_exact_scoring(context) -> None:
-    psi = random_psi()
-    inp = random_inputs(n_t=6, n_v=8)
-    full = call(gare_pairwise_scores_direct, psi, inp, masks=True, context=context)
-    idx, scores = call(gare_rerank_scores, psi, inp, masks=True, context=context, k=8)
-    dense = rerank_to_dense(idx, scores, 8)
-    torch.testing.assert_close(dense, full, rtol=0, atol=1e-5)
-    partial = rerank_to_dense(idx[:, :3], scores[:, :3], 8)
-    assert torch.isinf(partial).sum().item() == 6 * 5 and (partial == float("-inf")).sum().item() == 6 * 5
-
-
-def test_shortlist_streams_with_a_running_top_k() -> None:
-    g = torch.Generator().manual_seed(0)
-    text, frames = torch.randn(5, 16, generator=g), torch.randn(40, 3, 16, generator=g)
-    index = mean_cos_index(frames, video_chunk_size=7)
-    torch.testing.assert_close(index, F.normalize(frames.mean(1), dim=1))
-    idx, sc = shortlist_mean_cos(text, index, 7, video_chunk_size=6)
-    expected = F.normalize(text, dim=1) @ index.T
-    top = expected.topk(7, dim=1)
-    torch.testing.assert_close(sc, top.values)
-    assert torch.equal(idx, top.indices)
-    with pytest.raises(ValueError, match="k ="):
-        shortlist_mean_cos(text, index, 41)
+    text, video = features(inp)
+    opts = options(side=side, pool=pool, mask_frames=mask_frames)
+    full = gare_pairwise_scores(psi, text, video, opts)
+    g = torch.Generator().manual_seed(5)
+    ti, vi = torch.randint(0, 11, (200,), generator=g), torch.randint(0, 23, (200,), generator=g)
+    got = gare_pair_scores(psi, text, video, opts, ti, vi, video_chunk=4)
+    torch.testing.assert_close(got, full[ti, vi], rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="frame context"):
+        gare_pair_scores(psi, text, video, options(context="words"), ti, vi)

@@ -23,7 +23,7 @@ class _Temporal(nn.Module):
 
 class _Head(RetrievalHead):
     def __init__(self, dim: int = 4) -> None:
-        super().__init__()
+        super().__init__(dim)
         self.proj = nn.Linear(dim, dim)
         self.norm = nn.LayerNorm(dim)
 

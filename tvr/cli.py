@@ -18,10 +18,15 @@ console = Console(stderr=True)
 
 
 def _load(config: Path | None, overrides: list[str] | None):
+    """Load and fully check a run config (core sections first, without importing torch; then the head's options
+    against its own dataclass). A bad value exits with code 2 and one line naming the field and the valid values."""
     from tvr.config import ConfigError, load_config
 
     try:
-        return load_config(config, overrides or [])
+        cfg = load_config(config, overrides or [])
+        from tvr.pipeline import resolve_config
+
+        return resolve_config(cfg)
     except ConfigError as exc:
         console.print(f"[red]config error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -50,13 +55,19 @@ def train(
     out: Path = typer.Option(..., "--out", "-o", help="Run folder (config, logs, checkpoints, metrics)."),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override, e.g. --set train.lr=3e-4 (repeatable)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/last.pt exactly where it stopped."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start over in a run folder that holds checkpoints."),
     no_test: bool = typer.Option(False, "--no-test", help="Skip the final test-split evaluation."),
 ) -> None:
     """Train a method; select on validation; evaluate the test split once at the end."""
+    cfg = _load(config, set_)
+    from tvr.config import ConfigError
     from tvr.pipeline import run_train
 
-    cfg = _load(config, set_)
-    summary = run_train(cfg, out, resume=resume, final_test=not no_test)
+    try:
+        summary = run_train(cfg, out, resume=resume, final_test=not no_test, overwrite=overwrite)
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
     for tag, metrics in summary.get("test", {}).items():
         _print_metrics(metrics, f"test ({tag} checkpoint)")
     console.print(f"run folder: {out}")
@@ -70,9 +81,9 @@ def eval_(
     set_: list[str] = typer.Option(None, "--set"),
 ) -> None:
     """Evaluate a checkpoint: writes OUT/metrics.json ({"t2v": ..., "v2t": ...}) and OUT/metrics.md."""
+    cfg = _load(config, set_)
     from tvr.pipeline import run_eval
 
-    cfg = _load(config, set_)
     metrics = run_eval(cfg, checkpoint, out)
     _print_metrics(metrics, f"{cfg.eval.split} split")
 
@@ -87,11 +98,11 @@ def features(
     fp32: bool = typer.Option(False, "--fp32", help="Store float32 instead of float16."),
 ) -> None:
     """Cache frozen-backbone frame and caption features; train on them with --set data.features_dir=OUT."""
+    cfg = _load(config, set_)
     import torch
 
-    from tvr.data.feature_cache import build_feature_cache
+    from tvr.pipeline import build_feature_cache
 
-    cfg = _load(config, set_)
     manifest = build_feature_cache(
         cfg,
         out,
@@ -129,15 +140,47 @@ def synth(
 def demo(
     out: Path = typer.Option(Path("demo_out"), "--out", "-o"),
     quick: bool = typer.Option(False, "--quick", help="A few steps only (smoke test)."),
-    method: str = typer.Option("clip4clip", help="Head to train: clip4clip or gare."),
+    method: str = typer.Option(
+        "clip4clip", help="Head to train: a registered head (see `tvr heads`) or an import path 'pkg.module:Class'."
+    ),
 ) -> None:
-    """Synthesise a dataset, train a small randomly initialised CLIP4Clip on CPU, evaluate, print metrics."""
+    """Synthesise a dataset, train a small randomly initialised model on CPU, evaluate, print metrics."""
+    from tvr.config import ConfigError
     from tvr.demo import run_demo
 
-    summary = run_demo(out, quick=quick, method=method)
+    try:
+        summary = run_demo(out, quick=quick, method=method)
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
     for tag, metrics in summary.get("test", {}).items():
         _print_metrics(metrics, f"synthetic test split ({tag} checkpoint)")
     console.print(f"run folder: {out / 'run'}")
+
+
+@app.command()
+def heads() -> None:
+    """List the method heads (registered in tvr.models.heads or by installed packages) and their options."""
+    import dataclasses
+
+    from rich.table import Table
+
+    from tvr.models.heads.registry import available_heads, head_class
+
+    table = Table(title="method heads (head.name; options under head.options)")
+    for column in ("name", "indexable (defaults)", "options (default; choices)"):
+        table.add_column(column)
+    for name in available_heads():
+        cls = head_class(name)
+        fields = []
+        for f in dataclasses.fields(cls.Options):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            choices = f.metadata.get("choices")
+            fields.append(f"{f.name}={default!r}" + (f" {list(choices)}" if choices else ""))
+        # indexability may depend on the options (CLIP4Clip: mean pooling only); show it for the defaults
+        indexable = cls(8, cls.Options()).indexable
+        table.add_row(name, "yes" if indexable else "no", "\n".join(fields) or "-")
+    Console().print(table)
 
 
 @app.command("convert-openai")

@@ -8,7 +8,10 @@ falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,15 +20,93 @@ from typing import Any
 
 import yaml
 
+log = logging.getLogger(__name__)
+
 
 class ConfigError(ValueError):
     """A config file or override does not match the schema."""
 
 
+# --------------------------------------------------------------------------------------------- field helpers
+# Choices and ranges live in the field metadata, so every section (and every head's options dataclass) is checked
+# the same way when it is loaded: a bad value fails at once with the field's dotted name and the valid values.
+
+
+def choice(default: str, *values: str) -> Any:
+    """A string field restricted to ``values`` (``default`` must be one of them)."""
+    if default not in values:
+        raise ValueError(f"choice default {default!r} is not among {values}")
+    return field(default=default, metadata={"choices": tuple(values)})
+
+
+def bounded(
+    default: Any,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    allow: tuple = (),
+) -> Any:
+    """A numeric field restricted to a range; values in ``allow`` (e.g. 0 meaning "off") are accepted as well."""
+    return field(default=default, metadata={"range": (ge, gt, le, lt), "allow": tuple(allow)})
+
+
+def _range_text(ge: Any, gt: Any, le: Any, lt: Any) -> str:
+    low = f">= {ge}" if ge is not None else (f"> {gt}" if gt is not None else "")
+    high = f"<= {le}" if le is not None else (f"< {lt}" if lt is not None else "")
+    return " and ".join(p for p in (low, high) if p)
+
+
+def check_field_values(obj: Any, where: str) -> None:
+    """Check every field of dataclass ``obj`` against its ``choice``/``bounded`` metadata (not recursive), then the
+    class's own ``validate()`` for rules that span fields (its ValueError message starts with the field name).
+    Raises ConfigError naming ``where.field``."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        name = f"{where}.{f.name}" if where else f.name
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{name} = {value!r}: expected one of {list(choices)}")
+        bounds = f.metadata.get("range")
+        if bounds is not None and value is not None and value not in f.metadata.get("allow", ()):
+            ge, gt, le, lt = bounds
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            ok = number and math.isfinite(value)
+            ok = ok and (ge is None or value >= ge) and (gt is None or value > gt)
+            ok = ok and (le is None or value <= le) and (lt is None or value < lt)
+            if not ok:
+                extra = f" (or {', '.join(map(repr, f.metadata['allow']))})" if f.metadata.get("allow") else ""
+                raise ConfigError(f"{name} = {value!r}: expected a number {_range_text(ge, gt, le, lt)}{extra}")
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        try:
+            validate()
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            # validate() messages start with the field name, so the dotted path reads naturally
+            raise ConfigError(f"{where}.{exc}" if where else str(exc)) from None
+
+
+# --------------------------------------------------------------------------------------------- schema
+# Choice lists name the implementations' own constants (tests/test_config.py checks that they agree).
+
+DATASETS = ("msrvtt", "msvd", "didemo", "activitynet", "generic")
+SAMPLINGS = ("clip4clip", "clipvip")
+TEMPORALS = ("meanP", "seqTransf", "none")
+SCHEDULES = ("warmup_cosine", "constant")
+TIE_MODES = ("optimistic", "reference")
+EVAL_SPLITS = ("val", "test", "test_multi", "train")
+METRIC_DIRECTIONS = ("t2v", "v2t", "t2v_dsl", "v2t_dsl")
+METRIC_NAMES = ("R1", "R5", "R10", "MdR", "MnR")
+SELECT_METRICS = tuple(f"{d}/{m}" for d in METRIC_DIRECTIONS for m in METRIC_NAMES)
+
+
 @dataclass
 class DataConfig:
     #: msrvtt | msvd | didemo | activitynet | generic
-    dataset: str = "msrvtt"
+    dataset: str = choice("msrvtt", *DATASETS)
     #: folder holding the dataset's annotation files (standard names, see docs/datasets.md)
     annotations: str = ""
     #: folder holding the video files
@@ -33,46 +114,46 @@ class DataConfig:
     #: how a video id becomes a file name inside ``video_dir``
     video_pattern: str = "{video_id}.mp4"
     #: MSR-VTT training list: 9k | 7k ; ignored elsewhere
-    train_split: str = "9k"
+    train_split: str = choice("9k", "9k", "7k")
     #: generic format: path of the CSV / JSONL file (relative to ``annotations``)
     generic_file: str = "captions.csv"
     #: fraction of training videos held out for validation where a dataset has no official val split
-    val_fraction: float = 0.05
+    val_fraction: float = bounded(0.05, ge=0.0, lt=1.0)
     val_seed: int = 0
-    max_words: int = 32
-    max_frames: int = 12
+    max_words: int = bounded(32, ge=3)
+    max_frames: int = bounded(12, ge=1)
     #: candidate frames per second before uniform sub-sampling to ``max_frames`` (CLIP4Clip: 1)
-    frame_rate: float = 1.0
-    image_size: int = 224
+    frame_rate: float = bounded(1.0, gt=0.0)
+    image_size: int = bounded(224, ge=1)
     #: clip4clip (1-fps candidates, uniform pick, zero padding) | clipvip (linspace over decoded frames)
-    sampling: str = "clip4clip"
+    sampling: str = choice("clip4clip", *SAMPLINGS)
     #: video-consistent RandAugment on training clips (GARE recipe); never applied at eval
     augment: bool = False
-    augment_magnitude: float = 7.0
-    augment_num_ops: int = 4
-    num_workers: int = 0
+    augment_magnitude: float = bounded(7.0, ge=0.0, le=10.0)
+    augment_num_ops: int = bounded(4, ge=0)
+    num_workers: int = bounded(0, ge=0)
     #: folder of a ``tvr features`` cache; when set, training/eval read features instead of videos
     features_dir: str = ""
     #: restrict to the first N training pairs / test items (0 = all); for smoke runs
-    limit_train: int = 0
-    limit_eval: int = 0
+    limit_train: int = bounded(0, ge=0)
+    limit_eval: int = bounded(0, ge=0)
 
 
 @dataclass
 class TinyClipConfig:
     """A small randomly initialised CLIP of the real architecture (tests, demo, CPU experiments)."""
 
-    embed_dim: int = 64
-    text_width: int = 64
-    text_layers: int = 4
-    text_heads: int = 4
-    vision_width: int = 64
-    vision_layers: int = 2
-    vision_heads: int = 4
-    image_size: int = 32
-    patch_size: int = 8
-    context_length: int = 77
-    vocab_size: int = 49408
+    embed_dim: int = bounded(64, ge=1)
+    text_width: int = bounded(64, ge=1)
+    text_layers: int = bounded(4, ge=1)
+    text_heads: int = bounded(4, ge=1)
+    vision_width: int = bounded(64, ge=1)
+    vision_layers: int = bounded(2, ge=1)
+    vision_heads: int = bounded(4, ge=1)
+    image_size: int = bounded(32, ge=1)
+    patch_size: int = bounded(8, ge=1)
+    context_length: int = bounded(77, ge=3)
+    vocab_size: int = bounded(49408, ge=3)
 
 
 @dataclass
@@ -85,111 +166,86 @@ class ModelConfig:
     #: train only the temporal module and the head (always true when training on cached features)
     freeze_backbone: bool = False
     #: meanP | seqTransf | none
-    temporal: str = "seqTransf"
-    temporal_layers: int = 4
+    temporal: str = choice("seqTransf", *TEMPORALS)
+    temporal_layers: int = bounded(4, ge=1)
     #: on CUDA, cast a CLIP that does not train (frozen backbone, ``tvr features``, ``tvr eval``) to fp16 as the
     #: reference does; a trainable backbone keeps fp32 weights and trains under AMP instead
     clip_fp16_on_cuda: bool = True
     #: encode at most this many frames per vision forward pass (0 = all frames of the batch at once)
-    frame_chunk: int = 0
-
-
-@dataclass
-class Clip4ClipOptions:
-    """CLIP4Clip similarity (spec §1.3)."""
-
-    #: mean (masked mean of normalised frames) | text_softmax (text-conditioned frame pooling)
-    video_pool: str = "mean"
-    pool_temperature: float = 3.0
-
-
-@dataclass
-class GareOptions:
-    """GARE (spec §3). Defaults = the released MSR-VTT configuration."""
-
-    #: text | video: which side receives Δ_ij
-    corrected_side: str = "text"
-    #: frames (V_frame of video j) | words (T_word of text i)
-    context: str = "frames"
-    #: sign η of the gap η·(v̄_j − t_i)
-    eta: float = 1.0
-    #: True: query = η·(v̄_j − t_i); False: Table-5 variant, query = t_i and Δ_ij = v_j − ψ(t_i, C)
-    gap_query: bool = True
-    #: video pooling in the score: mean | text_softmax
-    video_pool: str = "text_softmax"
-    pool_temperature: float = 3.0
-    #: masked frame mean for v̄_j and key masking in ψ (reference: off)
-    mask_frames: bool = False
-    #: normal0.02 (reference behaviour) | identity
-    psi_init: str = "normal0.02"
-    psi_dropout: float = 0.3
-    #: sum (released code, β=1e-4) | mean (paper, β=0.07)
-    kl_reduction: str = "sum"
-    kl_weight: float = 1e-4
-    radius_weight: float = 0.01
-    radius_lambda: float = 0.5
-    direction_weight: float = 0.01
-    direction_alpha: float = 2.0
-    #: exact | fast | auto: test-time pairwise scorer (auto = the factorised scorer where it applies)
-    scorer: str = "auto"
-    #: two-stage evaluation: shortlist K videos per text by a dot-product score, rerank exactly (0 = exact all)
-    rerank_k: int = 0
+    frame_chunk: int = bounded(0, ge=0)
 
 
 @dataclass
 class HeadConfig:
-    #: clip4clip | gare
+    """The method head: its registered name (or ``package.module:Class``) and that head's own options.
+
+    ``options`` is a mapping here; the head's options dataclass checks it (unknown keys, types, choices, ranges)
+    when the run config is resolved (``tvr.models.heads.registry.resolve_head_config``), before anything runs.
+    """
+
+    #: a registered head (clip4clip, gare, ...; see ``tvr heads``) or an import path ``my_pkg.heads:MyHead``
     name: str = "clip4clip"
     #: None = take the backbone's logit_scale (pretrained CLIP: ln 100)
     logit_scale_init: float | None = None
-    logit_scale_max: float = 4.605170185988092
-    clip4clip: Clip4ClipOptions = field(default_factory=Clip4ClipOptions)
-    gare: GareOptions = field(default_factory=GareOptions)
+    logit_scale_max: float = bounded(4.605170185988092, gt=0.0)
+    #: the head's options (its ``Options`` dataclass; fields and defaults in docs/methods/<head>.md)
+    options: Any = field(default_factory=dict)
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 5
-    batch_size: int = 128
-    lr: float = 1e-4
+    epochs: int = bounded(5, ge=1)
+    batch_size: int = bounded(128, ge=1)
+    lr: float = bounded(1e-4, gt=0.0)
     #: backbone (CLIP) lr = lr × coef (spec §1.4: 1e-3)
-    backbone_lr_coef: float = 1e-3
-    weight_decay: float = 0.2
+    backbone_lr_coef: float = bounded(1e-3, ge=0.0)
+    weight_decay: float = bounded(0.2, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-6
+    eps: float = bounded(1e-6, gt=0.0)
     #: warmup_cosine | constant
-    schedule: str = "warmup_cosine"
-    warmup: float = 0.1
+    schedule: str = choice("warmup_cosine", *SCHEDULES)
+    warmup: float = bounded(0.1, ge=0.0, lt=1.0)
     #: when > 0, the schedule spans this many epochs regardless of ``epochs`` (the GARE reference uses 5)
-    schedule_epochs: int = 0
-    grad_clip: float = 1.0
+    schedule_epochs: int = bounded(0, ge=0)
+    grad_clip: float = bounded(1.0, ge=0.0)
     #: autocast on CUDA (bf16 where supported, else fp16 with a grad scaler); ignored on CPU
     amp: bool = True
     seed: int = 42
+    #: auto | cpu | cuda | cuda:N
     device: str = "auto"
     #: intra-op CPU threads for torch (0 = torch's default); small models on a busy CPU run faster with 1
-    num_threads: int = 0
+    num_threads: int = bounded(0, ge=0)
     #: save a checkpoint every N optimizer steps (0 = only at epoch ends)
-    checkpoint_every: int = 0
-    log_every: int = 10
+    checkpoint_every: int = bounded(0, ge=0)
+    log_every: int = bounded(10, ge=0)
     #: evaluate on the validation split every N steps (0 = at epoch ends only)
-    eval_every: int = 0
+    eval_every: int = bounded(0, ge=0)
     #: stop after this many optimizer steps (0 = run all epochs); for smoke runs
-    max_steps: int = 0
-    #: select the checkpoint kept as best.pt by this validation metric
-    select_metric: str = "t2v/R1"
+    max_steps: int = bounded(0, ge=0)
+    #: select the checkpoint kept as best.pt by this validation metric (direction/metric)
+    select_metric: str = choice("t2v/R1", *SELECT_METRICS)
+
+    def validate(self) -> None:
+        for k, beta in enumerate(self.betas):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"betas[{k}] = {beta!r}: expected a number >= 0 and < 1")
+        if self.device != "auto" and not re.fullmatch(r"cpu|cuda(:\d+)?|mps|xpu(:\d+)?", self.device):
+            raise ValueError(f"device = {self.device!r}: expected auto, cpu, cuda or cuda:N")
 
 
 @dataclass
 class EvalConfig:
-    batch_size: int = 64
-    text_chunk: int = 0
-    video_chunk: int = 0
+    batch_size: int = bounded(64, ge=1)
+    text_chunk: int = bounded(0, ge=0)
+    video_chunk: int = bounded(0, ge=0)
     #: optimistic (rank = 1 + #strictly higher) | reference (CLIP4Clip tie expansion)
-    tie_mode: str = "optimistic"
+    tie_mode: str = choice("optimistic", *TIE_MODES)
     #: also report dual-softmax (DSL) re-weighted scores as an extra column
     dsl: bool = False
-    split: str = "test"
+    split: str = choice("test", *EVAL_SPLITS)
+    #: two-stage scoring for large galleries (our extension, not the papers' protocol): each text shortlists K
+    #: videos by the head's shortlist embedding, only those get the exact score (0 = score every pair exactly)
+    rerank_k: int = bounded(0, ge=0)
 
 
 @dataclass
@@ -199,6 +255,10 @@ class Config:
     head: HeadConfig = field(default_factory=HeadConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def validate(self) -> None:
+        if self.train.select_metric.split("/")[0].endswith("_dsl") and not self.eval.dsl:
+            raise ValueError(f"train.select_metric = {self.train.select_metric!r} needs eval.dsl = true")
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -239,6 +299,8 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
+    if annotation is Any:
+        return value
     if annotation is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
@@ -251,16 +313,54 @@ def _build(cls: type, values: dict, where: str) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(known)}")
+        raise ConfigError(f"{where or 'config'}: unknown key(s) {unknown}; valid keys: {sorted(known)}")
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name in values:
             kwargs[f.name] = _coerce(values[f.name], hints[f.name], f"{where}.{f.name}" if where else f.name)
-    return cls(**kwargs)
+    obj = cls(**kwargs)
+    check_field_values(obj, where)
+    return obj
 
 
-def _merge(base: dict, override: dict) -> dict:
+def build_section(cls: type, values: Any, where: str) -> Any:
+    """Build the config dataclass ``cls`` from a mapping (or check an instance of it): unknown keys, types, choices
+    and ranges fail with a ConfigError naming ``where.key``. Heads use it for their options (``head.options``)."""
+    if isinstance(values, cls):
+        check_field_values(values, where)
+        for f in dataclasses.fields(values):
+            child = getattr(values, f.name)
+            if dataclasses.is_dataclass(child) and not isinstance(child, type):
+                build_section(type(child), child, f"{where}.{f.name}")
+        return values
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping of {cls.__name__} fields, got {values!r}")
+    return _build(cls, values, where)
+
+
+def _head_name(values: dict) -> Any:
+    head = values.get("head")
+    return head.get("name", HeadConfig.name) if isinstance(head, dict) else HeadConfig.name
+
+
+def _switch_head(values: dict, name: Any) -> None:
+    """Set ``head.name``; switching to another head drops the options inherited for the previous one (they belong
+    to its options dataclass, not the new head's)."""
+    head = values.get("head")
+    if not isinstance(head, dict):
+        head = values["head"] = {}
+    if head.get("name", HeadConfig.name) != name:
+        head.pop("options", None)
+    head["name"] = name
+
+
+def _merge(base: dict, override: dict, top: bool = False) -> dict:
     out = dict(base)
+    if top and isinstance(override.get("head"), dict) and "name" in override["head"]:
+        out = {**out, "head": dict(out["head"]) if isinstance(out.get("head"), dict) else {}}
+        _switch_head(out, override["head"]["name"])
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value)
@@ -284,7 +384,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     base = raw.pop("base", None)
     if base is None:
         return raw
-    return _merge(_read_yaml(path.parent / base, (*seen, path)), raw)
+    return _merge(_read_yaml(path.parent / base, (*seen, path)), raw, top=True)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -302,15 +402,55 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, value
 
 
+#: head option sections of configs written before ``head.options`` existed (migrated with a warning on load)
+_LEGACY_HEAD_SECTIONS = ("clip4clip", "gare")
+
+
+def _migrate_legacy(values: dict) -> dict:
+    """Accept a run config written before heads declared their own options: ``head.<name>`` → ``head.options``
+    (other heads' sections dropped) and ``head.gare.rerank_k`` → ``eval.rerank_k``."""
+    head = values.get("head")
+    if not isinstance(head, dict) or not any(k in head for k in _LEGACY_HEAD_SECTIONS):
+        return values
+    values, head = dict(values), dict(head)
+    name = head.get("name", HeadConfig.name)
+    legacy = {k: head.pop(k) for k in _LEGACY_HEAD_SECTIONS if k in head}
+    options = legacy.get(name)
+    if isinstance(options, dict):
+        options = dict(options)
+        rerank = options.pop("rerank_k", None)
+        if rerank:
+            values["eval"] = {**(values.get("eval") or {}), "rerank_k": rerank}
+        if "options" in head:
+            raise ConfigError(f"head: both head.options and the old head.{name} section are set; keep head.options")
+        head["options"] = options
+    log.warning("config: head.%s sections are the old layout; head options now live under head.options",
+                "/".join(legacy))
+    values["head"] = head
+    return values
+
+
 def config_from_dict(values: dict, where: str = "config") -> Config:
-    return _build(Config, values, "" if where == "config" else where)
+    """A :class:`Config` from a nested mapping; every section is checked (the head's options are checked when the
+    run config is resolved against the head registry)."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__}")
+    return _build(Config, _migrate_legacy(values), "" if where == "config" else where)
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load a preset (with its ``base`` chain) and apply dotted overrides in order."""
+    """Load a preset (with its ``base`` chain) and apply dotted overrides in order.
+
+    ``head.name`` overrides apply first; switching the head drops the preset's options for the previous head, so
+    ``--set head.name=clip4clip --set head.options.video_pool=mean`` works on a GARE preset in either order."""
     values: dict = _read_yaml(Path(path)) if path else {}
-    for text in overrides:
-        keys, value = parse_override(text)
+    parsed = [(text, *parse_override(text)) for text in overrides]
+    for _, keys, value in parsed:
+        if keys == ["head", "name"]:
+            _switch_head(values, value)
+    for text, keys, value in parsed:
+        if keys == ["head", "name"]:
+            continue
         node = values
         for k in keys[:-1]:
             node = node.setdefault(k, {})

@@ -85,4 +85,5 @@ def run_demo(out_dir: str | Path = "demo_out", quick: bool = False, method: str 
     if not (data_dir / "MSRVTT_data.json").is_file():
         generate_synthetic_dataset(data_dir, synth, progress=True)
     cfg = demo_config(data_dir, quick=quick, method=method)
-    return run_train(cfg, out_dir / "run")
+    # the demo always starts over (its data folder is reused; its run folder is not)
+    return run_train(cfg, out_dir / "run", overwrite=True)

@@ -3,11 +3,12 @@
 Layout of a cache folder::
 
     manifest.json                     what was encoded (model, data settings, splits, shard lists, skipped videos)
-    <split>/videos-00000.pt           {"ids": [...], "frames": [n, F, D], "mask": [n, F]}
+    <split>/videos-00000.pt           {"ids": [...], "frames": [n, F, D], "mask": [n, F] (, "proxies": [n, M, D])}
     <split>/texts-00000.pt            {"texts": [...], "eot": [n, D], "words": [n, L, D], "word_mask": [n, L]}
 
 Every shard is written atomically, so an interrupted run resumes by skipping the shards that exist. Training
 on the cache trains only the temporal module and the head; augmentation is not possible (features are fixed).
+This module holds the format and the reader; encoding a cache is a pipeline job (``tvr.pipeline.features``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tvr.config import Config, config_to_dict
-from tvr.utils.io import atomic_torch_save, atomic_write_json
+from tvr.config import Config
 
 MANIFEST = "manifest.json"
 CACHE_FORMAT = 1
@@ -39,6 +39,7 @@ class CachedSplit:
     eot: Tensor  # [N_t, D]
     words: Tensor  # [N_t, L, D]
     word_mask: Tensor  # [N_t, L]
+    proxies: Tensor | None = None  # [N_v, M, D] (backbones with video proxies)
 
 
 def _shards(paths: list[Path]) -> Iterator[dict[str, Any]]:
@@ -72,10 +73,16 @@ def load_cached_split(cache_dir: str | Path, split: str) -> CachedSplit:
         )
     video_parts = list(_shards([cache_dir / p for p in info["video_shards"]]))
     text_parts = list(_shards([cache_dir / p for p in info["text_shards"]]))
+    # a shard whose videos were all unreadable holds no rows (and its placeholder shape need not match)
+    filled = [p for p in video_parts if len(p["ids"])] or video_parts[:1]
+    with_proxies = [p for p in filled if "proxies" in p]
+    if with_proxies and len(with_proxies) != len(filled):
+        raise ValueError(f"{cache_dir}: split {split!r} mixes shards with and without video proxies; rebuild it")
     return CachedSplit(
         video_ids=[i for part in video_parts for i in part["ids"]],
-        frames=torch.cat([p["frames"] for p in video_parts]),
-        frame_mask=torch.cat([p["mask"] for p in video_parts]),
+        frames=torch.cat([p["frames"] for p in filled]),
+        frame_mask=torch.cat([p["mask"] for p in filled]),
+        proxies=torch.cat([p["proxies"] for p in filled]) if with_proxies else None,
         texts=[t for part in text_parts for t in part["texts"]],
         eot=torch.cat([p["eot"] for p in text_parts]),
         words=torch.cat([p["words"] for p in text_parts]),
@@ -100,127 +107,6 @@ def check_cache_matches(cfg: Config, manifest: dict) -> None:
                 f"feature cache was made with {section}.{key}={made[section][key]!r} but the run asks for "
                 f"{getattr(getattr(cfg, section), key)!r}; rebuild the cache or change the config"
             )
-
-
-@torch.no_grad()
-def build_feature_cache(
-    cfg: Config,
-    out_dir: str | Path,
-    splits: list[str],
-    shard_size: int = 1024,
-    dtype: torch.dtype = torch.float16,
-    progress: bool = True,
-) -> dict:
-    """Encode every video and caption of ``splits`` with the frozen CLIP of ``cfg`` and write shards."""
-    from tvr.data.annotations import load_split
-    from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
-    from tvr.models.build import build_tokenizer
-    from tvr.models.clip_backbone import ClipBackbone
-    from tvr.train.utils import seed_everything
-    from tvr.utils.progress import progress_bar
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    manifest_path = out_dir / MANIFEST
-    if manifest_path.is_file():
-        manifest = read_manifest(out_dir)
-        check_cache_matches(cfg, manifest)
-    else:
-        manifest = {"format": CACHE_FORMAT, "config": config_to_dict(cfg), "splits": {}}
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device in ("auto", "cuda") else "cpu")
-    # seeded like training, so a randomly initialised ("tiny") backbone is the same one a run would build
-    seed_everything(cfg.train.seed)
-    backbone = ClipBackbone.from_config(cfg.model).to(device).eval()
-    backbone.maybe_half(device)
-    manifest["embed_dim"] = backbone.embed_dim
-    tokenizer = build_tokenizer(cfg, out_dir)
-    resolver = VideoResolver(cfg.data.video_dir, cfg.data.video_pattern)
-
-    for split in splits:
-        data = load_split(cfg.data, split)
-        (out_dir / split).mkdir(exist_ok=True)
-        entry = {
-            "video_shards": [],
-            "text_shards": [],
-            "skipped": [],
-            "complete": False,
-            "num_videos": 0,
-            "num_texts": len(data.texts),
-        }
-        manifest["splits"][split] = entry
-        # videos
-        for start in progress_bar(
-            range(0, len(data.videos), shard_size),
-            f"{split}: videos",
-            enabled=progress,
-            total=-(-len(data.videos) // shard_size),
-        ):
-            name = f"{split}/videos-{start // shard_size:05d}.pt"
-            path = out_dir / name
-            if path.is_file():  # written by an earlier, interrupted run
-                shard = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-            else:
-                ids = data.videos[start : start + shard_size]
-                spans = data.video_spans[start : start + shard_size]
-                dataset = VideoDataset(ids, spans, resolver, cfg.data)
-                loader = torch.utils.data.DataLoader(
-                    dataset, batch_size=cfg.eval.batch_size, num_workers=cfg.data.num_workers, collate_fn=collate_videos
-                )
-                kept, frames, masks, skipped = [], [], [], []
-                for batch in loader:
-                    skipped.extend(
-                        {"id": i, "error": e} for i, e in zip(batch["skipped"], batch["errors"], strict=True)
-                    )
-                    if len(batch["video_ids"]) == 0:
-                        continue
-                    feats = backbone.encode_frames(batch["video"].to(device))
-                    frames.append(feats.float().cpu().to(dtype))
-                    masks.append(batch["video_mask"].cpu())
-                    kept.extend(batch["video_ids"])
-                shard = {
-                    "ids": kept,
-                    "frames": torch.cat(frames)
-                    if frames
-                    else torch.zeros(0, cfg.data.max_frames, backbone.embed_dim, dtype=dtype),
-                    "mask": torch.cat(masks) if masks else torch.zeros(0, cfg.data.max_frames, dtype=torch.long),
-                    "skipped": skipped,
-                }
-                atomic_torch_save(shard, path)
-            entry["video_shards"].append(name)
-            entry["skipped"].extend(shard["skipped"])
-            entry["num_videos"] += len(shard["ids"])
-        # texts
-        for start in progress_bar(
-            range(0, len(data.texts), shard_size),
-            f"{split}: texts",
-            enabled=progress,
-            total=-(-len(data.texts) // shard_size),
-        ):
-            name = f"{split}/texts-{start // shard_size:05d}.pt"
-            path = out_dir / name
-            if not path.is_file():
-                chunk = data.texts[start : start + shard_size]
-                eots, words, word_masks = [], [], []
-                for b in range(0, len(chunk), cfg.eval.batch_size):
-                    ids, mask = tokenizer(chunk[b : b + cfg.eval.batch_size], cfg.data.max_words)
-                    feats = backbone.encode_text(ids.to(device), mask.to(device))
-                    eots.append(feats.eot.float().cpu().to(dtype))
-                    words.append(feats.words.float().cpu().to(dtype))
-                    word_masks.append(mask.cpu())
-                atomic_torch_save(
-                    {
-                        "texts": chunk,
-                        "eot": torch.cat(eots),
-                        "words": torch.cat(words),
-                        "word_mask": torch.cat(word_masks),
-                    },
-                    path,
-                )
-            entry["text_shards"].append(name)
-        entry["complete"] = True
-        atomic_write_json(manifest_path, manifest)
-    atomic_write_json(manifest_path, manifest)
-    return manifest
 
 
 class CachedPairDataset(torch.utils.data.Dataset):
@@ -249,6 +135,7 @@ class CachedPairDataset(torch.utils.data.Dataset):
             "text_word_mask": c.word_mask[t],
             "frame_feats": c.frames[v].float(),
             "video_mask": c.frame_mask[v],
+            **({"video_proxies": c.proxies[v].float()} if c.proxies is not None else {}),
             "video_id": c.video_ids[v],
             "caption": c.texts[t],
         }
@@ -261,6 +148,7 @@ def collate_cached(items: list[dict[str, Any]]) -> dict[str, Any]:
         "skipped": [],
         "errors": [],
     }
-    for key in ("text_eot", "text_words", "text_word_mask", "frame_feats", "video_mask"):
-        out[key] = torch.stack([i[key] for i in items])
+    for key in ("text_eot", "text_words", "text_word_mask", "frame_feats", "video_mask", "video_proxies"):
+        if items and key in items[0]:
+            out[key] = torch.stack([i[key] for i in items])
     return out

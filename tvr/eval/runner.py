@@ -91,6 +91,8 @@ def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, devic
             "frame_feats": cached.frames[rows].float().to(device),
             "video_mask": cached.frame_mask[rows].to(device),
         }
+        if cached.proxies is not None:
+            batch["video_proxies"] = cached.proxies[rows].float().to(device)
         videos.append(model.video_features(batch).to("cpu", torch.float32))
     rows, targets = _filter(split.videos, split.text_video, kept)
     text = TextFeatures(cached.eot[rows].float(), cached.words[rows].float(), cached.word_mask[rows])
@@ -102,13 +104,29 @@ def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, devic
 
 @torch.no_grad()
 def score_encoded(model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device) -> Tensor:
+    """The [N_t, N_v] score matrix of an encoded split: every pair exactly, or two-stage with ``eval.rerank_k``
+    (a non-indexable head's shortlist, exact rerank, −inf outside; an indexable head always scores exactly, since
+    its exhaustive scoring is a single matrix product)."""
     head = model.head
     head.eval()
     text_state = head.encode_texts(encoded.text.to(device))
     video_state = head.encode_videos(encoded.video.to(device))
+    k = cfg.eval.rerank_k
+    if k > 0 and not head.indexable and len(video_state) > k:
+        return head.score_two_stage(text_state, video_state, k).cpu()
     return head.score(
         text_state, video_state, text_chunk=cfg.eval.text_chunk or None, video_chunk=cfg.eval.video_chunk or None
     ).cpu()
+
+
+def scoring_mode(model: RetrievalModel, encoded: EncodedSplit, cfg: Config) -> str:
+    """How :func:`score_encoded` ranks this split, for the metrics report (two-stage deviates from the protocol)."""
+    k = cfg.eval.rerank_k
+    if k > 0 and not model.head.indexable and len(encoded.video) > k:
+        return f"two-stage: top-{k} by the head's shortlist embedding, exact rerank"
+    if k > 0 and model.head.indexable:
+        return "exhaustive (eval.rerank_k ignored: an indexable head scores every pair with one matrix product)"
+    return "exhaustive"
 
 
 def evaluate_encoded(model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device) -> dict:
@@ -128,6 +146,9 @@ def evaluate_encoded(model: RetrievalModel, encoded: EncodedSplit, cfg: Config, 
         "num_videos": len(encoded.video),
         "protocol": encoded.protocol,
         "tie_mode": cfg.eval.tie_mode,
+        "head": cfg.head.name,
+        "indexable": bool(model.head.indexable),
+        "scoring": scoring_mode(model, encoded, cfg),
         "scoring_seconds": round(seconds, 4),
         "skipped_videos": encoded.skipped,
     }

@@ -5,10 +5,18 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tvr.config import Config
+from tvr.config import Config, ModelConfig
+from tvr.models.clip_backbone import ClipBackbone
+from tvr.models.heads.registry import build_head
 from tvr.models.model import RetrievalModel
+from tvr.models.temporal import build_temporal
 
 log = logging.getLogger(__name__)
+
+
+def build_backbone(model_cfg: ModelConfig) -> ClipBackbone:
+    """The video/text backbone named by ``model_cfg`` (weights loaded, nothing frozen)."""
+    return ClipBackbone.from_config(model_cfg)
 
 
 def build_model(cfg: Config, cached: bool = False) -> RetrievalModel:
@@ -18,11 +26,7 @@ def build_model(cfg: Config, cached: bool = False) -> RetrievalModel:
     loaded once so that seqTransf is initialised from CLIP's text blocks and the head gets CLIP's logit scale,
     exactly as in end-to-end training.
     """
-    from tvr.models.clip_backbone import ClipBackbone
-    from tvr.models.heads.registry import build_head
-    from tvr.models.temporal import build_temporal
-
-    backbone = ClipBackbone.from_config(cfg.model)
+    backbone = build_backbone(cfg.model)
     dim = backbone.embed_dim
     temporal = build_temporal(cfg.model.temporal, backbone, dim, cfg.model.temporal_layers)
     head = build_head(cfg.head, dim, backbone.logit_scale_value)

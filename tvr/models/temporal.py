@@ -167,12 +167,16 @@ class SeqTransformer(nn.Module):
         return x + frames
 
 
+#: ``model.temporal`` values
+TEMPORAL_MODULES = ("meanP", "seqTransf", "none")
+
+
 def build_temporal(kind: str, backbone: ClipBackbone | None, dim: int, num_layers: int = 4) -> nn.Module:
     """The temporal module named by ``model.temporal``; seqTransf copies CLIP's text layers when given a backbone."""
     if kind in ("meanP", "none"):
         return PassThrough(kind)
     if kind != "seqTransf":
-        raise ValueError(f"model.temporal={kind!r}: expected one of 'meanP', 'seqTransf', 'none'")
+        raise ValueError(f"model.temporal={kind!r}: expected one of {list(TEMPORAL_MODULES)}")
     if backbone is None:
         return SeqTransformer(dim, num_layers)
     if backbone.text_width != dim:

@@ -1,12 +1,26 @@
-"""The interface every method head implements.
+"""The contract every method head implements.
 
-A head sees backbone features only (``TextFeatures``/``VideoFeatures``) so the same head trains on raw videos
-through CLIP and on cached frozen features. Scoring is always chunked: no head may materialise an
-N_t x N_v x D tensor for a whole gallery.
+A head sees backbone features only (``TextFeatures``/``VideoFeatures``), so the same head trains on raw videos
+through CLIP and on cached frozen features. A head class declares
+
+* ``Options``: a dataclass of its settings (``head.options`` in a config). Fields use ``tvr.config.choice`` /
+  ``bounded`` for choices and ranges and may define ``validate()``; the registry checks them when a config loads.
+* ``__init__(dim, options, *, logit_scale_init, logit_scale_max)``: the standard constructor the registry calls.
+* ``encode_texts`` / ``encode_videos``: per-item states, sliceable along dim 0 (see ``tvr.types.Sliceable``).
+* ``score_block(text_state, video_state) -> [n_t, n_v]``: the exact score of every pair of a block.
+* ``loss(TextFeatures, VideoFeatures) -> {"loss": ..., components...}`` on B aligned pairs.
+* ``indexable``: True when the score is a plain dot product of ``state.emb`` vectors, so a gallery can go into an
+  ANN index and all-pairs scoring is one matrix product.
+
+Everything else is shared here: chunked all-pairs scoring (never an N_t × N_v × D tensor), exact scores of given
+(text, video) pairs, and two-stage scoring (shortlist by a dot-product embedding, exact rerank) for any head. A
+non-indexable head offers a cheap shortlist embedding (``shortlist_texts`` / ``shortlist_videos``) and may override
+``score_pairs`` with a faster exact implementation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
@@ -14,26 +28,48 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from tvr.types import TextFeatures, VideoFeatures
-
 LN_100 = math.log(100.0)
 
 
+@dataclasses.dataclass
+class NoOptions:
+    """Options of a head that has none."""
+
+
 class RetrievalHead(nn.Module, ABC):
-    """Base class of all method heads.
+    """Base class of all method heads (see the module docstring for the contract)."""
 
-    Subclasses implement ``encode_texts``, ``encode_videos``, ``score_block`` and ``loss``. ``score`` handles
-    chunking. ``indexable`` is True when ``score_block`` is a plain dot product of the two states' ``emb``
-    fields, so galleries can go into an ANN index.
-    """
-
+    #: the registered name (set by ``register_head``; an import-path head keeps its class name)
+    name: ClassVar[str] = ""
+    #: the options dataclass ``head.options`` is validated against
+    Options: ClassVar[type] = NoOptions
+    #: True when ``score_block`` is ``text_state.emb @ video_state.emb.T`` (an instance may override it)
     indexable: ClassVar[bool] = False
     #: default number of texts (and videos) scored per block by :meth:`score`
     default_text_chunk: ClassVar[int] = 1024
     default_video_chunk: ClassVar[int] = 1 << 30
+    #: texts per group in the generic :meth:`score_pairs` (each group scores the union of its videos as a grid)
+    pair_text_group: ClassVar[int] = 64
 
-    def __init__(self, logit_scale_init: float = LN_100, logit_scale_max: float = LN_100) -> None:
+    def __init__(
+        self,
+        dim: int,
+        options: Any = None,
+        *,
+        logit_scale_init: float = LN_100,
+        logit_scale_max: float = LN_100,
+    ) -> None:
         super().__init__()
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+            raise ValueError(f"{type(self).__name__}: dim must be a positive integer, got {dim!r}")
+        if options is None:
+            options = self.Options()
+        if not isinstance(options, self.Options):
+            raise TypeError(
+                f"{type(self).__name__}: options must be a {self.Options.__name__}, got {type(options).__name__}"
+            )
+        self.dim = dim
+        self.options = options
         # CLIP's learnable temperature, stored as a log; clamped after every optimizer step (spec §1.1)
         self.logit_scale = nn.Parameter(torch.tensor(float(logit_scale_init)))
         self.logit_scale_max = float(logit_scale_max)
@@ -42,12 +78,13 @@ class RetrievalHead(nn.Module, ABC):
     def clamp_logit_scale(self) -> None:
         self.logit_scale.clamp_(max=self.logit_scale_max)
 
+    # ------------------------------------------------------------------ what every head implements
     @abstractmethod
-    def encode_texts(self, text: TextFeatures) -> Any:
+    def encode_texts(self, text: Any) -> Any:
         """Per-text state (sliceable along dim 0) that ``score_block`` consumes."""
 
     @abstractmethod
-    def encode_videos(self, video: VideoFeatures) -> Any:
+    def encode_videos(self, video: Any) -> Any:
         """Per-video state (sliceable along dim 0) that ``score_block`` consumes."""
 
     @abstractmethod
@@ -55,10 +92,11 @@ class RetrievalHead(nn.Module, ABC):
         """Similarity of every text in the block with every video in the block: [n_t, n_v]."""
 
     @abstractmethod
-    def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
+    def loss(self, text: Any, video: Any) -> dict[str, Tensor]:
         """Training loss for B aligned pairs (text i matches video i). Key ``"loss"`` is optimised;
         the other keys are detached components for logging."""
 
+    # ------------------------------------------------------------------ all pairs
     @torch.no_grad()
     def score(
         self,
@@ -67,18 +105,148 @@ class RetrievalHead(nn.Module, ABC):
         text_chunk: int | None = None,
         video_chunk: int | None = None,
     ) -> Tensor:
-        """Full N_t x N_v similarity matrix, computed block by block (float32, on the states' device)."""
+        """Full N_t × N_v similarity matrix, block by block (float32, on the states' device).
+
+        An indexable head needs no video blocks: each chunk of texts is one matrix product with the gallery."""
         text_chunk = text_chunk or self.default_text_chunk
-        video_chunk = video_chunk or self.default_video_chunk
+        video_chunk = video_chunk or (1 << 30 if self.indexable else self.default_video_chunk)
         n_t, n_v = len(text_state), len(video_state)
         rows = []
         for a in range(0, n_t, text_chunk):
             ts = text_state[a : a + text_chunk]
             cols = [
-                self.score_block(ts, video_state[b : b + video_chunk]).float()
-                for b in range(0, n_v, video_chunk)
+                self.score_block(ts, video_state[b : b + video_chunk]).float() for b in range(0, n_v, video_chunk)
             ]
-            rows.append(torch.cat(cols, dim=1))
+            rows.append(torch.cat(cols, dim=1) if cols else torch.zeros(len(ts), 0))
         if not rows:
             return torch.zeros(n_t, n_v)
         return torch.cat(rows, dim=0)
+
+    # ------------------------------------------------------------------ given pairs
+    @torch.no_grad()
+    def score_pairs(self, text_state: Any, video_state: Any, text_index: Tensor, video_index: Tensor) -> Tensor:
+        """Exact scores of the pairs (text_index[p], video_index[p]): [P], equal to ``score(...)[t, v]``.
+
+        Generic implementation: texts are taken in groups; each group scores the union of the videos its pairs
+        name as one block and keeps the requested entries. Heads with a cheaper per-pair path override it."""
+        text_index, video_index = _check_pairs(text_index, video_index, len(text_state), len(video_state))
+        out = torch.empty(text_index.shape[0], dtype=torch.float32)
+        if text_index.numel() == 0:
+            return out
+        order = torch.argsort(text_index, stable=True)
+        sorted_t = text_index[order]
+        group = max(1, int(self.pair_text_group))
+        bounds = torch.searchsorted(sorted_t, torch.arange(0, len(text_state) + group, group))
+        for g in range(bounds.shape[0] - 1):
+            lo, hi = int(bounds[g]), int(bounds[g + 1])
+            if lo == hi:
+                continue
+            sel = order[lo:hi]
+            texts, t_inv = torch.unique(text_index[sel], return_inverse=True)
+            videos, v_inv = torch.unique(video_index[sel], return_inverse=True)
+            block = self.score(text_state[texts], video_state[videos]).float().cpu()
+            out[sel] = block[t_inv, v_inv]
+        return out
+
+    # ------------------------------------------------------------------ two-stage
+    def shortlist_texts(self, text_state: Any) -> Tensor:
+        """Text side of the shortlist embedding [N_t, E]: two-stage scoring ranks videos by the dot product of
+        :meth:`shortlist_texts` and :meth:`shortlist_videos`. For an indexable head they are the exact score's
+        embeddings (the shortlist is exact); a non-indexable head returns a cheap approximation (GARE: normalised
+        t_i and mean frame v̄_j). The default uses the states' ``emb`` field."""
+        return _emb(self, text_state)
+
+    def shortlist_videos(self, video_state: Any) -> Tensor:
+        """Video side of the shortlist embedding [N_v, E] (build it once per gallery, e.g. for an ANN index)."""
+        return _emb(self, video_state)
+
+    @torch.no_grad()
+    def rerank(
+        self,
+        text_state: Any,
+        video_state: Any,
+        k: int,
+        *,
+        video_index: Tensor | None = None,
+        video_chunk: int = 65536,
+    ) -> tuple[Tensor, Tensor]:
+        """Two-stage scoring: the top-``k`` videos per text by the shortlist embedding, then their exact scores.
+
+        Returns (video indices [N_t, k], scores [N_t, k]), each row sorted by decreasing exact score.
+        ``video_index`` is a precomputed :meth:`shortlist_videos` (built once per gallery). An indexable head's
+        shortlist scores are already exact, so no second stage runs. The shortlist streams over the gallery with a
+        running top-k (memory O(N_t·(k + chunk)))."""
+        n_t, n_v = len(text_state), len(video_state)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_v:
+            raise ValueError(f"rerank: k = {k!r}, expected an integer with 1 <= k <= number of videos ({n_v})")
+        if video_index is None:
+            video_index = self.shortlist_videos(video_state)
+        if video_index.shape[0] != n_v:
+            raise ValueError(f"rerank: video_index has {video_index.shape[0]} rows for {n_v} videos")
+        t_emb = self.shortlist_texts(text_state).float()
+        indices, shortlist_scores = top_k_by_dot(t_emb, video_index, k, video_chunk)
+        if self.indexable:
+            return indices.cpu(), shortlist_scores.cpu()
+        rows = torch.arange(n_t).repeat_interleave(k)
+        exact = self.score_pairs(text_state, video_state, rows, indices.reshape(-1).cpu()).view(n_t, k)
+        order = exact.argsort(dim=1, descending=True)
+        return indices.cpu().gather(1, order), exact.gather(1, order)
+
+    @torch.no_grad()
+    def score_two_stage(self, text_state: Any, video_state: Any, k: int) -> Tensor:
+        """:meth:`rerank` as a dense [N_t, N_v] matrix: the exact score on each text's shortlist, −inf elsewhere,
+        so the ordinary metrics can rank it (a video outside the shortlist can never be retrieved)."""
+        indices, scores = self.rerank(text_state, video_state, k)
+        return rerank_to_dense(indices, scores, len(video_state))
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _emb(head: RetrievalHead, state: Any) -> Tensor:
+    emb = getattr(state, "emb", None)
+    if not isinstance(emb, Tensor):
+        raise NotImplementedError(
+            f"{type(head).__name__} has no shortlist embedding for two-stage scoring: its states carry no 'emb' "
+            "field; override shortlist_texts()/shortlist_videos() or set eval.rerank_k = 0"
+        )
+    return emb
+
+
+def _check_pairs(text_index: Tensor, video_index: Tensor, n_t: int, n_v: int) -> tuple[Tensor, Tensor]:
+    text_index = torch.as_tensor(text_index).reshape(-1).long().cpu()
+    video_index = torch.as_tensor(video_index).reshape(-1).long().cpu()
+    if text_index.shape != video_index.shape:
+        raise ValueError(f"score_pairs: {text_index.numel()} text indices but {video_index.numel()} video indices")
+    if text_index.numel():
+        if int(text_index.min()) < 0 or int(text_index.max()) >= n_t:
+            raise ValueError(f"score_pairs: text indices must lie in [0, {n_t})")
+        if int(video_index.min()) < 0 or int(video_index.max()) >= n_v:
+            raise ValueError(f"score_pairs: video indices must lie in [0, {n_v})")
+    return text_index, video_index
+
+
+@torch.no_grad()
+def top_k_by_dot(queries: Tensor, gallery: Tensor, k: int, chunk: int = 65536) -> tuple[Tensor, Tensor]:
+    """Top-``k`` gallery rows per query by dot product, streaming over the gallery: (indices, scores) [N_q, k],
+    scores descending. Memory is O(N_q·(k + chunk)), never N_q × N_g."""
+    n_q, n_g = queries.shape[0], gallery.shape[0]
+    if not 1 <= k <= n_g:
+        raise ValueError(f"top_k_by_dot: k = {k}, expected 1 <= k <= {n_g}")
+    best_s = torch.full((n_q, 0), float("-inf"), device=queries.device, dtype=queries.dtype)
+    best_i = torch.zeros((n_q, 0), dtype=torch.long, device=queries.device)
+    for b in range(0, n_g, chunk):
+        part = gallery[b : b + chunk].to(queries.device, queries.dtype)
+        s = torch.cat([best_s, queries @ part.T], dim=1)
+        i = torch.cat([best_i, torch.arange(b, b + part.shape[0], device=queries.device).expand(n_q, -1)], dim=1)
+        best_s, pos = s.topk(min(k, s.shape[1]), dim=1)
+        best_i = i.gather(1, pos)
+    return best_i, best_s
+
+
+def rerank_to_dense(indices: Tensor, scores: Tensor, n_videos: int, fill: float = float("-inf")) -> Tensor:
+    """Scatter (indices, scores) [N_t, K] into a dense [N_t, n_videos] matrix, ``fill`` (−inf) elsewhere."""
+    if indices.shape != scores.shape or indices.ndim != 2:
+        raise ValueError(f"indices {tuple(indices.shape)} and scores {tuple(scores.shape)} must be equal [N_t, K]")
+    dense = torch.full((indices.shape[0], n_videos), fill, dtype=scores.dtype, device=scores.device)
+    return dense.scatter_(1, indices.to(scores.device), scores)

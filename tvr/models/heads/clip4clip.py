@@ -26,14 +26,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tvr.config import bounded, choice
 from tvr.losses import symmetric_infonce
 from tvr.models.heads.base import LN_100, RetrievalHead
+from tvr.models.heads.registry import register_head
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
 
 VIDEO_POOLS = ("mean", "text_softmax")
 #: elements of one [n_t, n_v, F] scratch tensor in text_softmax scoring (several live at once)
 POOL_CHUNK_ELEMENTS = 1 << 22
 _EPS = 1e-12
+
+
+@dataclasses.dataclass
+class Clip4ClipOptions:
+    """CLIP4Clip similarity (spec §1.3), ``head.options`` of ``head.name: clip4clip``."""
+
+    #: mean (masked mean of normalised frames; indexable) | text_softmax (text-conditioned frame pooling)
+    video_pool: str = choice("mean", *VIDEO_POOLS)
+    pool_temperature: float = bounded(3.0, gt=0.0)
 
 
 @dataclasses.dataclass
@@ -79,25 +90,30 @@ def text_softmax_scores(text: Tensor, frames: Tensor, frame_mask: Tensor, gram: 
     return dot / (text_norm[:, None] * pooled_norm)
 
 
+@register_head("clip4clip")
 class Clip4ClipHead(RetrievalHead):
     """CLIP4Clip baseline. ``indexable`` is set per instance (True only for ``video_pool="mean"``); the instance
     attribute shadows the class default of :class:`RetrievalHead`."""
 
+    Options = Clip4ClipOptions
+
     def __init__(
         self,
-        video_pool: str = "mean",
-        pool_temperature: float = 3.0,
+        dim: int,
+        options: Clip4ClipOptions | None = None,
+        *,
         logit_scale_init: float = LN_100,
         logit_scale_max: float = LN_100,
     ) -> None:
-        super().__init__(logit_scale_init=logit_scale_init, logit_scale_max=logit_scale_max)
-        if video_pool not in VIDEO_POOLS:
-            raise ValueError(f"head.clip4clip.video_pool={video_pool!r}: expected one of {VIDEO_POOLS}")
-        if not pool_temperature > 0:
-            raise ValueError(f"head.clip4clip.pool_temperature={pool_temperature}: expected a positive number")
-        self.video_pool = video_pool
-        self.pool_temperature = float(pool_temperature)
-        self.indexable = video_pool == "mean"
+        super().__init__(dim, options, logit_scale_init=logit_scale_init, logit_scale_max=logit_scale_max)
+        if self.options.video_pool not in VIDEO_POOLS:
+            raise ValueError(f"head.options.video_pool={self.options.video_pool!r}: expected one of {VIDEO_POOLS}")
+        if not self.options.pool_temperature > 0:
+            raise ValueError(f"head.options.pool_temperature={self.options.pool_temperature}: expected a positive "
+                             "number")
+        self.video_pool = self.options.video_pool
+        self.pool_temperature = float(self.options.pool_temperature)
+        self.indexable = self.video_pool == "mean"
 
     def extra_repr(self) -> str:
         return f"video_pool={self.video_pool!r}, pool_temperature={self.pool_temperature}, indexable={self.indexable}"

@@ -1,84 +1,153 @@
-"""Head registry: config name → factory.
+"""Head registry: a name (or an import path) → a head class and its options dataclass.
 
-A factory is ``factory(cfg: HeadConfig, dim: int, logit_scale_init: float) -> RetrievalHead``. Heads that live in
-their own module register themselves on import (``register_head("gare", build_gare)`` at the bottom of
-``tvr/models/heads/gare.py``); :func:`build_head` imports such a module on first use (``LAZY_MODULES``), so the
-registry never imports heavy or optional heads up front and there is no import cycle.
+A head module registers itself with the :func:`register_head` class decorator::
+
+    @register_head("gare")
+    class GareHead(RetrievalHead):
+        Options = GareOptions
+        ...
+
+Heads are found without a hand-kept list: the first lookup imports every module of the ``tvr.models.heads``
+package and every entry point of the ``tvr.heads`` group (how an installed package contributes heads). A head that
+is neither can still be used by its import path, ``head.name: my_pkg.heads:MyHead``; it needs no registration.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import importlib.metadata
+import logging
+import pkgutil
 from collections.abc import Callable
+from typing import Any, TypeVar
 
-from tvr.config import HeadConfig
+from tvr.config import ConfigError, HeadConfig, build_section
 from tvr.models.heads.base import RetrievalHead
-from tvr.models.heads.clip4clip import Clip4ClipHead
 
-HeadFactory = Callable[[HeadConfig, int, float], RetrievalHead]
+log = logging.getLogger(__name__)
 
+H = TypeVar("H", bound=type[RetrievalHead])
 
-def _build_clip4clip(cfg: HeadConfig, dim: int, logit_scale_init: float) -> RetrievalHead:
-    opts = cfg.clip4clip
-    return Clip4ClipHead(
-        video_pool=opts.video_pool,
-        pool_temperature=opts.pool_temperature,
-        logit_scale_init=logit_scale_init,
-        logit_scale_max=cfg.logit_scale_max,
-    )
+_HEADS: dict[str, type[RetrievalHead]] = {}
+_DISCOVERED = False
+#: modules of this package that hold no head
+_NOT_HEADS = frozenset({"base", "registry"})
+ENTRY_POINT_GROUP = "tvr.heads"
 
 
-HEADS: dict[str, HeadFactory] = {"clip4clip": _build_clip4clip}
-#: heads registered by importing their module on first use
-LAZY_MODULES: dict[str, str] = {"gare": "tvr.models.heads.gare"}
+def _check_head_class(cls: Any, what: str) -> type[RetrievalHead]:
+    if not (isinstance(cls, type) and issubclass(cls, RetrievalHead)):
+        raise TypeError(f"{what}: expected a RetrievalHead subclass, got {cls!r}")
+    options = getattr(cls, "Options", None)
+    if not (isinstance(options, type) and dataclasses.is_dataclass(options)):
+        raise TypeError(f"{what}: {cls.__name__}.Options must be a dataclass (the head's options), got {options!r}")
+    return cls
 
 
-def _same_factory(a: HeadFactory, b: HeadFactory) -> bool:
-    # a module reload re-creates its functions; treat the same qualified name as the same factory
-    return a is b or (
-        getattr(a, "__module__", None) == getattr(b, "__module__", None)
-        and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
-    )
+def register_head(name: str, *, overwrite: bool = False) -> Callable[[H], H]:
+    """Class decorator: make ``head.name == name`` build this head. Registering another class under a taken name
+    is an error unless ``overwrite`` (re-importing the same module re-registers the same class silently)."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"register_head: name must be a non-empty string without ':', got {name!r}")
+
+    def decorate(cls: H) -> H:
+        _check_head_class(cls, f"register_head({name!r})")
+        current = _HEADS.get(name)
+        same = current is not None and (current.__module__, current.__qualname__) == (cls.__module__, cls.__qualname__)
+        if current is not None and not overwrite and not same:
+            raise ValueError(f"head {name!r} is already registered by {current.__module__}.{current.__qualname__}")
+        cls.name = name
+        _HEADS[name] = cls
+        return cls
+
+    return decorate
 
 
-def register_head(name: str, factory: HeadFactory, overwrite: bool = False) -> None:
-    """Make ``cfg.head.name == name`` build heads with ``factory``. Registering a different factory under a taken
-    name is an error unless ``overwrite`` is True."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"register_head: name must be a non-empty string, got {name!r}")
-    if not callable(factory):
-        raise TypeError(f"register_head({name!r}): factory must be callable, got {type(factory).__name__}")
-    current = HEADS.get(name)
-    if current is not None and not overwrite and not _same_factory(current, factory):
-        raise ValueError(f"head {name!r} is already registered (by {current!r}); pass overwrite=True to replace it")
-    HEADS[name] = factory
+def _discover() -> None:
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    _DISCOVERED = True
+    package = importlib.import_module("tvr.models.heads")
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name in _NOT_HEADS or info.name.startswith("_"):
+            continue
+        importlib.import_module(f"{package.__name__}.{info.name}")
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = _check_head_class(entry.load(), f"entry point {entry.name} = {entry.value}")
+        except Exception as exc:  # one broken plug-in must not hide the others
+            log.warning("head entry point %s (%s) could not be loaded: %s", entry.name, entry.value, exc)
+            continue
+        if entry.name not in _HEADS:
+            cls.name = entry.name
+            _HEADS[entry.name] = cls
 
 
 def available_heads() -> list[str]:
-    return sorted(set(HEADS) | set(LAZY_MODULES))
+    """Names of every registered head (built-in modules and entry points)."""
+    _discover()
+    return sorted(_HEADS)
 
 
-def build_head(cfg: HeadConfig, dim: int, logit_scale_init: float) -> RetrievalHead:
-    """Build the head named ``cfg.name`` for ``dim``-dimensional features.
+def _import_path(spec: str) -> type[RetrievalHead]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"head.name = {spec!r}: an import path must look like 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"head.name = {spec!r}: cannot import module {module_name!r} ({exc})") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"head.name = {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    try:
+        return _check_head_class(obj, f"head.name = {spec!r}")
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None
 
-    ``logit_scale_init`` is the backbone's value (ln 100 for pretrained CLIP); ``cfg.logit_scale_init`` overrides it
-    when set.
+
+def head_class(name: str) -> type[RetrievalHead]:
+    """The head class for ``head.name``: a registered name or an import path ``package.module:Class``."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"head.name = {name!r}: expected a head name or 'package.module:ClassName'")
+    if ":" in name:
+        return _import_path(name)
+    _discover()
+    if name not in _HEADS:
+        raise ConfigError(
+            f"head.name = {name!r} is not a known head; valid names: {available_heads()} "
+            "(or an import path 'package.module:ClassName')"
+        )
+    return _HEADS[name]
+
+
+def head_options(name: str, values: Any = None) -> Any:
+    """The head's options dataclass built from ``values`` (a mapping, an instance, or None for the defaults);
+    unknown keys, wrong types, bad choices and out-of-range values raise a ConfigError naming the field."""
+    cls = head_class(name)
+    return build_section(cls.Options, values, "head.options")
+
+
+def resolve_head_config(head_cfg: HeadConfig) -> HeadConfig:
+    """Check ``head.name`` and replace ``head.options`` by the head's validated options dataclass (in place; safe to
+    call again). Call it right after loading a config so a bad value stops the run before anything is written."""
+    head_cfg.options = head_options(head_cfg.name, head_cfg.options)
+    return head_cfg
+
+
+def build_head(head_cfg: HeadConfig, dim: int, logit_scale_init: float) -> RetrievalHead:
+    """Build the head named ``head_cfg.name`` for ``dim``-dimensional features.
+
+    ``logit_scale_init`` is the backbone's value (ln 100 for pretrained CLIP); ``head_cfg.logit_scale_init``
+    overrides it when set.
     """
-    name = cfg.name
-    if name not in HEADS and name in LAZY_MODULES:
-        module = LAZY_MODULES[name]
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ImportError(f"head {name!r} is implemented in {module}, which could not be imported: {exc}") from exc
-        if name not in HEADS:
-            raise ValueError(f"importing {module} did not register head {name!r} (expected register_head({name!r}, …))")
-    if name not in HEADS:
-        raise ValueError(f"head.name={name!r} is not a known head; valid names: {available_heads()}")
     if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
         raise ValueError(f"build_head: dim must be a positive integer, got {dim!r}")
-    scale = float(cfg.logit_scale_init) if cfg.logit_scale_init is not None else float(logit_scale_init)
-    head = HEADS[name](cfg, dim, scale)
-    if not isinstance(head, RetrievalHead):
-        raise TypeError(f"factory for head {name!r} returned {type(head).__name__}, expected a RetrievalHead")
-    return head
+    cls = head_class(head_cfg.name)
+    options = head_options(head_cfg.name, head_cfg.options)
+    scale = float(head_cfg.logit_scale_init) if head_cfg.logit_scale_init is not None else float(logit_scale_init)
+    return cls(dim, options, logit_scale_init=scale, logit_scale_max=head_cfg.logit_scale_max)

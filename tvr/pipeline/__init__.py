@@ -1,4 +1,9 @@
-"""End-to-end jobs behind the CLI: train (with validation-based selection and a single final test) and eval."""
+"""End-to-end jobs behind the CLI: train (with validation-based selection and a single final test), eval, and the
+feature cache (:mod:`tvr.pipeline.features`).
+
+Every job first resolves its config (:func:`resolve_config`): the head's options are checked against the head's
+own dataclass, so a bad value stops the job before a run folder is written or a step runs.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,51 @@ from typing import Any
 
 import torch
 
-from tvr.config import Config, save_config
+from tvr.config import Config, ConfigError, save_config
+from tvr.models.heads.registry import resolve_head_config
+from tvr.pipeline.features import build_feature_cache
 from tvr.utils.io import atomic_write_json
 
+__all__ = [
+    "RunFolderError",
+    "SplitEvaluator",
+    "build_feature_cache",
+    "load_model_for_eval",
+    "resolve_config",
+    "run_eval",
+    "run_train",
+    "write_eval",
+]
+
 log = logging.getLogger(__name__)
+
+#: files whose presence means a run folder holds an earlier run's training
+RUN_CHECKPOINTS = ("last.pt", "best.pt")
+
+
+class RunFolderError(ConfigError):
+    """The run folder holds an earlier run and neither resume nor overwrite was asked for."""
+
+
+def resolve_config(cfg: Config) -> Config:
+    """Check what the config layer cannot check alone (the head name and its options) and return ``cfg`` with
+    ``head.options`` as the head's options dataclass. Idempotent; raises ConfigError naming the field."""
+    resolve_head_config(cfg.head)
+    return cfg
+
+
+def check_run_folder(out_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to start a fresh run over an earlier run's checkpoints unless ``overwrite`` (``resume`` continues)."""
+    if resume and overwrite:
+        raise RunFolderError("--resume and --overwrite exclude each other")
+    if resume or overwrite:
+        return
+    found = [name for name in RUN_CHECKPOINTS if (out_dir / name).exists()]
+    if found:
+        raise RunFolderError(
+            f"run folder {out_dir} holds checkpoints of an earlier run ({', '.join(found)}); pass --resume to "
+            "continue it or --overwrite to start over"
+        )
 
 
 def resolve_device(name: str) -> torch.device:
@@ -99,8 +145,14 @@ def _train_data(cfg: Config, out_dir: Path, tokenizer, rank: int, world_size: in
     )
 
 
-def run_train(cfg: Config, out_dir: str | Path, resume: bool = False, final_test: bool = True) -> dict[str, Any]:
-    """Train, select on validation, then evaluate the test split once (last and best checkpoints)."""
+def run_train(
+    cfg: Config, out_dir: str | Path, resume: bool = False, final_test: bool = True, overwrite: bool = False
+) -> dict[str, Any]:
+    """Train, select on validation, then evaluate the test split once (last and best checkpoints).
+
+    A folder holding an earlier run's checkpoints needs ``resume`` (continue it) or ``overwrite`` (start over)."""
+    resolve_config(cfg)
+    check_run_folder(Path(out_dir), resume, overwrite)
     with torch_threads(cfg):
         return _run_train(cfg, out_dir, resume, final_test)
 
@@ -149,6 +201,7 @@ def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool)
 
 
 def run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
+    resolve_config(cfg)
     with torch_threads(cfg):
         return _run_eval(cfg, checkpoint, out_dir)
 

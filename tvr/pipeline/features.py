@@ -1,0 +1,138 @@
+"""``tvr features``: encode every video and caption of some splits with the frozen backbone into a feature cache.
+
+The cache format and its reader live in :mod:`tvr.data.feature_cache`; this job needs the model layer (backbone,
+tokenizer), so it sits with the other pipeline jobs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tvr.config import Config, config_to_dict
+from tvr.data.annotations import load_split
+from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
+from tvr.data.feature_cache import CACHE_FORMAT, MANIFEST, check_cache_matches, read_manifest
+from tvr.models.build import build_backbone, build_tokenizer
+from tvr.train.utils import seed_everything
+from tvr.utils.io import atomic_torch_save, atomic_write_json
+from tvr.utils.progress import progress_bar
+
+
+@torch.no_grad()
+def build_feature_cache(
+    cfg: Config,
+    out_dir: str | Path,
+    splits: list[str],
+    shard_size: int = 1024,
+    dtype: torch.dtype = torch.float16,
+    progress: bool = True,
+) -> dict:
+    """Encode every video and caption of ``splits`` with the frozen CLIP of ``cfg`` and write shards."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest_path = out_dir / MANIFEST
+    if manifest_path.is_file():
+        manifest = read_manifest(out_dir)
+        check_cache_matches(cfg, manifest)
+    else:
+        manifest = {"format": CACHE_FORMAT, "config": config_to_dict(cfg), "splits": {}}
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device in ("auto", "cuda") else "cpu")
+    # seeded like training, so a randomly initialised ("tiny") backbone is the same one a run would build
+    seed_everything(cfg.train.seed)
+    backbone = build_backbone(cfg.model).to(device).eval()
+    backbone.maybe_half(device)
+    manifest["embed_dim"] = backbone.embed_dim
+    tokenizer = build_tokenizer(cfg, out_dir)
+    resolver = VideoResolver(cfg.data.video_dir, cfg.data.video_pattern)
+
+    for split in splits:
+        data = load_split(cfg.data, split)
+        (out_dir / split).mkdir(exist_ok=True)
+        entry = {
+            "video_shards": [],
+            "text_shards": [],
+            "skipped": [],
+            "complete": False,
+            "num_videos": 0,
+            "num_texts": len(data.texts),
+        }
+        manifest["splits"][split] = entry
+        # videos
+        for start in progress_bar(
+            range(0, len(data.videos), shard_size),
+            f"{split}: videos",
+            enabled=progress,
+            total=-(-len(data.videos) // shard_size),
+        ):
+            name = f"{split}/videos-{start // shard_size:05d}.pt"
+            path = out_dir / name
+            if path.is_file():  # written by an earlier, interrupted run
+                shard = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+            else:
+                ids = data.videos[start : start + shard_size]
+                spans = data.video_spans[start : start + shard_size]
+                dataset = VideoDataset(ids, spans, resolver, cfg.data)
+                loader = torch.utils.data.DataLoader(
+                    dataset, batch_size=cfg.eval.batch_size, num_workers=cfg.data.num_workers, collate_fn=collate_videos
+                )
+                kept, frames, masks, proxies, skipped = [], [], [], [], []
+                for batch in loader:
+                    skipped.extend(
+                        {"id": i, "error": e} for i, e in zip(batch["skipped"], batch["errors"], strict=True)
+                    )
+                    if len(batch["video_ids"]) == 0:
+                        continue
+                    feats = backbone.encode_video(batch["video"].to(device), batch["video_mask"].to(device))
+                    frames.append(feats.frames.float().cpu().to(dtype))
+                    masks.append(feats.frame_mask.cpu())
+                    if feats.proxies is not None:
+                        proxies.append(feats.proxies.float().cpu().to(dtype))
+                    kept.extend(batch["video_ids"])
+                shard = {
+                    "ids": kept,
+                    "frames": torch.cat(frames)
+                    if frames
+                    else torch.zeros(0, cfg.data.max_frames, backbone.embed_dim, dtype=dtype),
+                    "mask": torch.cat(masks) if masks else torch.zeros(0, cfg.data.max_frames, dtype=torch.long),
+                    "skipped": skipped,
+                }
+                if proxies:
+                    shard["proxies"] = torch.cat(proxies)
+                atomic_torch_save(shard, path)
+            entry["video_shards"].append(name)
+            entry["skipped"].extend(shard["skipped"])
+            entry["num_videos"] += len(shard["ids"])
+        # texts
+        for start in progress_bar(
+            range(0, len(data.texts), shard_size),
+            f"{split}: texts",
+            enabled=progress,
+            total=-(-len(data.texts) // shard_size),
+        ):
+            name = f"{split}/texts-{start // shard_size:05d}.pt"
+            path = out_dir / name
+            if not path.is_file():
+                chunk = data.texts[start : start + shard_size]
+                eots, words, word_masks = [], [], []
+                for b in range(0, len(chunk), cfg.eval.batch_size):
+                    ids, mask = tokenizer(chunk[b : b + cfg.eval.batch_size], cfg.data.max_words)
+                    feats = backbone.encode_text(ids.to(device), mask.to(device))
+                    eots.append(feats.eot.float().cpu().to(dtype))
+                    words.append(feats.words.float().cpu().to(dtype))
+                    word_masks.append(mask.cpu())
+                atomic_torch_save(
+                    {
+                        "texts": chunk,
+                        "eot": torch.cat(eots),
+                        "words": torch.cat(words),
+                        "word_mask": torch.cat(word_masks),
+                    },
+                    path,
+                )
+            entry["text_shards"].append(name)
+        entry["complete"] = True
+        atomic_write_json(manifest_path, manifest)
+    atomic_write_json(manifest_path, manifest)
+    return manifest
