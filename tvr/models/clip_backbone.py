@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -28,11 +26,9 @@ from torch import Tensor, nn
 from transformers import CLIPConfig, CLIPModel
 
 from tvr.config import ModelConfig, TinyClipConfig
+from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
+from tvr.models.convert_openai import load_openai_clip
 from tvr.types import TextFeatures, VideoFeatures
-
-#: OpenAI CLIP's start/end-of-text ids; EOT is the largest id, so argmax(input_ids) finds it (spec §1.1)
-SOT_ID = 49406
-EOT_ID = 49407
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -82,8 +78,6 @@ def load_clip_model(spec: str) -> CLIPModel:
     if spec.endswith((".pt", ".pth")):
         if not path.is_file():
             raise FileNotFoundError(f"model.clip: OpenAI CLIP checkpoint not found: {path}")
-        from tvr.models.convert_openai import load_openai_clip
-
         return load_openai_clip(path)
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -104,35 +98,6 @@ def load_clip_model(spec: str) -> CLIPModel:
             f"model.clip: could not load hub model {spec!r} (no local folder of that name, and the hub "
             f"was unreachable or has no such model): {exc}"
         ) from exc
-
-
-def save_clip_atomic(model: CLIPModel, out_dir: str | os.PathLike, overwrite: bool = True) -> Path:
-    """``model.save_pretrained`` into a temporary sibling folder, then rename it to ``out_dir``.
-
-    A crash leaves either the old folder or the new one, never a half-written one. With ``overwrite``, an existing
-    ``out_dir`` is moved aside first and deleted only after the new folder is in place.
-    """
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise FileExistsError(f"output folder already exists: {out_dir}")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    old = None
-    try:
-        model.save_pretrained(str(tmp))
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent))
-            os.replace(out_dir, old / "x")
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and (old / "x").exists() and not out_dir.exists():
-            os.replace(old / "x", out_dir)
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    return out_dir
 
 
 class ClipBackbone(nn.Module):

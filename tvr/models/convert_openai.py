@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from transformers import CLIPConfig, CLIPModel
 
-from tvr.models.clip_backbone import EOT_ID, SOT_ID, save_clip_atomic
+from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
 
 #: scalars stored next to the weights in OpenAI's TorchScript archives; checked, not converted
 METADATA_KEYS = ("input_resolution", "context_length", "vocab_size")

@@ -1,0 +1,263 @@
+"""The head contract, checked for every registered head (and a head defined outside the package, by import path):
+build from a config, train on a fixed batch, chunked == unchunked scoring, exact pair scores, two-stage with K = N
+equal to exhaustive scoring, and a checkpoint round trip; the registry's errors name what is wrong."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tvr.config import ConfigError, HeadConfig, load_config
+from tvr.models.heads import registry
+from tvr.models.heads.base import LN_100, RetrievalHead, top_k_by_dot
+from tvr.models.model import RetrievalModel
+from tvr.train.checkpoint import load_checkpoint, save_checkpoint
+from tvr.types import TextFeatures, VideoFeatures
+
+D, FRAMES, WORDS, PROXIES = 32, 5, 6, 4
+HEADS = registry.available_heads()
+TOY = "toy_heads:BilinearHead"
+
+
+def features(n_t: int, n_v: int, seed: int = 0) -> tuple[TextFeatures, VideoFeatures]:
+    """Aligned pairs (text k describes video k when n_t == n_v) carrying every field a head may use."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(max(n_t, n_v), D, generator=g)
+    word_mask = (torch.arange(WORDS)[None] < torch.randint(2, WORDS + 1, (n_t, 1), generator=g)).long()
+    text = TextFeatures(
+        base[:n_t] + 0.3 * torch.randn(n_t, D, generator=g),
+        torch.randn(n_t, WORDS, D, generator=g) + base[:n_t, None],
+        word_mask,
+    )
+    frame_mask = (torch.arange(FRAMES)[None] < torch.randint(1, FRAMES + 1, (n_v, 1), generator=g)).long()
+    frames = base[:n_v, None] + 0.5 * torch.randn(n_v, FRAMES, D, generator=g)
+    proxies = base[:n_v, None] + 0.5 * torch.randn(n_v, PROXIES, D, generator=g)
+    return text, VideoFeatures(frames, frame_mask, proxies)
+
+
+def build(name: str, seed: int = 0, logit_scale: float = LN_100) -> RetrievalHead:
+    torch.manual_seed(seed)
+    return registry.build_head(HeadConfig(name=name, logit_scale_init=logit_scale), D, LN_100)
+
+
+@pytest.fixture(params=HEADS + [TOY])
+def name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def test_builtin_heads_are_discovered() -> None:
+    assert {"clip4clip", "gare"} <= set(HEADS)
+
+
+def test_contract_build_and_options(name: str) -> None:
+    head = build(name)
+    assert isinstance(head, RetrievalHead) and dataclasses.is_dataclass(head.options)
+    assert head.options == type(head).Options()  # defaults when the config gives none
+    assert isinstance(head.indexable, bool)
+    with pytest.raises(ConfigError, match=r"head.options: unknown key\(s\) \['no_such_option'\]; valid keys"):
+        registry.head_options(name, {"no_such_option": 1})
+
+
+def test_contract_loss_falls_on_a_fixed_batch(name: str) -> None:
+    # temperature 1 (log scale 0): far from a saturated loss even for a head whose only parameter is the scale
+    head = build(name, logit_scale=0.0)
+    text, video = features(8, 8)
+    optimizer = torch.optim.Adam(head.parameters(), lr=1e-2)
+
+    def eval_loss() -> float:
+        head.eval()
+        with torch.no_grad():
+            return float(head.loss(text, video)["loss"])
+
+    before = eval_loss()
+    for _ in range(15):
+        head.train()
+        out = head.loss(text, video)
+        assert set(out) >= {"loss"} and out["loss"].ndim == 0
+        optimizer.zero_grad()
+        out["loss"].backward()
+        optimizer.step()
+        head.clamp_logit_scale()
+    after = eval_loss()
+    assert after < before, (before, after)
+
+
+def test_contract_chunked_scoring_pairs_and_two_stage(name: str) -> None:
+    head = build(name).eval()
+    text, video = features(7, 9, seed=1)
+    ts, vs = head.encode_texts(text), head.encode_videos(video)
+    full = head.score(ts, vs)
+    assert full.shape == (7, 9) and full.dtype == torch.float32 and torch.isfinite(full).all()
+    torch.testing.assert_close(head.score(ts, vs, text_chunk=3, video_chunk=2), full, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(head.score_block(ts, vs).float(), full, rtol=1e-5, atol=1e-5)
+    g = torch.Generator().manual_seed(2)
+    ti, vi = torch.randint(0, 7, (40,), generator=g), torch.randint(0, 9, (40,), generator=g)
+    torch.testing.assert_close(head.score_pairs(ts, vs, ti, vi), full[ti, vi], rtol=1e-5, atol=1e-5)
+    # two-stage with K = N ranks the whole gallery exactly
+    torch.testing.assert_close(head.score_two_stage(ts, vs, 9), full, rtol=1e-5, atol=1e-5)
+    idx, scores = head.rerank(ts, vs, 4)
+    assert idx.shape == scores.shape == (7, 4) and bool((scores[:, :-1] >= scores[:, 1:]).all())
+    torch.testing.assert_close(scores, full.gather(1, idx), rtol=1e-5, atol=1e-5)
+    shortlist = top_k_by_dot(head.shortlist_texts(ts), head.shortlist_videos(vs), 4)[0]
+    assert torch.equal(idx.sort(1).values, shortlist.sort(1).values)
+    if head.indexable:  # the score is the dot product of the shortlist embeddings
+        torch.testing.assert_close(head.shortlist_texts(ts) @ head.shortlist_videos(vs).T, full, rtol=1e-5,
+                                   atol=1e-5)
+
+
+def test_contract_checkpoint_round_trip(name: str, tmp_path: Path) -> None:
+    head = build(name, seed=0)
+    text, video = features(6, 6)
+    optimizer = torch.optim.SGD(head.parameters(), lr=0.1)
+    head.loss(text, video)["loss"].backward()
+    optimizer.step()
+    model = RetrievalModel(None, torch.nn.Identity(), head)
+    save_checkpoint(tmp_path / "head.pt", model, optimizer)
+    other = RetrievalModel(None, torch.nn.Identity(), build(name, seed=1))
+    load_checkpoint(tmp_path / "head.pt", other)
+    for a, b in ((model.head.eval(), other.head.eval()),):
+        torch.testing.assert_close(
+            a.score(a.encode_texts(text), a.encode_videos(video)),
+            b.score(b.encode_texts(text), b.encode_videos(video)),
+            rtol=0,
+            atol=0,
+        )
+
+
+# --------------------------------------------------------------------------------------------- registry errors
+
+
+def test_unknown_head_lists_the_valid_names() -> None:
+    with pytest.raises(ConfigError, match=r"head.name = 'nope' is not a known head; valid names: \['clip4clip'"):
+        registry.build_head(HeadConfig(name="nope"), D, LN_100)
+    with pytest.raises(ValueError, match="dim"):
+        registry.build_head(HeadConfig(), 0, LN_100)
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("toy_heads:Missing", "has no attribute 'Missing'"),
+        ("no_such_module_xyz:Head", "cannot import module 'no_such_module_xyz'"),
+        ("toy_heads:NotAHead", "expected a RetrievalHead subclass"),
+        ("toy_heads:", "must look like 'package.module:ClassName'"),
+    ],
+)
+def test_import_path_errors_are_named(spec: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        registry.head_class(spec)
+
+
+def test_options_are_validated_by_the_heads_dataclass() -> None:
+    opts = registry.head_options(TOY, {"proj_dim": 8, "pool": "max"})
+    assert (opts.proj_dim, opts.pool) == (8, "max")
+    with pytest.raises(ConfigError, match=r"head.options.pool = 'median': expected one of \['mean', 'max'\]"):
+        registry.head_options(TOY, {"pool": "median"})
+    with pytest.raises(ConfigError, match=r"head.options.proj_dim = 0: expected a number >= 1"):
+        registry.head_options(TOY, {"proj_dim": 0})
+    with pytest.raises(ConfigError, match=r"head.options.proj_dim: expected an integer"):
+        registry.head_options(TOY, {"proj_dim": "wide"})
+    with pytest.raises(ConfigError, match=r"head.options.scorer = 'approx': expected one of \['auto', 'fast'"):
+        registry.head_options("gare", {"scorer": "approx"})
+
+
+def test_register_head_decorator(monkeypatch: pytest.MonkeyPatch) -> None:
+    from toy_heads import BilinearHead
+
+    monkeypatch.setattr(registry, "_HEADS", dict(registry._HEADS))
+
+    @registry.register_head("custom-bilinear")
+    class Custom(BilinearHead):
+        pass
+
+    assert registry.head_class("custom-bilinear") is Custom and Custom.name == "custom-bilinear"
+    with pytest.raises(ValueError, match="already registered"):
+
+        @registry.register_head("custom-bilinear")
+        class Other(BilinearHead):
+            pass
+
+    with pytest.raises(TypeError, match="RetrievalHead subclass"):
+        registry.register_head("bad")(object)  # type: ignore[arg-type]
+
+
+def test_heads_are_found_in_the_package_and_in_entry_points(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A new module in tvr/models/heads registers without any list to edit; installed packages join through the
+    ``tvr.heads`` entry-point group; a broken plug-in is reported, not fatal."""
+    import importlib.metadata
+    import sys
+
+    import tvr.models.heads as heads_pkg
+
+    plugin_dir = tmp_path / "extra_heads"
+    plugin_dir.mkdir()
+    (plugin_dir / "dropin.py").write_text(
+        "from toy_heads import BilinearHead\n"
+        "from tvr.models.heads.registry import register_head\n"
+        "@register_head('dropin')\n"
+        "class DropIn(BilinearHead):\n    pass\n"
+    )
+    monkeypatch.setattr(heads_pkg, "__path__", [*heads_pkg.__path__, str(plugin_dir)])
+    monkeypatch.setattr(registry, "_HEADS", dict(registry._HEADS))
+    monkeypatch.setattr(registry, "_DISCOVERED", False)
+    monkeypatch.delitem(sys.modules, "tvr.models.heads.dropin", raising=False)
+
+    good = importlib.metadata.EntryPoint("plugged", "toy_heads:BilinearHead", registry.ENTRY_POINT_GROUP)
+    broken = importlib.metadata.EntryPoint("broken", "no_such_module_xyz:Head", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [good, broken])
+    names = registry.available_heads()
+    assert {"dropin", "plugged", "clip4clip", "gare"} <= set(names) and "broken" not in names
+    monkeypatch.delitem(sys.modules, "tvr.models.heads.dropin", raising=False)
+
+
+# --------------------------------------------------------------------------------------------- through the CLI
+
+
+def test_a_head_outside_the_package_trains_and_evaluates_from_the_cli(tmp_path: Path) -> None:
+    import yaml
+    from test_end_to_end import make_msrvtt
+
+    from tvr.cli import app
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(make_msrvtt(tmp_path / "data")))
+    runner = CliRunner()
+    run = tmp_path / "run"
+    args = ["train", "--config", str(config), "--out", str(run), "--set", f"head.name={TOY}",
+            "--set", "head.options.proj_dim=8", "--set", "train.max_steps=2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    saved = load_config(run / "config.yaml")
+    assert saved.head.name == TOY and saved.head.options == {"proj_dim": 8, "pool": "mean"}
+    metrics = json.loads((run / "test_best" / "metrics.json").read_text())
+    assert metrics["head"] == TOY and metrics["indexable"] is True and metrics["scoring"] == "exhaustive"
+
+    # the saved config re-evaluates the checkpoint
+    ev = tmp_path / "eval"
+    result = runner.invoke(app, ["eval", "--config", str(run / "config.yaml"), "--checkpoint", str(run / "best.pt"),
+                                 "--out", str(ev)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((ev / "metrics.json").read_text())["t2v"] == metrics["t2v"]
+
+    # reusing the run folder needs --resume or --overwrite, and a bad option value fails at load
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "--overwrite" in result.output
+    fresh = tmp_path / "run2"
+    bad = runner.invoke(app, [*args[:4], str(fresh), "--set", f"head.name={TOY}", "--set", "head.options.pool=median"])
+    assert bad.exit_code == 2 and "head.options.pool = 'median'" in bad.output and "['mean', 'max']" in bad.output
+    assert not fresh.exists()  # nothing was written
+
+
+def test_the_demo_runs_a_head_by_import_path(tmp_path: Path) -> None:
+    from tvr.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--quick", "--method", TOY, "--out", str(tmp_path / "demo")])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((tmp_path / "demo" / "run" / "test_best" / "metrics.json").read_text())
+    assert metrics["head"] == TOY

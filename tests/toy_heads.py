@@ -1,0 +1,66 @@
+"""A method head defined outside the ``tvr`` package, used by its import path (``toy_heads:BilinearHead``): the
+test that a user's own head trains and evaluates through the CLI with no change to tvr."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tvr.config import bounded, choice
+from tvr.losses import symmetric_infonce
+from tvr.models.heads.base import RetrievalHead
+from tvr.types import Sliceable, TextFeatures, VideoFeatures
+
+
+@dataclasses.dataclass
+class BilinearOptions:
+    #: width of the shared embedding
+    proj_dim: int = bounded(16, ge=1)
+    #: how frames are pooled before the projection
+    pool: str = choice("mean", "mean", "max")
+
+
+@dataclasses.dataclass
+class Emb(Sliceable):
+    emb: Tensor
+
+
+class BilinearHead(RetrievalHead):
+    """s_ij = norm(W_t t_i) · norm(W_v pool_f V_jf): a dot product of per-item embeddings, hence indexable."""
+
+    Options = BilinearOptions
+    indexable = True
+
+    def __init__(self, dim: int, options: BilinearOptions | None = None, **scale: float) -> None:
+        super().__init__(dim, options, **scale)
+        self.text_proj = nn.Linear(dim, self.options.proj_dim)
+        self.video_proj = nn.Linear(dim, self.options.proj_dim)
+
+    def encode_texts(self, text: TextFeatures) -> Emb:
+        return Emb(F.normalize(self.text_proj(text.eot.float()), dim=-1))
+
+    def encode_videos(self, video: VideoFeatures) -> Emb:
+        mask = video.frame_mask.float().unsqueeze(-1)
+        if self.options.pool == "mean":
+            pooled = (video.frames.float() * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+        else:
+            pooled = video.frames.float().masked_fill(mask == 0, float("-inf")).amax(1)
+        return Emb(F.normalize(self.video_proj(pooled), dim=-1))
+
+    def score_block(self, text_state: Emb, video_state: Emb) -> Tensor:
+        return text_state.emb @ video_state.emb.T
+
+    def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
+        scores = self.score_block(self.encode_texts(text), self.encode_videos(video))
+        loss = symmetric_infonce(self.logit_scale.exp() * scores)
+        return {"loss": loss, "infonce": loss.detach(), "logit_scale": self.logit_scale.detach().exp()}
+
+
+class NotAHead(nn.Module):
+    """For the error path: an importable class that is not a RetrievalHead."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.zeros_like(x)
