@@ -347,8 +347,15 @@ def test_load_errors_name_the_file(tmp_path) -> None:
     save_checkpoint(path, model, state={})
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(path.read_bytes()[:200])
-    with pytest.raises(CheckpointError, match="corrupt.pt.*not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match="corrupt.pt.*not a readable checkpoint: a torch.save archive"):
         load_checkpoint(corrupt, model)
+    text = tmp_path / "notes.pt"
+    text.write_text("hello, this is not a checkpoint\n")
+    with pytest.raises(CheckpointError, match=r"notes.pt: not a readable checkpoint: a text file, expected a checkp"):
+        load_checkpoint(text, model)
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="an empty file"):
+        load_checkpoint(tmp_path / "empty.pt", model)
 
     other = RetrievalModel(None, IdentityTemporal(), ToyHead())
     other.head.extra = nn.Linear(2, 2)

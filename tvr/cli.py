@@ -2,19 +2,66 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 
-app = typer.Typer(
+from tvr.utils.errors import UserError
+
+console = Console(stderr=True)
+#: ``--debug`` (or TVR_DEBUG=1): let user errors show their traceback as well
+_DEBUG = {"on": os.environ.get("TVR_DEBUG", "") not in ("", "0")}
+#: OS errors about a path the user gave (a missing folder, a file where a folder belongs, no permission)
+_PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    return isinstance(exc, (UserError, *_PATH_ERRORS))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and not isinstance(exc, UserError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc)
+
+
+def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a command; a user error prints one or two lines and exits with code 2 (bugs keep their traceback)."""
+
+    @functools.wraps(fn)
+    def run_command(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if _DEBUG["on"] or not _is_user_error(exc):
+                raise
+            console.print(f"[red]error:[/red] {_describe(exc)}", highlight=False)
+            console.print("[dim](--debug or TVR_DEBUG=1 shows the traceback)[/dim]")
+            raise typer.Exit(2) from None
+
+    return run_command
+
+
+class _Commands(typer.Typer):
+    """Every command registered on the app reports user errors without a traceback."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        register = super().command(*args, **kwargs)
+        return lambda fn: register(friendly_errors(fn))
+
+
+app = _Commands(
     add_completion=False,
     no_args_is_help=True,
     help="Text-video retrieval: train, evaluate, cache features, synthesise data.",
 )
-console = Console(stderr=True)
 
 
 def _load(config: Path | None, overrides: list[str] | None):
@@ -28,7 +75,9 @@ def _load(config: Path | None, overrides: list[str] | None):
 
         return resolve_config(cfg)
     except ConfigError as exc:
-        console.print(f"[red]config error:[/red] {exc}")
+        if _DEBUG["on"]:
+            raise
+        console.print(f"[red]config error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
 
 
@@ -45,8 +94,13 @@ def _print_metrics(metrics: dict, title: str) -> None:
 
 
 @app.callback()
-def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+def main(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+    debug: bool = typer.Option(False, "--debug", help="Show the traceback of user errors (bad config, files, …)."),
+) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if debug:
+        _DEBUG["on"] = True
 
 
 @app.command()
@@ -60,14 +114,9 @@ def train(
 ) -> None:
     """Train a method; select on validation; evaluate the test split once at the end."""
     cfg = _load(config, set_)
-    from tvr.config import ConfigError
     from tvr.pipeline import run_train
 
-    try:
-        summary = run_train(cfg, out, resume=resume, final_test=not no_test, overwrite=overwrite)
-    except ConfigError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    summary = run_train(cfg, out, resume=resume, final_test=not no_test, overwrite=overwrite)
     for tag, metrics in summary.get("test", {}).items():
         _print_metrics(metrics, f"test ({tag} checkpoint)")
     console.print(f"run folder: {out}")
@@ -145,14 +194,9 @@ def demo(
     ),
 ) -> None:
     """Synthesise a dataset, train a small randomly initialised model on CPU, evaluate, print metrics."""
-    from tvr.config import ConfigError
     from tvr.demo import run_demo
 
-    try:
-        summary = run_demo(out, quick=quick, method=method)
-    except ConfigError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    summary = run_demo(out, quick=quick, method=method)
     for tag, metrics in summary.get("test", {}).items():
         _print_metrics(metrics, f"synthetic test split ({tag} checkpoint)")
     console.print(f"run folder: {out / 'run'}")

@@ -20,10 +20,12 @@ from typing import Any
 
 import yaml
 
+from tvr.utils.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config file or override does not match the schema."""
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tvr.config import DataConfig
+from tvr.utils.errors import UserError
 
 SPLITS = ("train", "val", "test")
 #: extra split names: the MSR-VTT 1k-A test with all 20 captions per video (``MSRVTT_test1ka.jsonl``)
@@ -61,7 +62,7 @@ ACTIVITYNET_FILES = {"train": ("train.json", "train.jsonl"), "test": ("val_1.jso
 GENERIC_SPLIT_VALUES = ("train", "val", "test")
 
 
-class AnnotationError(ValueError):
+class AnnotationError(UserError, ValueError):
     """An annotation file is missing or malformed; the message names the file, the place and what was expected."""
 
 

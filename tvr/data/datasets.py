@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from tvr.config import DataConfig
+from tvr.config import ConfigError, DataConfig
 from tvr.data.augment import VideoRandAugment
 from tvr.data.video import VideoDecodeError, load_clip
 
@@ -72,7 +72,7 @@ class VideoResolver:
     def __init__(self, video_dir: str | os.PathLike, pattern: str = "{video_id}.mp4") -> None:
         self.video_dir = Path(video_dir)
         if "{video_id}" not in pattern:
-            raise ValueError(f"video pattern {pattern!r} must contain '{{video_id}}'")
+            raise ConfigError(f"data.video_pattern = {pattern!r}: must contain '{{video_id}}'")
         if not self.video_dir.is_dir():
             raise FileNotFoundError(f"video folder not found: {self.video_dir}")
         self.pattern = pattern

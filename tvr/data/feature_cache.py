@@ -23,8 +23,14 @@ import torch
 from torch import Tensor
 
 from tvr.config import Config
+from tvr.utils.errors import UserError
 
 MANIFEST = "manifest.json"
+
+
+class FeatureCacheError(UserError, ValueError):
+    """A feature cache folder is missing, damaged, or was made with other settings than the run asks for."""
+
 CACHE_FORMAT = 1
 
 
@@ -47,7 +53,7 @@ def _shards(paths: list[Path]) -> Iterator[dict[str, Any]]:
         try:
             yield torch.load(path, map_location="cpu", mmap=True, weights_only=True)
         except Exception as exc:  # noqa: BLE001 - re-raised with the file named
-            raise RuntimeError(
+            raise FeatureCacheError(
                 f"feature cache shard {path} is unreadable ({exc}); delete it and rerun tvr features"
             ) from exc
 
@@ -58,7 +64,7 @@ def read_manifest(cache_dir: str | Path) -> dict:
         raise FileNotFoundError(f"{path}: not a tvr feature cache (run `tvr features --config ... --out {cache_dir}`)")
     manifest = json.loads(path.read_text())
     if manifest.get("format") != CACHE_FORMAT:
-        raise ValueError(f"{path}: cache format {manifest.get('format')!r}, expected {CACHE_FORMAT}")
+        raise FeatureCacheError(f"{path}: cache format {manifest.get('format')!r}, expected {CACHE_FORMAT}")
     return manifest
 
 
@@ -77,7 +83,7 @@ def load_cached_split(cache_dir: str | Path, split: str) -> CachedSplit:
     filled = [p for p in video_parts if len(p["ids"])] or video_parts[:1]
     with_proxies = [p for p in filled if "proxies" in p]
     if with_proxies and len(with_proxies) != len(filled):
-        raise ValueError(f"{cache_dir}: split {split!r} mixes shards with and without video proxies; rebuild it")
+        raise FeatureCacheError(f"{cache_dir}: split {split!r} mixes shards with and without video proxies; rebuild it")
     return CachedSplit(
         video_ids=[i for part in video_parts for i in part["ids"]],
         frames=torch.cat([p["frames"] for p in filled]),
@@ -103,7 +109,7 @@ def check_cache_matches(cfg: Config, manifest: dict) -> None:
         ("data", "dataset"),
     ):
         if made[section][key] != getattr(getattr(cfg, section), key):
-            raise ValueError(
+            raise FeatureCacheError(
                 f"feature cache was made with {section}.{key}={made[section][key]!r} but the run asks for "
                 f"{getattr(getattr(cfg, section), key)!r}; rebuild the cache or change the config"
             )
@@ -117,7 +123,7 @@ class CachedPairDataset(torch.utils.data.Dataset):
 
     def __init__(self, cached: CachedSplit, text_video_ids: list[str]) -> None:
         if len(text_video_ids) != len(cached.texts):
-            raise ValueError(f"cache holds {len(cached.texts)} captions but the split has {len(text_video_ids)}")
+            raise FeatureCacheError(f"cache holds {len(cached.texts)} captions but the split has {len(text_video_ids)}")
         index = {vid: k for k, vid in enumerate(cached.video_ids)}
         self.cached = cached
         self.pairs = [(t, index[v]) for t, v in enumerate(text_video_ids) if v in index]

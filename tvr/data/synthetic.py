@@ -66,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from tvr.config import ConfigError
 from tvr.utils.io import atomic_write_text
 from tvr.utils.progress import progress_bar
 
@@ -314,7 +315,7 @@ class SynthConfig:
         ]
         for name, ok, expected in checks:
             if not ok:
-                raise ValueError(f"SynthConfig.{name} must be {expected}; got {self!r}")
+                raise ConfigError(f"SynthConfig.{name} must be {expected}; got {self!r}")
 
 
 @dataclass

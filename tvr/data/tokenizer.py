@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_text
 
 SOT_TOKEN = "<|startoftext|>"
@@ -40,7 +41,7 @@ MERGES_HEADER = "#version: 0.2"
 _WORD_PATTERN = r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """Tokenizer files are missing or do not have the expected format."""
 
 

@@ -14,9 +14,15 @@ import torch
 from torch import Tensor
 
 from tvr.config import Config
+from tvr.data.feature_cache import FeatureCacheError
 from tvr.models.model import RetrievalModel
 from tvr.types import TextFeatures, VideoFeatures
+from tvr.utils.errors import UserError
 from tvr.utils.progress import progress_bar
+
+
+class NothingToEvaluateError(UserError, RuntimeError):
+    """Every video (or every caption) of a split was unreadable or missing."""
 
 
 @dataclass
@@ -71,7 +77,7 @@ def encode_split_raw(model: RetrievalModel, split, tokenizer, cfg: Config, devic
         feats = model.text_features({"text_ids": ids.to(device), "text_mask": mask.to(device)})
         parts.append(feats.to("cpu", torch.float32))
     if not videos or not parts:
-        raise RuntimeError(f"{split.name}: nothing to evaluate ({len(skipped)} videos unreadable)")
+        raise NothingToEvaluateError(f"{split.name}: nothing to evaluate ({len(skipped)} videos unreadable)")
     return EncodedSplit(TextFeatures.cat(parts), VideoFeatures.cat(videos), targets, kept, split.protocol, skipped)
 
 
@@ -80,7 +86,9 @@ def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, devic
     """Encode a split from a feature cache (only the temporal module runs)."""
     model.eval()
     if cached.texts != list(split.texts):
-        raise ValueError(f"{split.name}: the feature cache's captions do not match the annotation files; rebuild it")
+        raise FeatureCacheError(
+            f"{split.name}: the feature cache's captions do not match the annotation files; rebuild it"
+        )
     kept_video_rows = {vid: k for k, vid in enumerate(cached.video_ids)}
     gallery_rows = [kept_video_rows[v] for v in split.videos if v in kept_video_rows]
     kept = [cached.video_ids[r] for r in gallery_rows]

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from transformers import CLIPConfig, CLIPModel
 
-from tvr.config import ModelConfig, TinyClipConfig
+from tvr.config import ConfigError, ModelConfig, TinyClipConfig
 from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
 from tvr.models.convert_openai import load_openai_clip
 from tvr.types import TextFeatures, VideoFeatures
@@ -39,9 +39,9 @@ def tiny_clip_config(cfg: TinyClipConfig) -> CLIPConfig:
         width = getattr(cfg, name)
         heads = getattr(cfg, name.replace("width", "heads"))
         if heads < 1 or width % heads:
-            raise ValueError(f"model.tiny.{name}={width} is not divisible by its number of heads ({heads})")
+            raise ConfigError(f"model.tiny.{name}={width} is not divisible by its number of heads ({heads})")
     if cfg.image_size % cfg.patch_size:
-        raise ValueError(f"model.tiny.image_size={cfg.image_size} is not a multiple of patch_size={cfg.patch_size}")
+        raise ConfigError(f"model.tiny.image_size={cfg.image_size} is not a multiple of patch_size={cfg.patch_size}")
     # special ids only matter to HF's own pooler (unused here); keep them inside the vocabulary
     eos = min(EOT_ID, cfg.vocab_size - 1)
     text = {
@@ -84,7 +84,7 @@ def load_clip_model(spec: str) -> CLIPModel:
             raise FileNotFoundError(f"model.clip: {path} is a folder but has no config.json (not a HF CLIP folder)")
         return CLIPModel.from_pretrained(str(path), dtype=torch.float32)
     if path.exists():
-        raise ValueError(f"model.clip: {path} is a file but not an OpenAI .pt/.pth checkpoint; expected a HF folder")
+        raise ConfigError(f"model.clip: {path} is a file but not an OpenAI .pt/.pth checkpoint; expected a HF folder")
     looks_like_path = spec.startswith(("/", ".", "~")) or os.sep + os.sep in spec or spec.count("/") > 1
     if looks_like_path or not _HUB_ID.match(spec):
         raise FileNotFoundError(
@@ -94,7 +94,7 @@ def load_clip_model(spec: str) -> CLIPModel:
     try:
         return CLIPModel.from_pretrained(spec, dtype=torch.float32)
     except OSError as exc:
-        raise OSError(
+        raise ConfigError(
             f"model.clip: could not load hub model {spec!r} (no local folder of that name, and the hub "
             f"was unreachable or has no such model): {exc}"
         ) from exc
@@ -119,7 +119,7 @@ class ClipBackbone(nn.Module):
         """``clip == "tiny"``: random init from ``model_cfg.tiny``; else a HF folder, an OpenAI .pt, or a hub id."""
         spec = str(model_cfg.clip).strip()
         if not spec:
-            raise ValueError("model.clip is empty; expected 'tiny', a HF CLIP folder, an OpenAI .pt file or a hub id")
+            raise ConfigError("model.clip is empty; expected 'tiny', a HF CLIP folder, an OpenAI .pt file or a hub id")
         clip = CLIPModel(tiny_clip_config(model_cfg.tiny)) if spec == "tiny" else load_clip_model(spec)
         chunk = model_cfg.frame_chunk if frame_chunk is None else frame_chunk
         return cls(clip, frame_chunk=chunk, fp16_on_cuda=model_cfg.clip_fp16_on_cuda)

@@ -21,6 +21,7 @@ from torch import Tensor
 from transformers import CLIPConfig, CLIPModel
 
 from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
+from tvr.utils.errors import UserError
 
 #: scalars stored next to the weights in OpenAI's TorchScript archives; checked, not converted
 METADATA_KEYS = ("input_resolution", "context_length", "vocab_size")
@@ -62,7 +63,7 @@ _TRANSPOSED_MAP = {
 }
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError, ValueError):
     """The checkpoint does not have the OpenAI ViT CLIP layout."""
 
 

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tvr.config import ConfigError
+
 if TYPE_CHECKING:
     from tvr.models.clip_backbone import ClipBackbone
 
@@ -176,11 +178,11 @@ def build_temporal(kind: str, backbone: ClipBackbone | None, dim: int, num_layer
     if kind in ("meanP", "none"):
         return PassThrough(kind)
     if kind != "seqTransf":
-        raise ValueError(f"model.temporal={kind!r}: expected one of {list(TEMPORAL_MODULES)}")
+        raise ConfigError(f"model.temporal={kind!r}: expected one of {list(TEMPORAL_MODULES)}")
     if backbone is None:
         return SeqTransformer(dim, num_layers)
     if backbone.text_width != dim:
-        raise ValueError(
+        raise ConfigError(
             f"cannot initialise seqTransf from CLIP: text width {backbone.text_width} != embed dim {dim} "
             f"(use model.temporal=meanP, or a CLIP whose text width equals its embed dim)"
         )

@@ -132,7 +132,9 @@ def _train_data(cfg: Config, out_dir: Path, tokenizer, rank: int, world_size: in
         dataset = PairDataset(split.records, tokenizer, resolver, cfg.data, train=True, seed=cfg.train.seed)
         collate = collate_pairs
     if len(dataset) < cfg.train.batch_size:
-        raise ValueError(f"training split has {len(dataset)} pairs, fewer than train.batch_size={cfg.train.batch_size}")
+        raise ConfigError(
+            f"training split has {len(dataset)} pairs, fewer than train.batch_size={cfg.train.batch_size}"
+        )
     return DatasetTrainData(
         dataset,
         batch_size=cfg.train.batch_size // world_size,

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_torch_save
 
 FORMAT = "tvr-checkpoint"
@@ -24,7 +25,7 @@ VERSION = 1
 log = logging.getLogger("tvr.train")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint file is missing, unreadable, or does not fit the model/optimizer it is loaded into."""
 
 
@@ -116,6 +117,24 @@ def save_checkpoint(
     return atomic_torch_save(payload, path)
 
 
+def _why_unreadable(path: Path, exc: Exception) -> str:
+    """What a file that torch.load rejects looks like, so the message says more than the unpickler's opcode."""
+    with open(path, "rb") as handle:
+        head = handle.read(512)
+    if head.startswith(b"PK\x03\x04"):
+        return f"a torch.save archive that cannot be read (truncated or corrupt?): {exc}"
+    if head[:1] == b"\x80":
+        return f"a pickled file that cannot be read as a checkpoint (truncated or corrupt?): {exc}"
+    if not head:
+        return "an empty file, expected a checkpoint written by tvr train (torch.save)"
+    try:
+        head.decode("utf-8")
+        kind = "a text file"
+    except UnicodeDecodeError:
+        kind = "neither a torch.save archive nor a pickle"
+    return f"{kind}, expected a checkpoint written by tvr train (torch.save; first bytes {head[:16]!r})"
+
+
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load and validate the raw checkpoint dict (on CPU), or raise :class:`CheckpointError` naming the file."""
     path = Path(path)
@@ -124,7 +143,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, … for damaged files
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {exc}") from exc
+        raise CheckpointError(f"{path}: not a readable checkpoint: {_why_unreadable(path, exc)}") from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a tvr training checkpoint (no '{FORMAT}' marker)")
     if payload.get("version") != VERSION:

@@ -1,0 +1,9 @@
+"""Errors that a message fully explains: a problem with the user's input (a config value, a file, the machine),
+not a bug. The command line prints them in a line or two without a traceback (``--debug`` or ``TVR_DEBUG=1`` shows
+it) and exits with code 2; every other exception is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Base class of errors caused by the user's input; the message names the thing and what was expected."""
