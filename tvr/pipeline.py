@@ -11,15 +11,10 @@ from typing import Any
 import torch
 
 from tvr.config import Config, save_config
+from tvr.utils.device import resolve_device
 from tvr.utils.io import atomic_write_json
 
 log = logging.getLogger(__name__)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 @contextlib.contextmanager
@@ -108,13 +103,14 @@ def run_train(cfg: Config, out_dir: str | Path, resume: bool = False, final_test
 def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool) -> dict[str, Any]:
     from tvr.models.build import build_model, build_tokenizer
     from tvr.train.checkpoint import load_checkpoint
-    from tvr.train.distributed import init_distributed, is_main_process
+    from tvr.train.distributed import init_distributed
     from tvr.train.trainer import Trainer, seed_everything
     from tvr.train.utils import to_jsonable
+    from tvr.utils.distributed import is_main_process
 
+    dist = init_distributed(cfg.train.device)  # first: a device this machine lacks fails before the run folder exists
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    dist = init_distributed(cfg.train.device)
     seed_everything(cfg.train.seed)
     if is_main_process():
         save_config(cfg, out_dir / "config.yaml")
@@ -156,10 +152,10 @@ def run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
 def _run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
     from tvr.models.build import build_tokenizer
 
+    device = resolve_device(cfg.train.device)  # first: a device this machine lacks fails before out_dir is written
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out_dir / "config.yaml")
-    device = resolve_device(cfg.train.device)
     tokenizer = None if cfg.data.features_dir else build_tokenizer(cfg, Path(checkpoint).parent)
     model = load_model_for_eval(cfg, checkpoint)
     model.to(device)

@@ -117,6 +117,7 @@ def build_feature_cache(
     from tvr.models.build import build_tokenizer
     from tvr.models.clip_backbone import ClipBackbone
     from tvr.train.utils import seed_everything
+    from tvr.utils.device import resolve_device
     from tvr.utils.progress import progress_bar
 
     out_dir = Path(out_dir)
@@ -127,7 +128,7 @@ def build_feature_cache(
         check_cache_matches(cfg, manifest)
     else:
         manifest = {"format": CACHE_FORMAT, "config": config_to_dict(cfg), "splits": {}}
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device in ("auto", "cuda") else "cpu")
+    device = resolve_device(cfg.train.device)
     # seeded like training, so a randomly initialised ("tiny") backbone is the same one a run would build
     seed_everything(cfg.train.seed)
     backbone = ClipBackbone.from_config(cfg.model).to(device).eval()
