@@ -23,14 +23,16 @@ DDP settings (:func:`wrap_model`). ``find_unused_parameters`` is off by default:
 the autograd graph every step, and every trainable parameter of our models takes part in the loss. Frozen
 parameters (``requires_grad=False``, e.g. a frozen backbone) are not a problem: DDP leaves them out of its
 gradient buckets. A model that does leave a trainable parameter unused is reported by the trainer after the first
-backward, naming the parameters (freeze them, or pass ``find_unused_parameters=True``). Buffers are synchronised
-from rank 0 once, when DDP wraps the model (with the parameters), not before every forward
-(``broadcast_buffers=False``): our buffers are constants, not running statistics.
+backward, naming the parameters (freeze them, or pass ``find_unused_parameters=True``). Buffers are not re-broadcast
+before every forward: ours are constants (position ids, attention masks) that every rank builds identically from
+the same config, not running statistics. On torch ≥ 2.13 (``forward_sync_buffers=False``) DDP still copies rank 0's
+buffers once when it wraps the model; older torch (``broadcast_buffers=False``) skips that copy too.
 """
 
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -101,8 +103,8 @@ def init_distributed(device: str = "auto", timeout_minutes: float | None = None)
 def wrap_model(model: nn.Module, info: DistInfo, find_unused_parameters: bool = False) -> nn.Module:
     """``model`` wrapped in DistributedDataParallel when ``info`` has several ranks; ``model`` itself otherwise.
 
-    The model must already sit on ``info.device``. Wrapping copies rank 0's parameters and buffers to every rank, so
-    all replicas start identical. ``device_ids`` is given on CUDA only (one GPU per process); on CPU (gloo) it must be
+    The model must already sit on ``info.device``. Wrapping copies rank 0's parameters to every rank, so all
+    replicas start identical. ``device_ids`` is given on CUDA only (one GPU per process); on CPU (gloo) it must be
     left out. Call the wrapper's ``forward`` for training steps, so DDP's hooks see them; everything else (evaluation,
     checkpoints, the logit-scale clamp) uses the unwrapped module (:func:`tvr.train.checkpoint.unwrap_model`).
     """
@@ -111,12 +113,18 @@ def wrap_model(model: nn.Module, info: DistInfo, find_unused_parameters: bool = 
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("distributed training needs at least one trainable parameter; every parameter is frozen")
     device_ids = [info.device.index] if info.device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(
+    ddp = nn.parallel.DistributedDataParallel
+    # torch 2.13 renamed broadcast_buffers (deprecated, warns) to forward_sync_buffers
+    if "forward_sync_buffers" in inspect.signature(ddp.__init__).parameters:
+        buffers = {"forward_sync_buffers": False}
+    else:
+        buffers = {"broadcast_buffers": False}
+    return ddp(
         model,
         device_ids=device_ids,
         output_device=info.device.index if device_ids else None,
-        broadcast_buffers=False,
         find_unused_parameters=find_unused_parameters,
+        **buffers,
     )
 
 

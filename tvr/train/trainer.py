@@ -114,7 +114,7 @@ class Trainer:
             self.planned_steps = min(self.planned_steps, self.tc.max_steps)
 
         self.model = model.to(self.device)
-        # wrapping syncs rank 0's parameters and buffers to every rank, so all replicas start identical
+        # wrapping copies rank 0's parameters to every rank, so all replicas start identical
         self.train_model = wrap_model(self.model, self.dist, find_unused_parameters=find_unused_parameters)
         self._check_unused = self.dist.distributed and not find_unused_parameters
         self.optimizer = build_optimizer(self.model, self.tc)
