@@ -1,5 +1,6 @@
-"""Distributed helpers: deterministic sharded data order, and (2 CPU processes over gloo) the feature all-gather,
-its gradients, and a 2-rank training run against the 1-process run with the same global batch."""
+"""Distributed training: deterministic sharded data order, and (2 CPU processes over gloo) the feature all-gather,
+its gradients through DistributedDataParallel, a 2-rank Trainer run against the 1-process run with the same global
+batch, bit-exact 2-rank resume, and the report of trainable parameters that take no part in the loss."""
 
 from __future__ import annotations
 
@@ -18,15 +19,10 @@ from tvr.losses import symmetric_infonce
 from tvr.models.heads.base import RetrievalHead
 from tvr.models.model import RetrievalModel
 from tvr.train.data import DatasetTrainData
-from tvr.train.distributed import (
-    all_reduce_mean,
-    epoch_permutation,
-    gather_features,
-    init_distributed,
-    shard_batches,
-    sync_gradients,
-)
+from tvr.train.distributed import epoch_permutation, init_distributed, shard_batches, wrap_model
 from tvr.types import TextFeatures, VideoFeatures
+from tvr.utils.device import resolve_device
+from tvr.utils.distributed import all_reduce_mean, gather_features
 
 D, F_SLOTS = 5, 3
 
@@ -94,21 +90,82 @@ def test_single_process_helpers_are_no_ops() -> None:
     assert gather_features(text) is text
     x = torch.randn(4)
     assert all_reduce_mean(x) is x
+    module = nn.Linear(2, 2)
+    assert wrap_model(module, info) is module  # one process: no DDP wrapper
+
+
+# --------------------------------------------------------------------------------------------- devices
+
+
+def _fake_cuda(monkeypatch, count: int) -> None:
+    """Pretend this process sees ``count`` GPUs (``torch.device("cuda", k)`` itself needs none)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+def test_resolve_device_maps_auto_and_bare_cuda_to_the_local_rank(monkeypatch) -> None:
+    _fake_cuda(monkeypatch, 0)
+    assert resolve_device("auto", local_rank=1) == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    _fake_cuda(monkeypatch, 2)
+    assert resolve_device() == torch.device("cuda", 0)
+    assert resolve_device("auto", local_rank=1) == torch.device("cuda", 1)
+    assert resolve_device("cuda", local_rank=1) == torch.device("cuda", 1)
+    assert resolve_device("cuda:0", local_rank=1) == torch.device("cuda", 0)  # an explicit index is kept
+    assert resolve_device(" cpu ") == torch.device("cpu")
+
+
+def test_resolve_device_errors_name_the_setting_and_what_is_available(monkeypatch) -> None:
+    _fake_cuda(monkeypatch, 0)
+    with pytest.raises(ValueError, match=r"train\.device='cuda' but CUDA is not available.*available: cpu"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match=r"train\.device='gpu' is not a device name.*available here: cpu"):
+        resolve_device("gpu")
+    with pytest.raises(ValueError, match=r"eval\.device='cuda:1'"):
+        resolve_device("cuda:1", setting="eval.device")
+    _fake_cuda(monkeypatch, 2)
+    with pytest.raises(ValueError, match=r"needs GPU 2, but this process sees 2; available: cpu, cuda:0, cuda:1"):
+        resolve_device("cuda:2")
+    with pytest.raises(ValueError, match=r"local rank 3\) needs GPU 3"):
+        resolve_device("cuda", local_rank=3)
+
+
+def test_train_and_eval_refuse_a_missing_gpu_before_writing_anything(monkeypatch, tmp_path) -> None:
+    from tvr.pipeline import run_eval, run_train
+
+    _fake_cuda(monkeypatch, 0)
+    cfg = Config(train=TrainConfig(device="cuda"))
+    with pytest.raises(ValueError, match=r"train\.device='cuda' but CUDA is not available"):
+        run_train(cfg, tmp_path / "run")
+    with pytest.raises(ValueError, match=r"train\.device='cuda' but CUDA is not available"):
+        run_eval(cfg, tmp_path / "missing.pt", tmp_path / "eval")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match=r"train\.device='cuda' but CUDA is not available"):
+        init_distributed("cuda")
 
 
 # --------------------------------------------------------------------------------------------- 2 processes
 
 
 class _Temporal(nn.Module):
+    """Trainable parameters before the gather (like an encoder) and a frozen one (like a frozen backbone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.frozen_gain = nn.Parameter(torch.full((D,), 1.1), requires_grad=False)
+
     def forward(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return frames
+        return frames + self.lin(frames) * self.frozen_gain
 
 
 class _Head(RetrievalHead):
-    def __init__(self) -> None:
+    def __init__(self, unused: bool = False) -> None:
         super().__init__(D, logit_scale_init=2.0)
         self.text_proj = nn.Linear(D, 4)
         self.video_proj = nn.Linear(D, 4)
+        if unused:
+            self.spare = nn.Linear(D, 4)  # trainable but never in the loss
 
     def encode_texts(self, text):
         return F.normalize(self.text_proj(text.eot), dim=-1)
@@ -140,25 +197,52 @@ class _Pairs(torch.utils.data.Dataset):
         return {"text_eot": self.text[k], "frame_feats": self.frames[k], "video_mask": self.mask[k]}
 
 
-def _encoders() -> tuple[nn.Linear, nn.Linear, nn.Parameter]:
-    torch.manual_seed(11)
-    return nn.Linear(D, D), nn.Linear(D, D), nn.Parameter(torch.tensor(1.5))
+class _ToyContrastive(nn.Module):
+    """Encoders run before the gather (per rank), a projection and the scale after it (on the global batch).
+    Float64, so one process and two ranks agree to rounding error far below any real gradient error."""
+
+    def __init__(self, gather) -> None:
+        super().__init__()
+        torch.manual_seed(11)
+        self.lin_t, self.lin_v = nn.Linear(D, D), nn.Linear(D, D)
+        self.proj = nn.Linear(D, D)
+        self.scale = nn.Parameter(torch.tensor(1.5))
+        self.double()
+        self.gather = gather
+
+    def forward(self, text: TextFeatures, video: VideoFeatures) -> torch.Tensor:
+        t = self.gather(TextFeatures(self.lin_t(text.eot.double())))
+        v = self.gather(VideoFeatures(self.lin_v(video.frames.double()), video.frame_mask))
+        t_hat = F.normalize(self.proj(t.eot), dim=-1)
+        m = v.frame_mask.double().unsqueeze(-1)
+        v_hat = F.normalize(self.proj((v.frames * m).sum(1) / m.sum(1)), dim=-1)
+        return symmetric_infonce(self.scale.exp() * t_hat @ v_hat.t())
 
 
-def _toy_loss(lin_t, lin_v, scale, text: TextFeatures, video: VideoFeatures, gather) -> torch.Tensor:
-    """Encoders run before the gather (per rank), the scale after it (on the global batch)."""
-    t = gather(TextFeatures(lin_t(text.eot)))
-    v = gather(VideoFeatures(lin_v(video.frames), video.frame_mask))
-    t_hat = F.normalize(t.eot, dim=-1)
-    m = v.frame_mask.float().unsqueeze(-1)
-    v_hat = F.normalize((v.frames * m).sum(1) / m.sum(1), dim=-1)
-    return symmetric_infonce(scale.exp() * t_hat @ v_hat.t())
+def _assert_grads_equal(model: nn.Module, ref: nn.Module) -> None:
+    """Gradient equality up to float64 rounding.
+
+    Two ranks sum each gradient in a different order than one process (rank 0's items, rank 1's items, then the
+    all-reduce, instead of one pass over all items), so the results differ by a few ulps of the summed terms. In
+    float32 that reached 2.7e-7 on an element of a cancelling sum, beyond any fixed absolute tolerance that is still
+    small. In float64 those differences are ~1e-16 relative to the terms (all O(1) here), so rtol = 1e-9 leaves seven
+    orders of magnitude of margin while any convention error (a missing sum over ranks, a wrong slice, no averaging)
+    changes gradients by O(1) relative and fails.
+    """
+    for (name, p), ref_p in zip(model.named_parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None and p.grad.dtype == torch.float64, name
+        torch.testing.assert_close(p.grad, ref_p.grad, rtol=1e-9, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def _train_config(**kw) -> Config:
     values = dict(epochs=2, batch_size=4, lr=5e-2, seed=0, device="cpu", log_every=1, checkpoint_every=0, grad_clip=0.5)
     values.update(kw)
     return Config(train=TrainConfig(**values))
+
+
+def _model(unused: bool = False) -> RetrievalModel:
+    torch.manual_seed(3)
+    return RetrievalModel(None, _Temporal(), _Head(unused))
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -183,16 +267,18 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         gt = gather_features(text)
         assert torch.equal(gt.eot, eot) and gt.words is None
 
-        # --- backward: after averaging over ranks every gradient equals the 1-process full-batch gradient
-        lin_t, lin_v, scale = _encoders()
-        params = [*lin_t.parameters(), *lin_v.parameters(), scale]
-        _toy_loss(lin_t, lin_v, scale, text, video, gather_features).backward()
-        sync_gradients(params)
-        ref_t, ref_v, ref_scale = _encoders()
-        ref_params = [*ref_t.parameters(), *ref_v.parameters(), ref_scale]
-        _toy_loss(ref_t, ref_v, ref_scale, TextFeatures(eot), VideoFeatures(frames, mask), lambda x: x).backward()
-        for p, ref in zip(params, ref_params, strict=True):
-            torch.testing.assert_close(p.grad, ref.grad, rtol=1e-5, atol=1e-7)
+        # --- backward through DDP: every gradient equals the 1-process full-batch gradient
+        ref = _ToyContrastive(lambda x: x)
+        ref(TextFeatures(eot), VideoFeatures(frames, mask)).backward()
+        local = _ToyContrastive(gather_features)
+        local(text, video).backward()
+        # without DDP's averaging this rank's encoder gradient is W x its own items' share, not the full gradient
+        assert not torch.allclose(local.lin_t.weight.grad, ref.lin_t.weight.grad, rtol=1e-3)
+        toy = _ToyContrastive(gather_features)
+        ddp = wrap_model(toy, info)
+        assert isinstance(ddp, nn.parallel.DistributedDataParallel)
+        ddp(text, video).backward()
+        _assert_grads_equal(toy, ref)
 
         # --- padded lengths that differ across ranks are refused with a clear message on every rank
         bad = VideoFeatures(torch.zeros(2, F_SLOTS + rank, D), torch.ones(2, F_SLOTS + rank))
@@ -208,14 +294,43 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         # --- a 2-rank Trainer run (2 items per rank) follows the 1-process run with batch 4
         from tvr.train.trainer import Trainer
 
-        torch.manual_seed(3)
-        model = RetrievalModel(None, _Temporal(), _Head())
-        cfg = _train_config(batch_size=2)
-        data = DatasetTrainData(_Pairs(), 2, seed=cfg.train.seed, rank=rank, world_size=world)
-        summary = Trainer(model, cfg, data, out_dir).fit()
-        assert summary["steps"] == 8
+        def trainer(out: Path, model: RetrievalModel, **train) -> Trainer:
+            cfg = _train_config(batch_size=2, **train)
+            data = DatasetTrainData(_Pairs(), 2, seed=cfg.train.seed, rank=rank, world_size=world)
+            return Trainer(model, cfg, data, out, dist_info=info)
+
+        model = _model()
+        if rank == 1:  # DDP must start every replica from rank 0's parameters
+            with torch.no_grad():
+                model.head.text_proj.weight.add_(1.0)
+        straight = trainer(Path(out_dir), model)
+        assert isinstance(straight.train_model, nn.parallel.DistributedDataParallel)
+        assert straight.train_model.module is model and straight.model is model
+        assert straight.fit()["steps"] == 8
         if rank == 0:
             torch.save(model.state_dict(), Path(out_dir) / "rank0_params.pt")
+            ckpt = torch.load(Path(out_dir) / "last.pt", weights_only=True)["model"]
+            assert ckpt.keys() == model.state_dict().keys()  # saved through the unwrapped module: no "module."
+
+        # --- 2-rank resume is bit-exact: stop after 3 steps, resume to the end, match the straight run
+        resumed_dir = Path(out_dir) / "resumed"
+        assert trainer(resumed_dir, _model(), max_steps=3).fit()["steps"] == 3
+        resumed = _model()
+        with torch.no_grad():
+            for p in resumed.parameters():
+                p.zero_()  # everything must come from the checkpoint
+        assert trainer(resumed_dir, resumed).fit(resume=True)["steps"] == 8
+        for key, value in model.state_dict().items():
+            assert torch.equal(resumed.state_dict()[key], value), key
+
+        # --- a trainable parameter outside the loss: named before the first optimizer step, or handled on request
+        with pytest.raises(RuntimeError, match=r"took no part in the loss: head\.spare\.weight, head\.spare\.bias"):
+            trainer(Path(out_dir) / "unused", _model(unused=True)).fit()
+        spare = _model(unused=True)
+        cfg = _train_config(batch_size=2, max_steps=2)
+        data = DatasetTrainData(_Pairs(), 2, seed=cfg.train.seed, rank=rank, world_size=world)
+        summary = Trainer(spare, cfg, data, Path(out_dir) / "unused_ok", dist_info=info, find_unused_parameters=True)
+        assert summary.fit()["steps"] == 2
     finally:
         torch.distributed.destroy_process_group()
 
@@ -233,8 +348,7 @@ def test_two_process_gather_gradients_and_training(tmp_path) -> None:
     from tvr.train.logging import read_jsonl
     from tvr.train.trainer import Trainer
 
-    torch.manual_seed(3)
-    model = RetrievalModel(None, _Temporal(), _Head())
+    model = _model()
     cfg = _train_config()
     single = Trainer(model, cfg, DatasetTrainData(_Pairs(), 4, seed=cfg.train.seed), tmp_path / "single").fit()
     assert single["steps"] == 8

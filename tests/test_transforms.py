@@ -80,6 +80,41 @@ def test_center_crop_geometry() -> None:
     torch.testing.assert_close(center_crop(y, 5), y[..., 2:7, 1:6])  # round(2.5) = 2, round(1.0) = 1
 
 
+@pytest.mark.parametrize(
+    "height,width,size,top,left",
+    [
+        # offsets that end in .5 with an odd integer part: round() goes up where floor (// 2) goes down
+        (227, 231, 224, 2, 4),  # top = round(3 / 2) = round(1.5) = 2, left = round(7 / 2) = round(3.5) = 4
+        (7, 11, 4, 2, 4),  # the same offsets (1.5, 3.5) on a small image
+        (231, 227, 224, 4, 2),  # and with the axes swapped
+        (229, 230, 224, 2, 3),  # round(2.5) = 2 (ties to even, like floor), round(3.0) = 3
+    ],
+)
+def test_center_crop_rounds_half_offsets_like_torchvision(height, width, size, top, left) -> None:
+    """torchvision's CenterCrop places the crop at top = int(round((H - size) / 2)), left = int(round((W - size) / 2))
+    with Python's round (ties to even); the expected offsets above are worked out by hand from that formula."""
+    x = torch.arange(2 * height * width, dtype=torch.int64).view(2, 1, height, width)
+    out = center_crop(x, size)
+    assert out.shape == (2, 1, size, size)
+    # every pixel value encodes its (row, column), so the first one pins the placement on both axes
+    assert out[0, 0, 0, 0].item() == top * width + left
+    assert torch.equal(out, x[..., top : top + size, left : left + size])
+
+
+def test_clip_preprocess_short_side_crop_uses_the_rounded_offset() -> None:
+    """Through the CLIP4Clip pipeline: a frame whose short side already equals ``size`` is only cropped, and the
+    long side's 3-pixel excess is split round(1.5) = 2 before, 1 after."""
+    size, long_side = 16, 19
+    columns = np.arange(long_side, dtype=np.uint8) * 10  # column k has value 10·k in every channel
+    frames = np.broadcast_to(columns[None, None, :, None], (1, size, long_side, 3)).copy()
+    out = clip_preprocess(frames, size, mode="short_side")
+    x = torch.from_numpy(frames).permute(0, 3, 1, 2)[..., :, 2 : 2 + size]
+    torch.testing.assert_close(out, normalize(x.float() / 255.0), rtol=0, atol=0)
+    portrait = np.ascontiguousarray(frames.transpose(0, 2, 1, 3))  # 19 × 16: the crop moves to the rows
+    out = clip_preprocess(portrait, size, mode="short_side")
+    torch.testing.assert_close(out, normalize(x.transpose(-1, -2).float() / 255.0), rtol=0, atol=0)
+
+
 def test_center_crop_pads_small_images_with_zeros() -> None:
     x = torch.ones(1, 3, 2, 3)
     out = center_crop(x, 4)

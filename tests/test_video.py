@@ -19,6 +19,7 @@ from tvr.data.video import (
     decode_frames,
     load_clip,
     probe_video,
+    sample_indices,
 )
 
 
@@ -137,6 +138,57 @@ def test_clipvip_train_short_and_two_frame_videos_stay_in_range() -> None:
             assert len(got) == F
             assert got.min() >= 0 and got.max() <= T - 1
             assert np.all(np.diff(got) >= 0)
+
+
+def _info(num_frames: int, fps: float) -> VideoInfo:
+    return VideoInfo(fps=fps, num_frames=num_frames, duration=num_frames / fps, width=32, height=32)
+
+
+def test_clipvip_window_test_mode_spans_the_whole_window() -> None:
+    """A start/end window in clipvip mode: linspace over the window's frames f_start..f_end *inclusive*."""
+    info = _info(100, 10.0)
+    # 1.0 s - 3.0 s at 10 fps = frames 10..30 (21 frames); linspace(0, 20, 5) = 0, 5, 10, 15, 20
+    got = sample_indices(info, 5, 1.0, "clipvip", 1.0, 3.0, train=False, rng=None)
+    assert got.tolist() == [10, 15, 20, 25, 30]
+    # 2.5 s - 6.1 s = frames 25..61 (37 frames); linspace(0, 36, 5) = 0, 9, 18, 27, 36
+    got = sample_indices(info, 5, 1.0, "clipvip", 2.5, 6.1, train=False, rng=None)
+    assert got.tolist() == [25, 34, 43, 52, 61]
+    # open-ended: 8.0 s to the end = frames 80..99; linspace(0, 19, 4) = 0, 6.33, 12.67, 19 -> 0, 6, 12, 19
+    got = sample_indices(info, 4, 1.0, "clipvip", 8.0, None, train=False, rng=None)
+    assert got.tolist() == [80, 86, 92, 99]
+    # more slots than window frames: 0.5 s - 0.8 s = frames 5..8 (4 frames), linspace(0, 3, 6) = 0, .6, 1.2, 1.8,
+    # 2.4, 3 -> repeats, and the last slot is still the window's last frame
+    got = sample_indices(info, 6, 1.0, "clipvip", 0.5, 0.8, train=False, rng=None)
+    assert got.tolist() == [5, 5, 6, 6, 7, 8]
+
+
+def test_clipvip_window_train_jitter_reaches_the_last_window_frame() -> None:
+    """Train mode inside frames 10..30 (T = 21, F = 5): interval = 21 // 4 = 5, start ~ U{0..5}, end ~ U{15..20}
+    (window-relative), linspace(start, end, 5) truncated, shifted by 10 (bounds worked out by hand)."""
+    info = _info(100, 10.0)
+    lasts, firsts = set(), set()
+    for seed in range(60):
+        reference = np.random.default_rng(seed)
+        start = int(reference.integers(0, 6))
+        end = int(reference.integers(15, 21))
+        expected = 10 + np.linspace(start, end, 5).astype(int)
+        got = sample_indices(info, 5, 1.0, "clipvip", 1.0, 3.0, train=True, rng=np.random.default_rng(seed))
+        assert got.tolist() == expected.tolist(), seed
+        assert 10 <= got.min() and got.max() <= 30
+        firsts.add(int(got[0]))
+        lasts.add(int(got[-1]))
+    assert firsts == set(range(10, 16)) and lasts == set(range(25, 31))  # 30, the window's last frame, is drawn
+    # one seed pinned outright: default_rng(0) draws start 5 (of 0..5), end 18 (of 15..20);
+    # linspace(5, 18, 5) = 5, 8.25, 11.5, 14.75, 18 -> 5, 8, 11, 14, 18, + 10
+    got = sample_indices(info, 5, 1.0, "clipvip", 1.0, 3.0, train=True, rng=np.random.default_rng(0))
+    assert got.tolist() == [15, 18, 21, 24, 28]
+
+
+def test_load_clip_clipvip_window_decodes_the_window_frames(videos: dict[str, Path]) -> None:
+    # v40: 40 frames at 10 fps; 1.0 s - 3.0 s = frames 10..30, 5 slots -> 10, 15, 20, 25, 30 (decoded and identified)
+    pixels, mask = load_clip(videos["v40"], 5, 1.0, 16, sampling="clipvip", start=1.0, end=3.0)
+    assert mask.tolist() == [1] * 5
+    assert _identify_pixels(pixels) == [10, 15, 20, 25, 30]
 
 
 # ----------------------------------------------------------------------------------------- probing / decoding

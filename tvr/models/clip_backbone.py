@@ -110,6 +110,10 @@ class ClipBackbone(nn.Module):
     def __init__(self, clip: CLIPModel, frame_chunk: int = 0, fp16_on_cuda: bool = True) -> None:
         super().__init__()
         self.clip = clip
+        # CLIP's own log temperature only seeds the head's (``logit_scale_value``); the head trains its copy. Left
+        # trainable it would never get a gradient, which DistributedDataParallel (without the per-step cost of
+        # find_unused_parameters) cannot tolerate. It stays in the state dict, so weights round-trip unchanged.
+        clip.logit_scale.requires_grad_(False)
         self.frame_chunk = int(frame_chunk)
         self.fp16_on_cuda = bool(fp16_on_cuda)
 

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from tvr.models.heads.base import RetrievalHead
 from tvr.types import TextFeatures, VideoFeatures
+from tvr.utils.distributed import gather_features
 
 NO_DECAY_MARKERS = ("bias", "norm", "ln_", "layer_norm", "layernorm", "embedding", "logit_scale")
 
@@ -56,14 +57,22 @@ class RetrievalModel(nn.Module):
         return VideoFeatures(self.temporal(frames.frames.float(), frames.frame_mask), frames.frame_mask, proxies)
 
     # ------------------------------------------------------------------ training
-    def loss(self, batch: dict[str, Any]) -> dict[str, Tensor]:
-        from tvr.train.distributed import gather_features
+    def forward(self, batch: dict[str, Any]) -> dict[str, Tensor]:
+        """The training loss dict (``{"loss": ..., components...}``) of ``batch``.
 
+        This is ``forward`` so that DistributedDataParallel's hooks see the training step. Under torchrun the
+        per-rank features are all-gathered first, so the head's loss sees the global batch (identical on every
+        rank; see :mod:`tvr.train.distributed` for the gradient convention).
+        """
         text = self.text_features(batch)
         video = self.video_features(batch)
         text = text.to(text.eot.device, torch.float32)
         text, video = gather_features(text), gather_features(video)
         return self.head.loss(text, video)
+
+    def loss(self, batch: dict[str, Any]) -> dict[str, Tensor]:
+        """Alias of :meth:`forward` (``model(batch)``); prefer calling the module so DDP wrappers stay in the loop."""
+        return self(batch)
 
     def after_optimizer_step(self) -> None:
         self.head.clamp_logit_scale()

@@ -18,6 +18,7 @@ import torch
 from tvr.config import Config, ConfigError, save_config
 from tvr.models.heads.registry import resolve_head_config
 from tvr.pipeline.features import build_feature_cache
+from tvr.utils.device import resolve_device
 from tvr.utils.io import atomic_write_json
 
 __all__ = [
@@ -60,12 +61,6 @@ def check_run_folder(out_dir: Path, resume: bool, overwrite: bool) -> None:
             f"run folder {out_dir} holds checkpoints of an earlier run ({', '.join(found)}); pass --resume to "
             "continue it or --overwrite to start over"
         )
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 @contextlib.contextmanager
@@ -162,13 +157,14 @@ def run_train(
 def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool) -> dict[str, Any]:
     from tvr.models.build import build_model, build_tokenizer
     from tvr.train.checkpoint import load_checkpoint
-    from tvr.train.distributed import init_distributed, is_main_process
+    from tvr.train.distributed import init_distributed
     from tvr.train.trainer import Trainer, seed_everything
     from tvr.train.utils import to_jsonable
+    from tvr.utils.distributed import is_main_process
 
+    dist = init_distributed(cfg.train.device)  # first: a device this machine lacks fails before the run folder exists
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    dist = init_distributed(cfg.train.device)
     seed_everything(cfg.train.seed)
     if is_main_process():
         save_config(cfg, out_dir / "config.yaml")
@@ -211,10 +207,10 @@ def run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
 def _run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
     from tvr.models.build import build_tokenizer
 
+    device = resolve_device(cfg.train.device)  # first: a device this machine lacks fails before out_dir is written
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out_dir / "config.yaml")
-    device = resolve_device(cfg.train.device)
     tokenizer = None if cfg.data.features_dir else build_tokenizer(cfg, Path(checkpoint).parent)
     model = load_model_for_eval(cfg, checkpoint)
     model.to(device)

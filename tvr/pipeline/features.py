@@ -16,6 +16,7 @@ from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
 from tvr.data.feature_cache import CACHE_FORMAT, MANIFEST, check_cache_matches, read_manifest
 from tvr.models.build import build_backbone, build_tokenizer
 from tvr.train.utils import seed_everything
+from tvr.utils.device import resolve_device
 from tvr.utils.io import atomic_torch_save, atomic_write_json
 from tvr.utils.progress import progress_bar
 
@@ -38,7 +39,7 @@ def build_feature_cache(
         check_cache_matches(cfg, manifest)
     else:
         manifest = {"format": CACHE_FORMAT, "config": config_to_dict(cfg), "splits": {}}
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device in ("auto", "cuda") else "cpu")
+    device = resolve_device(cfg.train.device)
     # seeded like training, so a randomly initialised ("tiny") backbone is the same one a run would build
     seed_everything(cfg.train.seed)
     backbone = build_backbone(cfg.model).to(device).eval()

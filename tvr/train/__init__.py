@@ -2,11 +2,12 @@
 
 from tvr.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from tvr.train.data import DatasetTrainData, TrainData
-from tvr.train.distributed import DistInfo, gather_features, init_distributed, is_main_process
+from tvr.train.distributed import DistInfo, init_distributed, wrap_model
 from tvr.train.optim import build_optimizer
 from tvr.train.schedule import build_scheduler, constant, warmup_cosine
 from tvr.train.trainer import Trainer
 from tvr.train.utils import seed_everything
+from tvr.utils.distributed import gather_features, is_main_process
 
 __all__ = [
     "CheckpointError",
@@ -24,4 +25,5 @@ __all__ = [
     "save_checkpoint",
     "seed_everything",
     "warmup_cosine",
+    "wrap_model",
 ]

@@ -1,9 +1,13 @@
 """The training loop: any :class:`RetrievalModel` over any :class:`TrainData`, resumable bit for bit.
 
-Per step: move the batch to the device, ``model.loss(batch)["loss"]`` (under autocast on CUDA when ``train.amp``),
-backward, average gradients over ranks, clip the global norm, optimizer step, scheduler step,
-``model.after_optimizer_step()`` (clamps the logit scale). Validation and checkpoints follow the ``*_every`` settings
-and every epoch end.
+Per step: move the batch to the device, ``model(batch)["loss"]`` (under autocast on CUDA when ``train.amp``),
+backward, clip the global norm, optimizer step, scheduler step, ``model.after_optimizer_step()`` (clamps the logit
+scale). Validation and checkpoints follow the ``*_every`` settings and every epoch end.
+
+Under torchrun the model is wrapped in DistributedDataParallel (:func:`tvr.train.distributed.wrap_model`), which
+averages gradients over ranks during the backward; only the training forward goes through the wrapper. Validation
+(rank 0), checkpoints, the optimizer and the logit-scale clamp use the unwrapped module, so checkpoints hold the
+same keys however many ranks wrote them.
 
 Resuming. ``last.pt`` stores the model, optimizer, scheduler, grad scaler, every rank's RNG states and the loop
 position (epoch, next batch of the epoch, global step). Data order is a pure function of (seed, epoch)
@@ -32,14 +36,7 @@ from tvr.train.checkpoint import (
     save_checkpoint,
 )
 from tvr.train.data import DatasetTrainData, TrainData
-from tvr.train.distributed import (
-    DistInfo,
-    all_gather_object,
-    all_reduce_max,
-    broadcast_parameters,
-    init_distributed,
-    sync_gradients,
-)
+from tvr.train.distributed import DistInfo, init_distributed, wrap_model
 from tvr.train.logging import RunLogger, TrainProgress
 from tvr.train.optim import build_optimizer, current_lrs
 from tvr.train.schedule import build_scheduler
@@ -53,6 +50,7 @@ from tvr.train.utils import (
     skipped_entries,
     to_jsonable,
 )
+from tvr.utils.distributed import all_gather_object, all_reduce_max
 from tvr.utils.io import atomic_write_json
 from tvr.utils.progress import progress_enabled
 
@@ -71,8 +69,14 @@ StepCallback = Callable[["Trainer", dict[str, Any]], None]
 class Trainer:
     """Train ``model`` on ``train_data`` with the recipe in ``cfg.train``; write logs and checkpoints to ``out_dir``.
 
-    ``evaluate_fn(model) -> metrics`` (nested dict, e.g. ``{"t2v": {"R1": ...}}``) is called on ranks that have one;
-    ``cfg.train.select_metric`` (a ``/`` path) picks ``best.pt``. Pass ``evaluate_fn=None`` on non-main ranks.
+    ``model(batch)`` must return a dict with a ``"loss"`` entry (:meth:`RetrievalModel.forward`).
+    ``evaluate_fn(model) -> metrics`` (nested dict, e.g. ``{"t2v": {"R1": ...}}``) is called with the unwrapped model
+    on ranks that have one; ``cfg.train.select_metric`` (a ``/`` path) picks ``best.pt``. Pass ``evaluate_fn=None`` on
+    non-main ranks. ``find_unused_parameters`` is passed to DistributedDataParallel (see
+    :mod:`tvr.train.distributed`); leave it off unless a trainable parameter takes no part in the loss.
+
+    ``self.model`` is the unwrapped module; ``self.train_model`` is what the training step calls (the DDP wrapper
+    under torchrun, the module itself otherwise).
     """
 
     def __init__(
@@ -85,6 +89,7 @@ class Trainer:
         *,
         dist_info: DistInfo | None = None,
         step_callback: StepCallback | None = None,
+        find_unused_parameters: bool = False,
     ) -> None:
         if not isinstance(train_data, TrainData):
             raise TypeError(f"train_data must provide len_epoch() and batches(epoch, start_batch); got {train_data!r}")
@@ -109,6 +114,9 @@ class Trainer:
             self.planned_steps = min(self.planned_steps, self.tc.max_steps)
 
         self.model = model.to(self.device)
+        # wrapping copies rank 0's parameters to every rank, so all replicas start identical
+        self.train_model = wrap_model(self.model, self.dist, find_unused_parameters=find_unused_parameters)
+        self._check_unused = self.dist.distributed and not find_unused_parameters
         self.optimizer = build_optimizer(self.model, self.tc)
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.scheduler = build_scheduler(self.optimizer, self.tc.schedule, self.schedule_steps, self.tc.warmup)
@@ -157,7 +165,7 @@ class Trainer:
             self._resume(self.last_path if resume is True else Path(resume))
         else:
             self._fresh_start()
-        self.model.train()
+        self.train_model.train()  # the DDP wrapper's train() also sets the module's
         session_start = time.perf_counter()
         seconds_before = self.train_seconds
         stopped_early = self._reached_max_steps()
@@ -202,7 +210,6 @@ class Trainer:
                 path.unlink()
             self.logger.reset()
         seed_everything(self.tc.seed + self.dist.rank)
-        broadcast_parameters(self.model)
 
     def _resume(self, path: Path) -> None:
         state = load_checkpoint(path, self.model, self.optimizer, self.scheduler, self.scaler, restore_rng=False)
@@ -295,15 +302,16 @@ class Trainer:
             else contextlib.nullcontext()
         )
         with autocast:
-            out = self.model.loss(batch)
-        if "loss" not in out:
-            raise KeyError(f"{type(self.model).__name__}.loss(batch) must return a dict with a 'loss' entry")
+            out = self.train_model(batch)
+        if not isinstance(out, dict) or "loss" not in out:
+            raise KeyError(f"{type(self.model).__name__}(batch) must return a dict with a 'loss' entry")
         loss = out["loss"]
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
         else:
             loss.backward()
-        sync_gradients(self.params)
+        if self._check_unused:
+            self._check_all_parameters_used()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grad_norm = None
@@ -317,6 +325,23 @@ class Trainer:
         self.scheduler.step()
         self.model.after_optimizer_step()
         return {k: v.detach() for k, v in out.items() if isinstance(v, Tensor)}, grad_norm
+
+    def _check_all_parameters_used(self) -> None:
+        """After the first DDP backward: every trainable parameter must have a gradient.
+
+        Without ``find_unused_parameters`` DDP waits for a gradient from every trainable parameter; one that never
+        gets one leaves its bucket unreduced (ranks would step with different gradients) and DDP fails only at the
+        next forward with an index. Every rank runs the same graph, so all ranks raise here together, before the
+        optimizer step, naming the parameters.
+        """
+        self._check_unused = False
+        unused = [name for name, p in self.model.named_parameters() if p.requires_grad and p.grad is None]
+        if unused:
+            shown = ", ".join(unused[:20]) + (f", … ({len(unused)} in all)" if len(unused) > 20 else "")
+            raise RuntimeError(
+                f"distributed training: trainable parameters took no part in the loss: {shown}. Freeze them "
+                "(requires_grad=False) or construct the Trainer with find_unused_parameters=True"
+            )
 
     def _log_train(self, losses: dict[str, Tensor], grad_norm: Tensor | None, lrs: dict[str, float]) -> dict[str, Any]:
         values = {k: float(v.float().mean()) for k, v in losses.items()}
