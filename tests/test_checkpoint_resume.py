@@ -236,6 +236,44 @@ def test_resume_after_exception_is_bit_exact(full_run, tmp_path) -> None:
     ]
 
 
+class FailingEval(ToyEval):
+    """Fails on its ``fail_on``-th call, like a validation whose videos all turned out unreadable."""
+
+    def __init__(self, fail_on: int) -> None:
+        super().__init__()
+        self.fail_on = fail_on
+
+    def __call__(self, model: RetrievalModel) -> dict:
+        if self.calls + 1 == self.fail_on:
+            self.calls += 1
+            raise StopError("validation failed")
+        return super().__call__(model)
+
+
+def test_failed_epoch_end_validation_keeps_the_finished_training(full_run, tmp_path) -> None:
+    """The epoch-end checkpoint is written before the validation: a validation that fails costs nothing, and
+    resuming runs the pending validation first, then goes on exactly as the uninterrupted run."""
+    full_out, full_model, _ = full_run
+    trainer = make_trainer(tmp_path)
+    trainer.evaluate_fn = FailingEval(fail_on=4)  # evaluations at steps 5, 6, 10, 12: the one at epoch end 2
+    with pytest.raises(StopError):
+        trainer.fit()
+    state = read_checkpoint(tmp_path / "last.pt")["state"]
+    assert (state["global_step"], state["epoch"], state["batch_in_epoch"]) == (12, 2, 0)
+    assert state["pending_eval"] is True
+    assert [e["step"] for e in read_jsonl(tmp_path / "val_log.jsonl")] == [5, 6, 10]
+
+    resumed = make_trainer(tmp_path, model=make_model(seed=99))
+    summary = resumed.fit(resume=True)
+    assert summary["steps"] == EPOCHS * (N_ITEMS // BATCH)
+    assert_same_params(resumed.model, full_model)
+    assert train_records(tmp_path) == train_records(full_out)
+    assert [(e["step"], e["metrics"]) for e in read_jsonl(tmp_path / "val_log.jsonl")] == [
+        (e["step"], e["metrics"]) for e in read_jsonl(full_out / "val_log.jsonl")
+    ]
+    assert read_checkpoint(tmp_path / "last.pt")["state"]["pending_eval"] is False
+
+
 def _child(out_dir: str, kill_step: int, threads: int) -> None:
     """Entry point of the subprocess in :func:`test_resume_after_sigkill_is_bit_exact`."""
     torch.set_num_threads(threads)

@@ -145,6 +145,7 @@ class Trainer:
         self._last_loss_t: Tensor | None = None
         self._last_eval_step = -1
         self._last_ckpt_step = -1
+        self._pending_eval = False
         self._bar: TrainProgress | None = None
 
     # ------------------------------------------------------------------ paths
@@ -165,6 +166,9 @@ class Trainer:
             self._resume(self.last_path if resume is True else Path(resume))
         else:
             self._fresh_start()
+        if self._pending_eval:
+            # the checkpoint was written before its validation, which did not finish: run it now
+            self._checkpoint_then_evaluate()
         self.train_model.train()  # the DDP wrapper's train() also sets the module's
         session_start = time.perf_counter()
         seconds_before = self.train_seconds
@@ -187,10 +191,7 @@ class Trainer:
                 if stopped_early:
                     # a smoke run (max_steps) still ends with a validation and a resumable checkpoint
                     self.train_seconds = seconds_before + time.perf_counter() - session_start
-                    if self._last_eval_step != self.global_step:
-                        self._evaluate()
-                    if self._last_ckpt_step != self.global_step:
-                        self._save_last()
+                    self._checkpoint_then_evaluate()
             self._write_skipped(merge=True)
         finally:
             # on any exit (including an exception) leave the skipped-video report of what this process saw
@@ -248,6 +249,9 @@ class Trainer:
             log.warning("%s holds no RNG state for rank %d; re-seeding", path, self.dist.rank)
             seed_everything(self.tc.seed + self.dist.rank + 7919 * self.global_step)
         self._last_eval_step = self._last_ckpt_step = self.global_step
+        self._pending_eval = bool(state.get("pending_eval", False))
+        if self._pending_eval:
+            self._last_eval_step = -1
         self.logger.truncate_after(self.global_step)
         log.info(
             "resumed from %s at epoch %d, batch %d, step %d", path, self.epoch, self.batch_in_epoch, self.global_step
@@ -368,9 +372,19 @@ class Trainer:
         self.batch_in_epoch = 0
         self.train_seconds = seconds_before + time.perf_counter() - session_start
         self._write_skipped(merge=True)
-        if self._last_eval_step != self.global_step:
+        self._checkpoint_then_evaluate()
+
+    def _checkpoint_then_evaluate(self) -> None:
+        """Save ``last.pt`` before a due validation, marked as awaiting it, then validate and save again with the
+        result: a validation that fails (or a kill during it) never costs the training before it, and ``--resume``
+        runs the pending validation first. Every rank calls this (checkpointing gathers RNG states)."""
+        eval_due = self._last_eval_step != self.global_step
+        if eval_due:
+            self._save_last(pending_eval=True)
             self._evaluate()
-        self._save_last()
+            self._pending_eval = False
+        if eval_due or self._last_ckpt_step != self.global_step:
+            self._save_last()
 
     # ------------------------------------------------------------------ validation
     def _evaluate(self) -> None:
@@ -431,8 +445,9 @@ class Trainer:
             "log_window": {"n": self._window["n"], "loss": None if window_loss is None else float(window_loss)},
         }
 
-    def _save_last(self) -> None:
-        """All ranks call this (the RNG states and skipped lists are gathered); rank 0 writes ``last.pt``."""
+    def _save_last(self, pending_eval: bool = False) -> None:
+        """All ranks call this (the RNG states and skipped lists are gathered); rank 0 writes ``last.pt``.
+        ``pending_eval`` marks a checkpoint written just before this step's validation."""
         self._last_ckpt_step = self.global_step
         gathered = all_gather_object({"rng": capture_rng_state(), "skipped": list(self.skipped.values())})
         for part in gathered:
@@ -442,6 +457,7 @@ class Trainer:
             return
         state = self._state()
         state["rng_per_rank"] = [part["rng"] for part in gathered]
+        state["pending_eval"] = pending_eval
         save_checkpoint(self.last_path, self.model, self.optimizer, self.scheduler, self.scaler, state)
 
     def _write_skipped(self, merge: bool) -> None:
