@@ -46,6 +46,11 @@ class DataConfig:
     image_size: int = 224
     #: clip4clip (1-fps candidates, uniform pick, zero padding) | clipvip (linspace over decoded frames)
     sampling: str = "clip4clip"
+    #: training pairs per epoch: all_pairs (every caption once, CLIP4Clip) | one_per_video (one caption drawn per
+    #: video per epoch, CLIP-ViP's MSR-VTT recipe: an epoch = #videos items; the draw is a pure function of
+    #: (train.seed, epoch, video), so a resumed run sees the same captions). Datasets with one text per video
+    #: (DiDeMo/ActivityNet paragraphs) are unaffected.
+    caption_sampling: str = "all_pairs"
     #: video-consistent RandAugment on training clips (GARE recipe); never applied at eval
     augment: bool = False
     augment_magnitude: float = 7.0
