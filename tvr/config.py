@@ -81,21 +81,42 @@ class TinyClipConfig:
 
 
 @dataclass
+class ClipVipConfig:
+    """CLIP-ViP video backbone (spec §4.1, docs/methods/clipvip.md); used when ``model.backbone == "clipvip"``."""
+
+    #: M video proxy tokens: CLIP's class embedding + (M − 1) learned ones (CLIP-ViP: 4)
+    num_proxies: int = 4
+    #: learned temporal-embedding slots, linearly interpolated to other frame counts (CLIP-ViP: 12)
+    temporal_slots: int = 12
+    #: CLIP-ViP post-pretrained checkpoint (``pretrain_clipvip_base_32.pt`` layout), applied over ``model.clip``;
+    #: "" = start from plain CLIP with CLIP-ViP's initialisation of the new tokens
+    checkpoint: str = ""
+    #: TV-ProxyNet's bias-free ``visual_projection_patch``: return the M projected proxy tokens as
+    #: ``VideoFeatures.proxies``; off = no such parameter (heads that ignore proxies must not carry it)
+    proxy_projection: bool = False
+
+
+@dataclass
 class ModelConfig:
     #: "tiny" (random init from ``tiny``), a local HF CLIP directory, a hub id, or an OpenAI ``ViT-B-32.pt`` file
     clip: str = "tiny"
     tiny: TinyClipConfig = field(default_factory=TinyClipConfig)
+    #: clip (per-frame CLIP image features, then ``temporal``) | clipvip (CLIP-ViP video tower on the same CLIP
+    #: weights: one pooled video feature + M proxies; needs ``temporal: none``)
+    backbone: str = "clip"
+    clipvip: ClipVipConfig = field(default_factory=ClipVipConfig)
     #: folder with the tokenizer files (vocab.json + merges.txt); empty = the checkpoint's own
     tokenizer: str = ""
     #: train only the temporal module and the head (always true when training on cached features)
     freeze_backbone: bool = False
-    #: meanP | seqTransf | none
+    #: meanP | seqTransf | none (with ``backbone: clipvip``: none or meanP, both the identity on its one slot)
     temporal: str = "seqTransf"
     temporal_layers: int = 4
     #: on CUDA, cast a CLIP that does not train (frozen backbone, ``tvr features``, ``tvr eval``) to fp16 as the
     #: reference does; a trainable backbone keeps fp32 weights and trains under AMP instead
     clip_fp16_on_cuda: bool = True
-    #: encode at most this many frames per vision forward pass (0 = all frames of the batch at once)
+    #: encode at most this many frames per vision forward pass (0 = all frames of the batch at once); clipvip
+    #: encodes whole videos, max(1, frame_chunk // F) per pass
     frame_chunk: int = 0
 
 

@@ -4,11 +4,39 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tvr.config import Config
+from tvr.config import Config, ModelConfig
 from tvr.models.model import RetrievalModel
 
+if TYPE_CHECKING:
+    from tvr.models.clip_backbone import ClipBackbone
+
 log = logging.getLogger(__name__)
+
+#: ``model.backbone`` values
+BACKBONES = ("clip", "clipvip")
+#: temporal modules allowed on top of a backbone that pools the video itself (both are the identity on one slot)
+CLIPVIP_TEMPORAL = ("none", "meanP")
+
+
+def build_backbone(model_cfg: ModelConfig) -> ClipBackbone:
+    """The video/text backbone named by ``model.backbone`` (a :class:`~tvr.models.clip_backbone.ClipBackbone`)."""
+    from tvr.models.clip_backbone import ClipBackbone
+
+    kind = model_cfg.backbone
+    if kind == "clip":
+        return ClipBackbone.from_config(model_cfg)
+    if kind == "clipvip":
+        from tvr.models.clipvip import ClipVipBackbone
+
+        if model_cfg.temporal not in CLIPVIP_TEMPORAL:
+            raise ValueError(
+                f"model.temporal={model_cfg.temporal!r} with model.backbone=clipvip: CLIP-ViP pools the video "
+                f"itself into one slot, so there is no frame sequence to aggregate; set model.temporal=none"
+            )
+        return ClipVipBackbone.from_config(model_cfg)
+    raise ValueError(f"model.backbone={kind!r}: expected one of {list(BACKBONES)}")
 
 
 def build_model(cfg: Config, cached: bool = False) -> RetrievalModel:
@@ -18,11 +46,10 @@ def build_model(cfg: Config, cached: bool = False) -> RetrievalModel:
     loaded once so that seqTransf is initialised from CLIP's text blocks and the head gets CLIP's logit scale,
     exactly as in end-to-end training.
     """
-    from tvr.models.clip_backbone import ClipBackbone
     from tvr.models.heads.registry import build_head
     from tvr.models.temporal import build_temporal
 
-    backbone = ClipBackbone.from_config(cfg.model)
+    backbone = build_backbone(cfg.model)
     dim = backbone.embed_dim
     temporal = build_temporal(cfg.model.temporal, backbone, dim, cfg.model.temporal_layers)
     head = build_head(cfg.head, dim, backbone.logit_scale_value)

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -106,11 +107,17 @@ def load_clip_model(spec: str) -> CLIPModel:
         ) from exc
 
 
-def save_clip_atomic(model: CLIPModel, out_dir: str | os.PathLike, overwrite: bool = True) -> Path:
+def save_clip_atomic(
+    model: CLIPModel,
+    out_dir: str | os.PathLike,
+    overwrite: bool = True,
+    extra: Callable[[Path], object] | None = None,
+) -> Path:
     """``model.save_pretrained`` into a temporary sibling folder, then rename it to ``out_dir``.
 
     A crash leaves either the old folder or the new one, never a half-written one. With ``overwrite``, an existing
-    ``out_dir`` is moved aside first and deleted only after the new folder is in place.
+    ``out_dir`` is moved aside first and deleted only after the new folder is in place. ``extra(folder)`` may write
+    more files into the temporary folder before the rename (a backbone's own tensors).
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
@@ -120,6 +127,8 @@ def save_clip_atomic(model: CLIPModel, out_dir: str | os.PathLike, overwrite: bo
     old = None
     try:
         model.save_pretrained(str(tmp))
+        if extra is not None:
+            extra(tmp)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent))
             os.replace(out_dir, old / "x")
