@@ -129,6 +129,11 @@ class DataConfig:
     image_size: int = bounded(224, ge=1)
     #: clip4clip (1-fps candidates, uniform pick, zero padding) | clipvip (linspace over decoded frames)
     sampling: str = choice("clip4clip", *SAMPLINGS)
+    #: training pairs per epoch: all_pairs (every caption once, CLIP4Clip) | one_per_video (one caption drawn per
+    #: video per epoch, CLIP-ViP's MSR-VTT recipe: an epoch = #videos items; the draw is a pure function of
+    #: (train.seed, epoch, video), so a resumed run sees the same captions). Datasets with one text per video
+    #: (DiDeMo/ActivityNet paragraphs) are unaffected.
+    caption_sampling: str = choice("all_pairs", "all_pairs", "one_per_video")
     #: video-consistent RandAugment on training clips (GARE recipe); never applied at eval
     augment: bool = False
     augment_magnitude: float = bounded(7.0, ge=0.0, le=10.0)
@@ -159,21 +164,42 @@ class TinyClipConfig:
 
 
 @dataclass
+class ClipVipConfig:
+    """CLIP-ViP video backbone (spec §4.1, docs/methods/clipvip.md); used when ``model.backbone == "clipvip"``."""
+
+    #: M video proxy tokens: CLIP's class embedding + (M − 1) learned ones (CLIP-ViP: 4)
+    num_proxies: int = bounded(4, ge=1)
+    #: learned temporal-embedding slots, linearly interpolated to other frame counts (CLIP-ViP: 12)
+    temporal_slots: int = bounded(12, ge=1)
+    #: CLIP-ViP post-pretrained checkpoint (``pretrain_clipvip_base_32.pt`` layout), applied over ``model.clip``;
+    #: "" = start from plain CLIP with CLIP-ViP's initialisation of the new tokens
+    checkpoint: str = ""
+    #: TV-ProxyNet's bias-free ``visual_projection_patch``: return the M projected proxy tokens as
+    #: ``VideoFeatures.proxies``; off = no such parameter (heads that ignore proxies must not carry it)
+    proxy_projection: bool = False
+
+
+@dataclass
 class ModelConfig:
     #: "tiny" (random init from ``tiny``), a local HF CLIP directory, a hub id, or an OpenAI ``ViT-B-32.pt`` file
     clip: str = "tiny"
     tiny: TinyClipConfig = field(default_factory=TinyClipConfig)
+    #: clip (per-frame CLIP image features, then ``temporal``) | clipvip (CLIP-ViP video tower on the same CLIP
+    #: weights: one pooled video feature + M proxies; needs ``temporal: none``)
+    backbone: str = choice("clip", "clip", "clipvip")
+    clipvip: ClipVipConfig = field(default_factory=ClipVipConfig)
     #: folder with the tokenizer files (vocab.json + merges.txt); empty = the checkpoint's own
     tokenizer: str = ""
     #: train only the temporal module and the head (always true when training on cached features)
     freeze_backbone: bool = False
-    #: meanP | seqTransf | none
+    #: meanP | seqTransf | none (with ``backbone: clipvip``: none or meanP, both the identity on its one slot)
     temporal: str = choice("seqTransf", *TEMPORALS)
     temporal_layers: int = bounded(4, ge=1)
     #: on CUDA, cast a CLIP that does not train (frozen backbone, ``tvr features``, ``tvr eval``) to fp16 as the
     #: reference does; a trainable backbone keeps fp32 weights and trains under AMP instead
     clip_fp16_on_cuda: bool = True
-    #: encode at most this many frames per vision forward pass (0 = all frames of the batch at once)
+    #: encode at most this many frames per vision forward pass (0 = all frames of the batch at once); clipvip
+    #: encodes whole videos, max(1, frame_chunk // F) per pass
     frame_chunk: int = bounded(0, ge=0)
 
 

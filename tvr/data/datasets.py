@@ -7,9 +7,10 @@ Unreadable videos never crash a run: the dataset returns a marker item ``{"skipp
 and the collate leaves it out of the tensors and lists it under ``skipped``. A batch in which *every* item was
 skipped has tensors whose first dimension is 0; the trainer must skip such a batch (no loss, no optimizer step).
 
-Randomness (clipvip jitter, RandAugment) is a pure function of (seed, epoch, index): call ``set_epoch`` before
-each epoch, and a resumed run sees identical clips. With ``persistent_workers=True`` a DataLoader keeps stale
-copies of the dataset, so ``set_epoch`` would not reach them: use non-persistent workers.
+Randomness (clipvip jitter, RandAugment, the caption drawn under ``caption_sampling: one_per_video``) is a pure
+function of (seed, epoch, index): call ``set_epoch`` before each epoch, and a resumed run sees identical items.
+With ``persistent_workers=True`` a DataLoader keeps stale copies of the dataset, so ``set_epoch`` would not reach
+them: use non-persistent workers.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ from tvr.data.augment import VideoRandAugment
 from tvr.data.video import VideoDecodeError, load_clip
 
 logger = logging.getLogger(__name__)
+
+#: ``data.caption_sampling`` values (see :class:`PairDataset`)
+CAPTION_SAMPLING = ("all_pairs", "one_per_video")
+#: extra entropy word that separates the caption-draw stream from ``item_rng``'s clip stream (must not be 0:
+#: numpy's SeedSequence treats a trailing 0 as absent)
+_CAPTION_STREAM = 0xCA9
 
 #: tried, in this order, when the pattern ends with .mp4 and that file does not exist
 FALLBACK_EXTENSIONS = (".mp4", ".webm", ".mkv", ".avi", ".mov")
@@ -99,6 +106,14 @@ def item_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, index])
 
 
+def caption_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator that picks item ``index``'s caption in ``epoch`` (one_per_video); independent of
+    :func:`item_rng`'s stream for the same (seed, epoch, index), so frame jitter is unchanged by the draw."""
+    if min(seed, epoch, index) < 0:
+        raise ValueError(f"seed, epoch and index must be >= 0, got {(seed, epoch, index)}")
+    return np.random.default_rng([seed, epoch, index, _CAPTION_STREAM])
+
+
 def build_augment(data_cfg: DataConfig) -> VideoRandAugment | None:
     """The training augmentation the config asks for (``rand-m{magnitude}-n{num_ops}-mstd0.5-inc1``), or None."""
     if not data_cfg.augment:
@@ -113,7 +128,16 @@ def _tokenize_one(tokenizer: Tokenizer, text: str, max_words: int) -> tuple[Tens
 
 
 class PairDataset(Dataset):
-    """Training pairs: one item per caption record (``.video_id .caption .start .end``).
+    """Training pairs from caption records (``.video_id .caption .start .end``).
+
+    ``data_cfg.caption_sampling``:
+
+    * ``all_pairs`` (CLIP4Clip): one item per record; an epoch visits every caption once.
+    * ``one_per_video`` (CLIP-ViP's MSR-VTT recipe, spec §2.2): one item per video (records grouped by
+      (video_id, start, end) in order of first appearance); each epoch item k uses the caption
+      ``caption_rng(seed, epoch, k)`` draws uniformly from its video's captions, so the choice is reproducible
+      per (seed, epoch, video) and a resumed run sees the same pairs. Frame jitter and augmentation still come
+      from ``item_rng(seed, epoch, k)``.
 
     Item: text_ids/text_mask LongTensor [L], video FloatTensor [F, 3, S, S], video_mask LongTensor [F],
     video_id, caption, index; or ``{"skipped": video_id, "error": message, "index": i}`` for an unreadable video.
@@ -140,15 +164,35 @@ class PairDataset(Dataset):
         self.allow_partial = allow_partial
         self.augment = build_augment(data_cfg) if train else None
         self.epoch = 0
+        mode = data_cfg.caption_sampling
+        if mode not in CAPTION_SAMPLING:
+            raise ValueError(f"data.caption_sampling={mode!r}: expected one of {list(CAPTION_SAMPLING)}")
+        self.caption_sampling = mode
+        #: one_per_video: record indices of each video's captions (item k = video k); None under all_pairs
+        self.video_groups: list[list[int]] | None = None
+        if mode == "one_per_video":
+            groups: dict[tuple[str, float | None, float | None], list[int]] = {}
+            for k, rec in enumerate(self.records):
+                groups.setdefault((rec.video_id, rec.start, rec.end), []).append(k)
+            self.video_groups = list(groups.values())
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.records) if self.video_groups is None else len(self.video_groups)
+
+    def record_index(self, index: int) -> int:
+        """The record item ``index`` uses in the current epoch."""
+        if self.video_groups is None:
+            return index
+        group = self.video_groups[index]
+        if len(group) == 1:
+            return group[0]
+        return group[int(caption_rng(self.seed, self.epoch, index).integers(len(group)))]
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        record = self.records[index]
+        record = self.records[self.record_index(index)]
         rng = item_rng(self.seed, self.epoch, index)
         try:
             video, video_mask = load_clip(

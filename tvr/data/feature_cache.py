@@ -101,6 +101,7 @@ def check_cache_matches(cfg: Config, manifest: dict) -> None:
     made = manifest["config"]
     for section, key in (
         ("model", "clip"),
+        ("model", "backbone"),
         ("data", "max_frames"),
         ("data", "max_words"),
         ("data", "sampling"),
@@ -108,9 +109,11 @@ def check_cache_matches(cfg: Config, manifest: dict) -> None:
         ("data", "image_size"),
         ("data", "dataset"),
     ):
-        if made[section][key] != getattr(getattr(cfg, section), key):
+        # a cache made before a setting existed was made with its default
+        default = getattr(type(getattr(cfg, section))(), key)
+        if made[section].get(key, default) != getattr(getattr(cfg, section), key):
             raise FeatureCacheError(
-                f"feature cache was made with {section}.{key}={made[section][key]!r} but the run asks for "
+                f"feature cache was made with {section}.{key}={made[section].get(key, default)!r} but the run asks for "
                 f"{getattr(getattr(cfg, section), key)!r}; rebuild the cache or change the config"
             )
 

@@ -5,18 +5,34 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tvr.config import Config, ModelConfig
+from tvr.config import Config, ConfigError, ModelConfig
 from tvr.models.clip_backbone import ClipBackbone
+from tvr.models.clipvip import ClipVipBackbone
 from tvr.models.heads.registry import build_head
 from tvr.models.model import RetrievalModel
 from tvr.models.temporal import build_temporal
 
 log = logging.getLogger(__name__)
 
+#: ``model.backbone`` values
+BACKBONES = ("clip", "clipvip")
+#: temporal modules allowed on top of a backbone that pools the video itself (both are the identity on one slot)
+CLIPVIP_TEMPORAL = ("none", "meanP")
+
 
 def build_backbone(model_cfg: ModelConfig) -> ClipBackbone:
-    """The video/text backbone named by ``model_cfg`` (weights loaded, nothing frozen)."""
-    return ClipBackbone.from_config(model_cfg)
+    """The video/text backbone named by ``model.backbone`` (a :class:`~tvr.models.clip_backbone.ClipBackbone`)."""
+    kind = model_cfg.backbone
+    if kind == "clip":
+        return ClipBackbone.from_config(model_cfg)
+    if kind == "clipvip":
+        if model_cfg.temporal not in CLIPVIP_TEMPORAL:
+            raise ConfigError(
+                f"model.temporal={model_cfg.temporal!r} with model.backbone=clipvip: CLIP-ViP pools the video "
+                f"itself into one slot, so there is no frame sequence to aggregate; set model.temporal=none"
+            )
+        return ClipVipBackbone.from_config(model_cfg)
+    raise ConfigError(f"model.backbone={kind!r}: expected one of {list(BACKBONES)}")
 
 
 def build_model(cfg: Config, cached: bool = False) -> RetrievalModel:

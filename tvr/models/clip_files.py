@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from transformers import CLIPModel
@@ -15,11 +16,17 @@ SOT_ID = 49406
 EOT_ID = 49407
 
 
-def save_clip_atomic(model: CLIPModel, out_dir: str | os.PathLike, overwrite: bool = True) -> Path:
+def save_clip_atomic(
+    model: CLIPModel,
+    out_dir: str | os.PathLike,
+    overwrite: bool = True,
+    extra: Callable[[Path], object] | None = None,
+) -> Path:
     """``model.save_pretrained`` into a temporary sibling folder, then rename it to ``out_dir``.
 
     A crash leaves either the old folder or the new one, never a half-written one. With ``overwrite``, an existing
-    ``out_dir`` is moved aside first and deleted only after the new folder is in place.
+    ``out_dir`` is moved aside first and deleted only after the new folder is in place. ``extra(folder)`` may write
+    more files into the temporary folder before the rename (a backbone's own tensors).
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
@@ -29,6 +36,8 @@ def save_clip_atomic(model: CLIPModel, out_dir: str | os.PathLike, overwrite: bo
     old = None
     try:
         model.save_pretrained(str(tmp))
+        if extra is not None:
+            extra(tmp)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent))
             os.replace(out_dir, old / "x")

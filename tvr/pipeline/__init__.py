@@ -227,8 +227,7 @@ def load_model_for_eval(cfg: Config, checkpoint: str | Path):
     A checkpoint trained on a feature cache holds no backbone weights (the backbone was frozen): evaluating it on
     video files re-attaches the frozen backbone named by ``model.clip``, built from the same seed as the cache.
     """
-    from tvr.models.build import build_model
-    from tvr.models.clip_backbone import ClipBackbone
+    from tvr.models.build import build_backbone, build_model
     from tvr.train.checkpoint import load_checkpoint
     from tvr.train.utils import seed_everything
 
@@ -239,7 +238,7 @@ def load_model_for_eval(cfg: Config, checkpoint: str | Path):
     load_checkpoint(checkpoint, model)
     if not cached and not has_backbone:
         seed_everything(cfg.train.seed)
-        model.backbone = ClipBackbone.from_config(cfg.model)
+        model.backbone = build_backbone(cfg.model)
     return model
 
 
