@@ -22,6 +22,8 @@ from tvr.types import TextFeatures, VideoFeatures
 D, FRAMES, WORDS, PROXIES = 32, 5, 6, 4
 HEADS = registry.available_heads()
 TOY = "toy_heads:BilinearHead"
+#: a non-indexable head with an inference setting (γ), defined outside the package
+MIXTURE = "toy_heads:MixtureHead"
 
 
 def features(n_t: int, n_v: int, seed: int = 0) -> tuple[TextFeatures, VideoFeatures]:
@@ -45,7 +47,7 @@ def build(name: str, seed: int = 0, logit_scale: float = LN_100) -> RetrievalHea
     return registry.build_head(HeadConfig(name=name, logit_scale_init=logit_scale), D, LN_100)
 
 
-@pytest.fixture(params=HEADS + [TOY])
+@pytest.fixture(params=HEADS + [TOY, MIXTURE])
 def name(request: pytest.FixtureRequest) -> str:
     return request.param
 
@@ -128,6 +130,49 @@ def test_contract_checkpoint_round_trip(name: str, tmp_path: Path) -> None:
             rtol=0,
             atol=0,
         )
+
+
+# --------------------------------------------------------------------------------------------- inference settings
+
+
+def test_inference_setting_is_chosen_on_validation_stored_and_reported(tmp_path: Path) -> None:
+    """A head with inference candidates: validation scores every candidate from one set of components and keeps
+    the best by train.select_metric; the choice is saved with the checkpoint; test reports it and the baseline."""
+    from toy_heads import MixtureHead
+
+    from tvr.config import Config
+    from tvr.eval.protocol import evaluate
+    from tvr.eval.runner import EncodedSplit, evaluate_encoded
+
+    torch.manual_seed(0)
+    head = MixtureHead(D).eval()
+    text, video = features(12, 12, seed=3)
+    video.frames[:, 0] = video.frames[:, 0] + 2.0 * text.eot  # the first frame carries the caption: γ > 0 helps
+    encoded = EncodedSplit(text, video, list(range(12)), [f"v{k}" for k in range(12)], "one_to_one")
+    model = RetrievalModel(None, torch.nn.Identity(), head)
+    cfg = Config()
+    cfg.train.select_metric = "t2v/MnR"
+
+    ts, vs = head.encode_texts(text), head.encode_videos(video)
+    expected = {}
+    for gamma in head.options.gammas:
+        sim = ts.emb @ vs.a.T + gamma * (ts.emb @ vs.b.T)
+        expected[gamma] = evaluate(sim, list(range(12)), "one_to_one")
+    best = min(head.options.gammas, key=lambda g: (expected[g]["t2v"]["MnR"], head.options.gammas.index(g)))
+    assert best != head.options.gammas[0]  # the data makes the choice matter
+
+    metrics = evaluate_encoded(model, encoded, cfg, torch.device("cpu"), select_inference=True)
+    assert head.inference_setting() == {"gamma": best} and metrics["info"]["inference_setting"] == {"gamma": best}
+    assert [row["setting"]["gamma"] for row in metrics["info"]["inference_selection"]] == list(head.options.gammas)
+    assert metrics["t2v"] == expected[best]["t2v"]
+    assert metrics["t2v@gamma=0"] == expected[0.0]["t2v"] and metrics["v2t@gamma=0"] == expected[0.0]["v2t"]
+
+    save_checkpoint(tmp_path / "best.pt", model)
+    fresh = RetrievalModel(None, torch.nn.Identity(), MixtureHead(D))
+    load_checkpoint(tmp_path / "best.pt", fresh)
+    assert fresh.head.inference_setting() == {"gamma": best}
+    test = evaluate_encoded(fresh, encoded, cfg, torch.device("cpu"))  # test: the stored setting, no re-selection
+    assert test["t2v"] == expected[best]["t2v"] and "inference_selection" not in test["info"]
 
 
 # --------------------------------------------------------------------------------------------- registry errors

@@ -64,3 +64,66 @@ class NotAHead(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.zeros_like(x)
+
+
+@dataclasses.dataclass
+class MixtureOptions:
+    #: the candidates validation chooses the mixing weight γ from
+    gammas: tuple[float, float, float] = (0.0, 0.5, 2.0)
+
+
+@dataclasses.dataclass
+class TwoViews(Sliceable):
+    a: Tensor
+    b: Tensor
+
+
+class MixtureHead(RetrievalHead):
+    """s_ij = cos(t_i, v_j) + γ·cos(t_i, w_j) with v = mean frame, w = first frame; γ is an inference setting chosen
+    on validation (the shape of TV-ProxyNet's γ), stored in a buffer so it travels with the checkpoint."""
+
+    Options = MixtureOptions
+
+    def __init__(self, dim: int, options: MixtureOptions | None = None, **scale: float) -> None:
+        super().__init__(dim, options, **scale)
+        self.proj = nn.Linear(dim, dim)
+        self.register_buffer("gamma", torch.tensor(float(self.options.gammas[0])))
+
+    def encode_texts(self, text: TextFeatures) -> Emb:
+        return Emb(F.normalize(self.proj(text.eot.float()), dim=-1))
+
+    def encode_videos(self, video: VideoFeatures) -> TwoViews:
+        frames = video.frames.float()
+        return TwoViews(F.normalize(frames.mean(1), dim=-1), F.normalize(frames[:, 0], dim=-1))
+
+    def shortlist_texts(self, text_state: Emb) -> Tensor:
+        return text_state.emb
+
+    def shortlist_videos(self, video_state: TwoViews) -> Tensor:
+        return video_state.a
+
+    def score_block(self, text_state: Emb, video_state: TwoViews) -> Tensor:
+        return text_state.emb @ video_state.a.T + self.gamma * (text_state.emb @ video_state.b.T)
+
+    def score_components(self, text_state, video_state, text_chunk=None, video_chunk=None):  # noqa: ANN001, ANN201
+        return {"mean": text_state.emb @ video_state.a.T, "first": text_state.emb @ video_state.b.T}
+
+    def combine_scores(self, components: dict[str, Tensor], setting: dict) -> Tensor:
+        return components["mean"] + setting["gamma"] * components["first"]
+
+    def inference_candidates(self) -> list[dict]:
+        return [{"gamma": g} for g in self.options.gammas]
+
+    def inference_setting(self) -> dict:
+        return {"gamma": float(self.gamma)}
+
+    def set_inference_setting(self, setting: dict) -> None:
+        self.gamma.fill_(float(setting["gamma"]))
+
+    def baseline_settings(self) -> dict[str, dict]:
+        return {"gamma=0": {"gamma": 0.0}}
+
+    def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
+        scores = self.score_block(self.encode_texts(text), self.encode_videos(video))
+        loss = symmetric_infonce(self.logit_scale.exp() * scores)
+        return {"loss": loss}

@@ -18,6 +18,7 @@ from tvr.data.feature_cache import FeatureCacheError
 from tvr.models.model import RetrievalModel
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.errors import UserError
+from tvr.utils.metric_paths import higher_is_better, lookup_metric
 from tvr.utils.progress import progress_bar
 
 
@@ -112,13 +113,19 @@ def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, devic
 
 @torch.no_grad()
 def score_encoded(model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device) -> Tensor:
-    """The [N_t, N_v] score matrix of an encoded split: every pair exactly, or two-stage with ``eval.rerank_k``
-    (a non-indexable head's shortlist, exact rerank, −inf outside; an indexable head always scores exactly, since
-    its exhaustive scoring is a single matrix product)."""
+    """The [N_t, N_v] score matrix of an encoded split with the head's current inference setting."""
     head = model.head
     head.eval()
-    text_state = head.encode_texts(encoded.text.to(device))
-    video_state = head.encode_videos(encoded.video.to(device))
+    return _score_states(head, *_states(head, encoded, device), cfg)
+
+
+def _states(head: Any, encoded: EncodedSplit, device: torch.device) -> tuple[Any, Any]:
+    return head.encode_texts(encoded.text.to(device)), head.encode_videos(encoded.video.to(device))
+
+
+def _score_states(head: Any, text_state: Any, video_state: Any, cfg: Config) -> Tensor:
+    """Every pair exactly, or two-stage with ``eval.rerank_k`` (a non-indexable head's shortlist, exact rerank,
+    −inf outside; an indexable head always scores exactly, since its exhaustive scoring is one matrix product)."""
     k = cfg.eval.rerank_k
     if k > 0 and not head.indexable and len(video_state) > k:
         return head.score_two_stage(text_state, video_state, k).cpu()
@@ -137,27 +144,72 @@ def scoring_mode(model: RetrievalModel, encoded: EncodedSplit, cfg: Config) -> s
     return "exhaustive"
 
 
-def evaluate_encoded(model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device) -> dict:
-    """Score and rank; returns {"t2v": {...}, "v2t": {...}[, "t2v_dsl", "v2t_dsl"], "info": {...}}."""
+def _pick(results: list[tuple[dict, dict]], select_metric: str) -> int:
+    """Index of the best (setting, metrics) by ``select_metric``; the earliest candidate wins ties."""
+    better = higher_is_better(select_metric)
+    best = 0
+    for k, (_, metrics) in enumerate(results):
+        value, top = lookup_metric(metrics, select_metric), lookup_metric(results[best][1], select_metric)
+        if (value > top) if better else (value < top):
+            best = k
+    return best
+
+
+@torch.no_grad()
+def evaluate_encoded(
+    model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device, *, select_inference: bool = False
+) -> dict:
+    """Score and rank; returns {"t2v": {...}, "v2t": {...}[, "t2v_dsl", "v2t_dsl", "t2v@<baseline>", ...],
+    "info": {...}}.
+
+    ``select_inference`` (validation): a head with inference candidates is scored under each of them from one set
+    of score components, the best by ``train.select_metric`` is stored in the head and reported. Otherwise the
+    head's stored setting is used. A head's baseline settings are reported as extra rows ``t2v@<name>``."""
     from tvr.eval.postprocess import dual_softmax
     from tvr.eval.protocol import evaluate
 
+    head = model.head
+    head.eval()
+
+    def rank(sim: Tensor) -> dict:
+        return evaluate(sim, encoded.text_video, encoded.protocol, tie_mode=cfg.eval.tie_mode)
+
     start = time.perf_counter()
-    sim = score_encoded(model, encoded, cfg, device)
+    text_state, video_state = _states(head, encoded, device)
+    candidates = head.inference_candidates() if select_inference else []
+    baselines = head.baseline_settings()
+    components = None
+    if candidates or baselines:
+        chunks = {"text_chunk": cfg.eval.text_chunk or None, "video_chunk": cfg.eval.video_chunk or None}
+        components = {k: v.cpu() for k, v in head.score_components(text_state, video_state, **chunks).items()}
+    selection = None
+    if candidates:
+        results = [(setting, rank(head.combine_scores(components, setting))) for setting in candidates]
+        chosen = results[_pick(results, cfg.train.select_metric)][0]
+        head.set_inference_setting(chosen)
+        selection = [{"setting": s, "t2v": m["t2v"], "v2t": m["v2t"]} for s, m in results]
+    sim = _score_states(head, text_state, video_state, cfg)
     seconds = time.perf_counter() - start
-    metrics = evaluate(sim, encoded.text_video, encoded.protocol, tie_mode=cfg.eval.tie_mode)
+    metrics = rank(sim)
     if cfg.eval.dsl:
-        dsl = evaluate(dual_softmax(sim), encoded.text_video, encoded.protocol, tie_mode=cfg.eval.tie_mode)
+        dsl = rank(dual_softmax(sim))
         metrics["t2v_dsl"], metrics["v2t_dsl"] = dsl["t2v"], dsl["v2t"]
+    for name, setting in baselines.items():
+        extra = rank(head.combine_scores(components, setting))
+        metrics[f"t2v@{name}"], metrics[f"v2t@{name}"] = extra["t2v"], extra["v2t"]
     metrics["info"] = {
         "num_texts": len(encoded.text),
         "num_videos": len(encoded.video),
         "protocol": encoded.protocol,
         "tie_mode": cfg.eval.tie_mode,
         "head": cfg.head.name,
-        "indexable": bool(model.head.indexable),
+        "indexable": bool(head.indexable),
         "scoring": scoring_mode(model, encoded, cfg),
         "scoring_seconds": round(seconds, 4),
         "skipped_videos": encoded.skipped,
     }
+    if head.inference_setting():
+        metrics["info"]["inference_setting"] = head.inference_setting()
+    if selection is not None:
+        metrics["info"]["inference_selection"] = selection
     return metrics

@@ -76,12 +76,14 @@ def torch_threads(cfg: Config) -> Iterator[None]:
 
 
 class SplitEvaluator:
-    """Encodes one evaluation split (from videos or from the feature cache) and ranks it."""
+    """Encodes one evaluation split (from videos or from the feature cache) and ranks it. ``select_inference``
+    (the validation split) lets a head with inference candidates choose its setting on this split."""
 
-    def __init__(self, cfg: Config, split_name: str, tokenizer=None) -> None:
+    def __init__(self, cfg: Config, split_name: str, tokenizer=None, select_inference: bool = False) -> None:
         from tvr.data.annotations import load_split
 
         self.cfg = cfg
+        self.select_inference = select_inference
         self.split = load_split(cfg.data, split_name)
         self.tokenizer = tokenizer
         self.cached = None
@@ -99,7 +101,7 @@ class SplitEvaluator:
             encoded = encode_split_cached(model, self.split, self.cached, self.cfg, device)
         else:
             encoded = encode_split_raw(model, self.split, self.tokenizer, self.cfg, device)
-        metrics = evaluate_encoded(model, encoded, self.cfg, device)
+        metrics = evaluate_encoded(model, encoded, self.cfg, device, select_inference=self.select_inference)
         model.train(was_training)
         return metrics
 
@@ -177,7 +179,7 @@ def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool)
     if model.backbone is not None and cfg.model.freeze_backbone:
         model.backbone.maybe_half(dist.device)
     train_data = _train_data(cfg, out_dir, tokenizer, dist.rank, dist.world_size)
-    validator = SplitEvaluator(cfg, "val", tokenizer) if is_main_process() else None
+    validator = SplitEvaluator(cfg, "val", tokenizer, select_inference=True) if is_main_process() else None
     trainer = Trainer(model, cfg, train_data, out_dir, evaluate_fn=validator, dist_info=dist)
     summary = trainer.fit(resume=resume)
 

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tvr.utils.metric_paths import higher_is_better, lookup_metric, metric_paths  # noqa: F401
+
 
 def seed_everything(seed: int, deterministic: bool = True) -> None:
     """Seed Python, NumPy and torch (CPU and CUDA). ``deterministic`` also pins cuDNN to deterministic kernels and
@@ -79,44 +81,6 @@ def skipped_entries(batch: Any) -> list[dict[str, Any]]:
         else:
             out.append({"id": item, "error": errors[k] if k < len(errors) else None})
     return out
-
-
-def lookup_metric(metrics: Mapping[str, Any], path: str) -> float:
-    """``"t2v/R1"`` → ``float(metrics["t2v"]["R1"])``; a clear error lists the metrics that do exist."""
-    node: Any = metrics
-    for part in path.split("/"):
-        if not isinstance(node, Mapping) or part not in node:
-            raise KeyError(
-                f"train.select_metric={path!r} is not in the validation metrics; available: {metric_paths(metrics)}"
-            )
-        node = node[part]
-    try:
-        value = float(node)
-    except (TypeError, ValueError):
-        raise ValueError(f"train.select_metric={path!r} is {node!r}, not a number") from None
-    if math.isnan(value):
-        raise ValueError(f"train.select_metric={path!r} is NaN")
-    return value
-
-
-def metric_paths(metrics: Mapping[str, Any], prefix: str = "") -> list[str]:
-    out = []
-    for key, value in metrics.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.extend(metric_paths(value, name + "/"))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out.append(name)
-    return out
-
-
-#: rank-style metrics where smaller is better (median / mean rank, losses)
-_LOWER_IS_BETTER = ("mdr", "mnr", "medr", "meanr", "median_rank", "mean_rank", "loss")
-
-
-def higher_is_better(path: str) -> bool:
-    last = path.split("/")[-1].lower()
-    return not any(last.startswith(m) for m in _LOWER_IS_BETTER)
 
 
 def to_jsonable(obj: Any) -> Any:

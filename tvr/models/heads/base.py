@@ -96,6 +96,41 @@ class RetrievalHead(nn.Module, ABC):
         """Training loss for B aligned pairs (text i matches video i). Key ``"loss"`` is optimised;
         the other keys are detached components for logging."""
 
+    # ------------------------------------------------------------------ inference settings chosen on validation
+    # A head whose test-time score has a free setting (TV-ProxyNet's γ, GraviAlign's inference mode) lists the
+    # candidates; evaluation on the validation split scores every candidate from one set of score components,
+    # keeps the best by ``train.select_metric`` and stores it in the head (saved with the checkpoint); test
+    # evaluation uses the stored setting and reports each baseline setting as extra rows beside it.
+
+    def inference_candidates(self) -> list[dict[str, Any]]:
+        """The settings validation chooses among (empty: nothing to choose)."""
+        return []
+
+    def inference_setting(self) -> dict[str, Any]:
+        """The setting :meth:`score` uses now (saved with the head's state)."""
+        return {}
+
+    def set_inference_setting(self, setting: dict[str, Any]) -> None:
+        """Make :meth:`score` use ``setting`` (one of :meth:`inference_candidates`)."""
+        if setting:
+            raise ValueError(f"{type(self).__name__} has no inference setting to set, got {setting!r}")
+
+    def baseline_settings(self) -> dict[str, dict[str, Any]]:
+        """Named settings always reported beside the chosen one (e.g. ``{"gamma=0": {"gamma": 0.0}}``)."""
+        return {}
+
+    @torch.no_grad()
+    def score_components(
+        self, text_state: Any, video_state: Any, text_chunk: int | None = None, video_chunk: int | None = None
+    ) -> dict[str, Tensor]:
+        """Named [N_t, N_v] matrices from which :meth:`combine_scores` builds the score of any candidate setting
+        without rescoring (default: the score itself)."""
+        return {"score": self.score(text_state, video_state, text_chunk, video_chunk)}
+
+    def combine_scores(self, components: dict[str, Tensor], setting: dict[str, Any]) -> Tensor:
+        """The [N_t, N_v] score of ``setting`` from :meth:`score_components`."""
+        return components["score"]
+
     # ------------------------------------------------------------------ all pairs
     @torch.no_grad()
     def score(
