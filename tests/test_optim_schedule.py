@@ -157,3 +157,46 @@ def test_weight_decay_is_decoupled() -> None:
     assert torch.equal(after["backbone.visual.weight"], before["backbone.visual.weight"] * (1 - 0.05 * 0.2))
     for name in ("head.proj.bias", "head.norm.weight", "backbone.ln_post.bias", "head.logit_scale"):
         assert torch.equal(after[name], before[name])
+
+
+# --------------------------------------------------------------------------------------------- head rules
+
+
+class _RuledHead(_Head):
+    """proj on its own peak lr; its bias (a no-decay parameter) on a fixed lr; the backbone's norms decayed."""
+
+    def param_rules(self, lr, backbone_lr):
+        from tvr.models.heads.base import ParamRule
+
+        return [
+            ParamRule("head.proj.", "proj", lr=3 * lr, applies_to="decay"),
+            ParamRule("head.proj.", "proj-fixed", lr=5 * lr, schedule="constant", applies_to="nodecay"),
+            ParamRule("backbone.ln_post.", "backbone-ln", decay=True),
+        ]
+
+
+def test_head_param_rules_make_groups_with_their_own_lr_decay_and_schedule() -> None:
+    model = RetrievalModel(_Backbone(), _Temporal(), _RuledHead())
+    cfg = TrainConfig(lr=1e-3, backbone_lr_coef=0.1, weight_decay=0.2, warmup=0.5)
+    opt = build_optimizer(model, cfg)
+    groups = {name: (g, names) for name, g, names in zip(group_names(opt), opt.param_groups, opt.tvr_param_names,
+                                                            strict=True)}
+    assert groups["proj"][1] == ["head.proj.weight"] and groups["proj"][0]["lr"] == pytest.approx(3e-3)
+    assert groups["proj"][0]["weight_decay"] == 0.2
+    assert groups["proj-fixed-nodecay"][1] == ["head.proj.bias"]
+    assert groups["proj-fixed-nodecay"][0]["lr"] == pytest.approx(5e-3)
+    # decay forced on the backbone's LayerNorm; its lr is still the backbone default (lr × coef)
+    assert groups["backbone-ln"][1] == ["backbone.ln_post.weight", "backbone.ln_post.bias"]
+    assert groups["backbone-ln"][0]["weight_decay"] == 0.2 and groups["backbone-ln"][0]["lr"] == pytest.approx(1e-4)
+    # the default groups keep their order ahead of the ruled ones (so older optimizer states still load)
+    assert group_names(opt) == ["head-nodecay", "backbone", "backbone-nodecay", "proj", "proj-fixed-nodecay",
+                                "backbone-ln"]
+    assert "head.norm.weight" in groups["head-nodecay"][1] and "head.logit_scale" in groups["head-nodecay"][1]
+    sched = build_scheduler(opt, "warmup_cosine", 10, 0.5)
+    lrs = []
+    for _ in range(10):
+        lrs.append(current_lrs(opt))
+        opt.step()
+        sched.step()
+    assert [r["proj-fixed-nodecay"] for r in lrs] == [pytest.approx(5e-3)] * 10  # constant: no warm-up, no decay
+    assert [r["proj"] for r in lrs] == [pytest.approx(3e-3 * warmup_cosine(k / 10, 0.5)) for k in range(10)]

@@ -78,24 +78,46 @@ class RetrievalModel(nn.Module):
         self.head.clamp_logit_scale()
 
     def parameter_groups(self, lr: float, backbone_lr_coef: float, weight_decay: float) -> list[dict]:
-        """AdamW groups: backbone at lr × coef, everything else at lr; no decay on biases/norms/embeddings."""
-        groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
-        names: dict[tuple[bool, bool], list[str]] = {}
+        """AdamW groups: backbone at lr × coef, everything else at lr; no decay on biases/norms/embeddings. The
+        head's :meth:`~tvr.models.heads.base.RetrievalHead.param_rules` move parameters into groups of their own
+        (own lr, fixed schedule, decay override); a group may carry ``"schedule"`` for the scheduler."""
+        rules = list(self.head.param_rules(lr, lr * backbone_lr_coef))
+        default: dict[tuple[bool, bool], list[tuple[str, nn.Parameter]]] = {}
+        ruled: dict[tuple[int, bool], list[tuple[str, nn.Parameter]]] = {}
         for name, param in self.named_parameters():
             if not param.requires_grad:
                 continue
-            key = (name.startswith("backbone."), _is_no_decay(name, param))
-            groups.setdefault(key, []).append(param)
-            names.setdefault(key, []).append(name)
-        out = []
-        for (is_backbone, no_decay), params in sorted(groups.items()):
-            out.append(
-                {
-                    "params": params,
-                    "names": names[(is_backbone, no_decay)],
-                    "lr": lr * (backbone_lr_coef if is_backbone else 1.0),
-                    "weight_decay": 0.0 if no_decay else weight_decay,
-                    "group": f"{'backbone' if is_backbone else 'head'}{'-nodecay' if no_decay else ''}",
-                }
+            no_decay = _is_no_decay(name, param)
+            index = next(
+                (
+                    k for k, r in enumerate(rules)
+                    if name.startswith(r.prefix)
+                    and (r.applies_to == "all" or (r.applies_to == "nodecay") == no_decay)
+                ),
+                None,
             )
+            if index is None:
+                default.setdefault((name.startswith("backbone."), no_decay), []).append((name, param))
+            else:
+                forced = rules[index].decay
+                ruled.setdefault((index, no_decay if forced is None else not forced), []).append((name, param))
+        out = []
+        for (is_backbone, no_decay), items in sorted(default.items()):
+            out.append(_group(items, lr * (backbone_lr_coef if is_backbone else 1.0),
+                              0.0 if no_decay else weight_decay,
+                              f"{'backbone' if is_backbone else 'head'}{'-nodecay' if no_decay else ''}", None))
+        for (index, no_decay), items in sorted(ruled.items()):
+            rule = rules[index]
+            base = lr * (backbone_lr_coef if items[0][0].startswith("backbone.") else 1.0)
+            out.append(_group(items, rule.lr if rule.lr is not None else base, 0.0 if no_decay else weight_decay,
+                              f"{rule.group}{'-nodecay' if no_decay else ''}", rule.schedule))
         return out
+
+
+def _group(items: list[tuple[str, nn.Parameter]], lr: float, weight_decay: float, name: str,
+           schedule: str | None) -> dict:
+    group = {"params": [p for _, p in items], "names": [n for n, _ in items], "lr": lr,
+             "weight_decay": weight_decay, "group": name}
+    if schedule is not None:
+        group["schedule"] = schedule
+    return group

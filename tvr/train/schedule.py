@@ -49,13 +49,20 @@ def build_scheduler(optimizer: torch.optim.Optimizer, name: str, total_steps: in
     object, so ``state_dict`` stores only the step counter: resuming with the same config reproduces the run.
     """
     fn = schedule_function(name)
+    # a parameter group may carry its own schedule (e.g. "constant"; see RetrievalHead.param_rules)
+    group_fns = [schedule_function(group.get("schedule") or name) for group in optimizer.param_groups]
     if total_steps <= 0:
         raise ValueError(f"build_scheduler: total_steps must be positive, got {total_steps}")
     if not 0.0 <= warmup < 1.0:
         raise ValueError(f"train.warmup={warmup}: expected a fraction of training in [0, 1)")
     total = float(total_steps)
 
-    def multiplier(step: int) -> float:
-        return fn(step / total, warmup)
+    def multiplier_of(function: Callable[[float, float], float]) -> Callable[[int], float]:
+        def multiplier(step: int) -> float:
+            return function(step / total, warmup)
 
-    return LambdaLR(optimizer, multiplier)
+        return multiplier
+
+    if all(f is fn for f in group_fns):
+        return LambdaLR(optimizer, multiplier_of(fn))
+    return LambdaLR(optimizer, [multiplier_of(f) for f in group_fns])

@@ -36,6 +36,28 @@ class NoOptions:
     """Options of a head that has none."""
 
 
+@dataclasses.dataclass(frozen=True)
+class ParamRule:
+    """How the optimizer treats the parameters whose full model name starts with ``prefix`` (first match wins).
+
+    ``lr``: absolute learning rate (None: the default, train.lr or train.lr × backbone_lr_coef for the backbone);
+    ``schedule``: None follows ``train.schedule``, ``"constant"`` keeps the lr fixed (no warm-up, no decay);
+    ``decay``: force weight decay on/off (None: the default name rule — no decay on biases, norms, embeddings);
+    ``applies_to``: ``"all"``, or only the parameters the default rule puts in the ``"decay"`` / ``"nodecay"`` set.
+    Parameters matched by a rule form the optimizer groups ``<group>`` and ``<group>-nodecay``."""
+
+    prefix: str
+    group: str
+    lr: float | None = None
+    schedule: str | None = None
+    decay: bool | None = None
+    applies_to: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.applies_to not in ("all", "decay", "nodecay"):
+            raise ValueError(f"ParamRule.applies_to = {self.applies_to!r}: expected all, decay or nodecay")
+
+
 class RetrievalHead(nn.Module, ABC):
     """Base class of all method heads (see the module docstring for the contract)."""
 
@@ -95,6 +117,11 @@ class RetrievalHead(nn.Module, ABC):
     def loss(self, text: Any, video: Any) -> dict[str, Tensor]:
         """Training loss for B aligned pairs (text i matches video i). Key ``"loss"`` is optimised;
         the other keys are detached components for logging."""
+
+    def param_rules(self, lr: float, backbone_lr: float) -> list[ParamRule]:
+        """Optimizer rules beyond the default backbone/head split (e.g. a module on its own peak lr); ``lr`` and
+        ``backbone_lr`` are the run's head and backbone learning rates."""
+        return []
 
     # ------------------------------------------------------------------ inference settings chosen on validation
     # A head whose test-time score has a free setting (TV-ProxyNet's γ, GraviAlign's inference mode) lists the
