@@ -8,7 +8,7 @@ from pathlib import Path
 from tvr.config import Config, ConfigError, ModelConfig
 from tvr.models.clip_backbone import ClipBackbone
 from tvr.models.clipvip import ClipVipBackbone
-from tvr.models.heads.registry import build_head
+from tvr.models.heads.registry import build_head, head_class
 from tvr.models.model import RetrievalModel
 from tvr.models.temporal import build_temporal
 
@@ -35,6 +35,23 @@ def build_backbone(model_cfg: ModelConfig) -> ClipBackbone:
     raise ConfigError(f"model.backbone={kind!r}: expected one of {list(BACKBONES)}")
 
 
+def check_backbone_provides(cfg: Config) -> None:
+    """The head's required features exist with this backbone; a proxy projection nobody reads is refused (its
+    parameters would get no gradient, which DDP treats as an error)."""
+    needs_proxies = "proxies" in head_class(cfg.head.name).requires
+    has_proxies = cfg.model.backbone == "clipvip" and cfg.model.clipvip.proxy_projection
+    if needs_proxies and not has_proxies:
+        raise ConfigError(
+            f"head {cfg.head.name!r} reads per-video proxies: set model.backbone=clipvip and "
+            "model.clipvip.proxy_projection=true"
+        )
+    if has_proxies and not needs_proxies:
+        raise ConfigError(
+            f"model.clipvip.proxy_projection=true but head {cfg.head.name!r} does not read video proxies: its "
+            "parameters would never train; set it to false"
+        )
+
+
 def build_model(cfg: Config, cached: bool = False) -> RetrievalModel:
     """Build the model described by ``cfg``.
 
@@ -42,6 +59,7 @@ def build_model(cfg: Config, cached: bool = False) -> RetrievalModel:
     loaded once so that seqTransf is initialised from CLIP's text blocks and the head gets CLIP's logit scale,
     exactly as in end-to-end training.
     """
+    check_backbone_provides(cfg)
     backbone = build_backbone(cfg.model)
     dim = backbone.embed_dim
     temporal = build_temporal(cfg.model.temporal, backbone, dim, cfg.model.temporal_layers)

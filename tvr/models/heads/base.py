@@ -72,6 +72,9 @@ class RetrievalHead(nn.Module, ABC):
     default_video_chunk: ClassVar[int] = 1 << 30
     #: texts per group in the generic :meth:`score_pairs` (each group scores the union of its videos as a grid)
     pair_text_group: ClassVar[int] = 64
+    #: optional ``VideoFeatures``/``TextFeatures`` fields the head reads ("proxies", "words"); the model builder
+    #: checks the backbone provides them (proxies: ``model.backbone: clipvip`` with ``clipvip.proxy_projection``)
+    requires: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self,
