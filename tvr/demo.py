@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tvr.config import Config, config_from_dict
+from tvr.models.heads.registry import head_class
 
 DEMO_CONFIG: dict[str, Any] = {
     "data": {
@@ -68,6 +69,12 @@ def demo_config(data_dir: Path, quick: bool = False, method: str = "clip4clip") 
     values["data"]["annotations"] = str(data_dir)
     values["data"]["video_dir"] = str(data_dir / "videos")
     values["head"]["name"] = method
+    if "proxies" in head_class(method).requires:
+        # a head that reads per-video proxies runs on the CLIP-ViP tower (same tiny CLIP), which pools the video
+        # itself: CLIP-ViP's frame sampling, no temporal module
+        values["model"].update({"backbone": "clipvip", "temporal": "none",
+                                "clipvip": {"num_proxies": 4, "temporal_slots": 12, "proxy_projection": True}})
+        values["data"]["sampling"] = "clipvip"
     if quick:
         for section, entries in QUICK_OVERRIDES.items():
             values[section].update(entries)
