@@ -29,6 +29,7 @@ from transformers import CLIPConfig, CLIPModel
 
 from tvr.config import ModelConfig, TinyClipConfig
 from tvr.types import TextFeatures, VideoFeatures
+from tvr.utils.io import create_temporary_dir
 
 #: OpenAI CLIP's start/end-of-text ids; EOT is the largest id, so argmax(input_ids) finds it (spec §1.1)
 SOT_ID = 49406
@@ -116,7 +117,7 @@ def save_clip_atomic(model: CLIPModel, out_dir: str | os.PathLike, overwrite: bo
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"output folder already exists: {out_dir}")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    tmp = create_temporary_dir(out_dir)  # umask-honouring mode (mkdtemp gives 0700) and a name cleanup knows
     old = None
     try:
         model.save_pretrained(str(tmp))
