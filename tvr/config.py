@@ -32,6 +32,9 @@ class DataConfig:
     video_dir: str = ""
     #: how a video id becomes a file name inside ``video_dir``
     video_pattern: str = "{video_id}.mp4"
+    #: allow video files that resolve (after ``..`` and symlinks) outside ``video_dir``; off: such a video is skipped
+    #: and listed with reason "outside video_dir" (a stray ``../x.mp4`` or absolute path in a user CSV)
+    allow_outside_video_dir: bool = False
     #: MSR-VTT training list: 9k | 7k ; ignored elsewhere
     train_split: str = "9k"
     #: generic format: path of the CSV / JSONL file (relative to ``annotations``)

@@ -51,7 +51,7 @@ def encode_split_raw(model: RetrievalModel, split, tokenizer, cfg: Config, devic
     from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
 
     model.eval()
-    resolver = VideoResolver(cfg.data.video_dir, cfg.data.video_pattern)
+    resolver = VideoResolver.from_config(cfg.data)
     dataset = VideoDataset(split.videos, split.video_spans, resolver, cfg.data)
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=cfg.eval.batch_size, num_workers=cfg.data.num_workers, collate_fn=collate_videos
