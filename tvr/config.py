@@ -192,6 +192,17 @@ class EvalConfig:
     tie_mode: str = "optimistic"
     #: also report dual-softmax (DSL) re-weighted scores as an extra column
     dsl: bool = False
+    #: also report QB-Norm (dynamic inverted softmax over a query bank of training captions) as the row t2v_qbnorm
+    qbnorm: bool = False
+    #: also report the inverted softmax as the row t2v_invsoftmax (over the query bank when one is given, else over
+    #: the evaluated queries themselves)
+    inverted_softmax: bool = False
+    #: β of QB-Norm and the inverted softmax (QB-Norm paper: 20)
+    qbnorm_beta: float = 20.0
+    #: QB-Norm activation set: gallery items among the top-k results of some bank query (QB-Norm paper: 1)
+    qbnorm_k: int = 1
+    #: training captions in the query bank: 0 = all of them, N = N evenly spaced ones
+    query_bank_size: int = 0
     split: str = "test"
 
 
