@@ -169,6 +169,50 @@ def tokenizer(
     console.print(f"wrote {out}")
 
 
+@app.command("import-checkpoint")
+def import_checkpoint(
+    src: Path = typer.Argument(..., help="CLIP4Clip pytorch_model.bin or GARE best.pth (a torch.save-d state dict)"),
+    config: Path = typer.Option(
+        ..., "--config", "-c", exists=True, dir_okay=False, help="Preset of the model the checkpoint is"
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="tvr checkpoint to write (for tvr eval --checkpoint)"),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override (repeatable)."),
+    partial: bool = typer.Option(False, "--partial", help="Load what fits; keep the built model's values elsewhere."),
+    report: Path | None = typer.Option(None, "--report", help="Also write the full key report (JSON) here."),
+) -> None:
+    """Import a CLIP4Clip / GARE release checkpoint into the tvr model of --config and save it as a tvr checkpoint."""
+    from tvr.models.import_checkpoint import CheckpointImportError, import_release_checkpoint
+    from tvr.train.checkpoint import save_checkpoint
+    from tvr.utils.io import atomic_write_json
+
+    cfg = _load(config, set_)
+    if out.is_dir():
+        console.print(f"[red]error:[/red] --out {out} is a folder; expected a checkpoint file such as {out}/best.pt")
+        raise typer.Exit(2)
+    try:
+        model, rep = import_release_checkpoint(src, cfg, partial=partial)
+    except CheckpointImportError as exc:
+        console.print(f"[red]import failed:[/red] {exc}")
+        raise typer.Exit(2) from None
+    state = {
+        "imported_from": str(src),
+        "import_layout": rep.layout,
+        "import_counts": {k: len(v) for k, v in rep.to_dict().items() if isinstance(v, list)},
+    }
+    save_checkpoint(out, model, state=state)
+    if report is not None:
+        atomic_write_json(report, rep.to_dict())
+    colour = "green" if rep.complete else "yellow"
+    console.print(
+        f"[{colour}]{rep.layout}: {len(rep.mapped)} tensors mapped, {len(rep.missing)} missing, "
+        f"{len(rep.unexpected)} unexpected, {len(rep.ignored)} ignored (unused by the released model)[/{colour}]"
+    )
+    for title, items in (("missing", rep.missing), ("unexpected", rep.unexpected), ("mismatched", rep.mismatched)):
+        if items:
+            console.print(f"  {title}: {', '.join(items[:10])}" + (f", … ({len(items)})" if len(items) > 10 else ""))
+    console.print(f"wrote {out}")
+
+
 def run() -> None:  # pragma: no cover - console entry point helper
     sys.exit(app())
 
