@@ -213,6 +213,36 @@ def import_checkpoint(
     console.print(f"wrote {out}")
 
 
+@app.command("check-data")
+def check_data(
+    config: Path = typer.Option(..., "--config", "-c", exists=True, dir_okay=False, help="YAML preset."),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override (repeatable)."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the full report (every offending id) here."),
+    full: bool = typer.Option(False, "--full", help="Decode every frame (finds truncated files; as slow as a pass)."),
+    workers: int = typer.Option(0, "--workers", "-j", help="Probe processes (0 = one per CPU, at most 8)."),
+    tokenizer: Path | None = typer.Option(
+        None, "--tokenizer", help="CLIP tokenizer for caption lengths: bpe_simple_vocab_16e6.txt.gz or a folder."
+    ),
+) -> None:
+    """Check every split, video and caption a run would read; exit 1 when a run would trip, naming each problem."""
+    from tvr.data.check import check_data as run_check
+    from tvr.data.check import render_report
+    from tvr.data.tokenizer import TokenizerError
+    from tvr.utils.io import atomic_write_json
+
+    cfg = _load(config, set_)
+    try:
+        report = run_check(cfg, full=full, workers=workers, tokenizer=tokenizer, progress=True)
+    except (TokenizerError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    render_report(report, Console())
+    if json_path is not None:
+        atomic_write_json(json_path, report)
+        console.print(f"report: {json_path}")
+    raise typer.Exit(0 if report["ok"] else 1)
+
+
 def run() -> None:  # pragma: no cover - console entry point helper
     sys.exit(app())
 
