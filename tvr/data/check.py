@@ -16,7 +16,6 @@ two splits. Caption truncation, duplicate captions and tiny validation splits ar
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import statistics
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tvr.config import Config
-from tvr.utils.progress import progress_bar
+from tvr.utils.parallel import parallel_map
 
 #: why a video is unusable, in the order reports list them
 REASONS = (
@@ -128,20 +127,10 @@ def _probe_task(task: tuple[int, str, bool]) -> tuple[int, dict[str, Any]]:
 def probe_files(paths: Sequence[str], full: bool = False, workers: int = 0, progress: bool = True
                 ) -> list[dict[str, Any]]:
     """Probe ``paths`` with ``workers`` processes (0 = one per CPU, at most 8); results in input order."""
-    workers = workers or min(8, os.cpu_count() or 1)
     tasks = [(k, p, full) for k, p in enumerate(paths)]
     results: list[dict[str, Any] | None] = [None] * len(tasks)
-    if workers <= 1 or len(tasks) <= 1:
-        for k, res in progress_bar(map(_probe_task, tasks), "probing videos", enabled=progress, total=len(tasks)):
-            results[k] = res
-    else:
-        # fork: workers inherit the imported modules instead of re-importing torch; they only run PyAV
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        with multiprocessing.get_context(method).Pool(min(workers, len(tasks))) as pool:
-            chunk = max(1, min(32, len(tasks) // (workers * 8)))
-            done = pool.imap_unordered(_probe_task, tasks, chunksize=chunk)
-            for k, res in progress_bar(done, "probing videos", enabled=progress, total=len(tasks)):
-                results[k] = res
+    for k, res in parallel_map(_probe_task, tasks, workers, "probing videos", progress):
+        results[k] = res
     return [r for r in results if r is not None]
 
 
