@@ -180,6 +180,15 @@ def test_failures_are_reported_or_copied(tmp_path: Path) -> None:
 
     with pytest.raises(PrepareError, match="source folder"):
         prepare_videos(src, src, progress=False)
+    (src / "sub").mkdir()
+    write_test_video(src / "sub" / "good.mp4", 10, 10.0, size=(64, 48))
+    write_test_video(src / "sub" / "deep.mp4", 10, 10.0, size=(64, 48))
+    flat = prepare_videos(src, tmp_path / "flat", workers=1, progress=False, flat=True)
+    flat_status = {e["source"]: e["status"] for e in flat["files"]}
+    assert flat_status["sub/deep.mp4"] == "encoded" and flat_status["sub/good.mp4"] == "failed"  # clash with good
+    assert (tmp_path / "flat" / "deep.mp4").is_file() and not (tmp_path / "flat" / "sub").exists()
+    (src / "sub" / "good.mp4").unlink()
+    (src / "sub" / "deep.mp4").unlink()
     inside = prepare_videos(src, src / "prepared", workers=1, progress=False)  # DST inside SRC is not re-read
     assert {e["source"] for e in inside["files"]} == {"broken.avi", "good.mp4", "twin.mkv", "twin.mp4"}
 

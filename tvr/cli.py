@@ -277,6 +277,7 @@ def prepare_videos_cmd(
     copy_on_failure: bool = typer.Option(
         False, "--copy-on-failure", help="Copy a file that cannot be re-encoded unchanged (reference behaviour)."
     ),
+    flat: bool = typer.Option(False, "--flat", help="Write every output directly into DST (no sub-folders)."),
 ) -> None:
     """Re-encode every video under SRC to the training form (3 fps, shorter side 224, H.264, no audio)."""
     from tvr.data.prepare import EncodeSettings, PrepareError, prepare_videos
@@ -284,7 +285,7 @@ def prepare_videos_cmd(
     try:
         report = prepare_videos(src, dst, EncodeSettings(fps=fps, short_side=size, codec=codec, crf=crf,
                                                          preset=preset),
-                                workers=workers, copy_on_failure=copy_on_failure, progress=True)
+                                workers=workers, copy_on_failure=copy_on_failure, progress=True, flat=flat)
     except PrepareError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -302,6 +303,7 @@ def prepare_frames_cmd(
     image_size: int = typer.Option(224, help="Crop size the frames are resized for (data.image_size)."),
     sampling: str = typer.Option("clip4clip", help="clip4clip | clipvip (evaluation-mode indices)."),
     workers: int = typer.Option(0, "--workers", "-j", help="Worker processes (0 = one per CPU, at most 8)."),
+    flat: bool = typer.Option(False, "--flat", help="Write every .npy directly into DST (no sub-folders)."),
 ) -> None:
     """Decode once the frames every clip reads and store them as uint8 .npy files (a frame cache)."""
     from tvr.data.prepare import FrameSettings, PrepareError, extract_frames
@@ -311,7 +313,7 @@ def prepare_frames_cmd(
         max_frames, frame_rate, image_size, sampling = data.max_frames, data.frame_rate, data.image_size, data.sampling
     try:
         report = extract_frames(src, dst, FrameSettings(max_frames, frame_rate, image_size, sampling),
-                                workers=workers, progress=True)
+                                workers=workers, progress=True, flat=flat)
     except PrepareError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

@@ -7,7 +7,8 @@ CRF 23, index at the front of the file). The frame-rate conversion is ffmpeg's `
 (timestamp t_i) goes to output slot round(t_i · fps), each slot keeps the last frame that landed in it and an empty
 slot repeats the previous frame. The reference's ``ffmpeg -r 3`` drops and repeats frames the same way, though
 ffmpeg's ``-r`` bookkeeping may pick the neighbouring frame at a slot boundary. Scaling is ffmpeg's bicubic
-``scale``. ``DST`` mirrors SRC's folder structure; every output is ``<same relative path>.mp4``.
+``scale``. ``DST`` mirrors SRC's folder structure (every output is ``<same relative path>.mp4``), or with ``flat``
+holds every output directly (two sources with the same name are then reported as a clash).
 
 Resumable and crash-safe: each output is encoded into a temporary file in its destination folder
 (``.<name>.<random>.tmp``, see :mod:`tvr.utils.io`), fsynced and renamed into place. A file under its final name is
@@ -228,8 +229,10 @@ def find_videos(src: Path, exclude: Path | None = None, extensions: Sequence[str
     return found
 
 
-def _plan(src: Path, dst: Path, suffix: str) -> tuple[list[tuple[Path, Path]], list[dict[str, Any]]]:
-    """(source, output) pairs, and clashes: two sources whose outputs would share a name (the first one wins)."""
+def _plan(src: Path, dst: Path, suffix: str, flat: bool = False
+          ) -> tuple[list[tuple[Path, Path]], list[dict[str, Any]]]:
+    """(source, output) pairs, and clashes: two sources whose outputs would share a name (the first one wins).
+    ``flat``: every output directly in ``dst`` (sub-folders of ``src`` dropped), as ``data.video_dir`` needs."""
     if not src.is_dir():
         raise PrepareError(f"source folder not found: {src}")
     if src.resolve() == dst.resolve():
@@ -239,7 +242,7 @@ def _plan(src: Path, dst: Path, suffix: str) -> tuple[list[tuple[Path, Path]], l
     clashes: list[dict[str, Any]] = []
     owner: dict[Path, Path] = {}
     for rel in find_videos(src, exclude=dst if inside else None):
-        target = rel.with_suffix(suffix)
+        target = Path(rel.name).with_suffix(suffix) if flat else rel.with_suffix(suffix)
         if target in owner:
             clashes.append({"source": str(rel), "status": "failed",
                             "error": f"output name {target} is already taken by {owner[target]}"})
@@ -307,16 +310,19 @@ def prepare_videos(
     workers: int = 0,
     copy_on_failure: bool = False,
     progress: bool = True,
+    flat: bool = False,
 ) -> dict[str, Any]:
     """Re-encode every video under ``src`` into ``dst`` (see the module docstring); returns the report, which is
-    also written to ``dst/prepare_report.json``. Files already finished in ``dst`` are skipped."""
+    also written to ``dst/prepare_report.json``. Files already finished in ``dst`` are skipped. ``flat`` writes
+    every output directly into ``dst`` (e.g. ActivityNet's train/val folders → one video folder)."""
     settings = settings or EncodeSettings()
     settings.validate()
     src, dst = Path(src), Path(dst)
     start = time.perf_counter()
-    plan, entries = _plan(src, dst, ".mp4")
+    plan, entries = _plan(src, dst, ".mp4", flat)
     dst.mkdir(parents=True, exist_ok=True)
-    _check_manifest(dst, MANIFEST, {**dataclasses.asdict(settings), "container": "mp4", "pix_fmt": "yuv420p"})
+    _check_manifest(dst, MANIFEST, {**dataclasses.asdict(settings), "container": "mp4", "pix_fmt": "yuv420p",
+                                    "flat": flat})
     stale = remove_stale_temporaries(dst, recursive=True)
     todo = []
     for source, output in plan:
@@ -401,9 +407,10 @@ def extract_frames(
     settings: FrameSettings | None = None,
     workers: int = 0,
     progress: bool = True,
+    flat: bool = False,
 ) -> dict[str, Any]:
-    """Build the frame cache of every video under ``src`` in ``dst`` (``<relative path>.npy``), resumably, like
-    :func:`prepare_videos`; returns the report (also ``dst/frames_report.json``)."""
+    """Build the frame cache of every video under ``src`` in ``dst`` (``<relative path>.npy``, or ``<name>.npy``
+    with ``flat``), resumably, like :func:`prepare_videos`; returns the report (also ``dst/frames_report.json``)."""
     settings = settings or FrameSettings()
     if settings.sampling not in ("clip4clip", "clipvip"):
         raise PrepareError(f"sampling {settings.sampling!r}: expected clip4clip or clipvip")
@@ -411,9 +418,9 @@ def extract_frames(
         raise PrepareError("max_frames, frame_rate and image_size must be positive")
     src, dst = Path(src), Path(dst)
     start = time.perf_counter()
-    plan, entries = _plan(src, dst, ".npy")
+    plan, entries = _plan(src, dst, ".npy", flat)
     dst.mkdir(parents=True, exist_ok=True)
-    _check_manifest(dst, FRAMES_MANIFEST, {**dataclasses.asdict(settings), "resize": settings.resize})
+    _check_manifest(dst, FRAMES_MANIFEST, {**dataclasses.asdict(settings), "resize": settings.resize, "flat": flat})
     remove_stale_temporaries(dst, recursive=True)
     todo = []
     for source, output in plan:
