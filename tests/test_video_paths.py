@@ -92,3 +92,13 @@ def test_generic_csv_paths_are_skipped_and_listed(layout: dict[str, Path]) -> No
     allowed = _cfg(layout, allow_outside_video_dir=True)
     dataset = VideoDataset(split.videos, split.video_spans, VideoResolver.from_config(allowed), allowed)
     assert collate_videos([dataset[k] for k in range(len(dataset))])["skipped"] == []
+
+
+def test_video_stem_pattern(layout: dict[str, Path]) -> None:
+    resolver = VideoResolver(layout["videos"], "{video_stem}.mp4")
+    assert resolver("inside.mov") == layout["videos"] / "inside.mp4"
+    assert resolver("inside") == layout["videos"] / "inside.mp4"
+    with pytest.raises(VideoOutsideDirError):
+        resolver("../secret.avi")
+    with pytest.raises(ValueError, match="video_stem"):
+        VideoResolver(layout["videos"], "clip.mp4")

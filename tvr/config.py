@@ -30,7 +30,7 @@ class DataConfig:
     annotations: str = ""
     #: folder holding the video files
     video_dir: str = ""
-    #: how a video id becomes a file name inside ``video_dir``
+    #: how a video id becomes a file name inside ``video_dir`` (``{video_stem}``: the id without its extension)
     video_pattern: str = "{video_id}.mp4"
     #: allow video files that resolve (after ``..`` and symlinks) outside ``video_dir``; off: such a video is skipped
     #: and listed with reason "outside video_dir" (a stray ``../x.mp4`` or absolute path in a user CSV)

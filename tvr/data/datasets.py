@@ -82,7 +82,9 @@ class VideoOutsideDirError(VideoDecodeError):
 
 
 class VideoResolver:
-    """Map a video id to its file: ``video_dir / pattern.replace("{video_id}", id)``.
+    """Map a video id to its file: ``video_dir / pattern.replace("{video_id}", id)``. ``{video_stem}`` stands for
+    the id without its extension, for ids that name the raw file (DiDeMo's ``…_d8b58466fa.mov``) when the folder
+    holds the ``tvr prepare`` outputs (``…_d8b58466fa.mp4``): ``video_pattern: "{video_stem}.mp4"``.
 
     When the pattern ends with ``.mp4`` and that file is missing, the same name with .webm, .mkv, .avi and .mov is
     tried too (raw MSR-VTT/DiDeMo/ActivityNet downloads mix containers). Any other pattern is used as written.
@@ -98,8 +100,8 @@ class VideoResolver:
         self, video_dir: str | os.PathLike, pattern: str = "{video_id}.mp4", allow_outside: bool = False
     ) -> None:
         self.video_dir = Path(video_dir)
-        if "{video_id}" not in pattern:
-            raise ValueError(f"video pattern {pattern!r} must contain '{{video_id}}'")
+        if "{video_id}" not in pattern and "{video_stem}" not in pattern:
+            raise ValueError(f"video pattern {pattern!r} must contain '{{video_id}}' (or '{{video_stem}}')")
         if not self.video_dir.is_dir():
             raise FileNotFoundError(f"video folder not found: {self.video_dir}")
         self.pattern = pattern
@@ -112,7 +114,8 @@ class VideoResolver:
         return cls(data_cfg.video_dir, data_cfg.video_pattern, data_cfg.allow_outside_video_dir)
 
     def candidates(self, video_id: str) -> list[Path]:
-        first = self.video_dir / self.pattern.replace("{video_id}", video_id)
+        stem = os.path.splitext(video_id)[0]
+        first = self.video_dir / self.pattern.replace("{video_id}", video_id).replace("{video_stem}", stem)
         if not self.pattern.endswith(".mp4"):
             return [first]
         stem = str(first)[: -len(".mp4")]
