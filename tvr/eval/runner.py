@@ -191,17 +191,53 @@ def query_bank_statistics(model: RetrievalModel, encoded: EncodedSplit, bank: Te
     return log_norm.cpu(), active.cpu()
 
 
+def querybank_rows(
+    model: RetrievalModel, encoded: EncodedSplit, sim: Tensor, cfg: Config, device: torch.device,
+    query_bank: TextFeatures | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The extra metric rows of ``eval.inverted_softmax`` (``t2v_invsoftmax``) and ``eval.qbnorm`` (``t2v_qbnorm``)
+    for the plain score matrix ``sim``, and what to add to ``info`` (``{"query_bank": {...}}``); ({}, {}) when both
+    are off. ``query_bank``: training captions encoded by ``model`` (:func:`training_query_bank`), needed by
+    QB-Norm; the inverted softmax without one normalises over the evaluated queries themselves."""
+    from tvr.eval.postprocess import dynamic_inverted_softmax, inverted_softmax, querybank_statistics
+    from tvr.eval.protocol import evaluate
+
+    if not (cfg.eval.qbnorm or cfg.eval.inverted_softmax):
+        return {}, {}
+    beta = cfg.eval.qbnorm_beta
+    if query_bank is not None:
+        log_norm, active = query_bank_statistics(model, encoded, query_bank, cfg, device)
+        bank_info: dict[str, Any] = {"source": "training captions", "size": len(query_bank), "beta": beta,
+                                     "k": cfg.eval.qbnorm_k}
+    elif cfg.eval.qbnorm:
+        raise ValueError(
+            "eval.qbnorm needs a query bank of training captions: pass query_bank= to evaluate_encoded "
+            "(tvr.eval.runner.training_query_bank builds it)"
+        )
+    else:
+        log_norm, active = querybank_statistics([sim], beta, cfg.eval.qbnorm_k)
+        bank_info = {"source": "evaluated queries", "size": len(encoded.text), "beta": beta}
+    rows: dict[str, Any] = {}
+    if cfg.eval.inverted_softmax:
+        rescored = inverted_softmax(sim, log_norm, beta)
+        rows["t2v_invsoftmax"] = evaluate(rescored, encoded.text_video, encoded.protocol,
+                                          tie_mode=cfg.eval.tie_mode)["t2v"]
+    if cfg.eval.qbnorm:
+        rescored, normalised = dynamic_inverted_softmax(sim, log_norm, active, beta)
+        rows["t2v_qbnorm"] = evaluate(rescored, encoded.text_video, encoded.protocol,
+                                      tie_mode=cfg.eval.tie_mode)["t2v"]
+        bank_info["activation_set"] = int(active.sum())
+        bank_info["queries_normalised"] = int(normalised.sum())
+    return rows, {"query_bank": bank_info}
+
+
 def evaluate_encoded(
     model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device,
     query_bank: TextFeatures | None = None,
 ) -> dict:
     """Score and rank; returns {"t2v": {...}, "v2t": {...}[, "t2v_dsl", "v2t_dsl"][, "t2v_invsoftmax"]
-    [, "t2v_qbnorm"], "info": {...}}.
-
-    ``query_bank``: training captions encoded by ``model`` (:func:`training_query_bank`), needed by
-    ``eval.qbnorm``; ``eval.inverted_softmax`` without a bank normalises over the evaluated queries themselves.
-    """
-    from tvr.eval.postprocess import dual_softmax, dynamic_inverted_softmax, inverted_softmax, querybank_statistics
+    [, "t2v_qbnorm"], "info": {...}}; ``query_bank`` as in :func:`querybank_rows`."""
+    from tvr.eval.postprocess import dual_softmax
     from tvr.eval.protocol import evaluate
 
     start = time.perf_counter()
@@ -211,31 +247,8 @@ def evaluate_encoded(
     if cfg.eval.dsl:
         dsl = evaluate(dual_softmax(sim), encoded.text_video, encoded.protocol, tie_mode=cfg.eval.tie_mode)
         metrics["t2v_dsl"], metrics["v2t_dsl"] = dsl["t2v"], dsl["v2t"]
-    info: dict[str, Any] = {}
-    if cfg.eval.qbnorm or cfg.eval.inverted_softmax:
-        beta = cfg.eval.qbnorm_beta
-        if query_bank is not None:
-            log_norm, active = query_bank_statistics(model, encoded, query_bank, cfg, device)
-            info["query_bank"] = {"source": "training captions", "size": len(query_bank), "beta": beta,
-                                  "k": cfg.eval.qbnorm_k}
-        elif cfg.eval.qbnorm:
-            raise ValueError(
-                "eval.qbnorm needs a query bank of training captions: pass query_bank= to evaluate_encoded "
-                "(tvr.eval.runner.training_query_bank builds it)"
-            )
-        else:
-            log_norm, active = querybank_statistics([sim], beta, cfg.eval.qbnorm_k)
-            info["query_bank"] = {"source": "evaluated queries", "size": len(encoded.text), "beta": beta}
-        if cfg.eval.inverted_softmax:
-            rescored = inverted_softmax(sim, log_norm, beta)
-            metrics["t2v_invsoftmax"] = evaluate(rescored, encoded.text_video, encoded.protocol,
-                                                 tie_mode=cfg.eval.tie_mode)["t2v"]
-        if cfg.eval.qbnorm:
-            rescored, normalised = dynamic_inverted_softmax(sim, log_norm, active, beta)
-            metrics["t2v_qbnorm"] = evaluate(rescored, encoded.text_video, encoded.protocol,
-                                             tie_mode=cfg.eval.tie_mode)["t2v"]
-            info["query_bank"]["activation_set"] = int(active.sum())
-            info["query_bank"]["queries_normalised"] = int(normalised.sum())
+    rows, info = querybank_rows(model, encoded, sim, cfg, device, query_bank)
+    metrics.update(rows)
     metrics["info"] = {
         "num_texts": len(encoded.text),
         "num_videos": len(encoded.video),
