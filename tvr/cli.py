@@ -256,6 +256,157 @@ def tokenizer(
     console.print(f"wrote {out}")
 
 
+@app.command("import-checkpoint")
+def import_checkpoint(
+    src: Path = typer.Argument(..., help="CLIP4Clip pytorch_model.bin or GARE best.pth (a torch.save-d state dict)"),
+    config: Path = typer.Option(
+        ..., "--config", "-c", exists=True, dir_okay=False, help="Preset of the model the checkpoint is"
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="tvr checkpoint to write (for tvr eval --checkpoint)"),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override (repeatable)."),
+    partial: bool = typer.Option(False, "--partial", help="Load what fits; keep the built model's values elsewhere."),
+    report: Path | None = typer.Option(None, "--report", help="Also write the full key report (JSON) here."),
+) -> None:
+    """Import a CLIP4Clip / GARE release checkpoint into the tvr model of --config and save it as a tvr checkpoint."""
+    from tvr.models.import_checkpoint import CheckpointImportError, import_release_checkpoint
+    from tvr.train.checkpoint import save_checkpoint
+    from tvr.utils.io import atomic_write_json
+
+    cfg = _load(config, set_)
+    if out.is_dir():
+        console.print(f"[red]error:[/red] --out {out} is a folder; expected a checkpoint file such as {out}/best.pt")
+        raise typer.Exit(2)
+    try:
+        model, rep = import_release_checkpoint(src, cfg, partial=partial)
+    except CheckpointImportError as exc:
+        console.print(f"[red]import failed:[/red] {exc}")
+        raise typer.Exit(2) from None
+    state = {
+        "imported_from": str(src),
+        "import_layout": rep.layout,
+        "import_counts": {k: len(v) for k, v in rep.to_dict().items() if isinstance(v, list)},
+    }
+    save_checkpoint(out, model, state=state)
+    if report is not None:
+        atomic_write_json(report, rep.to_dict())
+    colour = "green" if rep.complete else "yellow"
+    console.print(
+        f"[{colour}]{rep.layout}: {len(rep.mapped)} tensors mapped, {len(rep.missing)} missing, "
+        f"{len(rep.unexpected)} unexpected, {len(rep.ignored)} ignored (unused by the released model)[/{colour}]"
+    )
+    for title, items in (("missing", rep.missing), ("unexpected", rep.unexpected), ("mismatched", rep.mismatched)):
+        if items:
+            console.print(f"  {title}: {', '.join(items[:10])}" + (f", … ({len(items)})" if len(items) > 10 else ""))
+    console.print(f"wrote {out}")
+
+
+@app.command("check-data")
+def check_data(
+    config: Path = typer.Option(..., "--config", "-c", exists=True, dir_okay=False, help="YAML preset."),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override (repeatable)."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the full report (every offending id) here."),
+    full: bool = typer.Option(False, "--full", help="Decode every frame (finds truncated files; as slow as a pass)."),
+    workers: int = typer.Option(0, "--workers", "-j", help="Probe processes (0 = one per CPU, at most 8)."),
+    tokenizer: Path | None = typer.Option(
+        None, "--tokenizer", help="CLIP tokenizer for caption lengths: bpe_simple_vocab_16e6.txt.gz or a folder."
+    ),
+) -> None:
+    """Check every split, video and caption a run would read; exit 1 when a run would trip, naming each problem."""
+    from tvr.data.check import check_data as run_check
+    from tvr.data.check import render_report
+    from tvr.data.tokenizer import TokenizerError
+    from tvr.utils.io import atomic_write_json
+
+    cfg = _load(config, set_)
+    try:
+        report = run_check(cfg, full=full, workers=workers, tokenizer=tokenizer, progress=True)
+    except (TokenizerError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    render_report(report, Console())
+    if json_path is not None:
+        atomic_write_json(json_path, report)
+        console.print(f"report: {json_path}")
+    raise typer.Exit(0 if report["ok"] else 1)
+
+
+prepare_app = typer.Typer(no_args_is_help=True, help="Turn raw downloads into the training form (resumable).")
+app.add_typer(prepare_app, name="prepare")
+
+
+def _prepare_summary(report: dict, what: str, report_name: str) -> None:
+    summary = report["summary"]
+    counts = ", ".join(f"{v} {k}" for k, v in summary.items() if k not in ("total", "seconds"))
+    console.print(f"{what}: {summary['total']} files ({counts or 'nothing to do'}) in {summary['seconds']} s")
+    failed = [e for e in report["files"] if e["status"] == "failed"]
+    for entry in failed[:20]:
+        console.print(f"  [red]failed[/red] {entry['source']}: {entry['error']}")
+    if len(failed) > 20:
+        console.print(f"  … and {len(failed) - 20} more")
+    copied = [e for e in report["files"] if e["status"] == "copied"]
+    if copied:
+        console.print(f"[yellow]{len(copied)} file(s) could not be re-encoded and were copied unchanged[/yellow]")
+    console.print(f"report: {Path(report['destination']) / report_name}")
+    if failed:
+        raise typer.Exit(1)
+
+
+@prepare_app.command("videos")
+def prepare_videos_cmd(
+    src: Path = typer.Argument(..., help="Folder of raw videos (searched recursively)."),
+    dst: Path = typer.Argument(..., help="Output folder (same layout, every file <name>.mp4); rerun to resume."),
+    fps: float = typer.Option(3.0, help="Output frame rate (0 = keep the source's)."),
+    size: int = typer.Option(224, "--size", help="Shorter side in pixels, even (0 = keep)."),
+    codec: str = typer.Option("libx264", help="PyAV encoder."),
+    crf: int = typer.Option(23, help="x264 constant rate factor (lower = better, larger)."),
+    preset: str = typer.Option("medium", help="x264 preset."),
+    workers: int = typer.Option(0, "--workers", "-j", help="Worker processes (0 = one per CPU, at most 8)."),
+    copy_on_failure: bool = typer.Option(
+        False, "--copy-on-failure", help="Copy a file that cannot be re-encoded unchanged (reference behaviour)."
+    ),
+    flat: bool = typer.Option(False, "--flat", help="Write every output directly into DST (no sub-folders)."),
+) -> None:
+    """Re-encode every video under SRC to the training form (3 fps, shorter side 224, H.264, no audio)."""
+    from tvr.data.prepare import EncodeSettings, PrepareError, prepare_videos
+
+    try:
+        report = prepare_videos(src, dst, EncodeSettings(fps=fps, short_side=size, codec=codec, crf=crf,
+                                                         preset=preset),
+                                workers=workers, copy_on_failure=copy_on_failure, progress=True, flat=flat)
+    except PrepareError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    _prepare_summary(report, "prepare videos", "prepare_report.json")
+
+
+@prepare_app.command("frames")
+def prepare_frames_cmd(
+    src: Path = typer.Argument(..., help="Folder of (prepared) videos."),
+    dst: Path = typer.Argument(..., help="Frame cache folder (<name>.npy per video); rerun to resume."),
+    config: Path | None = typer.Option(None, "--config", "-c", exists=True, dir_okay=False,
+                                       help="Take max_frames / frame_rate / image_size / sampling from data.*"),
+    max_frames: int = typer.Option(12, help="Frames per clip (data.max_frames)."),
+    frame_rate: float = typer.Option(1.0, help="Candidate frames per second (data.frame_rate)."),
+    image_size: int = typer.Option(224, help="Crop size the frames are resized for (data.image_size)."),
+    sampling: str = typer.Option("clip4clip", help="clip4clip | clipvip (evaluation-mode indices)."),
+    workers: int = typer.Option(0, "--workers", "-j", help="Worker processes (0 = one per CPU, at most 8)."),
+    flat: bool = typer.Option(False, "--flat", help="Write every .npy directly into DST (no sub-folders)."),
+) -> None:
+    """Decode once the frames every clip reads and store them as uint8 .npy files (a frame cache)."""
+    from tvr.data.prepare import FrameSettings, PrepareError, extract_frames
+
+    if config is not None:
+        data = _load(config, []).data
+        max_frames, frame_rate, image_size, sampling = data.max_frames, data.frame_rate, data.image_size, data.sampling
+    try:
+        report = extract_frames(src, dst, FrameSettings(max_frames, frame_rate, image_size, sampling),
+                                workers=workers, progress=True, flat=flat)
+    except PrepareError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    _prepare_summary(report, "prepare frames", "frames_report.json")
+
+
 def run() -> None:  # pragma: no cover - console entry point helper
     sys.exit(app())
 

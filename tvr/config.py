@@ -113,8 +113,11 @@ class DataConfig:
     annotations: str = ""
     #: folder holding the video files
     video_dir: str = ""
-    #: how a video id becomes a file name inside ``video_dir``
+    #: how a video id becomes a file name inside ``video_dir`` (``{video_stem}``: the id without its extension)
     video_pattern: str = "{video_id}.mp4"
+    #: allow video files that resolve (after ``..`` and symlinks) outside ``video_dir``; off: such a video is skipped
+    #: and listed with reason "outside video_dir" (a stray ``../x.mp4`` or absolute path in a user CSV)
+    allow_outside_video_dir: bool = False
     #: MSR-VTT training list: 9k | 7k ; ignored elsewhere
     train_split: str = choice("9k", "9k", "7k")
     #: generic format: path of the CSV / JSONL file (relative to ``annotations``)
@@ -270,6 +273,17 @@ class EvalConfig:
     tie_mode: str = choice("optimistic", *TIE_MODES)
     #: also report dual-softmax (DSL) re-weighted scores as an extra column
     dsl: bool = False
+    #: also report QB-Norm (dynamic inverted softmax over a query bank of training captions) as the row t2v_qbnorm
+    qbnorm: bool = False
+    #: also report the inverted softmax as the row t2v_invsoftmax (over the query bank when one is given, else over
+    #: the evaluated queries themselves)
+    inverted_softmax: bool = False
+    #: β of QB-Norm and the inverted softmax (QB-Norm paper: 20)
+    qbnorm_beta: float = bounded(20.0, gt=0.0)
+    #: QB-Norm activation set: gallery items among the top-k results of some bank query (QB-Norm paper: 1)
+    qbnorm_k: int = bounded(1, ge=1)
+    #: training captions in the query bank: 0 = all of them, N = N evenly spaced ones
+    query_bank_size: int = bounded(0, ge=0)
     split: str = choice("test", *EVAL_SPLITS)
     #: two-stage scoring for large galleries (our extension, not the papers' protocol): each text shortlists K
     #: videos by the head's shortlist embedding, only those get the exact score (0 = score every pair exactly)

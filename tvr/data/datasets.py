@@ -69,33 +69,81 @@ class VideoNotFoundError(VideoDecodeError, FileNotFoundError):
         return (type(self), (self.video_id, self.tried))
 
 
+class VideoOutsideDirError(VideoDecodeError):
+    """A video id resolves (after ``..`` and symlinks) to a file outside ``data.video_dir``. Reason code
+    ``"outside video_dir"``; datasets turn it into a skip marker like any unreadable video."""
+
+    REASON = "outside video_dir"
+
+    def __init__(self, video_id: str, path: str | os.PathLike, real: str | os.PathLike, video_dir: str) -> None:
+        self.video_id = video_id
+        self.real = str(real)
+        self.video_dir = str(video_dir)
+        super().__init__(
+            path, self.REASON,
+            f"resolves to {self.real}, not inside {self.video_dir}; set data.allow_outside_video_dir: true to allow",
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.video_id, self.path, self.real, self.video_dir))
+
+
 class VideoResolver:
-    """Map a video id to its file: ``video_dir / pattern.replace("{video_id}", id)``.
+    """Map a video id to its file: ``video_dir / pattern.replace("{video_id}", id)``. ``{video_stem}`` stands for
+    the id without its extension, for ids that name the raw file (DiDeMo's ``…_d8b58466fa.mov``) when the folder
+    holds the ``tvr prepare`` outputs (``…_d8b58466fa.mp4``): ``video_pattern: "{video_stem}.mp4"``.
 
     When the pattern ends with ``.mp4`` and that file is missing, the same name with .webm, .mkv, .avi and .mov is
     tried too (raw MSR-VTT/DiDeMo/ActivityNet downloads mix containers). Any other pattern is used as written.
+
+    The file must lie inside ``video_dir`` once ``..`` and symlinks are resolved (``video_dir`` itself may be a
+    symlink): an id such as ``../x.mp4`` or ``/etc/x.mp4`` from a user CSV, or a symlink in the folder that
+    points elsewhere, raises :class:`VideoOutsideDirError` (reason ``"outside video_dir"``), which datasets report
+    as a skipped video. ``allow_outside=True`` (``data.allow_outside_video_dir``) turns the check off, e.g. for a
+    folder of symlinks into a shared video store.
     """
 
-    def __init__(self, video_dir: str | os.PathLike, pattern: str = "{video_id}.mp4") -> None:
+    def __init__(
+        self, video_dir: str | os.PathLike, pattern: str = "{video_id}.mp4", allow_outside: bool = False
+    ) -> None:
         self.video_dir = Path(video_dir)
-        if "{video_id}" not in pattern:
-            raise ConfigError(f"data.video_pattern = {pattern!r}: must contain '{{video_id}}'")
+        if "{video_id}" not in pattern and "{video_stem}" not in pattern:
+            raise ConfigError(f"data.video_pattern = {pattern!r}: must contain '{{video_id}}' (or '{{video_stem}}')")
         if not self.video_dir.is_dir():
             raise FileNotFoundError(f"video folder not found: {self.video_dir}")
         self.pattern = pattern
+        self.allow_outside = bool(allow_outside)
+        self.root = self.video_dir.resolve()
+
+    @classmethod
+    def from_config(cls, data_cfg: DataConfig) -> VideoResolver:
+        """The resolver for ``data.video_dir`` / ``data.video_pattern`` / ``data.allow_outside_video_dir``."""
+        return cls(data_cfg.video_dir, data_cfg.video_pattern, data_cfg.allow_outside_video_dir)
 
     def candidates(self, video_id: str) -> list[Path]:
-        first = self.video_dir / self.pattern.replace("{video_id}", video_id)
+        stem = os.path.splitext(video_id)[0]
+        first = self.video_dir / self.pattern.replace("{video_id}", video_id).replace("{video_stem}", stem)
         if not self.pattern.endswith(".mp4"):
             return [first]
         stem = str(first)[: -len(".mp4")]
         return [first] + [Path(stem + ext) for ext in FALLBACK_EXTENSIONS if ext != ".mp4"]
 
+    def check_inside(self, video_id: str, path: Path) -> None:
+        """Raise :class:`VideoOutsideDirError` when ``path`` resolves outside ``video_dir`` (unless allowed)."""
+        if self.allow_outside:
+            return
+        real = path.resolve()
+        if real != self.root and not real.is_relative_to(self.root):
+            raise VideoOutsideDirError(video_id, path, real, str(self.root))
+
     def __call__(self, video_id: str) -> Path:
         tried = self.candidates(video_id)
         for path in tried:
             if path.is_file():
+                self.check_inside(video_id, path)
                 return path
+        # a missing file whose name already points outside is reported as outside: fixing the file would not help
+        self.check_inside(video_id, tried[0])
         raise VideoNotFoundError(video_id, tried)
 
 

@@ -58,7 +58,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
@@ -67,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from tvr.config import ConfigError
-from tvr.utils.io import atomic_write_text
+from tvr.utils.io import atomic_write_text, create_temporary
 from tvr.utils.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -719,11 +718,10 @@ def encode_mp4(frames: np.ndarray, path: str | os.PathLike, fps: float, codec: s
     import av
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".mp4", dir=path.parent)
+    fd, tmp = create_temporary(path)  # honours the umask, and remove_stale_temporaries knows the name
     os.close(fd)
     try:
-        with av.open(tmp, mode="w", format="mp4") as container:
+        with av.open(str(tmp), mode="w", format="mp4") as container:
             stream = container.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
             stream.width, stream.height = int(frames.shape[2]), int(frames.shape[1])
             stream.pix_fmt = "yuv420p"

@@ -12,7 +12,7 @@ from tvr.eval.metrics import METRIC_KEYS
 from tvr.utils.io import atomic_write_json, atomic_write_text
 
 #: preferred row order; any other direction entries follow in insertion order
-ROW_ORDER = ("t2v", "v2t", "t2v_dsl", "v2t_dsl")
+ROW_ORDER = ("t2v", "v2t", "t2v_dsl", "v2t_dsl", "t2v_invsoftmax", "t2v_qbnorm")
 COLUMN_TITLES = {"R1": "R@1", "R5": "R@5", "R10": "R@10", "MdR": "MdR", "MnR": "MnR"}
 
 

@@ -2,6 +2,12 @@
 
 Unreadable videos are left out of the gallery together with their captions, and reported by id in the result
 (``skipped_videos``), so one bad file never stops an evaluation.
+
+Query banks (``eval.qbnorm`` / ``eval.inverted_softmax``): the caller encodes training captions with the model being
+evaluated and passes them as ``evaluate_encoded(..., query_bank=TextFeatures)``; :func:`training_query_bank` does
+that for a config (from the video-free text side only: caption strings through the backbone, or the feature cache's
+text features). The bank is scored against the evaluated gallery in blocks of ``QUERY_BANK_BLOCK`` captions, so only
+per-video statistics are ever kept. The extra rows never replace ``t2v`` / ``v2t``.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ def encode_split_raw(model: RetrievalModel, split, tokenizer, cfg: Config, devic
     from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
 
     model.eval()
-    resolver = VideoResolver(cfg.data.video_dir, cfg.data.video_pattern)
+    resolver = VideoResolver.from_config(cfg.data)
     dataset = VideoDataset(split.videos, split.video_spans, resolver, cfg.data)
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=cfg.eval.batch_size, num_workers=cfg.data.num_workers, collate_fn=collate_videos
@@ -155,16 +161,137 @@ def _pick(results: list[tuple[dict, dict]], select_metric: str) -> int:
     return best
 
 
+#: bank captions scored against the gallery per block in QB-Norm / inverted-softmax statistics
+QUERY_BANK_BLOCK = 4096
+
+
+def select_query_bank(num_texts: int, size: int) -> list[int]:
+    """Indices of the bank captions: all ``num_texts`` when ``size`` is 0 or larger, else ``size`` evenly spaced
+    ones (deterministic, and spread over the whole file rather than its first videos)."""
+    if size < 0:
+        raise ValueError(f"eval.query_bank_size={size} must be >= 0")
+    if size == 0 or size >= num_texts:
+        return list(range(num_texts))
+    return [int(i) for i in torch.linspace(0, num_texts - 1, size).round().long().tolist()]
+
+
+@torch.no_grad()
+def encode_query_bank(model: RetrievalModel, texts: list[str], tokenizer, cfg: Config, device: torch.device
+                      ) -> TextFeatures:
+    """Encode caption strings with the model's backbone (kept on CPU, float32), ``eval.batch_size`` at a time."""
+    if not texts:
+        raise ValueError("the query bank is empty (no training captions)")
+    model.eval()
+    parts = []
+    for start in progress_bar(range(0, len(texts), cfg.eval.batch_size), "query bank: texts"):
+        ids, mask = tokenizer(texts[start : start + cfg.eval.batch_size], cfg.data.max_words)
+        feats = model.text_features({"text_ids": ids.to(device), "text_mask": mask.to(device)})
+        parts.append(feats.to("cpu", torch.float32))
+    return TextFeatures.cat(parts)
+
+
+def training_query_bank(model: RetrievalModel, cfg: Config, device: torch.device, tokenizer=None
+                        ) -> TextFeatures | None:
+    """The query bank ``evaluate_encoded`` needs for ``eval.qbnorm`` / ``eval.inverted_softmax``: the training
+    split's captions (``eval.query_bank_size`` of them) encoded by ``model``; from the feature cache when
+    ``data.features_dir`` is set, else through the backbone with ``tokenizer``. None when neither option is on.
+
+    Encode it again whenever the model changes (every validation of a training run)."""
+    if not (cfg.eval.qbnorm or cfg.eval.inverted_softmax):
+        return None
+    if cfg.data.features_dir:
+        from tvr.data.feature_cache import load_cached_split
+
+        cached = load_cached_split(cfg.data.features_dir, "train")
+        rows = select_query_bank(len(cached.texts), cfg.eval.query_bank_size)
+        return TextFeatures(cached.eot[rows].float(), cached.words[rows].float(), cached.word_mask[rows])
+    from tvr.data.annotations import load_split
+
+    if tokenizer is None:
+        raise ValueError("training_query_bank: encoding caption strings needs the tokenizer")
+    texts = load_split(cfg.data, "train").texts
+    rows = select_query_bank(len(texts), cfg.eval.query_bank_size)
+    return encode_query_bank(model, [texts[r] for r in rows], tokenizer, cfg, device)
+
+
+@torch.no_grad()
+def query_bank_statistics(model: RetrievalModel, encoded: EncodedSplit, bank: TextFeatures, cfg: Config,
+                          device: torch.device) -> tuple[Tensor, Tensor]:
+    """(log_norm [N_v], active [N_v]) of ``bank`` against the gallery of ``encoded`` (see
+    :func:`tvr.eval.postprocess.querybank_statistics`), scoring ``QUERY_BANK_BLOCK`` bank captions at a time."""
+    from tvr.eval.postprocess import querybank_statistics
+
+    head = model.head
+    head.eval()
+    video_state = head.encode_videos(encoded.video.to(device))
+
+    def blocks():
+        for start in range(0, len(bank), QUERY_BANK_BLOCK):
+            state = head.encode_texts(bank[start : start + QUERY_BANK_BLOCK].to(device))
+            yield head.score(state, video_state, text_chunk=cfg.eval.text_chunk or None,
+                             video_chunk=cfg.eval.video_chunk or None)
+
+    log_norm, active = querybank_statistics(blocks(), cfg.eval.qbnorm_beta, cfg.eval.qbnorm_k)
+    return log_norm.cpu(), active.cpu()
+
+
+def querybank_rows(
+    model: RetrievalModel, encoded: EncodedSplit, sim: Tensor, cfg: Config, device: torch.device,
+    query_bank: TextFeatures | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The extra metric rows of ``eval.inverted_softmax`` (``t2v_invsoftmax``) and ``eval.qbnorm`` (``t2v_qbnorm``)
+    for the plain score matrix ``sim``, and what to add to ``info`` (``{"query_bank": {...}}``); ({}, {}) when both
+    are off. ``query_bank``: training captions encoded by ``model`` (:func:`training_query_bank`), needed by
+    QB-Norm; the inverted softmax without one normalises over the evaluated queries themselves."""
+    from tvr.eval.postprocess import dynamic_inverted_softmax, inverted_softmax, querybank_statistics
+    from tvr.eval.protocol import evaluate
+
+    if not (cfg.eval.qbnorm or cfg.eval.inverted_softmax):
+        return {}, {}
+    beta = cfg.eval.qbnorm_beta
+    if query_bank is not None:
+        log_norm, active = query_bank_statistics(model, encoded, query_bank, cfg, device)
+        bank_info: dict[str, Any] = {"source": "training captions", "size": len(query_bank), "beta": beta,
+                                     "k": cfg.eval.qbnorm_k}
+    elif cfg.eval.qbnorm:
+        raise ValueError(
+            "eval.qbnorm needs a query bank of training captions: pass query_bank= to evaluate_encoded "
+            "(tvr.eval.runner.training_query_bank builds it)"
+        )
+    else:
+        log_norm, active = querybank_statistics([sim], beta, cfg.eval.qbnorm_k)
+        bank_info = {"source": "evaluated queries", "size": len(encoded.text), "beta": beta}
+    rows: dict[str, Any] = {}
+    if cfg.eval.inverted_softmax:
+        rescored = inverted_softmax(sim, log_norm, beta)
+        rows["t2v_invsoftmax"] = evaluate(rescored, encoded.text_video, encoded.protocol,
+                                          tie_mode=cfg.eval.tie_mode)["t2v"]
+    if cfg.eval.qbnorm:
+        rescored, normalised = dynamic_inverted_softmax(sim, log_norm, active, beta)
+        rows["t2v_qbnorm"] = evaluate(rescored, encoded.text_video, encoded.protocol,
+                                      tie_mode=cfg.eval.tie_mode)["t2v"]
+        bank_info["activation_set"] = int(active.sum())
+        bank_info["queries_normalised"] = int(normalised.sum())
+    return rows, {"query_bank": bank_info}
+
+
 @torch.no_grad()
 def evaluate_encoded(
-    model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device, *, select_inference: bool = False
+    model: RetrievalModel,
+    encoded: EncodedSplit,
+    cfg: Config,
+    device: torch.device,
+    *,
+    select_inference: bool = False,
+    query_bank: TextFeatures | None = None,
 ) -> dict:
-    """Score and rank; returns {"t2v": {...}, "v2t": {...}[, "t2v_dsl", "v2t_dsl", "t2v@<baseline>", ...],
-    "info": {...}}.
+    """Score and rank; returns {"t2v": {...}, "v2t": {...}[, "t2v_dsl", "v2t_dsl", "t2v@<baseline>", ...]
+    [, "t2v_invsoftmax"][, "t2v_qbnorm"], "info": {...}}.
 
     ``select_inference`` (validation): a head with inference candidates is scored under each of them from one set
     of score components, the best by ``train.select_metric`` is stored in the head and reported. Otherwise the
-    head's stored setting is used. A head's baseline settings are reported as extra rows ``t2v@<name>``."""
+    head's stored setting is used. A head's baseline settings are reported as extra rows ``t2v@<name>``.
+    ``query_bank`` as in :func:`querybank_rows`."""
     from tvr.eval.postprocess import dual_softmax
     from tvr.eval.protocol import evaluate
 
@@ -197,6 +324,8 @@ def evaluate_encoded(
     for name, setting in baselines.items():
         extra = rank(head.combine_scores(components, setting))
         metrics[f"t2v@{name}"], metrics[f"v2t@{name}"] = extra["t2v"], extra["v2t"]
+    rows, info = querybank_rows(model, encoded, sim, cfg, device, query_bank)
+    metrics.update(rows)
     metrics["info"] = {
         "num_texts": len(encoded.text),
         "num_videos": len(encoded.video),
@@ -207,6 +336,7 @@ def evaluate_encoded(
         "scoring": scoring_mode(model, encoded, cfg),
         "scoring_seconds": round(seconds, 4),
         "skipped_videos": encoded.skipped,
+        **info,
     }
     if head.inference_setting():
         metrics["info"]["inference_setting"] = head.inference_setting()

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from transformers import CLIPModel
 
+from tvr.utils.io import create_temporary_dir
+
 #: OpenAI CLIP's start/end-of-text ids; EOT is the largest id, so argmax(input_ids) finds it (spec §1.1)
 SOT_ID = 49406
 EOT_ID = 49407
@@ -32,7 +34,7 @@ def save_clip_atomic(
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"output folder already exists: {out_dir}")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    tmp = create_temporary_dir(out_dir)  # umask-honouring mode (mkdtemp gives 0700) and a name cleanup knows
     old = None
     try:
         model.save_pretrained(str(tmp))

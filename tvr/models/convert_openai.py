@@ -14,6 +14,7 @@ import argparse
 import os
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -91,7 +92,7 @@ def load_openai_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     return dict(obj)
 
 
-def _count_blocks(state: dict[str, Tensor], prefix: str) -> int:
+def count_blocks(state: dict[str, Tensor], prefix: str) -> int:
     pattern = re.compile(rf"^{re.escape(prefix)}(\d+)\.")
     indices = {int(m.group(1)) for key in state if (m := pattern.match(key))}
     if indices != set(range(len(indices))):
@@ -117,8 +118,8 @@ def infer_config(
     grid = round((positions - 1) ** 0.5)
     if grid * grid + 1 != positions:
         raise ConversionError(f"visual.positional_embedding has {positions} rows; expected grid² + 1")
-    vision_layers = _count_blocks(state, "visual.transformer.resblocks.")
-    text_layers = _count_blocks(state, "transformer.resblocks.")
+    vision_layers = count_blocks(state, "visual.transformer.resblocks.")
+    text_layers = count_blocks(state, "transformer.resblocks.")
     if vision_layers == 0 or text_layers == 0:
         raise ConversionError(f"found {vision_layers} vision and {text_layers} text residual blocks; expected > 0")
     text_width = int(_need(state, "ln_final.weight").shape[0])
@@ -168,8 +169,13 @@ def infer_config(
     return CLIPConfig(text_config=text, vision_config=vision, projection_dim=embed_dim)
 
 
-def map_state_dict(state: dict[str, Tensor], text_layers: int, vision_layers: int) -> tuple[dict[str, Tensor], set]:
-    """OpenAI keys -> HF keys (float32). Returns the mapped dict and the set of source keys consumed."""
+def map_state_dict(
+    state: dict[str, Tensor], text_layers: int, vision_layers: int, origins: dict[str, str] | None = None
+) -> tuple[dict[str, Tensor], set]:
+    """OpenAI keys -> HF keys (float32). Returns the mapped dict and the set of source keys consumed.
+
+    ``origins``, when given, receives HF key -> the OpenAI key it came from (``...in_proj_weight[q]`` for a slice).
+    """
     out: dict[str, Tensor] = {}
     used: set[str] = set()
 
@@ -179,25 +185,45 @@ def map_state_dict(state: dict[str, Tensor], text_layers: int, vision_layers: in
 
     for src, dst in _DIRECT_MAP.items():
         out[dst] = take(src)
+        if origins is not None:
+            origins[dst] = src
     for src, dst in _TRANSPOSED_MAP.items():
         out[dst] = take(src).t().contiguous()
+        if origins is not None:
+            origins[dst] = f"{src} (transposed)"
     towers = (
         ("transformer.resblocks.", "text_model.encoder.layers.", text_layers),
         ("visual.transformer.resblocks.", "vision_model.encoder.layers.", vision_layers),
     )
     for src_prefix, dst_prefix, layers in towers:
         for i in range(layers):
-            src, dst = f"{src_prefix}{i}.", f"{dst_prefix}{i}."
-            # nn.MultiheadAttention packs [W_q; W_k; W_v] row-wise
-            for kind in ("weight", "bias"):
-                q, k, v = take(f"{src}attn.in_proj_{kind}").chunk(3, dim=0)
-                out[f"{dst}self_attn.q_proj.{kind}"] = q.contiguous()
-                out[f"{dst}self_attn.k_proj.{kind}"] = k.contiguous()
-                out[f"{dst}self_attn.v_proj.{kind}"] = v.contiguous()
-            for src_suffix, dst_suffix in _BLOCK_MAP.items():
-                out[dst + dst_suffix] = take(src + src_suffix)
+            out.update(map_residual_block(take, f"{src_prefix}{i}.", f"{dst_prefix}{i}.", origins))
     used.update(key for key in METADATA_KEYS if key in state)
     return out, used
+
+
+def map_residual_block(
+    take: Callable[[str], Tensor], src: str, dst: str, origins: dict[str, str] | None = None
+) -> dict[str, Tensor]:
+    """One OpenAI ``ResidualAttentionBlock`` (keys under ``src``) as HF ``CLIPEncoderLayer`` keys under ``dst``.
+
+    ``take(key)`` returns the source tensor (and may record it as used). The fused ``attn.in_proj_*`` of
+    ``nn.MultiheadAttention`` packs [W_q; W_k; W_v] row-wise and is split into ``q_proj`` / ``k_proj`` /
+    ``v_proj``. The same layout is used by CLIP4Clip's and GARE's temporal transformer (``transformerClip``).
+    ``origins`` as in :func:`map_state_dict`.
+    """
+    out: dict[str, Tensor] = {}
+    for kind in ("weight", "bias"):
+        fused = f"{src}attn.in_proj_{kind}"
+        for name, part in zip("qkv", take(fused).chunk(3, dim=0), strict=True):
+            out[f"{dst}self_attn.{name}_proj.{kind}"] = part.contiguous()
+            if origins is not None:
+                origins[f"{dst}self_attn.{name}_proj.{kind}"] = f"{fused}[{name}]"
+    for src_suffix, dst_suffix in _BLOCK_MAP.items():
+        out[dst + dst_suffix] = take(src + src_suffix)
+        if origins is not None:
+            origins[dst + dst_suffix] = src + src_suffix
+    return out
 
 
 def convert_state_dict(

@@ -125,7 +125,7 @@ def _train_data(cfg: Config, out_dir: Path, tokenizer, rank: int, world_size: in
     else:
         from tvr.data.datasets import PairDataset, VideoResolver, collate_pairs
 
-        resolver = VideoResolver(cfg.data.video_dir, cfg.data.video_pattern)
+        resolver = VideoResolver.from_config(cfg.data)
         dataset = PairDataset(split.records, tokenizer, resolver, cfg.data, train=True, seed=cfg.train.seed)
         collate = collate_pairs
     if len(dataset) < cfg.train.batch_size:

@@ -46,7 +46,7 @@ def build_feature_cache(
     backbone.maybe_half(device)
     manifest["embed_dim"] = backbone.embed_dim
     tokenizer = build_tokenizer(cfg, out_dir)
-    resolver = VideoResolver(cfg.data.video_dir, cfg.data.video_pattern)
+    resolver = VideoResolver.from_config(cfg.data)
 
     for split in splits:
         data = load_split(cfg.data, split)

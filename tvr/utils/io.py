@@ -1,21 +1,85 @@
 """Atomic writes: every file the library produces is written beside its target and renamed into place,
-so a crash never leaves a half-written file behind."""
+so a crash never leaves a half-written file behind.
+
+A process killed mid-write (``kill -9``, power loss) can still leave its *temporary* behind. Temporaries are
+always named ``.<target name>.<8 random characters>.tmp`` in the target's folder (:func:`temporary_path`), so
+:func:`remove_stale_temporaries` can find and delete them when a job starts or resumes, and nothing else.
+
+Files are created with mode ``0o666`` filtered by the process umask (0644 under the usual umask 022), like any
+file ``open(path, "w")`` creates; ``tempfile.mkstemp`` would give 0600, which the rename would then carry over to
+the final file.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import tempfile
-from collections.abc import Callable
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
+
+#: the random part of a temporary name: the alphabet and length ``tempfile`` uses, so names made by older
+#: versions (``tempfile.mkstemp``/``mkdtemp`` with the same prefix and suffix) match the same pattern
+_RANDOM_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789_"
+_RANDOM_LENGTH = 8
+_TEMP_PATTERN = re.compile(rf"^\.(?P<name>.+)\.[{_RANDOM_ALPHABET}]{{{_RANDOM_LENGTH}}}\.tmp$")
+
+
+def _random_part() -> str:
+    return "".join(secrets.choice(_RANDOM_ALPHABET) for _ in range(_RANDOM_LENGTH))
+
+
+def temporary_path(path: str | os.PathLike) -> Path:
+    """A fresh (not yet existing) temporary name for ``path``: ``<folder>/.<name>.<random>.tmp``."""
+    path = Path(path)
+    return path.parent / f".{path.name}.{_random_part()}.tmp"
+
+
+def is_temporary_name(name: str) -> bool:
+    """Whether a file name has the shape of this module's temporaries (``.<name>.<random>.tmp``)."""
+    return _TEMP_PATTERN.match(name) is not None
+
+
+def create_temporary(path: str | os.PathLike) -> tuple[int, Path]:
+    """Create and open (write-only, exclusive) a new temporary file for ``path``; returns (fd, temp path).
+
+    ``os.open`` with mode 0o666 lets the kernel apply the umask, exactly as for an ordinary new file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = temporary_path(path)
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name for {path} after 100 tries")
+
+
+def create_temporary_dir(path: str | os.PathLike) -> Path:
+    """Create a new empty temporary folder for ``path`` (mode 0o777 filtered by the umask, unlike ``mkdtemp``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(100):
+        tmp = temporary_path(path)
+        try:
+            os.mkdir(tmp, 0o777)
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name for {path} after 100 tries")
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
     """Call ``write(fileobj)`` on a temporary file in the target folder, fsync, then rename over ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
@@ -47,3 +111,48 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     import torch
 
     return atomic_write(path, lambda h: torch.save(obj, h))
+
+
+def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Copy ``src`` to ``dst`` through a temporary, so ``dst`` is either absent or complete."""
+    with open(src, "rb") as source:
+        return atomic_write(dst, lambda h: shutil.copyfileobj(source, h, 1 << 20))
+
+
+def _walk_temporaries(folder: Path, recursive: bool) -> Iterator[Path]:
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if is_temporary_name(entry.name):
+            yield Path(entry.path)
+        elif recursive and entry.is_dir(follow_symlinks=False):
+            yield from _walk_temporaries(Path(entry.path), recursive)
+
+
+def remove_stale_temporaries(
+    folder: str | os.PathLike, recursive: bool = False, min_age_seconds: float = 0.0
+) -> list[Path]:
+    """Delete the temporaries (``.<name>.<random>.tmp`` files, and folders of that name) left in ``folder`` by
+    writes that never finished; returns what was removed.
+
+    Call it when a job that owns ``folder`` starts or resumes: at that point no write of the job is in flight, so
+    every temporary is a leftover of a killed run. ``min_age_seconds`` spares temporaries modified more recently
+    than that, for folders another live process might still be writing into. Symlinks are never followed.
+    """
+    removed: list[Path] = []
+    now = time.time()
+    for tmp in _walk_temporaries(Path(folder), recursive):
+        try:
+            st = tmp.lstat()
+            if min_age_seconds > 0 and now - st.st_mtime < min_age_seconds:
+                continue
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp)
+            else:
+                tmp.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(tmp)
+    return removed

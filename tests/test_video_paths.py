@@ -1,0 +1,104 @@
+"""Video paths must stay inside data.video_dir (after ``..`` and symlinks) unless the config allows otherwise."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+from videos import write_test_video
+
+from tvr.config import DataConfig
+from tvr.data.annotations import load_split
+from tvr.data.datasets import VideoDataset, VideoNotFoundError, VideoOutsideDirError, VideoResolver, collate_videos
+from tvr.data.video import VideoDecodeError
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> dict[str, Path]:
+    """videos/inside.mp4, a secret.mp4 beside the video folder, and a symlink in the folder pointing at it."""
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    write_test_video(videos / "inside.mp4", 4, 2.0, size=(32, 24))
+    secret = tmp_path / "secret.mp4"
+    write_test_video(secret, 4, 2.0, size=(32, 24))
+    (videos / "link.mp4").symlink_to(secret)
+    return {"root": tmp_path, "videos": videos, "secret": secret}
+
+
+def _cfg(layout: dict[str, Path], **kw) -> DataConfig:
+    base = dict(
+        dataset="generic", annotations=str(layout["root"]), generic_file="captions.csv",
+        video_dir=str(layout["videos"]), video_pattern="{video_id}", max_frames=2, image_size=16,
+    )
+    base.update(kw)
+    return DataConfig(**base)
+
+
+@pytest.mark.parametrize("video_id", ["../secret.mp4", "sub/../../secret.mp4", "link.mp4", "ABSOLUTE"])
+def test_paths_escaping_the_folder_are_refused(layout: dict[str, Path], video_id: str) -> None:
+    video_id = str(layout["secret"]) if video_id == "ABSOLUTE" else video_id
+    resolver = VideoResolver(layout["videos"], "{video_id}")
+    with pytest.raises(VideoOutsideDirError) as info:
+        resolver(video_id)
+    err = info.value
+    assert isinstance(err, VideoDecodeError) and err.reason == "outside video_dir"
+    assert err.real == str(layout["secret"].resolve())
+    assert "allow_outside_video_dir" in str(err)
+    again = pickle.loads(pickle.dumps(err))  # crosses DataLoader worker boundaries intact
+    assert type(again) is VideoOutsideDirError and again.reason == err.reason and str(again) == str(err)
+
+
+def test_missing_file_outside_is_reported_as_outside(layout: dict[str, Path]) -> None:
+    resolver = VideoResolver(layout["videos"], "{video_id}.mp4")
+    with pytest.raises(VideoOutsideDirError):
+        resolver("../nothing_here")
+    with pytest.raises(VideoNotFoundError):
+        resolver("nothing_here")
+
+
+def test_inside_paths_and_allowed_outside(layout: dict[str, Path]) -> None:
+    videos = layout["videos"]
+    (videos / "sub").mkdir()
+    assert VideoResolver(videos, "{video_id}")("inside.mp4") == videos / "inside.mp4"
+    assert VideoResolver(videos, "{video_id}")("sub/../inside.mp4") == videos / "sub/../inside.mp4"
+    # the video folder itself may be a symlink
+    linked = layout["root"] / "linked_videos"
+    linked.symlink_to(videos)
+    assert VideoResolver(linked, "{video_id}")("inside.mp4") == linked / "inside.mp4"
+    allowed = VideoResolver.from_config(_cfg(layout, allow_outside_video_dir=True))
+    assert allowed("../secret.mp4") == videos / "../secret.mp4"
+    assert allowed("link.mp4") == videos / "link.mp4"
+
+
+def test_generic_csv_paths_are_skipped_and_listed(layout: dict[str, Path]) -> None:
+    """The user-facing defect: a generic CSV naming ../x.mp4 or an absolute path was decoded silently."""
+    secret = layout["secret"]
+    (layout["root"] / "captions.csv").write_text(
+        "video,caption,split\n"
+        "inside.mp4,a colour sweep,test\n"
+        f"../secret.mp4,a stolen video,test\n"
+        f"{secret},an absolute path,test\n"
+        "link.mp4,a symlink out,test\n"
+    )
+    cfg = _cfg(layout)
+    split = load_split(cfg, "test")
+    dataset = VideoDataset(split.videos, split.video_spans, VideoResolver.from_config(cfg), cfg)
+    batch = collate_videos([dataset[k] for k in range(len(dataset))])
+    assert batch["video_ids"] == ["inside.mp4"]
+    assert batch["skipped"] == ["../secret.mp4", str(secret), "link.mp4"]
+    assert all("outside video_dir" in e for e in batch["errors"])
+
+    allowed = _cfg(layout, allow_outside_video_dir=True)
+    dataset = VideoDataset(split.videos, split.video_spans, VideoResolver.from_config(allowed), allowed)
+    assert collate_videos([dataset[k] for k in range(len(dataset))])["skipped"] == []
+
+
+def test_video_stem_pattern(layout: dict[str, Path]) -> None:
+    resolver = VideoResolver(layout["videos"], "{video_stem}.mp4")
+    assert resolver("inside.mov") == layout["videos"] / "inside.mp4"
+    assert resolver("inside") == layout["videos"] / "inside.mp4"
+    with pytest.raises(VideoOutsideDirError):
+        resolver("../secret.avi")
+    with pytest.raises(ValueError, match="video_stem"):
+        VideoResolver(layout["videos"], "clip.mp4")

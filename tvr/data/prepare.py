@@ -1,0 +1,475 @@
+"""``tvr prepare``: turn raw downloads into the training form, resumably, in parallel, losing nothing.
+
+``prepare_videos(SRC, DST)`` re-encodes every video file under SRC (recursively) to the form the CLIP4Clip / GARE
+recipes train on (spec §2.1): a constant 3 fps, the shorter side scaled to 224 (the longer side scaled by the same
+factor and truncated to an even number, as yuv420p needs), the video stream only, H.264 (PyAV / libx264, yuv420p,
+CRF 23, index at the front of the file). The frame-rate conversion is ffmpeg's ``fps`` filter: input frame i
+(timestamp t_i) goes to output slot round(t_i · fps), each slot keeps the last frame that landed in it and an empty
+slot repeats the previous frame. The reference's ``ffmpeg -r 3`` drops and repeats frames the same way, though
+ffmpeg's ``-r`` bookkeeping may pick the neighbouring frame at a slot boundary. Scaling is ffmpeg's bicubic
+``scale``. ``DST`` mirrors SRC's folder structure (every output is ``<same relative path>.mp4``), or with ``flat``
+holds every output directly (two sources with the same name are then reported as a clash).
+
+Resumable and crash-safe: each output is encoded into a temporary file in its destination folder
+(``.<name>.<random>.tmp``, see :mod:`tvr.utils.io`), fsynced and renamed into place. A file under its final name is
+therefore always complete, and *that* is how a resumed run knows which outputs are finished: it skips them, removes
+the temporaries a killed run left, and encodes the rest. The settings are recorded in ``DST/prepare_manifest.json``
+and a resume with different settings is refused (mixed outputs would be silent damage).
+
+Nothing is lost silently: a file that fails to decode or encode is listed with its error in
+``DST/prepare_report.json`` and in the summary; ``copy_on_failure`` copies such a file unchanged instead, as the
+reference's ``compress_video.py`` does (off by default: a raw copy keeps the original frame rate and size, so the
+folder is then no longer uniform — the report says which files were copied).
+
+Encoding is deterministic (x264 with one thread per file; files are spread over worker processes), so a killed and
+resumed run produces byte-identical files to an uninterrupted one.
+
+``extract_frames(SRC, DST)`` is the optional frame cache: for every video, the frames a clip reads (the sampling of
+``data.sampling`` / ``max_frames`` / ``frame_rate``, evaluation mode) decoded once, resized like
+:func:`tvr.data.transforms.clip_preprocess` does before its centre crop, and stored as one uint8 ``.npy`` per video
+(memory-mappable). :func:`load_cached_clip` turns such a file into exactly the tensors :func:`tvr.data.video.load_clip`
+returns for the source video, without decoding anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tvr.utils.io import (
+    atomic_copy,
+    atomic_write,
+    atomic_write_json,
+    create_temporary,
+    is_temporary_name,
+    remove_stale_temporaries,
+)
+from tvr.utils.parallel import parallel_map
+
+#: file suffixes treated as videos when walking SRC (case-insensitive)
+VIDEO_EXTENSIONS = (".mp4", ".avi", ".mkv", ".webm", ".mov", ".m4v", ".mpg", ".mpeg", ".flv", ".wmv", ".3gp", ".ts")
+MANIFEST = "prepare_manifest.json"
+REPORT = "prepare_report.json"
+FRAMES_MANIFEST = "frames_manifest.json"
+FRAMES_REPORT = "frames_report.json"
+
+
+class PrepareError(ValueError):
+    """Bad arguments, or a destination prepared with other settings."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodeSettings:
+    """How ``prepare_videos`` encodes. ``short_side`` 0 keeps the size; ``fps`` 0 keeps the frame rate."""
+
+    fps: float = 3.0
+    short_side: int = 224
+    codec: str = "libx264"
+    crf: int = 23
+    preset: str = "medium"
+
+    def validate(self) -> None:
+        if self.fps < 0 or not np.isfinite(self.fps):
+            raise PrepareError(f"fps={self.fps}: expected a positive frame rate (or 0 to keep the source's)")
+        if self.short_side < 0 or self.short_side % 2:
+            raise PrepareError(f"short side {self.short_side}: expected an even number of pixels (or 0 to keep)")
+        if not 0 <= self.crf <= 51:
+            raise PrepareError(f"crf={self.crf}: expected 0..51")
+        import av
+
+        if self.codec not in av.codecs_available:
+            raise PrepareError(f"codec {self.codec!r} is not in this PyAV build; e.g. libx264, mpeg4")
+
+
+def output_size(width: int, height: int, short_side: int) -> tuple[int, int]:
+    """(width, height) with the shorter side = ``short_side`` and the longer side scaled by the same factor,
+    truncated to even (a square stays square). ``short_side`` 0 keeps the size, rounded down to even."""
+    if width <= 0 or height <= 0:
+        raise ValueError(f"invalid frame size {width}x{height}")
+    if short_side == 0:
+        return max(2, width - width % 2), max(2, height - height % 2)
+    if width >= height:
+        return max(2, int(short_side * width / height / 2) * 2), short_side
+    return short_side, max(2, int(short_side * height / width / 2) * 2)
+
+
+@functools.lru_cache(maxsize=1)
+def _x264_determinism() -> dict[str, str]:
+    """Extra libx264 options that make its output a pure function of the input pixels.
+
+    On CPUs with AVX-512, libx264's AVX-512 code paths (PyAV 18's bundled libx264) produced different bitstreams
+    from identical frames in about a third of the runs, even single-threaded; without those paths (SIMD capped at
+    AVX2, or no assembly at all) every run is identical. So on such CPUs the SIMD level is capped at AVX2, which
+    costs nothing measurable at 224-pixel frames.
+    """
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return {}
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"x264-params": "asm=AVX2"}
+    return {"x264-params": "asm=AVX2"} if "avx512" in flags else {}
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def encode_video(src: str | os.PathLike, dst: str | os.PathLike, settings: EncodeSettings) -> dict[str, Any]:
+    """Re-encode ``src`` into ``dst`` (mp4) with ``settings``; atomic (temporary file, fsync, rename).
+
+    Returns {"frames_in", "frames_out", "size": [w, h], "fps"}. Raises on a file that cannot be decoded to the end
+    or encoded; the temporary is removed then.
+    """
+    import av
+
+    src, dst = Path(src), Path(dst)
+    fd, tmp = create_temporary(dst)
+    os.close(fd)
+    frames_in = frames_out = 0
+    try:
+        with av.open(str(src), mode="r") as source:
+            if not source.streams.video:
+                raise ValueError("no video stream")
+            stream = source.streams.video[0]
+            stream.thread_type = "AUTO"
+            in_w, in_h = stream.codec_context.width, stream.codec_context.height
+            out_w, out_h = output_size(in_w, in_h, settings.short_side)
+            rate = Fraction(settings.fps).limit_denominator(1001) if settings.fps else None
+            if rate is None:
+                guess = stream.average_rate or stream.guessed_rate
+                if not guess:
+                    raise ValueError("the source gives no frame rate and fps=0 asks to keep it")
+                rate = Fraction(guess).limit_denominator(1001)
+            with av.open(str(tmp), mode="w", format="mp4", options={"movflags": "+faststart"}) as sink:
+                out = sink.add_stream(settings.codec, rate=rate)
+                out.width, out.height, out.pix_fmt = out_w, out_h, "yuv420p"
+                # one thread and no slice threading: libx264's output then depends on the pixels only (with the
+                # default slice mode it varied from run to run on identical input); files run in parallel instead
+                out.codec_context.thread_count = 1
+                out.codec_context.thread_type = "NONE"
+                if settings.codec == "libx264":
+                    out.options = {"crf": str(settings.crf), "preset": settings.preset, **_x264_determinism()}
+                graph = av.filter.Graph()
+                nodes = [graph.add_buffer(template=stream)]
+                if settings.fps:
+                    nodes.append(graph.add("fps", f"fps={rate.numerator}/{rate.denominator}"))
+                nodes.append(graph.add("scale", f"{out_w}:{out_h}:flags=bicubic"))
+                nodes.append(graph.add("format", "yuv420p"))
+                nodes.append(graph.add("buffersink"))
+                for a, b in zip(nodes, nodes[1:], strict=False):
+                    a.link_to(b)
+                graph.configure()
+                time_base = Fraction(1) / rate
+
+                def drain() -> None:
+                    nonlocal frames_out
+                    while True:
+                        try:
+                            frame = graph.pull()
+                        except (av.BlockingIOError, av.EOFError):
+                            return
+                        frame.pts, frame.time_base = frames_out, time_base
+                        # the source's picture type survives the filters, and libx264 takes it as a forced frame type
+                        frame.pict_type = av.video.frame.PictureType.NONE
+                        sink.mux(out.encode(frame))
+                        frames_out += 1
+
+                for frame in source.decode(stream):
+                    frames_in += 1
+                    graph.push(frame)
+                    drain()
+                if frames_in == 0:
+                    raise ValueError("the video stream decodes to no frame")
+                graph.push(None)
+                drain()
+                sink.mux(out.encode(None))
+        _fsync_path(tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return {"frames_in": frames_in, "frames_out": frames_out, "size": [out_w, out_h], "fps": float(rate)}
+
+
+# --------------------------------------------------------------------------------------------- walking SRC
+
+
+def find_videos(src: Path, exclude: Path | None = None, extensions: Sequence[str] = VIDEO_EXTENSIONS) -> list[Path]:
+    """Video files under ``src`` (recursively, sorted, hidden files and our temporaries skipped), as paths
+    relative to ``src``; ``exclude`` (a folder inside ``src``, e.g. the destination) is not entered."""
+    found = []
+    wanted = {e.lower() for e in extensions}
+    exclude = exclude.resolve() if exclude is not None else None
+    for root, dirs, files in os.walk(src):
+        here = Path(root)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and (here / d).resolve() != exclude)
+        for name in sorted(files):
+            if name.startswith(".") or is_temporary_name(name):
+                continue
+            if Path(name).suffix.lower() in wanted:
+                found.append((here / name).relative_to(src))
+    return found
+
+
+def _plan(src: Path, dst: Path, suffix: str, flat: bool = False
+          ) -> tuple[list[tuple[Path, Path]], list[dict[str, Any]]]:
+    """(source, output) pairs, and clashes: two sources whose outputs would share a name (the first one wins).
+    ``flat``: every output directly in ``dst`` (sub-folders of ``src`` dropped), as ``data.video_dir`` needs."""
+    if not src.is_dir():
+        raise PrepareError(f"source folder not found: {src}")
+    if src.resolve() == dst.resolve():
+        raise PrepareError(f"destination {dst} is the source folder; choose another folder")
+    inside = dst.resolve().is_relative_to(src.resolve())
+    plan: list[tuple[Path, Path]] = []
+    clashes: list[dict[str, Any]] = []
+    owner: dict[Path, Path] = {}
+    for rel in find_videos(src, exclude=dst if inside else None):
+        target = Path(rel.name).with_suffix(suffix) if flat else rel.with_suffix(suffix)
+        if target in owner:
+            clashes.append({"source": str(rel), "status": "failed",
+                            "error": f"output name {target} is already taken by {owner[target]}"})
+            continue
+        owner[target] = rel
+        plan.append((src / rel, dst / target))
+    return plan, clashes
+
+
+def _check_manifest(dst: Path, name: str, settings: dict[str, Any]) -> None:
+    path = dst / name
+    if path.is_file():
+        try:
+            saved = json.loads(path.read_text())["settings"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PrepareError(f"{path}: unreadable ({exc}); delete it to start over") from exc
+        differ = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
+        if differ:
+            shown = ", ".join(f"{k}: {a!r} before, {b!r} now" for k, (a, b) in differ.items())
+            raise PrepareError(
+                f"{dst} was prepared with other settings ({shown}); use the same settings to resume, or another "
+                "destination"
+            )
+    atomic_write_json(path, {"settings": settings})
+
+
+def _run_pool(task: Callable[[Any], dict[str, Any]], items: list[Any], workers: int, progress: bool, what: str
+              ) -> list[dict[str, Any]]:
+    return list(parallel_map(task, items, workers, what, progress))
+
+
+def _summarise(entries: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for e in entries:
+        counts[e["status"]] = counts.get(e["status"], 0) + 1
+    return {"total": len(entries), **counts, "seconds": round(seconds, 2)}
+
+
+# --------------------------------------------------------------------------------------------- videos
+
+
+def _encode_task(item: tuple[str, str, str, EncodeSettings, bool]) -> dict[str, Any]:
+    src, dst, rel, settings, copy_on_failure = item
+    start = time.perf_counter()
+    try:
+        info = encode_video(src, dst, settings)
+        return {"source": rel, "output": str(dst), "status": "encoded", **info,
+                "seconds": round(time.perf_counter() - start, 3)}
+    except Exception as exc:  # noqa: BLE001 - every failure is reported, never raised out of the pool
+        entry = {"source": rel, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        if copy_on_failure:
+            copy = Path(dst).with_suffix(Path(src).suffix)
+            try:
+                atomic_copy(src, copy)
+                entry.update(status="copied", output=str(copy))
+            except OSError as copy_exc:
+                entry["error"] += f"; copying the raw file failed too: {copy_exc}"
+        return entry
+
+
+def prepare_videos(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    settings: EncodeSettings | None = None,
+    workers: int = 0,
+    copy_on_failure: bool = False,
+    progress: bool = True,
+    flat: bool = False,
+) -> dict[str, Any]:
+    """Re-encode every video under ``src`` into ``dst`` (see the module docstring); returns the report, which is
+    also written to ``dst/prepare_report.json``. Files already finished in ``dst`` are skipped. ``flat`` writes
+    every output directly into ``dst`` (e.g. ActivityNet's train/val folders → one video folder)."""
+    settings = settings or EncodeSettings()
+    settings.validate()
+    src, dst = Path(src), Path(dst)
+    start = time.perf_counter()
+    plan, entries = _plan(src, dst, ".mp4", flat)
+    dst.mkdir(parents=True, exist_ok=True)
+    _check_manifest(dst, MANIFEST, {**dataclasses.asdict(settings), "container": "mp4", "pix_fmt": "yuv420p",
+                                    "flat": flat})
+    stale = remove_stale_temporaries(dst, recursive=True)
+    todo = []
+    for source, output in plan:
+        rel = str(source.relative_to(src))
+        if output.is_file():
+            entries.append({"source": rel, "output": str(output), "status": "skipped"})
+        elif copy_on_failure and output.with_suffix(source.suffix).is_file() and source.suffix.lower() != ".mp4":
+            entries.append({"source": rel, "output": str(output.with_suffix(source.suffix)), "status": "skipped"})
+        else:
+            todo.append((str(source), str(output), rel, settings, copy_on_failure))
+    entries += _run_pool(_encode_task, todo, workers, progress, "encoding videos")
+    entries.sort(key=lambda e: e["source"])
+    report = {
+        "source": str(src),
+        "destination": str(dst),
+        "settings": dataclasses.asdict(settings),
+        "copy_on_failure": copy_on_failure,
+        "stale_temporaries_removed": [str(p) for p in stale],
+        "summary": _summarise(entries, time.perf_counter() - start),
+        "files": entries,
+    }
+    atomic_write_json(dst / REPORT, report)
+    return report
+
+
+# --------------------------------------------------------------------------------------------- frame cache
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameSettings:
+    """What a frame cache holds: the evaluation-mode sampling of ``sampling`` with ``max_frames`` / ``frame_rate``,
+    resized for ``image_size`` like ``clip_preprocess`` before its centre crop (``short_side`` for clip4clip,
+    ``square`` for clipvip)."""
+
+    max_frames: int = 12
+    frame_rate: float = 1.0
+    image_size: int = 224
+    sampling: str = "clip4clip"
+
+    @property
+    def resize(self) -> str:
+        return "square" if self.sampling == "clipvip" else "short_side"
+
+
+def cache_frames(src: str | os.PathLike, settings: FrameSettings) -> np.ndarray:
+    """The uint8 [n, H, W, 3] frames a clip of ``src`` reads, resized as ``clip_preprocess`` resizes them."""
+    import torch
+
+    from tvr.data.transforms import resize_short_side, square_resize, to_tensor_frames
+    from tvr.data.video import VideoDecodeError, decode_frames, probe_video, sample_indices
+
+    info = probe_video(src)
+    try:
+        indices = sample_indices(info, settings.max_frames, settings.frame_rate, settings.sampling, None, None,
+                                 train=False, rng=None)
+    except ValueError as exc:
+        raise VideoDecodeError(src, "no frame rate", str(exc)) from exc
+    frames = to_tensor_frames(decode_frames(src, indices))
+    with torch.no_grad():
+        if settings.resize == "square":
+            frames = square_resize(frames, settings.image_size)
+        else:
+            frames = resize_short_side(frames, settings.image_size)
+    return np.ascontiguousarray(frames.permute(0, 2, 3, 1).numpy())
+
+
+def _frames_task(item: tuple[str, str, str, FrameSettings]) -> dict[str, Any]:
+    src, dst, rel, settings = item
+    start = time.perf_counter()
+    try:
+        frames = cache_frames(src, settings)
+        atomic_write(dst, lambda handle: np.save(handle, frames, allow_pickle=False))
+        return {"source": rel, "output": str(dst), "status": "extracted", "frames": int(frames.shape[0]),
+                "shape": list(frames.shape[1:]), "seconds": round(time.perf_counter() - start, 3)}
+    except Exception as exc:  # noqa: BLE001
+        return {"source": rel, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+
+
+def extract_frames(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    settings: FrameSettings | None = None,
+    workers: int = 0,
+    progress: bool = True,
+    flat: bool = False,
+) -> dict[str, Any]:
+    """Build the frame cache of every video under ``src`` in ``dst`` (``<relative path>.npy``, or ``<name>.npy``
+    with ``flat``), resumably, like :func:`prepare_videos`; returns the report (also ``dst/frames_report.json``)."""
+    settings = settings or FrameSettings()
+    if settings.sampling not in ("clip4clip", "clipvip"):
+        raise PrepareError(f"sampling {settings.sampling!r}: expected clip4clip or clipvip")
+    if settings.max_frames <= 0 or settings.frame_rate <= 0 or settings.image_size <= 0:
+        raise PrepareError("max_frames, frame_rate and image_size must be positive")
+    src, dst = Path(src), Path(dst)
+    start = time.perf_counter()
+    plan, entries = _plan(src, dst, ".npy", flat)
+    dst.mkdir(parents=True, exist_ok=True)
+    _check_manifest(dst, FRAMES_MANIFEST, {**dataclasses.asdict(settings), "resize": settings.resize, "flat": flat})
+    remove_stale_temporaries(dst, recursive=True)
+    todo = []
+    for source, output in plan:
+        rel = str(source.relative_to(src))
+        if output.is_file():
+            entries.append({"source": rel, "output": str(output), "status": "skipped"})
+        else:
+            todo.append((str(source), str(output), rel, settings))
+    entries += _run_pool(_frames_task, todo, workers, progress, "extracting frames")
+    entries.sort(key=lambda e: e["source"])
+    report = {"source": str(src), "destination": str(dst), "settings": dataclasses.asdict(settings),
+              "summary": _summarise(entries, time.perf_counter() - start), "files": entries}
+    atomic_write_json(dst / FRAMES_REPORT, report)
+    return report
+
+
+def read_frame_settings(cache_dir: str | os.PathLike) -> FrameSettings:
+    """The settings a frame cache was built with (from its manifest)."""
+    path = Path(cache_dir) / FRAMES_MANIFEST
+    if not path.is_file():
+        raise PrepareError(f"{path}: not a frame cache (build one with `tvr prepare frames SRC DST`)")
+    saved = json.loads(path.read_text())["settings"]
+    return FrameSettings(**{f.name: saved[f.name] for f in dataclasses.fields(FrameSettings)})
+
+
+def load_cached_clip(
+    path: str | os.PathLike,
+    max_frames: int,
+    image_size: int,
+    resize: str = "short_side",
+    augment: Callable[..., Any] | None = None,
+    rng: np.random.Generator | None = None,
+) -> tuple[Any, Any]:
+    """(pixels float32 [max_frames, 3, S, S], mask long [max_frames]) from a cached ``.npy`` — the same tensors
+    ``load_clip`` gives for the source video with the cache's settings (zero padding, mask 0 on padding)."""
+    import torch
+
+    from tvr.data.transforms import clip_preprocess
+
+    frames = np.load(path, mmap_mode="r")
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+        raise ValueError(f"{path}: expected uint8 frames [n, H, W, 3], got {frames.dtype} {frames.shape}")
+    generator = None
+    if augment is not None and rng is not None:
+        generator = torch.Generator().manual_seed(int(rng.integers(0, 2**63 - 1)))
+    pixels = clip_preprocess(np.array(frames), image_size, mode=resize, augment=augment, generator=generator)
+    out = torch.zeros((max_frames, 3, image_size, image_size), dtype=torch.float32)
+    mask = torch.zeros(max_frames, dtype=torch.long)
+    n = min(len(pixels), max_frames)
+    out[:n] = pixels[:n]
+    mask[:n] = 1
+    return out, mask

@@ -1,0 +1,319 @@
+"""Import checkpoints released by CLIP4Clip-family code into a tvr :class:`~tvr.models.model.RetrievalModel`.
+
+Two layouts are understood (both are plain ``torch.save(model.state_dict())`` files; a ``"state_dict"`` /
+``"model_state_dict"`` / ``"model"`` wrapper and DDP's ``module.`` prefix are removed first):
+
+* **CLIP4Clip** (``pytorch_model.bin``, spec §1): ``clip.*`` — the OpenAI CLIP state dict (ViT); with
+  ``sim_header=seqTransf`` also ``frame_position_embeddings.weight`` and ``transformerClip.resblocks.<i>.*`` (OpenAI
+  residual blocks: fused ``attn.in_proj_*``, ``attn.out_proj``, ``ln_1``, ``mlp.c_fc``, ``mlp.c_proj``, ``ln_2``).
+* **GARE** (``best.pth``, spec §3): the same, plus ψ. The model holds ψ twice (``agent.psi`` and its alias
+  ``psi``), so both prefixes appear with equal tensors. ψ's keys: ``layers.0.layer_norm1`` (the LayerNorm shared by
+  query and context), ``layers.0.cross_attn.{q,k,v,out}_proj``, ``layers.0.layer_norm2``, ``layers.0.linear1``,
+  ``layers.0.layer_norm3``, ``mean_proj``; ``log_std_proj``, ``layers.0.linear2`` and ``layers.0.mlp.*`` exist but
+  are never used by the released model (spec §3.2), nor is the top-level ``weight_fc``: these are reported as
+  *ignored*, not as unexpected.
+
+Where the tensors go: ``clip.*`` through the OpenAI → HF converter (:mod:`tvr.models.convert_openai`) to
+``backbone.clip.*``; ``clip.logit_scale`` also to ``head.logit_scale`` (both references scale logits by
+exp(clip.logit_scale)); the temporal blocks to ``temporal.blocks.<i>`` with the fused q/k/v split like CLIP's own
+layers; ψ to :class:`~tvr.models.heads.gare_psi.Psi` (``ln_in``, ``q_proj`` … ``out_proj``, ``ln_attn``, ``linear``,
+``ln_out``, ``delta_proj``). Every tensor is cast to float32 (GARE saves CLIP in fp16 on CUDA).
+
+The model comes from the config (``tvr.models.build.build_model``), so its architecture — CLIP size
+(``model.clip``), ``model.temporal`` / ``temporal_layers``, ``head.name`` — must be the one the checkpoint was trained
+with; anything that does not fit is reported by key and, unless ``partial=True``, refused. Writing the result as a
+tvr checkpoint is the caller's job (``tvr import-checkpoint`` uses ``tvr.train.checkpoint.save_checkpoint``), so
+this module does not depend on the training package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tvr.config import Config
+from tvr.models.convert_openai import METADATA_KEYS, ConversionError, count_blocks, map_residual_block, map_state_dict
+from tvr.models.model import RetrievalModel
+
+LAYOUTS = ("clip4clip", "gare")
+#: prefixes under which a GARE release stores ψ (``GARE.agent.psi`` and its alias ``GARE.psi``)
+PSI_PREFIXES = ("agent.psi.", "psi.")
+#: ψ source key (after the prefix) → tvr ``head.psi.`` key
+PSI_MAP = {
+    "layers.0.layer_norm1.weight": "ln_in.weight",
+    "layers.0.layer_norm1.bias": "ln_in.bias",
+    "layers.0.cross_attn.q_proj.weight": "q_proj.weight",
+    "layers.0.cross_attn.q_proj.bias": "q_proj.bias",
+    "layers.0.cross_attn.k_proj.weight": "k_proj.weight",
+    "layers.0.cross_attn.k_proj.bias": "k_proj.bias",
+    "layers.0.cross_attn.v_proj.weight": "v_proj.weight",
+    "layers.0.cross_attn.v_proj.bias": "v_proj.bias",
+    "layers.0.cross_attn.out_proj.weight": "out_proj.weight",
+    "layers.0.cross_attn.out_proj.bias": "out_proj.bias",
+    "layers.0.layer_norm2.weight": "ln_attn.weight",
+    "layers.0.layer_norm2.bias": "ln_attn.bias",
+    "layers.0.linear1.weight": "linear.weight",
+    "layers.0.linear1.bias": "linear.bias",
+    "layers.0.layer_norm3.weight": "ln_out.weight",
+    "layers.0.layer_norm3.bias": "ln_out.bias",
+    "mean_proj.weight": "delta_proj.weight",
+    "mean_proj.bias": "delta_proj.bias",
+}
+#: source keys that exist in the releases but take no part in the released model's computation (spec §3.2)
+_IGNORED = re.compile(
+    r"^(weight_fc\.|(agent\.)?psi\.(log_std_proj\.|layers\.0\.linear2\.|layers\.0\.mlp\.))"
+)
+_WRAPPERS = ("state_dict", "model_state_dict", "model")
+
+
+class CheckpointImportError(ValueError):
+    """A release checkpoint cannot be read or does not fit the model the config describes."""
+
+
+@dataclasses.dataclass
+class ImportReport:
+    """What happened to every key. ``mapped``: (source key, tvr key) pairs (a fused in_proj gives three);
+    ``missing``: tvr keys no source tensor filled (they keep the values ``build_model`` gave them);
+    ``unexpected``: source keys with no place in the model; ``ignored``: source keys the released model never uses
+    (and ψ's duplicate alias); ``mismatched``: tvr keys whose source tensor has another shape (not loaded)."""
+
+    source: str
+    layout: str
+    mapped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    missing: list[str] = dataclasses.field(default_factory=list)
+    unexpected: list[str] = dataclasses.field(default_factory=list)
+    ignored: list[str] = dataclasses.field(default_factory=list)
+    mismatched: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "layout": self.layout,
+            "mapped": [list(pair) for pair in self.mapped],
+            "missing": list(self.missing),
+            "unexpected": list(self.unexpected),
+            "ignored": list(self.ignored),
+            "mismatched": list(self.mismatched),
+        }
+
+    def summary(self, limit: int = 10) -> str:
+        def show(items: list[str]) -> str:
+            if not items:
+                return "none"
+            head = ", ".join(items[:limit])
+            return head + (f", … ({len(items)} in all)" if len(items) > limit else "")
+
+        return (
+            f"{self.source} ({self.layout} layout): {len(self.mapped)} tensors mapped; "
+            f"missing [{show(self.missing)}]; unexpected [{show(self.unexpected)}]; "
+            f"shape mismatches [{show(self.mismatched)}]; ignored (unused by the released model) "
+            f"[{show(self.ignored)}]"
+        )
+
+
+# --------------------------------------------------------------------------------------------- reading
+
+
+def load_release_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
+    """Read a released ``pytorch_model.bin`` / ``best.pth`` as a flat dict of tensors (on CPU, weights only)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointImportError(f"checkpoint not found: {path}")
+    try:
+        obj: Any = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for files that are not checkpoints
+        raise CheckpointImportError(
+            f"{path}: not a readable PyTorch checkpoint (expected a torch.save-d state dict such as CLIP4Clip's "
+            f"pytorch_model.bin or GARE's best.pth): {exc}"
+        ) from exc
+    for _ in range(2):  # {"state_dict": {...}} and similar wrappers, possibly nested once
+        if isinstance(obj, dict) and not any(isinstance(v, Tensor) for v in obj.values()):
+            inner = next((obj[k] for k in _WRAPPERS if isinstance(obj.get(k), dict)), None)
+            if inner is not None:
+                obj = inner
+    if not isinstance(obj, dict) or not obj:
+        raise CheckpointImportError(f"{path}: expected a state dict (key → tensor), got {type(obj).__name__}")
+    state = {str(k): v for k, v in obj.items() if isinstance(v, Tensor)}
+    if not state:
+        raise CheckpointImportError(f"{path}: holds no tensors (expected a state dict)")
+    if all(k.startswith("module.") for k in state):  # saved from a DistributedDataParallel wrapper
+        state = {k[len("module.") :]: v for k, v in state.items()}
+    return state
+
+
+def detect_layout(state: dict[str, Tensor]) -> str:
+    """``gare`` when ψ's keys are present, ``clip4clip`` when only CLIP (+ temporal) keys are; else an error."""
+    if any(k.startswith(PSI_PREFIXES) for k in state):
+        return "gare"
+    if any(k.startswith("clip.") for k in state):
+        return "clip4clip"
+    raise CheckpointImportError(
+        f"no 'clip.*' keys: not a CLIP4Clip/GARE release state dict (first keys: {sorted(state)[:5]})"
+    )
+
+
+# --------------------------------------------------------------------------------------------- mapping
+
+
+def _psi_source(state: dict[str, Tensor], report: ImportReport) -> str | None:
+    """The ψ prefix to read from; the other alias must hold the same tensors and is reported as ignored."""
+    present = [p for p in PSI_PREFIXES if any(k.startswith(p) for k in state)]
+    if not present:
+        return None
+    chosen = present[0]
+    for other in present[1:]:
+        for key in [k for k in state if k.startswith(other)]:
+            twin = chosen + key[len(other) :]
+            if twin in state and not torch.equal(state[twin], state[key]):
+                raise CheckpointImportError(f"{key} differs from {twin}; expected the same ψ under both names")
+            report.ignored.append(key)
+    return chosen
+
+
+def map_release_state_dict(
+    state: dict[str, Tensor], target_keys: dict[str, torch.Size], layout: str | None = None, source: str = ""
+) -> tuple[dict[str, Tensor], ImportReport]:
+    """Map a release state dict onto tvr keys. ``target_keys``: the model's ``{key: shape}``.
+
+    Returns the float32 tensors to load (only keys the model has, with matching shapes) and the report.
+    """
+    layout = layout or detect_layout(state)
+    if layout not in LAYOUTS:
+        raise CheckpointImportError(f"layout {layout!r}: expected one of {LAYOUTS}")
+    report = ImportReport(source=source, layout=layout)
+    used: set[str] = set()
+    out: dict[str, Tensor] = {}
+    pairs: list[tuple[str, str]] = []
+
+    def take_from(key: str) -> Tensor:
+        if key not in state:
+            raise CheckpointImportError(f"checkpoint has no '{key}'")
+        used.add(key)
+        return state[key].float()
+
+    def put(src: str, dst: str, value: Tensor) -> None:
+        out[dst] = value
+        pairs.append((src, dst))
+
+    # CLIP: clip.<OpenAI key> → backbone.clip.<HF key>, through the OpenAI converter's exact key map
+    clip = {k[len("clip.") :]: v for k, v in state.items() if k.startswith("clip.")}
+    if not clip:
+        raise CheckpointImportError("no 'clip.*' keys: the checkpoint holds no CLIP weights")
+    origins: dict[str, str] = {}
+    try:
+        hf, clip_used = map_state_dict(
+            clip, count_blocks(clip, "transformer.resblocks."), count_blocks(clip, "visual.transformer.resblocks."),
+            origins,
+        )
+    except ConversionError as exc:
+        raise CheckpointImportError(f"CLIP part (clip.*): {exc}") from None
+    for dst, value in hf.items():
+        put("clip." + origins[dst], "backbone.clip." + dst, value)
+    used.update("clip." + k for k in clip_used)
+    used.update("clip." + k for k in METADATA_KEYS if k in clip)
+    if "clip.logit_scale" in state:
+        put("clip.logit_scale", "head.logit_scale", take_from("clip.logit_scale"))
+
+    # temporal: frame positions and the seqTransf blocks (OpenAI block layout, fused q/k/v)
+    if "frame_position_embeddings.weight" in state:
+        key = "frame_position_embeddings.weight"
+        put(key, "temporal." + key, take_from(key))
+    blocks = sorted({int(m.group(1)) for k in state if (m := re.match(r"^transformerClip\.resblocks\.(\d+)\.", k))})
+    for i in blocks:
+        block_origins: dict[str, str] = {}
+        mapped = map_residual_block(take_from, f"transformerClip.resblocks.{i}.", f"temporal.blocks.{i}.",
+                                    block_origins)
+        for dst, value in mapped.items():
+            put(block_origins[dst], dst, value)
+
+    # GARE ψ
+    prefix = _psi_source(state, report)
+    if prefix is not None:
+        for src_key, dst_key in PSI_MAP.items():
+            if prefix + src_key in state:
+                put(prefix + src_key, "head.psi." + dst_key, take_from(prefix + src_key))
+
+    # bookkeeping: what the model lacks, what the checkpoint had no place for
+    for src, dst in pairs:
+        if dst not in target_keys:
+            report.unexpected.append(src)
+            out.pop(dst, None)
+        elif tuple(out[dst].shape) != tuple(target_keys[dst]):
+            report.mismatched.append(
+                f"{dst} (from {src}): checkpoint {tuple(out[dst].shape)} vs model {tuple(target_keys[dst])}"
+            )
+            out.pop(dst, None)
+        else:
+            report.mapped.append((src, dst))
+    ignored = set(report.ignored)
+    for key in sorted(state):
+        if key in used or key in ignored:
+            continue
+        if _IGNORED.match(key):
+            report.ignored.append(key)
+        else:
+            report.unexpected.append(key)
+    report.missing = sorted(set(target_keys) - set(out))
+    report.unexpected = sorted(set(report.unexpected))
+    report.ignored = sorted(set(report.ignored))
+    return out, report
+
+
+def import_release_checkpoint(
+    path: str | os.PathLike, cfg: Config, layout: str | None = None, partial: bool = False
+) -> tuple[RetrievalModel, ImportReport]:
+    """Build the model of ``cfg`` and load a CLIP4Clip / GARE release checkpoint into it.
+
+    Raises :class:`CheckpointImportError` (with the report's summary) when any model tensor stays unfilled, any
+    checkpoint tensor has no place, or shapes disagree — unless ``partial``, which loads what fits and leaves the
+    rest at ``build_model``'s values (e.g. CLIP4Clip weights under a fresh GARE ψ).
+    """
+    from tvr.models.build import build_model
+
+    state = load_release_state_dict(path)
+    model = build_model(cfg)
+    own = model.state_dict()
+    tensors, report = map_release_state_dict(
+        state, {k: v.shape for k, v in own.items()}, layout=layout, source=str(path)
+    )
+    if not report.complete and not partial:
+        hints = []
+        if any(k.startswith("head.psi.") for k in report.missing):
+            hints.append("the config's head is gare but the checkpoint has no ψ (a CLIP4Clip release?)")
+        if any(k.startswith(PSI_PREFIXES) for k in report.unexpected):
+            hints.append("the checkpoint has ψ (GARE) but the config's head is not gare")
+        if any(k.startswith(("transformerClip.", "frame_position")) for k in report.unexpected):
+            hints.append("the checkpoint has seqTransf blocks the model lacks: check model.temporal / temporal_layers")
+        if any(k.startswith("temporal.") for k in report.missing):
+            hints.append("the model's temporal module has weights the checkpoint lacks: check model.temporal / "
+                         "temporal_layers (a meanP checkpoint has none)")
+        if report.mismatched:
+            hints.append("shapes differ: model.clip must name the CLIP the checkpoint was trained from")
+        raise CheckpointImportError(
+            report.summary() + (" — " + "; ".join(hints) if hints else "") + " (use partial import to load anyway)"
+        )
+    with torch.no_grad():
+        for key, value in tensors.items():
+            own[key].copy_(value.to(own[key].dtype))
+    return model, report
+
+
+__all__ = [
+    "LAYOUTS",
+    "CheckpointImportError",
+    "ImportReport",
+    "detect_layout",
+    "import_release_checkpoint",
+    "load_release_state_dict",
+    "map_release_state_dict",
+]

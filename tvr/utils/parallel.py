@@ -1,0 +1,47 @@
+"""Run a function over many items in worker processes, with a progress bar; results come back as they finish.
+
+Workers start from a clean interpreter ("forkserver" where available, else "spawn"), never by forking the caller:
+a caller that has decoded video or run torch holds library threads, and a forked child can inherit one of their
+locks in the locked state and hang forever. The function and its items must therefore be picklable (a module-level
+function and plain values).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+from tvr.utils.progress import progress_bar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def default_workers(limit: int = 8) -> int:
+    """One worker per CPU this process may use, at most ``limit``."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(limit, cpus))
+
+
+def parallel_map(
+    fn: Callable[[T], R], items: Sequence[T], workers: int = 0, description: str = "", progress: bool = True
+) -> Iterator[R]:
+    """Yield ``fn(item)`` for every item, in completion order, from ``workers`` processes (0 = one per CPU, at most
+    8; 1 = in this process). ``fn`` should catch its own errors and return them: an exception raised in a worker
+    stops the whole map."""
+    workers = workers or default_workers()
+    if workers <= 1 or len(items) <= 1:
+        yield from progress_bar(map(fn, items), description, enabled=progress, total=len(items))
+        return
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    processes = min(workers, len(items))
+    chunk = max(1, min(16, len(items) // (processes * 8)))
+    with context.Pool(processes) as pool:
+        yield from progress_bar(pool.imap_unordered(fn, items, chunksize=chunk), description, enabled=progress,
+                                total=len(items))
