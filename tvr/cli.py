@@ -42,7 +42,8 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             if _DEBUG["on"] or not _is_user_error(exc):
                 raise
-            console.print(f"[red]error:[/red] {_describe(exc)}", highlight=False)
+            # soft_wrap: one logical line (the terminal may still fold it), so paths stay copyable
+            console.print(f"[red]error:[/red] {_describe(exc)}", highlight=False, soft_wrap=True)
             console.print("[dim](--debug or TVR_DEBUG=1 shows the traceback)[/dim]")
             raise typer.Exit(2) from None
 
@@ -77,7 +78,7 @@ def _load(config: Path | None, overrides: list[str] | None):
     except ConfigError as exc:
         if _DEBUG["on"]:
             raise
-        console.print(f"[red]config error:[/red] {exc}", highlight=False)
+        console.print(f"[red]config error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -330,7 +331,7 @@ def check_data(
     raise typer.Exit(0 if report["ok"] else 1)
 
 
-prepare_app = typer.Typer(no_args_is_help=True, help="Turn raw downloads into the training form (resumable).")
+prepare_app = _Commands(no_args_is_help=True, help="Turn raw downloads into the training form (resumable).")
 app.add_typer(prepare_app, name="prepare")
 
 

@@ -40,6 +40,9 @@ class EncodedSplit:
     video_ids: list[str]
     protocol: str
     skipped: list[dict] = field(default_factory=list)
+    #: captions and videos the split lists (before unreadable videos and their captions were left out)
+    expected_texts: int | None = None
+    expected_videos: int | None = None
 
 
 def _move(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -85,7 +88,8 @@ def encode_split_raw(model: RetrievalModel, split, tokenizer, cfg: Config, devic
         parts.append(feats.to("cpu", torch.float32))
     if not videos or not parts:
         raise NothingToEvaluateError(f"{split.name}: nothing to evaluate ({len(skipped)} videos unreadable)")
-    return EncodedSplit(TextFeatures.cat(parts), VideoFeatures.cat(videos), targets, kept, split.protocol, skipped)
+    return EncodedSplit(TextFeatures.cat(parts), VideoFeatures.cat(videos), targets, kept, split.protocol, skipped,
+                        len(split.texts), len(split.videos))
 
 
 @torch.no_grad()
@@ -114,7 +118,8 @@ def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, devic
     skipped = [
         {"id": v, "error": "unreadable when the cache was built"} for v in split.videos if v not in kept_video_rows
     ]
-    return EncodedSplit(text, VideoFeatures.cat(videos), targets, kept, split.protocol, skipped)
+    return EncodedSplit(text, VideoFeatures.cat(videos), targets, kept, split.protocol, skipped, len(split.texts),
+                        len(split.videos))
 
 
 @torch.no_grad()
@@ -329,6 +334,9 @@ def evaluate_encoded(
     metrics["info"] = {
         "num_texts": len(encoded.text),
         "num_videos": len(encoded.video),
+        # what the split lists, so a reader sees how much was left out (unreadable videos and their captions)
+        "expected_texts": encoded.expected_texts if encoded.expected_texts is not None else len(encoded.text),
+        "expected_videos": encoded.expected_videos if encoded.expected_videos is not None else len(encoded.video),
         "protocol": encoded.protocol,
         "tie_mode": cfg.eval.tie_mode,
         "head": cfg.head.name,

@@ -18,10 +18,12 @@ import torch
 from tvr.config import Config, ConfigError, save_config
 from tvr.models.heads.registry import resolve_head_config
 from tvr.pipeline.features import build_feature_cache
+from tvr.pipeline.preflight import PreflightError, preflight
 from tvr.utils.device import resolve_device
-from tvr.utils.io import atomic_write_json
+from tvr.utils.io import atomic_write_json, remove_stale_temporaries
 
 __all__ = [
+    "PreflightError",
     "RunFolderError",
     "SplitEvaluator",
     "build_feature_cache",
@@ -79,12 +81,13 @@ class SplitEvaluator:
     """Encodes one evaluation split (from videos or from the feature cache) and ranks it. ``select_inference``
     (the validation split) lets a head with inference candidates choose its setting on this split."""
 
-    def __init__(self, cfg: Config, split_name: str, tokenizer=None, select_inference: bool = False) -> None:
+    def __init__(self, cfg: Config, split_name: str, tokenizer=None, select_inference: bool = False,
+                 split: Any = None) -> None:
         from tvr.data.annotations import load_split
 
         self.cfg = cfg
         self.select_inference = select_inference
-        self.split = load_split(cfg.data, split_name)
+        self.split = split if split is not None else load_split(cfg.data, split_name)
         self.tokenizer = tokenizer
         self.cached = None
         if cfg.data.features_dir:
@@ -106,11 +109,10 @@ class SplitEvaluator:
         return metrics
 
 
-def _train_data(cfg: Config, out_dir: Path, tokenizer, rank: int, world_size: int):
-    from tvr.data.annotations import describe_split_source, load_split
+def _train_data(cfg: Config, out_dir: Path, tokenizer, rank: int, world_size: int, split: Any):
+    from tvr.data.annotations import describe_split_source
     from tvr.train.trainer import DatasetTrainData
 
-    split = load_split(cfg.data, "train")
     atomic_write_json(out_dir / "splits.json", describe_split_source(cfg.data))
     if cfg.data.features_dir:
         from tvr.data.feature_cache import CachedPairDataset, collate_cached, load_cached_split
@@ -166,9 +168,14 @@ def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool)
 
     dist = init_distributed(cfg.train.device)  # first: a device this machine lacks fails before the run folder exists
     out_dir = Path(out_dir)
+    # every split parsed, the video folder and the validation videos checked: fail in seconds, not after training
+    checked = preflight(cfg, out_dir, final_test=final_test, progress=is_main_process())
     out_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.train.seed)
     if is_main_process():
+        # temporaries of a run killed mid-write (this folder's own; nothing of this run is being written yet)
+        for leftover in remove_stale_temporaries(out_dir, recursive=True):
+            log.info("removed a leftover temporary of an interrupted run: %s", leftover)
         save_config(cfg, out_dir / "config.yaml")
     if cfg.data.features_dir:
         from tvr.data.feature_cache import check_cache_matches, read_manifest
@@ -178,13 +185,18 @@ def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool)
     model = build_model(cfg, cached=bool(cfg.data.features_dir))
     if model.backbone is not None and cfg.model.freeze_backbone:
         model.backbone.maybe_half(dist.device)
-    train_data = _train_data(cfg, out_dir, tokenizer, dist.rank, dist.world_size)
-    validator = SplitEvaluator(cfg, "val", tokenizer, select_inference=True) if is_main_process() else None
+    train_data = _train_data(cfg, out_dir, tokenizer, dist.rank, dist.world_size, checked.splits["train"])
+    validator = (
+        SplitEvaluator(cfg, "val", tokenizer, select_inference=True, split=checked.splits["val"])
+        if is_main_process()
+        else None
+    )
     trainer = Trainer(model, cfg, train_data, out_dir, evaluate_fn=validator, dist_info=dist)
     summary = trainer.fit(resume=resume)
 
+    summary["preflight_warnings"] = checked.warnings
     if final_test and is_main_process():
-        tester = SplitEvaluator(cfg, "test", tokenizer)
+        tester = SplitEvaluator(cfg, "test", tokenizer, split=checked.splits["test"])
         summary["test"] = {}
         model = trainer.model
         for tag in ("last", "best"):
