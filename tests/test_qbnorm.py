@@ -179,3 +179,21 @@ def test_query_bank_from_training_captions(tmp_path) -> None:
         want = model.text_features({"text_ids": ids, "text_mask": mask})
     assert len(bank) == 4 and torch.allclose(bank.eot, want.eot, atol=1e-6, rtol=0)
     assert torch.equal(encode_query_bank(model, texts, tokenizer, cfg, torch.device("cpu")).eot, bank.eot)
+
+
+def test_train_and_eval_report_qbnorm_rows_with_a_training_query_bank(tmp_path) -> None:
+    """Through the pipeline: the bank is the training captions encoded by the evaluated model; the plain rows stay."""
+    import json
+
+    from test_end_to_end import make_msrvtt
+
+    from tvr.config import config_from_dict
+    from tvr.pipeline import run_train
+
+    values = make_msrvtt(tmp_path / "data")
+    values["eval"].update({"qbnorm": True, "inverted_softmax": True})
+    values["train"]["max_steps"] = 2
+    run_train(config_from_dict(values), tmp_path / "run")
+    metrics = json.loads((tmp_path / "run" / "test_best" / "metrics.json").read_text())
+    assert {"t2v", "v2t", "t2v_qbnorm", "t2v_invsoftmax"} <= set(metrics)
+    assert metrics["query_bank"]["source"] == "training captions" and metrics["query_bank"]["size"] > 0

@@ -96,7 +96,7 @@ class SplitEvaluator:
             self.cached = load_cached_split(cfg.data.features_dir, split_name)
 
     def __call__(self, model, device: torch.device | None = None) -> dict:
-        from tvr.eval.runner import encode_split_cached, encode_split_raw, evaluate_encoded
+        from tvr.eval.runner import encode_split_cached, encode_split_raw, evaluate_encoded, training_query_bank
 
         device = device or next(model.parameters()).device
         was_training = model.training
@@ -104,7 +104,11 @@ class SplitEvaluator:
             encoded = encode_split_cached(model, self.split, self.cached, self.cfg, device)
         else:
             encoded = encode_split_raw(model, self.split, self.tokenizer, self.cfg, device)
-        metrics = evaluate_encoded(model, encoded, self.cfg, device, select_inference=self.select_inference)
+        # QB-Norm / inverted softmax: training captions encoded by this model (re-encoded: the model changes)
+        bank = training_query_bank(model, self.cfg, device, self.tokenizer)
+        metrics = evaluate_encoded(
+            model, encoded, self.cfg, device, select_inference=self.select_inference, query_bank=bank
+        )
         model.train(was_training)
         return metrics
 
