@@ -48,9 +48,9 @@ import numpy as np
 
 from tvr.utils.io import (
     atomic_copy,
+    atomic_output,
     atomic_write,
     atomic_write_json,
-    create_temporary,
     is_temporary_name,
     remove_stale_temporaries,
 )
@@ -121,14 +121,6 @@ def _x264_determinism() -> dict[str, str]:
     return {"x264-params": "asm=AVX2"} if "avx512" in flags else {}
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def encode_video(src: str | os.PathLike, dst: str | os.PathLike, settings: EncodeSettings) -> dict[str, Any]:
     """Re-encode ``src`` into ``dst`` (mp4) with ``settings``; atomic (temporary file, fsync, rename).
 
@@ -138,10 +130,8 @@ def encode_video(src: str | os.PathLike, dst: str | os.PathLike, settings: Encod
     import av
 
     src, dst = Path(src), Path(dst)
-    fd, tmp = create_temporary(dst)
-    os.close(fd)
     frames_in = frames_out = 0
-    try:
+    with atomic_output(dst) as tmp:
         with av.open(str(src), mode="r") as source:
             if not source.streams.video:
                 raise ValueError("no video stream")
@@ -198,14 +188,6 @@ def encode_video(src: str | os.PathLike, dst: str | os.PathLike, settings: Encod
                 graph.push(None)
                 drain()
                 sink.mux(out.encode(None))
-        _fsync_path(tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
     return {"frames_in": frames_in, "frames_out": frames_out, "size": [out_w, out_h], "fps": float(rate)}
 
 
@@ -456,20 +438,9 @@ def load_cached_clip(
 ) -> tuple[Any, Any]:
     """(pixels float32 [max_frames, 3, S, S], mask long [max_frames]) from a cached ``.npy`` — the same tensors
     ``load_clip`` gives for the source video with the cache's settings (zero padding, mask 0 on padding)."""
-    import torch
-
-    from tvr.data.transforms import clip_preprocess
+    from tvr.data.video import frames_to_clip
 
     frames = np.load(path, mmap_mode="r")
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
         raise ValueError(f"{path}: expected uint8 frames [n, H, W, 3], got {frames.dtype} {frames.shape}")
-    generator = None
-    if augment is not None and rng is not None:
-        generator = torch.Generator().manual_seed(int(rng.integers(0, 2**63 - 1)))
-    pixels = clip_preprocess(np.array(frames), image_size, mode=resize, augment=augment, generator=generator)
-    out = torch.zeros((max_frames, 3, image_size, image_size), dtype=torch.float32)
-    mask = torch.zeros(max_frames, dtype=torch.long)
-    n = min(len(pixels), max_frames)
-    out[:n] = pixels[:n]
-    mask[:n] = 1
-    return out, mask
+    return frames_to_clip(np.array(frames), image_size, max_frames, resize, augment, rng)

@@ -346,6 +346,19 @@ def load_clip(
         info = dataclasses.replace(info, num_frames=exc.decoded)
         indices = sample_indices(info, max_frames, frame_rate, sampling, start, end, train, rng)
         frames = decode_frames(path, indices)
+    return frames_to_clip(frames, image_size, max_frames, resize, augment, rng)
+
+
+def frames_to_clip(
+    frames: np.ndarray,
+    image_size: int,
+    max_frames: int,
+    resize: str,
+    augment: Callable[..., Tensor] | None = None,
+    rng: np.random.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Sampled uint8 RGB frames [n, H, W, 3] → (pixels [max_frames, 3, S, S], mask [max_frames]): the transform
+    (augmentation seeded from ``rng``, as in :func:`load_clip`), then zero padding with mask 0 on the padding."""
     generator = None
     if augment is not None and rng is not None:
         generator = torch.Generator().manual_seed(int(rng.integers(0, 2**63 - 1)))

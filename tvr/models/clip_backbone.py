@@ -100,6 +100,15 @@ def load_clip_model(spec: str) -> CLIPModel:
         ) from exc
 
 
+def clip_from_config(model_cfg: ModelConfig) -> CLIPModel:
+    """The CLIPModel ``model.clip`` names: ``"tiny"`` (random init from ``model.tiny``), a HF folder, an OpenAI
+    ``.pt`` file or a hub id."""
+    spec = str(model_cfg.clip).strip()
+    if not spec:
+        raise ConfigError("model.clip is empty; expected 'tiny', a HF CLIP folder, an OpenAI .pt file or a hub id")
+    return CLIPModel(tiny_clip_config(model_cfg.tiny)) if spec == "tiny" else load_clip_model(spec)
+
+
 class ClipBackbone(nn.Module):
     """CLIP text and image towers producing unnormalised projected features (spec §1.1).
 
@@ -121,12 +130,8 @@ class ClipBackbone(nn.Module):
     @classmethod
     def from_config(cls, model_cfg: ModelConfig, frame_chunk: int | None = None) -> ClipBackbone:
         """``clip == "tiny"``: random init from ``model_cfg.tiny``; else a HF folder, an OpenAI .pt, or a hub id."""
-        spec = str(model_cfg.clip).strip()
-        if not spec:
-            raise ConfigError("model.clip is empty; expected 'tiny', a HF CLIP folder, an OpenAI .pt file or a hub id")
-        clip = CLIPModel(tiny_clip_config(model_cfg.tiny)) if spec == "tiny" else load_clip_model(spec)
         chunk = model_cfg.frame_chunk if frame_chunk is None else frame_chunk
-        return cls(clip, frame_chunk=chunk, fp16_on_cuda=model_cfg.clip_fp16_on_cuda)
+        return cls(clip_from_config(model_cfg), frame_chunk=chunk, fp16_on_cuda=model_cfg.clip_fp16_on_cuda)
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> Path:
         """Write the wrapped CLIPModel as a HF folder (atomically); ``from_config`` can load it back."""

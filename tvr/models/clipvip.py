@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from transformers import CLIPModel
 
 from tvr.config import ModelConfig
-from tvr.models.clip_backbone import ClipBackbone, load_clip_model, tiny_clip_config
+from tvr.models.clip_backbone import ClipBackbone, clip_from_config
 from tvr.models.clip_files import save_clip_atomic
 from tvr.types import VideoFeatures
 
@@ -223,10 +223,7 @@ class ClipVipBackbone(ClipBackbone):
     @classmethod
     def from_config(cls, model_cfg: ModelConfig, frame_chunk: int | None = None) -> ClipVipBackbone:
         """``model.clip`` as for :class:`ClipBackbone`, then ``model.clipvip.checkpoint`` applied over it."""
-        spec = str(model_cfg.clip).strip()
-        if not spec:
-            raise ValueError("model.clip is empty; expected 'tiny', a HF CLIP folder, an OpenAI .pt file or a hub id")
-        clip = CLIPModel(tiny_clip_config(model_cfg.tiny)) if spec == "tiny" else load_clip_model(spec)
+        clip = clip_from_config(model_cfg)
         opts = model_cfg.clipvip
         backbone = cls(
             clip,

@@ -12,6 +12,7 @@ the final file.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -76,15 +77,25 @@ def create_temporary_dir(path: str | os.PathLike) -> Path:
     raise FileExistsError(errno.EEXIST, f"no free temporary name for {path} after 100 tries")
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
-    """Call ``write(fileobj)`` on a temporary file in the target folder, fsync, then rename over ``path``."""
+def fsync_path(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path (an empty file) beside ``path`` for a writer that needs a file name (an encoder, a
+    library's ``save``); when the block ends normally it is fsynced and renamed over ``path``, when it raises the
+    temporary is removed."""
     path = Path(path)
     fd, tmp = create_temporary(path)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        yield tmp
+        fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -92,7 +103,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         except FileNotFoundError:
             pass
         raise
-    return path
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
+    """Call ``write(fileobj)`` on a temporary file in the target folder, fsync, then rename over ``path``."""
+    with atomic_output(path) as tmp, open(tmp, "wb") as handle:
+        write(handle)
+    return Path(path)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
