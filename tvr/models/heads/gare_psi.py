@@ -192,7 +192,7 @@ def gare_delta(
         out = psi(query, video.frames, mask)
     else:
         if text.words is None:
-            raise ValueError("head.gare.context = 'words' needs TextFeatures.words (projected word features)")
+            raise ValueError("head.options.context = 'words' needs TextFeatures.words (projected word features)")
         mask = None
         if options.mask_frames and text.word_mask is not None:
             mask = _attend_mask(text.word_mask)
