@@ -4,8 +4,11 @@ batch, bit-exact 2-rank resume, and the report of trainable parameters that take
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
+import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ from tvr.losses import symmetric_infonce
 from tvr.models.heads.base import RetrievalHead
 from tvr.models.model import RetrievalModel
 from tvr.train.data import DatasetTrainData
-from tvr.train.distributed import epoch_permutation, init_distributed, shard_batches, wrap_model
+from tvr.train.distributed import DistInfo, epoch_permutation, init_distributed, shard_batches, wrap_model
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.device import resolve_device
 from tvr.utils.distributed import all_reduce_mean, gather_features
@@ -253,86 +256,99 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     info = init_distributed("cpu")
     assert (info.rank, info.world_size, info.local_rank, info.device.type) == (rank, 2, rank, "cpu")
+    failure = None
     try:
-        # --- forward: unequal item counts (3 + 2), a None field and a bool mask survive the gather
-        g = torch.Generator().manual_seed(0)
-        eot, frames = torch.randn(5, D, generator=g), torch.randn(5, F_SLOTS, D, generator=g)
-        mask = torch.rand(5, F_SLOTS, generator=g) > 0.3
-        mask[:, 0] = True
-        rows = slice(0, 3) if rank == 0 else slice(3, 5)
-        text, video = TextFeatures(eot[rows]), VideoFeatures(frames[rows], mask[rows])
-        gathered = gather_features(video)
-        assert torch.equal(gathered.frames, frames) and torch.equal(gathered.frame_mask, mask)
-        assert gathered.frame_mask.dtype == torch.bool
-        gt = gather_features(text)
-        assert torch.equal(gt.eot, eot) and gt.words is None
+        _worker_checks(rank, world, out_dir, info)
+    except BaseException:  # noqa: BLE001 - reported below, after the process group is torn down
+        failure = traceback.format_exc()
+    # Every DDP reducer holds the process group. If a reducer (freed with the GIL held) dropped the group's last
+    # reference, gloo's destructor would join its worker thread while that thread waits for the GIL to free a
+    # finished all-gather's tensors: a deadlock (seen about once in 15 runs). So the reducers die first, here,
+    # while the group is still registered, and destroy_process_group drops the last reference (GIL released).
+    gc.collect()
+    torch.distributed.destroy_process_group()
+    if failure is not None:
+        raise AssertionError(f"rank {rank} failed:\n{failure}")
 
-        # --- backward through DDP: every gradient equals the 1-process full-batch gradient
-        ref = _ToyContrastive(lambda x: x)
-        ref(TextFeatures(eot), VideoFeatures(frames, mask)).backward()
-        local = _ToyContrastive(gather_features)
-        local(text, video).backward()
-        # without DDP's averaging this rank's encoder gradient is W x its own items' share, not the full gradient
-        assert not torch.allclose(local.lin_t.weight.grad, ref.lin_t.weight.grad, rtol=1e-3)
-        toy = _ToyContrastive(gather_features)
-        ddp = wrap_model(toy, info)
-        assert isinstance(ddp, nn.parallel.DistributedDataParallel)
-        ddp(text, video).backward()
-        _assert_grads_equal(toy, ref)
 
-        # --- padded lengths that differ across ranks are refused with a clear message on every rank
-        bad = VideoFeatures(torch.zeros(2, F_SLOTS + rank, D), torch.ones(2, F_SLOTS + rank))
-        try:
-            gather_features(bad)
-        except ValueError as exc:
-            assert "VideoFeatures.frames differs across ranks" in str(exc) and "rank 1: (2, 4, 5)" in str(exc)
-        else:
-            raise AssertionError("mismatched padded lengths were not refused")
+def _worker_checks(rank: int, world: int, out_dir: str, info: DistInfo) -> None:
+    # --- forward: unequal item counts (3 + 2), a None field and a bool mask survive the gather
+    g = torch.Generator().manual_seed(0)
+    eot, frames = torch.randn(5, D, generator=g), torch.randn(5, F_SLOTS, D, generator=g)
+    mask = torch.rand(5, F_SLOTS, generator=g) > 0.3
+    mask[:, 0] = True
+    rows = slice(0, 3) if rank == 0 else slice(3, 5)
+    text, video = TextFeatures(eot[rows]), VideoFeatures(frames[rows], mask[rows])
+    gathered = gather_features(video)
+    assert torch.equal(gathered.frames, frames) and torch.equal(gathered.frame_mask, mask)
+    assert gathered.frame_mask.dtype == torch.bool
+    gt = gather_features(text)
+    assert torch.equal(gt.eot, eot) and gt.words is None
 
-        torch.testing.assert_close(all_reduce_mean(torch.tensor([float(rank)])), torch.tensor([0.5]))
+    # --- backward through DDP: every gradient equals the 1-process full-batch gradient
+    ref = _ToyContrastive(lambda x: x)
+    ref(TextFeatures(eot), VideoFeatures(frames, mask)).backward()
+    local = _ToyContrastive(gather_features)
+    local(text, video).backward()
+    # without DDP's averaging this rank's encoder gradient is W x its own items' share, not the full gradient
+    assert not torch.allclose(local.lin_t.weight.grad, ref.lin_t.weight.grad, rtol=1e-3)
+    toy = _ToyContrastive(gather_features)
+    ddp = wrap_model(toy, info)
+    assert isinstance(ddp, nn.parallel.DistributedDataParallel)
+    ddp(text, video).backward()
+    _assert_grads_equal(toy, ref)
 
-        # --- a 2-rank Trainer run (2 items per rank) follows the 1-process run with batch 4
-        from tvr.train.trainer import Trainer
+    # --- padded lengths that differ across ranks are refused with a clear message on every rank
+    bad = VideoFeatures(torch.zeros(2, F_SLOTS + rank, D), torch.ones(2, F_SLOTS + rank))
+    try:
+        gather_features(bad)
+    except ValueError as exc:
+        assert "VideoFeatures.frames differs across ranks" in str(exc) and "rank 1: (2, 4, 5)" in str(exc)
+    else:
+        raise AssertionError("mismatched padded lengths were not refused")
 
-        def trainer(out: Path, model: RetrievalModel, **train) -> Trainer:
-            cfg = _train_config(batch_size=2, **train)
-            data = DatasetTrainData(_Pairs(), 2, seed=cfg.train.seed, rank=rank, world_size=world)
-            return Trainer(model, cfg, data, out, dist_info=info)
+    torch.testing.assert_close(all_reduce_mean(torch.tensor([float(rank)])), torch.tensor([0.5]))
 
-        model = _model()
-        if rank == 1:  # DDP must start every replica from rank 0's parameters
-            with torch.no_grad():
-                model.head.text_proj.weight.add_(1.0)
-        straight = trainer(Path(out_dir), model)
-        assert isinstance(straight.train_model, nn.parallel.DistributedDataParallel)
-        assert straight.train_model.module is model and straight.model is model
-        assert straight.fit()["steps"] == 8
-        if rank == 0:
-            torch.save(model.state_dict(), Path(out_dir) / "rank0_params.pt")
-            ckpt = torch.load(Path(out_dir) / "last.pt", weights_only=True)["model"]
-            assert ckpt.keys() == model.state_dict().keys()  # saved through the unwrapped module: no "module."
+    # --- a 2-rank Trainer run (2 items per rank) follows the 1-process run with batch 4
+    from tvr.train.trainer import Trainer
 
-        # --- 2-rank resume is bit-exact: stop after 3 steps, resume to the end, match the straight run
-        resumed_dir = Path(out_dir) / "resumed"
-        assert trainer(resumed_dir, _model(), max_steps=3).fit()["steps"] == 3
-        resumed = _model()
-        with torch.no_grad():
-            for p in resumed.parameters():
-                p.zero_()  # everything must come from the checkpoint
-        assert trainer(resumed_dir, resumed).fit(resume=True)["steps"] == 8
-        for key, value in model.state_dict().items():
-            assert torch.equal(resumed.state_dict()[key], value), key
-
-        # --- a trainable parameter outside the loss: named before the first optimizer step, or handled on request
-        with pytest.raises(RuntimeError, match=r"took no part in the loss: head\.spare\.weight, head\.spare\.bias"):
-            trainer(Path(out_dir) / "unused", _model(unused=True)).fit()
-        spare = _model(unused=True)
-        cfg = _train_config(batch_size=2, max_steps=2)
+    def trainer(out: Path, model: RetrievalModel, **train) -> Trainer:
+        cfg = _train_config(batch_size=2, **train)
         data = DatasetTrainData(_Pairs(), 2, seed=cfg.train.seed, rank=rank, world_size=world)
-        summary = Trainer(spare, cfg, data, Path(out_dir) / "unused_ok", dist_info=info, find_unused_parameters=True)
-        assert summary.fit()["steps"] == 2
-    finally:
-        torch.distributed.destroy_process_group()
+        return Trainer(model, cfg, data, out, dist_info=info)
+
+    model = _model()
+    if rank == 1:  # DDP must start every replica from rank 0's parameters
+        with torch.no_grad():
+            model.head.text_proj.weight.add_(1.0)
+    straight = trainer(Path(out_dir), model)
+    assert isinstance(straight.train_model, nn.parallel.DistributedDataParallel)
+    assert straight.train_model.module is model and straight.model is model
+    assert straight.fit()["steps"] == 8
+    if rank == 0:
+        torch.save(model.state_dict(), Path(out_dir) / "rank0_params.pt")
+        ckpt = torch.load(Path(out_dir) / "last.pt", weights_only=True)["model"]
+        assert ckpt.keys() == model.state_dict().keys()  # saved through the unwrapped module: no "module."
+
+    # --- 2-rank resume is bit-exact: stop after 3 steps, resume to the end, match the straight run
+    resumed_dir = Path(out_dir) / "resumed"
+    assert trainer(resumed_dir, _model(), max_steps=3).fit()["steps"] == 3
+    resumed = _model()
+    with torch.no_grad():
+        for p in resumed.parameters():
+            p.zero_()  # everything must come from the checkpoint
+    assert trainer(resumed_dir, resumed).fit(resume=True)["steps"] == 8
+    for key, value in model.state_dict().items():
+        assert torch.equal(resumed.state_dict()[key], value), key
+
+    # --- a trainable parameter outside the loss: named before the first optimizer step, or handled on request
+    with pytest.raises(RuntimeError, match=r"took no part in the loss: head\.spare\.weight, head\.spare\.bias"):
+        trainer(Path(out_dir) / "unused", _model(unused=True)).fit()
+    spare = _model(unused=True)
+    cfg = _train_config(batch_size=2, max_steps=2)
+    data = DatasetTrainData(_Pairs(), 2, seed=cfg.train.seed, rank=rank, world_size=world)
+    summary = Trainer(spare, cfg, data, Path(out_dir) / "unused_ok", dist_info=info, find_unused_parameters=True)
+    assert summary.fit()["steps"] == 2
 
 
 def _free_port() -> int:
@@ -343,7 +359,15 @@ def _free_port() -> int:
 
 def test_two_process_gather_gradients_and_training(tmp_path) -> None:
     # fork (not spawn) skips re-importing torch in the children; the workers use one thread each
-    mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True, start_method="fork")
+    context = mp.start_processes(
+        _worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False, start_method="fork"
+    )
+    deadline = time.monotonic() + 300  # a hung rank fails the test instead of stalling the suite
+    while not context.join(timeout=2):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the two-process run did not finish within 300 s")
 
     from tvr.train.logging import read_jsonl
     from tvr.train.trainer import Trainer
