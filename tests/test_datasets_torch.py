@@ -229,3 +229,75 @@ def test_dataloader_with_workers(video_dir: Path) -> None:
     assert [b["video_ids"] for b in batches] == [["a"], ["b", "c"]]
     assert batches[0]["skipped"] == ["bad"]
     torch.testing.assert_close(batches[1]["video"][0], ds[2]["video"], rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------------------- frame cache
+
+
+def _frame_cache(videos: Path, cache: Path, cfg: DataConfig) -> Path:
+    from tvr.data.prepare import FrameSettings, extract_frames
+
+    settings = FrameSettings(cfg.max_frames, cfg.frame_rate, cfg.image_size, cfg.sampling)
+    report = extract_frames(videos, cache, settings, workers=0, progress=False)
+    assert report["summary"]["failed"] == 1  # bad.mp4 is reported, not cached
+    return cache
+
+
+@pytest.mark.parametrize("sampling", ["clip4clip", "clipvip"])
+def test_frame_cache_gives_the_decoded_tensors(video_dir: Path, tmp_path: Path, sampling: str) -> None:
+    cfg = _cfg(sampling=sampling, augment=True, max_frames=3)
+    cached_cfg = dataclasses.replace(cfg, video_dir=str(video_dir),
+                                     frame_cache=str(_frame_cache(video_dir, tmp_path / "cache", cfg)))
+    resolver = VideoResolver(video_dir)
+    ids = ["a", "b", "c", "bad"]
+    plain, cached = VideoDataset(ids, None, resolver, cfg), VideoDataset(ids, None, resolver, cached_cfg)
+    for k in range(3):
+        assert torch.equal(cached[k]["video"], plain[k]["video"]) and torch.equal(cached[k]["video_mask"],
+                                                                                  plain[k]["video_mask"])
+    assert cached[3]["skipped"] == "bad"  # not in the cache: decoded, and unreadable as before
+    # training items, RandAugment included, are the same with and without the cache
+    records = [Rec(v, "x") for v in ("a", "b", "c")]
+    train_plain = PairDataset(records, FakeTokenizer(), resolver, cfg, train=True, seed=5)
+    train_cached = PairDataset(records, FakeTokenizer(), resolver, cached_cfg, train=True, seed=5)
+    for ds in (train_plain, train_cached):
+        ds.set_epoch(3)
+    for k in range(3):
+        assert torch.equal(train_cached[k]["video"], train_plain[k]["video"])
+
+
+def test_frame_cache_is_read_where_it_applies_and_damage_falls_back(video_dir: Path, tmp_path: Path) -> None:
+    cfg = _cfg(max_frames=3)
+    cache = _frame_cache(video_dir, tmp_path / "cache", cfg)
+    cached_cfg = dataclasses.replace(cfg, video_dir=str(video_dir), frame_cache=str(cache))
+    resolver = VideoResolver(video_dir)
+    decoded = VideoDataset(["a"], None, resolver, cfg)[0]["video"]
+    # a cache entry whose frames differ from the video shows that the dataset reads the cache, not the video
+    frames = np.load(cache / "a.npy")
+    np.save(cache / "a.npy", 255 - frames)
+    from_cache = VideoDataset(["a"], None, resolver, cached_cfg)[0]["video"]
+    assert not torch.equal(from_cache, decoded)
+    # a start/end window is not what the cache holds: decoded
+    window = VideoDataset(["a"], [(1.0, 3.0)], resolver, cached_cfg)[0]["video"]
+    assert torch.equal(window, VideoDataset(["a"], [(1.0, 3.0)], resolver, cfg)[0]["video"])
+    # CLIP-ViP training jitter picks new frames every epoch: decoded even with a cache of the eval sampling
+    vip = _cfg(sampling="clipvip", max_frames=3)
+    vip_cached = dataclasses.replace(vip, video_dir=str(video_dir),
+                                     frame_cache=str(_frame_cache(video_dir, tmp_path / "vip", vip)))
+    np.save(tmp_path / "vip" / "a.npy", np.zeros_like(np.load(tmp_path / "vip" / "a.npy")))
+    jittered = PairDataset([Rec("a", "x")], FakeTokenizer(), resolver, vip_cached, train=True, seed=1)[0]["video"]
+    assert torch.equal(jittered, PairDataset([Rec("a", "x")], FakeTokenizer(), resolver, vip, train=True,
+                                             seed=1)[0]["video"])
+    # a damaged entry is decoded from the video instead
+    (cache / "a.npy").write_bytes(b"not an array")
+    assert torch.equal(VideoDataset(["a"], None, resolver, cached_cfg)[0]["video"], decoded)
+
+
+def test_frame_cache_built_with_other_settings_is_refused(video_dir: Path, tmp_path: Path) -> None:
+    from tvr.config import ConfigError
+
+    cache = _frame_cache(video_dir, tmp_path / "cache", _cfg(max_frames=3))
+    other = _cfg(max_frames=4, video_dir=str(video_dir), frame_cache=str(cache))
+    with pytest.raises(ConfigError, match=r"data.frame_cache = .* other frame settings \(max_frames: cache 3, run 4\)"):
+        VideoDataset(["a"], None, VideoResolver(video_dir), other)
+    with pytest.raises(ConfigError, match="not a frame cache"):
+        VideoDataset(["a"], None, VideoResolver(video_dir), _cfg(frame_cache=str(tmp_path)))

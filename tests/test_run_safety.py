@@ -155,3 +155,30 @@ def test_user_errors_are_short_and_exit_2(tmp_path: Path) -> None:
     # --debug shows the traceback instead
     result = runner.invoke(app, ["--debug", *eval_args])
     assert result.exit_code != 0 and result.exception is not None
+
+
+def test_a_frame_cache_trains_like_the_videos_and_a_mismatched_one_stops_the_run(tmp_path: Path) -> None:
+    from tvr.config import ConfigError
+    from tvr.data.prepare import FrameSettings, extract_frames
+    from tvr.train.logging import read_jsonl
+
+    values = make_msrvtt(tmp_path / "data")
+    values["data"]["augment"] = True  # augmentation runs on cached frames exactly as on decoded ones
+    values["train"]["max_steps"] = 2
+    data = values["data"]
+    extract_frames(data["video_dir"], tmp_path / "cache",
+                   FrameSettings(data["max_frames"], data["frame_rate"], data["image_size"], "clip4clip"),
+                   progress=False)
+    plain = run_train(config_from_dict(values), tmp_path / "plain")
+    cached_values = {**values, "data": {**data, "frame_cache": str(tmp_path / "cache")}}
+    cached = run_train(config_from_dict(cached_values), tmp_path / "cached")
+    assert plain["test"]["last"]["t2v"] == cached["test"]["last"]["t2v"]
+    def losses(run: str) -> list[float]:
+        return [r["loss"] for r in read_jsonl(tmp_path / run / "train_log.jsonl") if "loss" in r]
+
+    assert len(losses("plain")) == 2 and losses("plain") == losses("cached")
+
+    mismatched = {**values, "data": {**data, "frame_cache": str(tmp_path / "cache"), "max_frames": 3}}
+    with pytest.raises(ConfigError, match="other frame settings"):
+        run_train(config_from_dict(mismatched), tmp_path / "mismatched")
+    assert not (tmp_path / "mismatched").exists()

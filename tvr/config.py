@@ -144,6 +144,9 @@ class DataConfig:
     num_workers: int = bounded(0, ge=0)
     #: folder of a ``tvr features`` cache; when set, training/eval read features instead of videos
     features_dir: str = ""
+    #: folder of a ``tvr prepare frames`` cache of ``video_dir`` built with this config's frame settings: clips are
+    #: read from it instead of decoded (evaluation, and training under clip4clip sampling); "" = decode every clip
+    frame_cache: str = ""
     #: restrict to the first N training pairs / test items (0 = all); for smoke runs
     limit_train: int = bounded(0, ge=0)
     limit_eval: int = bounded(0, ge=0)

@@ -28,6 +28,7 @@ from torch.utils.data import Dataset
 
 from tvr.config import ConfigError, DataConfig
 from tvr.data.augment import VideoRandAugment
+from tvr.data.prepare import FrameCacheReader, FrameSettings
 from tvr.data.video import VideoDecodeError, load_clip
 
 logger = logging.getLogger(__name__)
@@ -170,6 +171,40 @@ def build_augment(data_cfg: DataConfig) -> VideoRandAugment | None:
                             magnitude_std=0.5, increasing=True)
 
 
+def frame_cache_reader(data_cfg: DataConfig) -> FrameCacheReader | None:
+    """The reader of ``data.frame_cache`` (checked against the run's frame settings), or None when unset."""
+    if not data_cfg.frame_cache:
+        return None
+    settings = FrameSettings(data_cfg.max_frames, data_cfg.frame_rate, data_cfg.image_size, data_cfg.sampling)
+    return FrameCacheReader(data_cfg.frame_cache, data_cfg.video_dir, settings)
+
+
+def read_clip(
+    path: Path,
+    data_cfg: DataConfig,
+    frame_cache: FrameCacheReader | None,
+    *,
+    start: float | None,
+    end: float | None,
+    train: bool,
+    rng: np.random.Generator | None,
+    augment: Callable[..., Tensor] | None,
+    allow_partial: bool,
+) -> tuple[Tensor, Tensor]:
+    """One clip's (pixels, mask): from the frame cache where it holds this clip, else decoded by ``load_clip``
+    (the two give identical tensors)."""
+    if frame_cache is not None:
+        entry = frame_cache.entry(path, start, end, train)
+        if entry is not None:
+            clip = frame_cache.load(entry, augment, rng)
+            if clip is not None:
+                return clip
+    return load_clip(
+        path, data_cfg.max_frames, data_cfg.frame_rate, data_cfg.image_size, sampling=data_cfg.sampling,
+        start=start, end=end, train=train, rng=rng, augment=augment, allow_partial=allow_partial,
+    )
+
+
 def _tokenize_one(tokenizer: Tokenizer, text: str, max_words: int) -> tuple[Tensor, Tensor]:
     ids, mask = tokenizer([text], max_words)
     return ids[0].long(), mask[0].long()
@@ -211,6 +246,7 @@ class PairDataset(Dataset):
         self.seed = seed
         self.allow_partial = allow_partial
         self.augment = build_augment(data_cfg) if train else None
+        self.frame_cache = frame_cache_reader(data_cfg)
         self.epoch = 0
         mode = data_cfg.caption_sampling
         if mode not in CAPTION_SAMPLING:
@@ -243,10 +279,9 @@ class PairDataset(Dataset):
         record = self.records[self.record_index(index)]
         rng = item_rng(self.seed, self.epoch, index)
         try:
-            video, video_mask = load_clip(
-                self.resolver(record.video_id), self.cfg.max_frames, self.cfg.frame_rate, self.cfg.image_size,
-                sampling=self.cfg.sampling, start=record.start, end=record.end, train=self.train, rng=rng,
-                augment=self.augment, allow_partial=self.allow_partial,
+            video, video_mask = read_clip(
+                self.resolver(record.video_id), self.cfg, self.frame_cache, start=record.start, end=record.end,
+                train=self.train, rng=rng, augment=self.augment, allow_partial=self.allow_partial,
             )
         except VideoDecodeError as exc:
             logger.warning("skipping video %s: %s", record.video_id, exc)
@@ -285,6 +320,7 @@ class VideoDataset(Dataset):
         self.resolver = resolver
         self.cfg = data_cfg
         self.allow_partial = allow_partial
+        self.frame_cache = frame_cache_reader(data_cfg)
 
     def __len__(self) -> int:
         return len(self.video_ids)
@@ -293,10 +329,9 @@ class VideoDataset(Dataset):
         video_id = self.video_ids[index]
         start, end = self.spans[index]
         try:
-            video, video_mask = load_clip(
-                self.resolver(video_id), self.cfg.max_frames, self.cfg.frame_rate, self.cfg.image_size,
-                sampling=self.cfg.sampling, start=start, end=end, train=False, rng=None, augment=None,
-                allow_partial=self.allow_partial,
+            video, video_mask = read_clip(
+                self.resolver(video_id), self.cfg, self.frame_cache, start=start, end=end, train=False, rng=None,
+                augment=None, allow_partial=self.allow_partial,
             )
         except VideoDecodeError as exc:
             logger.warning("skipping video %s: %s", video_id, exc)

@@ -444,3 +444,69 @@ def load_cached_clip(
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
         raise ValueError(f"{path}: expected uint8 frames [n, H, W, 3], got {frames.dtype} {frames.shape}")
     return frames_to_clip(np.array(frames), image_size, max_frames, resize, augment, rng)
+
+
+class FrameCacheReader:
+    """Serves clips from a ``tvr prepare frames`` cache (``data.frame_cache``) in place of decoding the videos.
+
+    The cache holds the evaluation-mode sampling of whole videos, so it stands in for decoding exactly when the clip
+    reads a whole video with that sampling: always at evaluation, and in training under ``clip4clip`` sampling (its
+    frame choice is deterministic; augmentation still runs on the cached frames, seeded as on decoded ones). CLIP-ViP
+    training jitter and start/end windows read the video. A clip the cache lacks (or holds damaged) is decoded from
+    the video as usual, so a partial cache is only slower, never wrong.
+
+    The cache must have been built with the run's ``max_frames`` / ``frame_rate`` / ``image_size`` / ``sampling``
+    (its manifest says), else the run stops at start naming the differences: mixed frames would be silent damage.
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike, video_dir: str | os.PathLike, settings: FrameSettings) -> None:
+        from tvr.config import ConfigError
+
+        self.cache_dir = Path(cache_dir)
+        try:
+            built = read_frame_settings(self.cache_dir)
+        except PrepareError as exc:
+            raise ConfigError(f"data.frame_cache = {str(cache_dir)!r}: {exc}") from None
+        differ = [
+            f"{field.name}: cache {getattr(built, field.name)!r}, run {getattr(settings, field.name)!r}"
+            for field in dataclasses.fields(FrameSettings)
+            if getattr(built, field.name) != getattr(settings, field.name)
+        ]
+        if differ:
+            raise ConfigError(
+                f"data.frame_cache = {str(cache_dir)!r} was built with other frame settings ({'; '.join(differ)}); "
+                "rebuild it with `tvr prepare frames VIDEOS CACHE --config FILE` or unset data.frame_cache"
+            )
+        self.settings = settings
+        manifest = json.loads((self.cache_dir / FRAMES_MANIFEST).read_text())["settings"]
+        self.flat = bool(manifest.get("flat", False))
+        # the resolver's paths are data.video_dir joined with the file name, not resolved (the folder may be a link)
+        self.video_root = Path(video_dir).absolute()
+
+    def entry(self, video_path: str | os.PathLike, start: float | None, end: float | None, train: bool
+              ) -> Path | None:
+        """The cached ``.npy`` standing in for this clip, or None when the clip must be decoded."""
+        if start is not None or end is not None or (train and self.settings.sampling != "clip4clip"):
+            return None
+        video_path = Path(video_path).absolute()
+        if self.flat:
+            rel = Path(video_path.name)
+        elif video_path.is_relative_to(self.video_root):
+            rel = video_path.relative_to(self.video_root)
+        else:
+            return None  # not a file of data.video_dir (allow_outside_video_dir): decode it
+        path = self.cache_dir / rel.with_suffix(".npy")
+        return path if path.is_file() else None
+
+    def load(self, path: Path, augment: Callable[..., Any] | None, rng: np.random.Generator | None
+             ) -> tuple[Any, Any] | None:
+        """The clip's tensors from the cached ``path``; None (decode instead) when the file is damaged."""
+        try:
+            return load_cached_clip(path, self.settings.max_frames, self.settings.image_size,
+                                    resize=self.settings.resize, augment=augment, rng=rng)
+        except (OSError, ValueError) as exc:
+            import logging
+
+            logging.getLogger(__name__).warning("frame cache entry %s is unreadable (%s); decoding the video", path,
+                                                exc)
+            return None

@@ -2,7 +2,8 @@
 
 Every split the run will read (train, validation, and test unless ``--no-test``) is parsed and resolved; the video
 folder must exist; the validation videos are opened (first frame) so an empty validation split is an error now, not
-after the last epoch; the run folder must be a folder. A small validation split is a warning: model selection on
+after the last epoch; a frame cache (``data.frame_cache``) must match the run's frame settings; the run folder must
+be a folder. A small validation split is a warning: model selection on
 it is coarse. ``tvr check-data`` does the same checks on every video of every split, with statistics.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from tvr.config import Config, ConfigError
 from tvr.data.annotations import AnnotationError, RetrievalSplit, load_split
 from tvr.data.check import SMALL_VAL, probe_files
-from tvr.data.datasets import VideoResolver
+from tvr.data.datasets import VideoResolver, frame_cache_reader
 from tvr.data.video import VideoDecodeError
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ def preflight(cfg: Config, out_dir: str | Path, final_test: bool = True, progres
         except AnnotationError as exc:
             hint = " (or pass --no-test to train without a test split)" if name == "test" else ""
             raise AnnotationError(f"{name} split: {exc}{hint}") from None
+    frame_cache_reader(cfg.data)  # a frame cache built with other frame settings stops the run here
     if cfg.data.features_dir:
         from tvr.data.feature_cache import load_cached_split
 
