@@ -65,7 +65,7 @@ PAIR_BLOCK = 2048
 #: texts per block on the factorised grid path (the block holds PAIR_BLOCK // this many videos)
 GRID_TEXTS = 32
 #: videos whose per-video state (keys, values: 2·layers·heads·M·D floats each) is built at once
-VIDEO_FOLD_CHUNK = 4096
+VIDEO_FOLD_CHUNK = 256
 #: the reference-style block path's block (spec §4.5: gathered 2 × 64 texts × videos)
 REFERENCE_BLOCK = 128
 _EPS = 1e-12
@@ -455,7 +455,7 @@ def proxy_scores(
 
     ``method``: auto (factorised wherever it is exact), fast (factorised; refuses active dropout), block
     (:meth:`ProxyGenerator.forward` on 128 × 128 blocks, the reference's way). ``video_chunk`` bounds how many
-    videos' folded state is held at once (default 4096)."""
+    videos' folded state is held at once (default VIDEO_FOLD_CHUNK)."""
     _check_scoring_inputs(generator, text, video, proxies)
     n_t, n_v = text.shape[0], video.shape[0]
     dtype = _weights_dtype(generator)
