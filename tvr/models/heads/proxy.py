@@ -62,6 +62,8 @@ SCORERS = ("auto", "fast", "block")
 #: pairs per block of the factorised scorer ([P, D] and [P, ffn_dim] temporaries): big enough for efficient FFN
 #: GEMMs, small enough to stay in cache
 PAIR_BLOCK = 2048
+#: the same on an accelerator, where small blocks would leave the device idle between kernel launches
+PAIR_BLOCK_ACCELERATOR = 32768
 #: texts per block on the factorised grid path (the block holds PAIR_BLOCK // this many videos)
 GRID_TEXTS = 32
 #: videos whose per-video state (keys, values: 2·layers·heads·M·D floats each) is built at once
@@ -428,6 +430,10 @@ def _weights_dtype(gen: ProxyGenerator) -> torch.dtype:
     return gen.final_norm.weight.dtype
 
 
+def _pair_block(like: Tensor) -> int:
+    return PAIR_BLOCK if like.device.type == "cpu" else PAIR_BLOCK_ACCELERATOR
+
+
 def _use_fast(gen: ProxyGenerator, method: str) -> bool:
     if method not in SCORERS:
         raise ValueError(f"proxy scorer method {method!r}: expected one of {list(SCORERS)}")
@@ -472,7 +478,7 @@ def proxy_scores(
     ffns = _fold_ffn(generator)
     tf = _fold_texts(generator, text)
     texts_per_block = max(1, min(GRID_TEXTS, n_t))
-    videos_per_block = max(1, PAIR_BLOCK // texts_per_block)
+    videos_per_block = max(1, _pair_block(text) // texts_per_block)
     fold_chunk = max(videos_per_block, int(video_chunk or VIDEO_FOLD_CHUNK))
     for c in range(0, n_v, fold_chunk):
         vf = _fold_videos(generator, video[c : c + fold_chunk], proxies[c : c + fold_chunk])
@@ -520,7 +526,7 @@ def proxy_pair_scores(
     ffns = _fold_ffn(generator)
     videos, inverse = torch.unique(video_index, return_inverse=True)
     device = text.device
-    step = max(1, PAIR_BLOCK // 2)
+    step = max(1, _pair_block(text) // 2)
     # fold the named videos chunk by chunk; pairs are sorted by video so each chunk serves a contiguous run
     order = torch.argsort(inverse, stable=True)
     sorted_inv = inverse[order]
