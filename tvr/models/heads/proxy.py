@@ -340,10 +340,13 @@ def _fold_ffn(gen: ProxyGenerator) -> list[_FfnFold]:
     return out
 
 
-def _attend(logits: Tensor, heads: int, residual: Tensor, values: Tensor) -> Tensor:
-    """residual + Σ_h Σ_m softmax_m(logits)_hm · values_hm: logits [B, n, h·M], values [B, h·M, D]."""
+def _attend(logits: Tensor, heads: int, residual: Tensor, values: Tensor, in_place: bool) -> Tensor:
+    """residual + Σ_h Σ_m softmax_m(logits)_hm · values_hm: logits [B, n, h·M], values [B, h·M, D]. ``in_place``
+    accumulates into ``residual`` (a block-sized tensor the caller owns), saving a copy of the block."""
     b, n, hm = logits.shape
     weights = logits.reshape(b, n, heads, hm // heads).softmax(dim=-1).reshape(b, n, hm)
+    if in_place:
+        return residual.baddbmm_(weights, values)
     return torch.baddbmm(residual, weights, values)
 
 
@@ -352,7 +355,7 @@ def _ffn_round(x: Tensor, layer: ProxyDecoderLayer, ffn: _FfnFold) -> Tensor:
     dim = x.shape[-1]
     y = F.layer_norm(x, (dim,), layer.norm3.weight, ffn.norm3_bias, layer.norm3.eps)
     hidden = torch.addmm(ffn.bias1, y, ffn.w1_t).relu_()
-    z = torch.addmm(y, hidden, ffn.w2_t)
+    z = y.addmm_(hidden, ffn.w2_t)  # y is ours: accumulate in place rather than copy the block
     return F.layer_norm(z, (dim,), layer.norm4.weight, layer.norm4.bias, layer.norm4.eps)
 
 
@@ -377,11 +380,11 @@ def _proxy_cos_block(gen: ProxyGenerator, ffns: list[_FfnFold], tf: _TextFold, v
                 logits = logits + key_bias[:, None, :]
             else:
                 logits = torch.baddbmm(key_bias[:, None, :], query, keys.transpose(1, 2))
-            x = _attend(logits, layer.heads, query, values)
+            x = _attend(logits, layer.heads, query, values, in_place=False)  # query is per text: broadcast
         else:
             x = F.layer_norm(x, (dim,), layer.norm1.weight, layer.norm1.bias, layer.norm1.eps).view(b_count, n, dim)
             logits = torch.baddbmm(key_bias[:, None, :], x, keys.transpose(1, 2))
-            x = _attend(logits, layer.heads, x, values)
+            x = _attend(logits, layer.heads, x, values, in_place=True)
         x = _ffn_round(x.view(-1, dim), layer, ffn)
     norm = gen.final_norm
     leader = F.layer_norm(x, (dim,), norm.weight, norm.bias, norm.eps).view(b_count, n, dim)
