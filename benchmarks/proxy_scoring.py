@@ -94,6 +94,8 @@ def worker(args: argparse.Namespace) -> None:
 
     from tvr.models.heads.proxy import proxy_pairwise_scores
 
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     dim = args.dim
     pairs = args.n_texts * args.n_videos
     if args.worker == "gemm":
@@ -140,7 +142,7 @@ def run_worker(method: str, n_texts: int, n_videos: int, dash: str, args: argpar
                save: str | None) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", method, "--n-texts", str(n_texts),
            "--n-videos", str(n_videos), "--dim", str(args.dim), "--proxies", str(args.proxies), "--dash", dash,
-           "--seed", str(args.seed)]
+           "--seed", str(args.seed), "--threads", str(args.threads)]
     if save:
         cmd += ["--save-scores", save]
     res = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
@@ -223,6 +225,9 @@ def main() -> None:
     parser.add_argument("--proxies", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reps", type=int, default=3, help="alternated repetitions (minimum kept)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads in every measurement (0 = torch's default); 1 is the steadier measure "
+                             "on a machine shared with other jobs, where a descheduled thread stalls every parallel op")
     parser.add_argument("--rerank-texts", type=int, default=500)
     parser.add_argument("--rerank-videos", type=int, default=5000)
     parser.add_argument("--clusters", type=int, default=100)
@@ -247,6 +252,9 @@ def main() -> None:
     import torch
 
     from tvr.utils.io import atomic_write_json
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
 
     command = "cd " + str(REPO) + " && .venv/bin/python benchmarks/proxy_scoring.py " + " ".join(sys.argv[1:])
     load_start = os.getloadavg()
