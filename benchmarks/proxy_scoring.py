@@ -188,7 +188,10 @@ def rerank_part(args: argparse.Namespace) -> dict:
     ks = [k for k in (int(x) for x in args.ks.split(",")) if k <= n_v]
     out = {"n_texts": n_t, "n_videos": n_v, "clusters": args.clusters, "gammas": []}
     with torch.no_grad():
-        components = head.score_components(ts, vs)
+        start = time.perf_counter()
+        components = head.score_components(ts, vs)  # exhaustive: S^r and S^p of every pair
+        out["exhaustive_seconds"] = round(time.perf_counter() - start, 3)
+        print(f"exhaustive {n_t} x {n_v}: {out['exhaustive_seconds']} s", flush=True)
         shortlist = top_k_by_dot(head.shortlist_texts(ts), head.shortlist_videos(vs), max(ks))[0]
         for gamma in (float(g) for g in args.rerank_gammas.split(",")):
             head.set_inference_setting({"gamma": gamma})
