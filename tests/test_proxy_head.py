@@ -3,6 +3,7 @@ per-pair loop over the generator, γ as a validation-chosen setting, the LR grou
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -480,6 +481,13 @@ def test_presets_exist_and_follow_the_paper() -> None:
         assert o.proxy_lr == pytest.approx(proxy_lr) and cfg.train.lr == pytest.approx(lr)
         assert cfg.data.max_frames == frames and cfg.data.sampling == "clipvip"
         assert ("16" in cfg.model.clip) == (name == "msrvtt_b16")
+    # B/16 = the B/32 preset on the B/16 CLIP-ViP recipe with δ = η = −1, nothing else
+    b32, b16 = (dataclasses.asdict(load_config(REPO / "configs" / "proxy" / f"{n}.yaml"))
+                for n in ("msrvtt", "msrvtt_b16"))
+    changed = {f"{s}.{k}" for s in b32 for k in b32[s] if b32[s][k] != b16[s][k]}
+    assert changed == {"model.clip", "model.clipvip", "head.options"}
+    assert b16["model"]["clipvip"] == {**b32["model"]["clipvip"], "checkpoint": b16["model"]["clipvip"]["checkpoint"]}
+    assert b16["head"]["options"] == {**b32["head"]["options"], "delta": -1.0, "eta": -1.0}
     base = load_config(REPO / "configs" / "proxy" / "baseline.yaml")
     assert base.head.name == "clip4clip" and not base.model.clipvip.proxy_projection
     assert base.train.epochs == load_config(REPO / "configs" / "proxy" / "msrvtt.yaml").train.epochs
