@@ -109,8 +109,8 @@ SGI_BLOCK_ELEMENTS = 1 << 20
 SGI_TEXT_CHUNK = 8
 #: largest group of dimensions whose variances are multiplied before one log (see :func:`sgi_product_group`)
 SGI_MAX_GROUP = 64
-#: |log| bound of a product of grouped variances: e^±60 leaves a wide margin inside float32's normal range (e^±87)
-_LOG_PRODUCT_LIMIT = 60.0
+#: |log| bound of a product of grouped variances: e^±80 stays inside float32's normal range (e^−87.3 to e^88.7)
+_LOG_PRODUCT_LIMIT = 80.0
 _LN2 = 0.6931471805599453
 
 
@@ -236,8 +236,9 @@ def sgi_product_group(logvar_v: Tensor, logvar_t: Tensor, max_group: int = SGI_M
     [e^lo, e^hi] with lo = logaddexp(min logvar_v, min logvar_t) and hi = logaddexp(max logvar_v, max logvar_t).
     Scaling by the power of two 2^−k nearest the centre (exact in floating point) puts every log s̃_k in [−h, h],
     h = max(hi − k·ln 2, k·ln 2 − lo), so a product of g of them has |log| ≤ g·h; g is the largest power of two
-    ≤ ``max_group`` with g·h ≤ 60 (float32 normals span e^±87). With the default clamp log σ² ∈ [−10, 5], h ≤ 7.5 and
-    g ≥ 8 whatever the data. Without a clamp (or with non-finite inputs) the bound may fail: g = 1, one log per
+    ≤ ``max_group`` with g·h ≤ 80 (float32 normals span e^−87.3 to e^88.7; the product's own rounding is a relative
+    g·2^−24). With the default clamp log σ² ∈ [−10, 5], h ≤ 7.8 and g ≥ 8 whatever the data. Without a clamp the
+    range is the data's: a wide one (or a non-finite input, or a variance outside e^±80) gives g = 1, one log per
     dimension."""
     if logvar_v.numel() == 0 or logvar_t.numel() == 0 or max_group <= 1:
         return 1, 0
@@ -253,7 +254,7 @@ def sgi_product_group(logvar_v: Tensor, logvar_t: Tensor, max_group: int = SGI_M
     g = 1
     while 2 * g <= max_group and 2 * g <= dim and 2 * g * h <= _LOG_PRODUCT_LIMIT:
         g *= 2
-    return g, k
+    return (g, k) if g > 1 else (1, 0)  # one log per dimension needs no rescaling
 
 
 def _logaddexp(a: float, b: float) -> float:

@@ -72,8 +72,9 @@ class GraviAlignOptions:
     logvar_init: float = -4.0
     #: std of W_σ at init (W_μ starts at the identity, b_μ at 0)
     logvar_weight_std: float = bounded(0.02, ge=0.0)
-    #: features of the InfoNCE: f = normalised backbone features (the CLIP-ViP head) | mu = the Gaussian means
-    infonce_on: str = choice("f", "f", "mu")
+    #: features of the InfoNCE: f = normalised backbone features (the CLIP-ViP head) | mu = the Gaussian means |
+    #: both = the mean of the two InfoNCE losses (ours: L_SGI alone has no negatives, see the docs)
+    infonce_on: str = choice("f", "f", "mu", "both")
     #: the mode scored until validation picks one (and the only one when select_modes is empty)
     inference_mode: str = choice("cos_f", *MODES)
     #: w of the mixed mode until validation picks one
@@ -173,7 +174,8 @@ class GraviAlignHead(RetrievalHead):
         self.gauss_video = GaussianEmbedding(dim, o.logvar_init, o.logvar_weight_std)
         # the inference setting and the S_align statistics are buffers: saved with (and restored from) checkpoints
         self.register_buffer("mode_index", torch.tensor(MODES.index(o.inference_mode)))
-        self.register_buffer("mixed_w", torch.tensor(float(o.mixed_weight)))
+        # float64: the chosen w is reported as given (0.7, not 0.699999988)
+        self.register_buffer("mixed_w", torch.tensor(float(o.mixed_weight), dtype=torch.float64))
         self.register_buffer("s_align_mean", torch.tensor(0.0))
         self.register_buffer("s_align_var", torch.tensor(1.0))
         self.register_buffer("s_align_batches", torch.tensor(0))
@@ -375,12 +377,14 @@ class GraviAlignHead(RetrievalHead):
             raise ValueError(f"GraviAlign loss needs aligned pairs, got {f_t.shape[0]} texts and {f_v.shape[0]} videos")
         mu_t, logvar_t = self._gaussian(self.gauss_text, f_t)
         mu_v, logvar_v = self._gaussian(self.gauss_video, f_v)
-        if o.infonce_on == "f":
-            sims = F.normalize(f_t, dim=-1, eps=_EPS) @ F.normalize(f_v, dim=-1, eps=_EPS).T
-        else:
-            sims = mu_t @ mu_v.T
         scale = self.logit_scale.exp()
-        infonce = symmetric_infonce(scale * sims)
+        losses = []
+        if o.infonce_on in ("f", "both"):
+            cos_f = F.normalize(f_t, dim=-1, eps=_EPS) @ F.normalize(f_v, dim=-1, eps=_EPS).T
+            losses.append(symmetric_infonce(scale * cos_f))
+        if o.infonce_on in ("mu", "both"):
+            losses.append(symmetric_infonce(scale * (mu_t @ mu_v.T)))
+        infonce = losses[0] if len(losses) == 1 else 0.5 * (losses[0] + losses[1])
         parts = sgi_align_terms(mu_v, logvar_v, mu_t, logvar_t, **self.sgi_kwargs())
         s_align = torch.stack(list(parts.values())).sum(dim=0)
         sgi = -s_align.mean()
