@@ -311,6 +311,23 @@ def test_loss_is_infonce_plus_alpha_sgi(infonce_on: str) -> None:
     torch.testing.assert_close(out["term_A"] + out["term_B"] + out["term_C"], -sgi)
 
 
+def test_sgi_can_be_kept_from_the_backbone() -> None:
+    """sgi_to_backbone: false: the features' gradient is the InfoNCE's alone; the heads still get L_SGI's."""
+    grads = {}
+    for name, opts in (("detached", {"sgi_to_backbone": False, "alpha": 0.5}), ("infonce", {"alpha": 0.0}),
+                       ("shared", {"alpha": 0.5})):
+        h = head(**opts).eval()
+        text, video = features(5, 5)
+        text.eot.requires_grad_(True)
+        out = h.loss(text, video)
+        out["loss"].backward()
+        grads[name] = (text.eot.grad.clone(), h.gauss_text.logvar_fc.bias.grad.clone(), float(out["loss"].detach()))
+    torch.testing.assert_close(grads["detached"][0], grads["infonce"][0])
+    assert not torch.allclose(grads["shared"][0], grads["infonce"][0])
+    torch.testing.assert_close(grads["detached"][1], grads["shared"][1])  # the heads learn the same either way
+    assert grads["detached"][2] == pytest.approx(grads["shared"][2])  # same value, different gradient path
+
+
 def test_a_training_step_lowers_the_loss_and_tracks_statistics() -> None:
     h = head(stats_momentum=0.5)
     text, video = features(8, 8)

@@ -87,6 +87,9 @@ class GraviAlignOptions:
     stats_momentum: float = bounded(0.01, gt=0.0, le=1.0)
     #: two-stage scoring of the pairwise modes shortlists by cos(f) | cos(μ), then reranks exactly
     shortlist: str = choice("f", "f", "mu")
+    #: let L_SGI's gradient reach the backbone features f (the summary's shared features); false = L_SGI trains the
+    #: uncertainty heads only (ours: the positive-only objective cannot then collapse the backbone, see the docs)
+    sgi_to_backbone: bool = True
     #: peak lr of the two uncertainty heads (0 = train.lr; the summary gives none)
     module_lr: float = bounded(0.0, ge=0.0)
 
@@ -377,6 +380,11 @@ class GraviAlignHead(RetrievalHead):
             raise ValueError(f"GraviAlign loss needs aligned pairs, got {f_t.shape[0]} texts and {f_v.shape[0]} videos")
         mu_t, logvar_t = self._gaussian(self.gauss_text, f_t)
         mu_v, logvar_v = self._gaussian(self.gauss_video, f_v)
+        if o.sgi_to_backbone:
+            sgi_inputs = (mu_v, logvar_v, mu_t, logvar_t)
+        else:
+            sgi_inputs = (*self._gaussian(self.gauss_video, f_v.detach()),
+                          *self._gaussian(self.gauss_text, f_t.detach()))
         scale = self.logit_scale.exp()
         losses = []
         if o.infonce_on in ("f", "both"):
@@ -385,7 +393,7 @@ class GraviAlignHead(RetrievalHead):
         if o.infonce_on in ("mu", "both"):
             losses.append(symmetric_infonce(scale * (mu_t @ mu_v.T)))
         infonce = losses[0] if len(losses) == 1 else 0.5 * (losses[0] + losses[1])
-        parts = sgi_align_terms(mu_v, logvar_v, mu_t, logvar_t, **self.sgi_kwargs())
+        parts = sgi_align_terms(*sgi_inputs, **self.sgi_kwargs())
         s_align = torch.stack(list(parts.values())).sum(dim=0)
         sgi = -s_align.mean()
         # α = 0 still keeps the uncertainty heads in the graph (zero gradients; DDP expects every parameter used)
