@@ -6,13 +6,15 @@ factorises into a matrix product, so both contenders do O(N_t·N_v·D) elementwi
 * ``broadcast`` (the baseline): for each chunk of 16 texts, the [16, N_v, D] broadcasts of s and δ and their
   reductions, straight from the formulas (``sgi_align_terms`` on broadcast views; the per-item qualities are not
   recomputed per pair);
-* ``ours``: ``tvr.losses.sgi_align_pairwise`` (cache-sized blocks in two reused buffers, in-place ops, variances
-  multiplied over groups of dimensions before one log per group).
+* ``ours``: ``tvr.losses.sgi_align_pairwise`` (one single-threaded worker per torch thread on its own text stripes,
+  cache-sized blocks in two reused buffers per worker, in-place ops, variances multiplied over groups of dimensions
+  before one log per group).
 
 Part 1 — 1000 texts × 1000 videos, D = 512 (MSR-VTT 1k-A): each contender timed in its own subprocess (peak RSS is
 its own) after a small warm-up call, alternated and repeated, minimum kept; max |difference| of each against a
 float64 broadcast reference. Part 2 (in one process) — variants of ours, to show where the time goes: one log per
-dimension (``max_group=1``), other block sizes, and the time of each step of one block scaled to all pairs.
+dimension (``max_group=1``), other block sizes, one worker, and the time of each step of one block (one thread)
+scaled to all pairs.
 
 Inputs: μ unit-norm Gaussian directions; log σ² ~ N(−4, 1) clamped to [−10, 5] (the head's init and clamp).
 
@@ -140,10 +142,21 @@ def where_the_time_goes(args: argparse.Namespace, reps: int) -> dict:
             ("4 texts x 64 videos", {"text_chunk": 4, "video_chunk": 64}),
             ("16 texts x 512 videos", {"text_chunk": 16, "video_chunk": 512}),
             ("1 text x all videos", {"text_chunk": 1, "video_chunk": args.n_videos}),
+            ("one worker (torch threads = 1)", {"threads": 1}),
         ):
-            seconds, times = best_of(lambda kw=kwargs: ours_scores(mu_v, lv_v, mu_t, lv_t, **kw), reps)
+            kwargs = dict(kwargs)
+            threads = kwargs.pop("threads", torch.get_num_threads())
+            previous = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                seconds, times = best_of(lambda kw=kwargs: ours_scores(mu_v, lv_v, mu_t, lv_t, **kw), reps)
+            finally:
+                torch.set_num_threads(previous)
             variants[name] = {"seconds_min": round(seconds, 4), "seconds_all": [round(t, 4) for t in times]}
             print(f"  {name:48s} {seconds:7.3f} s", flush=True)
+
+        # the steps run single-threaded, as each worker runs them (the workers split the text stripes)
+        torch.set_num_threads(1)
 
         # one block of the default shape, step by step (the same operations sgi_align_pairwise runs)
         tc = min(SGI_TEXT_CHUNK, args.n_texts)
@@ -187,7 +200,7 @@ def where_the_time_goes(args: argparse.Namespace, reps: int) -> dict:
                 copy_seconds, _ = best_of(lambda: s.copy_(fresh), max(3, reps * 3))
                 seconds = max(0.0, seconds - copy_seconds)
             breakdown[name] = round(seconds * blocks, 4)
-            print(f"  {name:48s} {seconds * blocks:7.3f} s for all pairs", flush=True)
+            print(f"  {name:48s} {seconds * blocks:7.3f} s for all pairs, one thread", flush=True)
     return {"variants": variants, "block": {"texts": tc, "videos": vc, "group": g, "blocks": blocks},
             "steps_seconds_all_pairs": breakdown}
 

@@ -568,7 +568,7 @@ def load(path: Path) -> Config:
 def test_presets_exist_and_follow_the_clipvip_recipe() -> None:
     names = {p.relative_to(REPO / "configs" / "gravialign").as_posix() for p in PRESETS}
     assert {"msrvtt.yaml", "msrvtt_b16.yaml", "didemo.yaml", "activitynet.yaml", "ablations/no_a.yaml",
-            "ablations/no_b.yaml", "ablations/no_c.yaml", "ablations/literal.yaml"} <= names
+            "ablations/no_b.yaml", "ablations/no_c.yaml", "ablations/literal.yaml", "ablations/guarded.yaml"} <= names
     for path in PRESETS:
         cfg = load(path)
         clipvip = load(REPO / "configs" / "clipvip" / f"{cfg.data.dataset}.yaml")
@@ -581,6 +581,8 @@ def test_presets_exist_and_follow_the_clipvip_recipe() -> None:
     for name, terms in (("no_a", "BC"), ("no_b", "AC"), ("no_c", "AB")):
         opts = load(REPO / "configs" / "gravialign" / "ablations" / f"{name}.yaml").head.options
         assert opts == dataclasses.replace(default, terms=terms)
+    guarded = load(REPO / "configs" / "gravialign" / "ablations" / "guarded.yaml").head.options
+    assert guarded == dataclasses.replace(default, eps=1e-2, sgi_to_backbone=False)
     literal = load(REPO / "configs" / "gravialign" / "ablations" / "literal.yaml").head.options
     assert literal == dataclasses.replace(default, per_dim_mean=False, quality="literal", logvar_clamp=False, eps=0.0)
 

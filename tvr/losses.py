@@ -5,7 +5,10 @@ Layout convention: a logits / delta tensor has texts on rows (dim 0) and videos 
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
@@ -330,43 +333,98 @@ def sgi_align_pairwise(
 
     with torch.no_grad():
         g, k = sgi_product_group(logvar_v, logvar_t, max_group)
+        scale = 2.0 ** -k  # exact: a power of two
+        # Σ log s = Σ log s̃ + D·k·ln 2 and Σ δ²/s = 2^−k·Σ δ²/s̃ (s̃ = 2^−k·s)
+        job = _PairwiseJob(
+            mu_v=mu_v, var_v=logvar_v.exp().mul_(scale), mu_t=mu_t, var_t=logvar_t.exp().mul_(scale), m_v=m_v,
+            m_t=m_t, group=g, q_scale=scale / dim if per_dim_mean else scale,
+            c_scale=1.0 / dim if per_dim_mean else 1.0, c_shift=k * _LN2 * (1.0 if per_dim_mean else dim),
+            text_chunk=text_chunk, video_chunk=video_chunk, combine=combine, out=out,
+        )
+        starts = list(range(0, n_t, text_chunk))
+        workers = 1 if mu_v.is_cuda else min(torch.get_num_threads(), len(starts))
+        if workers <= 1:
+            buffers = job.buffers()
+            for a in starts:
+                job.stripe(a, buffers)
+            return out
+        # One single-threaded worker per core, each on its own text stripes and cache-sized buffers: no OpenMP
+        # barrier per small op (on a busy machine those barriers cost more than the arithmetic, see the docs).
+        calling_threads = torch.get_num_threads()
+        local = threading.local()
+
+        def run(a: int) -> None:
+            if not hasattr(local, "buffers"):
+                torch.set_num_threads(1)  # this worker thread only
+                local.buffers = job.buffers()
+            job.stripe(a, local.buffers)
+
+        try:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sgi_align") as pool:
+                for _ in pool.map(run, starts):
+                    pass
+        finally:
+            # torch.set_num_threads in a worker also changes the default that new threads start with: restore it
+            torch.set_num_threads(calling_threads)
+    return out
+
+
+@dataclasses.dataclass
+class _PairwiseJob:
+    """The no-grad all-pairs computation of :func:`sgi_align_pairwise`, one stripe of texts at a time (so stripes can
+    run on worker threads, each writing its own rows of ``out``). Variances are pre-scaled by 2^−k."""
+
+    mu_v: Tensor
+    var_v: Tensor
+    mu_t: Tensor
+    var_t: Tensor
+    m_v: Tensor | None
+    m_t: Tensor | None
+    group: int
+    q_scale: float
+    c_scale: float
+    c_shift: float
+    text_chunk: int
+    video_chunk: int
+    combine: dict
+    out: Tensor
+
+    def buffers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Scratch of one worker: the s and δ blocks, and the stripe's q and Σ log s rows."""
+        block = self.text_chunk * self.video_chunk * self.mu_v.shape[1]
+        n_v = self.mu_v.shape[0]
+        new = self.mu_v.new_empty
+        return new(block), new(block), new(self.text_chunk, n_v), new(self.text_chunk, n_v)
+
+    def stripe(self, a: int, buffers: tuple[Tensor, Tensor, Tensor, Tensor]) -> None:
+        s_buf, d_buf, q_row, c_row = buffers
+        n_v, dim = self.mu_v.shape
+        g = self.group
         n_groups = dim // g
         grouped = n_groups * g  # the first g·⌊D/g⌋ dimensions go through products; the rest (< g) log directly
-        scale = 2.0 ** -k  # exact: a power of two
-        var_v = logvar_v.exp().mul_(scale)
-        var_t = logvar_t.exp().mul_(scale)
-        # Σ log s = Σ log s̃ + D·k·ln 2 and Σ δ²/s = 2^−k·Σ δ²/s̃ (s̃ = 2^−k·s)
-        reduce = 1.0 / dim if per_dim_mean else 1.0
-        log_shift = k * _LN2 * (1.0 if per_dim_mean else dim)
-        block = text_chunk * video_chunk * dim
-        s_buf = mu_v.new_empty(block)
-        d_buf = mu_v.new_empty(block)
-        q_row = mu_v.new_empty(text_chunk, n_v)
-        c_row = mu_v.new_empty(text_chunk, n_v)
-        for a in range(0, n_t, text_chunk):
-            nt = min(text_chunk, n_t - a)
-            vt, mt = var_t[a : a + nt, None], mu_t[a : a + nt, None]
-            for b in range(0, n_v, video_chunk):
-                nv = min(video_chunk, n_v - b)
-                s = s_buf[: nt * nv * dim].view(nt, nv, dim)
-                d = d_buf[: nt * nv * dim].view(nt, nv, dim)
-                torch.add(vt, var_v[None, b : b + nv], out=s)
-                torch.sub(mt, mu_v[None, b : b + nv], out=d)
-                d.mul_(d).div_(s)
-                torch.sum(d, dim=-1, out=q_row[:nt, b : b + nv])
-                # Σ log s̃ as Σ over groups of log Π: halve the group axis in place until one factor is left
-                groups = s[..., :grouped].view(nt, nv, g, n_groups)
-                h = g
-                while h > 1:
-                    h //= 2
-                    groups[:, :, :h].mul_(groups[:, :, h : 2 * h])
-                logs = groups[:, :, 0].log_().sum(dim=-1)
-                if grouped < dim:
-                    logs += s[..., grouped:].log().sum(dim=-1)
-                c_row[:nt, b : b + nv] = logs
-            q = q_row[:nt].mul_(scale * reduce)
-            logdet = c_row[:nt].mul_(reduce).add_(log_shift)
-            parts = _sgi_combine(q, logdet, m_v[None] if needs_a else None, m_t[a : a + nt, None] if needs_a else None,
-                                 **combine)
-            out[a : a + nt] = torch.stack(list(parts.values())).sum(dim=0)
-    return out
+        nt = min(self.text_chunk, self.mu_t.shape[0] - a)
+        vt, mt = self.var_t[a : a + nt, None], self.mu_t[a : a + nt, None]
+        for b in range(0, n_v, self.video_chunk):
+            nv = min(self.video_chunk, n_v - b)
+            s = s_buf[: nt * nv * dim].view(nt, nv, dim)
+            d = d_buf[: nt * nv * dim].view(nt, nv, dim)
+            torch.add(vt, self.var_v[None, b : b + nv], out=s)
+            torch.sub(mt, self.mu_v[None, b : b + nv], out=d)
+            d.mul_(d).div_(s)
+            torch.sum(d, dim=-1, out=q_row[:nt, b : b + nv])
+            # Σ log s̃ as Σ over groups of log Π: halve the group axis in place until one factor is left
+            groups = s[..., :grouped].view(nt, nv, g, n_groups)
+            h = g
+            while h > 1:
+                h //= 2
+                groups[:, :, :h].mul_(groups[:, :, h : 2 * h])
+            logs = groups[:, :, 0].log_().sum(dim=-1)
+            if grouped < dim:
+                logs += s[..., grouped:].log().sum(dim=-1)
+            c_row[:nt, b : b + nv] = logs
+        q = q_row[:nt].mul_(self.q_scale)
+        logdet = c_row[:nt].mul_(self.c_scale).add_(self.c_shift)
+        m_v = self.m_v[None] if self.m_v is not None else None
+        m_t = self.m_t[a : a + nt, None] if self.m_t is not None else None
+        parts = _sgi_combine(q, logdet, m_v, m_t, **self.combine)
+        self.out[a : a + nt] = torch.stack(list(parts.values())).sum(dim=0)
