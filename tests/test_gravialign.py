@@ -414,6 +414,7 @@ def test_inference_setting_and_statistics_travel_with_the_checkpoint(tmp_path: P
     model = RetrievalModel(None, torch.nn.Identity(), h)
     save_checkpoint(tmp_path / "head.pt", model)
     other = RetrievalModel(None, torch.nn.Identity(), head(seed=1))
+    assert other.head.inference_setting() == {"mode": "cos_f"} and other.head.indexable  # read before loading
     load_checkpoint(tmp_path / "head.pt", other)
     assert other.head.inference_setting() == {"mode": "mixed", "w": 0.25} and not other.head.indexable
     assert float(other.head.s_align_mean) == float(h.s_align_mean) and int(other.head.s_align_batches) == 1

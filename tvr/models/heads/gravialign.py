@@ -184,6 +184,15 @@ class GraviAlignHead(RetrievalHead):
         self.register_buffer("s_align_batches", torch.tensor(0))
         # one full S_align matrix kept between score_components and the score of the same states (see score)
         self._s_cache: tuple[Any, Any, Tensor] | None = None
+        # (mode, w) read from the buffers once, not at every block (on a GPU each read is a device sync); a loaded
+        # state dict or a new setting clears it
+        self._setting: tuple[str, float] | None = None
+        self.register_load_state_dict_post_hook(lambda module, _keys: setattr(module, "_setting", None))
+
+    def _current(self) -> tuple[str, float]:
+        if self._setting is None:
+            self._setting = (MODES[int(self.mode_index)], float(self.mixed_w))
+        return self._setting
 
     @property
     def indexable(self) -> bool:  # type: ignore[override]
@@ -191,7 +200,8 @@ class GraviAlignHead(RetrievalHead):
 
     @property
     def mode(self) -> str:
-        return MODES[int(self.mode_index)]
+        """The inference mode scored now (one of :data:`MODES`)."""
+        return self._current()[0]
 
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, terms={self.options.terms!r}, per_dim_mean={self.options.per_dim_mean}"
@@ -254,7 +264,7 @@ class GraviAlignHead(RetrievalHead):
         s_align = self.s_align_block(text_state, video_state)
         if mode == "s_align":
             return s_align
-        return self._combine(mode, float(self.mixed_w), text_state.f @ video_state.f.T, None, s_align)
+        return self._combine(mode, self._current()[1], text_state.f @ video_state.f.T, None, s_align)
 
     @torch.no_grad()
     def score(self, text_state: GraviState, video_state: GraviState, text_chunk: int | None = None,
@@ -264,7 +274,7 @@ class GraviAlignHead(RetrievalHead):
         cache, self._s_cache = self._s_cache, None
         if cache is not None and cache[0] is text_state and cache[1] is video_state and not self.indexable:
             cos_f = (text_state.f @ video_state.f.T).float() if self.mode == "mixed" else None
-            return self._combine(self.mode, float(self.mixed_w), cos_f, None, cache[2]).float()
+            return self._combine(self.mode, self._current()[1], cos_f, None, cache[2]).float()
         return super().score(text_state, video_state, text_chunk, video_chunk)
 
     @torch.no_grad()
@@ -281,7 +291,7 @@ class GraviAlignHead(RetrievalHead):
             ts, vs = text_state[ti], video_state[vi]
             s_align = sgi_align(vs.mu, vs.logvar, ts.mu, ts.logvar, **self.sgi_kwargs())
             cos_f = (ts.f * vs.f).sum(dim=-1) if self.mode == "mixed" else None
-            out[a : a + PAIR_CHUNK] = self._combine(self.mode, float(self.mixed_w), cos_f, None, s_align).float().cpu()
+            out[a : a + PAIR_CHUNK] = self._combine(self.mode, self._current()[1], cos_f, None, s_align).float().cpu()
         return out
 
     def _shortlist_field(self) -> str:
@@ -309,7 +319,7 @@ class GraviAlignHead(RetrievalHead):
 
     def inference_setting(self) -> dict[str, Any]:
         if self.mode == "mixed":
-            return {"mode": "mixed", "w": float(self.mixed_w)}
+            return {"mode": "mixed", "w": self._current()[1]}
         return {"mode": self.mode}
 
     def set_inference_setting(self, setting: dict[str, Any]) -> None:
@@ -320,11 +330,12 @@ class GraviAlignHead(RetrievalHead):
         if extra:
             raise ValueError(f"GraviAlign inference setting {setting!r}: unknown key(s) {sorted(extra)}")
         if mode == "mixed":
-            w = setting.get("w", float(self.mixed_w))
+            w = setting.get("w", self._current()[1])
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0:
                 raise ValueError(f"GraviAlign inference setting {setting!r}: 'w' must be a number >= 0")
             self.mixed_w.fill_(float(w))
         self.mode_index.fill_(MODES.index(mode))
+        self._setting = None
 
     def baseline_settings(self) -> dict[str, dict[str, Any]]:
         return {"cos_f": {"mode": "cos_f"}}
@@ -348,7 +359,7 @@ class GraviAlignHead(RetrievalHead):
         mode = setting["mode"]
         if mode in ("s_align", "mixed") and "s_align" not in components:
             raise ValueError(f"GraviAlign: the {mode} score needs the 's_align' component")
-        return self._combine(mode, float(setting.get("w", self.mixed_w)), components.get("cos_f"),
+        return self._combine(mode, float(setting.get("w", self._current()[1])), components.get("cos_f"),
                              components.get("cos_mu"), components.get("s_align"))
 
     # ------------------------------------------------------------------ training
