@@ -289,11 +289,13 @@ def sgi_align_pairwise(
 
     Nothing factorises Σ_k δ_k²/s_k or Σ_k log s_k into a matrix product, so the work is O(N_t·N_v·D) elementwise.
     The pairs are scored in blocks of ``text_chunk`` × ``video_chunk`` (default 8 texts × as many videos as fit
-    ``SGI_BLOCK_ELEMENTS`` with D); working memory is two such blocks plus a row stripe, whatever N_t and N_v.
-    Per block: s and δ into two reused buffers, δ² /= s in place and summed (q), then the variances are multiplied
-    in place over groups of g dimensions (a tree of halvings) and one log per group gives Σ log s
+    ``SGI_BLOCK_ELEMENTS`` with D); working memory is two such blocks plus a row stripe per worker, whatever N_t and
+    N_v. Per block: s and δ into two reused buffers, δ² /= s in place and summed (q), then the variances are
+    multiplied in place over groups of g dimensions (a tree of halvings) and one log per group gives Σ log s
     (:func:`sgi_product_group` proves the product stays in range; it falls back to one log per dimension). The
-    qualities and variances are computed once per item, not per pair.
+    qualities and variances are computed once per item, not per pair. On a CPU the stripes of ``text_chunk`` texts
+    are shared among ``torch.get_num_threads()`` single-threaded worker threads (each with its own buffers), which
+    never wait on each other the way torch's per-op OpenMP threads do; the caller's thread setting is restored.
 
     With autograd recording and an input that requires grad, a plain differentiable broadcast over text chunks is
     used instead (same values)."""
