@@ -254,6 +254,28 @@ def test_pairwise_keeps_float64_and_is_differentiable_when_asked() -> None:
     assert lv.grad is not None and torch.isfinite(lv.grad).all()
 
 
+def test_pairwise_workers_under_no_grad_and_the_thread_setting_is_restored() -> None:
+    """Several text stripes on two worker threads: same values as one thread, inputs that require grad are fine
+    under no_grad (grad mode is thread-local), and the caller's torch thread count is unchanged afterwards."""
+    mu_v, lv_v = (x.float() for x in gaussians(9, 24, seed=9))
+    mu_t, lv_t = (x.float() for x in gaussians(21, 24, seed=10))
+    mu_t.requires_grad_(True)  # like a head's states encoded outside no_grad
+    lv_t.requires_grad_(True)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            single = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2)
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            threaded = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
+    assert not threaded.requires_grad
+    torch.testing.assert_close(threaded, single, rtol=0, atol=0)
+
+
 def test_bad_arguments_are_named() -> None:
     mu, lv = gaussians(2, 4, seed=0)
     with pytest.raises(ValueError, match="terms = 'ABD'"):

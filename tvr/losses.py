@@ -337,9 +337,11 @@ def sgi_align_pairwise(
         g, k = sgi_product_group(logvar_v, logvar_t, max_group)
         scale = 2.0 ** -k  # exact: a power of two
         # Σ log s = Σ log s̃ + D·k·ln 2 and Σ δ²/s = 2^−k·Σ δ²/s̃ (s̃ = 2^−k·s)
+        # detached: worker threads do not inherit this thread's no_grad mode (grad mode is thread-local)
         job = _PairwiseJob(
-            mu_v=mu_v, var_v=logvar_v.exp().mul_(scale), mu_t=mu_t, var_t=logvar_t.exp().mul_(scale), m_v=m_v,
-            m_t=m_t, group=g, q_scale=scale / dim if per_dim_mean else scale,
+            mu_v=mu_v.detach(), var_v=logvar_v.detach().exp().mul_(scale), mu_t=mu_t.detach(),
+            var_t=logvar_t.detach().exp().mul_(scale), m_v=None if m_v is None else m_v.detach(),
+            m_t=None if m_t is None else m_t.detach(), group=g, q_scale=scale / dim if per_dim_mean else scale,
             c_scale=1.0 / dim if per_dim_mean else 1.0, c_shift=k * _LN2 * (1.0 if per_dim_mean else dim),
             text_chunk=text_chunk, video_chunk=video_chunk, combine=combine, out=out,
         )
@@ -359,7 +361,8 @@ def sgi_align_pairwise(
             if not hasattr(local, "buffers"):
                 torch.set_num_threads(1)  # this worker thread only
                 local.buffers = job.buffers()
-            job.stripe(a, local.buffers)
+            with torch.no_grad():
+                job.stripe(a, local.buffers)
 
         try:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sgi_align") as pool:
