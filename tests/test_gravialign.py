@@ -1,0 +1,649 @@
+"""GraviAlign (spec §5): every score term against its closed form, B + C against the overlap integral by quadrature,
+the bounded quality, the clamps, pairwise == per pair, the head's training step, running statistics, every
+inference mode through the evaluator, and the presets on a tiny CLIP-ViP model."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tvr.config import Config, ConfigError, load_config
+from tvr.losses import (
+    sgi_align,
+    sgi_align_pairwise,
+    sgi_align_terms,
+    sgi_product_group,
+    sgi_quality,
+    symmetric_infonce,
+)
+from tvr.models.heads.base import LN_100, top_k_by_dot
+from tvr.models.heads.gravialign import MODES, GraviAlignHead, GraviAlignOptions, pooled_video
+from tvr.models.heads.registry import head_options, resolve_head_config
+from tvr.models.model import RetrievalModel
+from tvr.types import TextFeatures, VideoFeatures
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = sorted((REPO / "configs" / "gravialign").rglob("*.yaml"))
+D = 16
+
+
+def gaussians(n: int, dim: int, seed: int, spread: float = 1.0, centre: float = -2.0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    mu = F.normalize(torch.randn(n, dim, generator=g, dtype=torch.float64), dim=-1)
+    logvar = centre + spread * torch.randn(n, dim, generator=g, dtype=torch.float64)
+    return mu, logvar
+
+
+def features(n_t: int, n_v: int, seed: int = 0, frames: int = 3) -> tuple[TextFeatures, VideoFeatures]:
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(max(n_t, n_v), D, generator=g)
+    text = TextFeatures(base[:n_t] + 0.3 * torch.randn(n_t, D, generator=g))
+    mask = (torch.arange(frames)[None] < torch.randint(1, frames + 1, (n_v, 1), generator=g)).long()
+    return text, VideoFeatures(base[:n_v, None] + 0.5 * torch.randn(n_v, frames, D, generator=g), mask)
+
+
+def head(seed: int = 0, **options: object) -> GraviAlignHead:
+    torch.manual_seed(seed)
+    h = GraviAlignHead(D, GraviAlignOptions(**options), logit_scale_init=0.0)
+    with torch.no_grad():  # spread the variances so every term of S_align varies across pairs
+        h.gauss_text.logvar_fc.weight.normal_(0.0, 0.3)
+        h.gauss_video.logvar_fc.weight.normal_(0.0, 0.3)
+    return h
+
+
+# --------------------------------------------------------------------------------------------- closed forms
+
+
+def hand_terms(mu_v, lv_v, mu_t, lv_t, G, T, lam, per_dim_mean, eps, quality) -> tuple[float, float, float]:  # noqa: ANN001
+    """A, B, C of one pair with plain Python floats, straight from spec §5.2."""
+    dim = len(mu_v)
+    div = dim if per_dim_mean else 1
+
+    def mass(lv: list[float]) -> float:
+        h = 0.5 * sum(lv) / div
+        if quality == "softplus":
+            h = math.log1p(math.exp(h))
+        elif quality == "clamp":
+            h = max(0.0, h)
+        return math.exp(-lam * h / (1.0 + h))
+
+    s = [math.exp(a) + math.exp(b) for a, b in zip(lv_v, lv_t, strict=True)]
+    q = sum((a - b) ** 2 / sk for a, b, sk in zip(mu_v, mu_t, s, strict=True)) / div
+    logdet = sum(math.log(sk) for sk in s) / div
+    return G / T * mass(lv_v) * mass(lv_t) / math.sqrt(q + eps), -0.5 * q, -0.5 * logdet
+
+
+@pytest.mark.parametrize("per_dim_mean", [True, False])
+@pytest.mark.parametrize("quality", ["softplus", "clamp", "literal"])
+def test_each_term_matches_its_closed_form(per_dim_mean: bool, quality: str) -> None:
+    mu_v, lv_v = gaussians(5, 7, seed=1, spread=1.5, centre=0.5)
+    mu_t, lv_t = gaussians(5, 7, seed=2, spread=1.5, centre=0.5)
+    kw = {"G": 1.7, "T": 0.6, "lam": 0.8, "per_dim_mean": per_dim_mean, "eps": 1e-3, "quality": quality}
+    terms = sgi_align_terms(mu_v, lv_v, mu_t, lv_t, **kw)
+    total = sgi_align(mu_v, lv_v, mu_t, lv_t, **kw)
+    for k in range(5):
+        a, b, c = hand_terms(mu_v[k].tolist(), lv_v[k].tolist(), mu_t[k].tolist(), lv_t[k].tolist(), **kw)
+        assert float(terms["A"][k]) == pytest.approx(a, rel=1e-12)
+        assert float(terms["B"][k]) == pytest.approx(b, rel=1e-12)
+        assert float(terms["C"][k]) == pytest.approx(c, rel=1e-12, abs=1e-12)
+        assert float(total[k]) == pytest.approx(a + b + c, rel=1e-12, abs=1e-12)
+    # a subset of the terms (the ablations) sums only those
+    only_bc = sgi_align(mu_v, lv_v, mu_t, lv_t, terms="BC", **kw)
+    torch.testing.assert_close(only_bc, terms["B"] + terms["C"])
+    assert set(sgi_align_terms(mu_v, lv_v, mu_t, lv_t, terms="AC", **kw)) == {"A", "C"}
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+def test_b_plus_c_is_the_log_overlap_integral(dim: int) -> None:
+    """G = 0, sums over dimensions: B + C = log ∫ N(z; μ_v, Σ_v) N(z; μ_t, Σ_t) dz + D/2·log 2π, by quadrature."""
+    mu_v = torch.tensor([[0.3, -0.2][:dim]], dtype=torch.float64)
+    mu_t = torch.tensor([[-0.4, 0.5][:dim]], dtype=torch.float64)
+    lv_v = torch.tensor([[math.log(0.20), math.log(0.5)][:dim]], dtype=torch.float64)
+    lv_t = torch.tensor([[math.log(0.35), math.log(0.1)][:dim]], dtype=torch.float64)
+    score = sgi_align(mu_v, lv_v, mu_t, lv_t, G=0.0, T=1.0, lam=1.0, per_dim_mean=False)
+
+    axis = torch.linspace(-6.0, 6.0, 1201 if dim == 2 else 20001, dtype=torch.float64)
+    grids = torch.meshgrid(*([axis] * dim), indexing="ij")
+    z = torch.stack(grids, dim=-1)  # [..., dim]
+
+    def density(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+        var = logvar.exp()[0]
+        return torch.exp(-0.5 * ((z - mu[0]) ** 2 / var).sum(-1)) / torch.sqrt((2 * math.pi * var).prod())
+
+    integrand = density(mu_v, lv_v) * density(mu_t, lv_t)
+    integral = integrand
+    for _ in range(dim):
+        integral = torch.trapezoid(integral, axis, dim=0)
+    expected = math.log(float(integral)) + dim / 2 * math.log(2 * math.pi)
+    assert float(score[0]) == pytest.approx(expected, abs=1e-9)
+
+
+@pytest.mark.parametrize("quality", ["softplus", "clamp"])
+@pytest.mark.parametrize("per_dim_mean", [True, False])
+def test_default_quality_stays_in_zero_one(quality: str, per_dim_mean: bool) -> None:
+    levels = torch.tensor([-50.0, -10.0, -4.0, -1e-3, 0.0, 1e-3, 1.0, 5.0, 50.0], dtype=torch.float64)
+    logvar = levels[:, None].expand(-1, 512)
+    for lam in (0.0, 1.0, 10.0):
+        m = sgi_quality(logvar, lam=lam, per_dim_mean=per_dim_mean, quality=quality)
+        assert bool(((m > 0) & (m <= 1)).all()), (lam, m)
+    # more uncertainty, less mass (non-increasing; softplus strictly)
+    m = sgi_quality(logvar, lam=1.0, per_dim_mean=per_dim_mean, quality=quality)
+    assert bool((m[1:] <= m[:-1]).all())
+
+
+def test_the_literal_quality_is_unbounded() -> None:
+    """Spec §5.2 item 1: H/(1 + H) has a pole at H = −1: the literal m exceeds 1 for −1 < H < 0, explodes towards
+    the pole and drops below e^−λ past it (more certainty, less mass)."""
+    def literal(h: float) -> float:
+        return float(sgi_quality(torch.full((1, 4), 2.0 * h, dtype=torch.float64), lam=1.0, quality="literal")[0])
+
+    assert literal(-0.5) == pytest.approx(math.e)  # H/(1 + H) = −1
+    assert literal(-0.999) > 1e100
+    assert literal(-4.0) == pytest.approx(math.exp(-4.0 / 3.0)) and literal(-4.0) < literal(0.0) == 1.0
+    for h in (-0.5, -0.999, -4.0):
+        fixed = float(sgi_quality(torch.full((1, 4), 2.0 * h), lam=1.0, quality="softplus")[0])
+        assert 0.0 < fixed <= 1.0
+
+
+def test_matched_pairs_collapse_to_the_clamp_and_b_resists() -> None:
+    """Spec §5.2 item 3: with L = −(B + C), the per-dimension optimum is s_k = δ_k², so C shrinks Σ and only B
+    resists; an exactly matched dimension (δ = 0) runs into the clamp."""
+    delta = torch.tensor([[0.5, 0.2, 0.0, 0.1]], dtype=torch.float64)
+    raw = torch.zeros(1, 4, dtype=torch.float64, requires_grad=True)  # video log σ²; the text's is negligible
+    text_logvar = torch.full((1, 4), -40.0, dtype=torch.float64)
+    opt = torch.optim.Adam([raw], lr=0.05)
+    for _ in range(800):
+        logvar = raw.clamp(-10.0, 5.0)
+        loss = -sgi_align(delta, logvar, torch.zeros_like(delta), text_logvar, G=0.0, T=1.0, lam=1.0).sum()
+        opt.zero_grad()
+        loss.backward()
+        assert torch.isfinite(raw.grad).all()
+        opt.step()
+    var = raw.detach().clamp(-10.0, 5.0).exp()[0]
+    torch.testing.assert_close(var[[0, 1, 3]], delta[0, [0, 1, 3]] ** 2, rtol=1e-3, atol=0)
+    assert float(raw.detach()[0, 2]) < -10.0 and float(var[2]) == pytest.approx(math.exp(-10.0))
+
+
+def test_gradients_are_finite_at_the_clamps_and_at_zero_distance() -> None:
+    h = head()
+    with torch.no_grad():
+        h.gauss_text.logvar_fc.bias.fill_(-40.0)  # every text log σ² below the clamp
+        h.gauss_video.logvar_fc.bias.fill_(40.0)  # every video log σ² above it
+    text, video = features(6, 6)
+    out = h.loss(text, video)
+    out["loss"].backward()
+    for name, p in h.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    assert float(h.gauss_text.logvar_fc.bias.grad.abs().max()) == 0.0  # clamped: no gradient, but finite
+    # identical means: d = √ε, A at its maximum, gradients finite
+    mu, logvar = gaussians(3, 8, seed=4)
+    mu_v = mu.clone().requires_grad_(True)
+    lv = logvar.clone().requires_grad_(True)
+    s = sgi_align(mu_v, lv, mu, logvar, G=1.0, T=1.0, lam=1.0)
+    s.sum().backward()
+    assert torch.isfinite(s).all() and torch.isfinite(mu_v.grad).all() and torch.isfinite(lv.grad).all()
+
+
+# --------------------------------------------------------------------------------------------- all pairs
+
+
+@pytest.mark.parametrize("per_dim_mean", [True, False])
+@pytest.mark.parametrize("quality,terms", [("softplus", "ABC"), ("clamp", "BC"), ("literal", "A"), ("softplus", "AC")])
+@pytest.mark.parametrize("n_t,n_v,dim", [(7, 9, 32), (13, 5, 33), (1, 1, 3), (11, 17, 96)])
+def test_pairwise_equals_every_pair(per_dim_mean: bool, quality: str, terms: str, n_t: int, n_v: int, dim: int) -> None:
+    # centre −4 (the init): the literal quality's pole at H = −1 would be a per-dimension centre of −2
+    mu_v, lv_v = gaussians(n_v, dim, seed=5, centre=-4.0)
+    mu_t, lv_t = gaussians(n_t, dim, seed=6, centre=-4.0)
+    mu_v, lv_v, mu_t, lv_t = (x.float() for x in (mu_v, lv_v.clamp(-10, 5), mu_t, lv_t.clamp(-10, 5)))
+    kw = {"G": 1.3, "T": 0.7, "lam": 0.9, "per_dim_mean": per_dim_mean, "quality": quality, "terms": terms}
+    expected = torch.stack(
+        [sgi_align(mu_v.double(), lv_v.double(), mu_t[i : i + 1].double().expand(n_v, -1),
+                   lv_t[i : i + 1].double().expand(n_v, -1), **kw) for i in range(n_t)]
+    )
+    full = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, **kw)
+    assert full.shape == (n_t, n_v) and full.dtype == torch.float32
+    scale = float(expected.abs().max()) + 1.0
+    torch.testing.assert_close(full.double(), expected, rtol=1e-5, atol=1e-5 * scale)
+    for text_chunk, video_chunk in ((2, 3), (1, 1), (5, 4)):
+        chunked = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, text_chunk=text_chunk, video_chunk=video_chunk, **kw)
+        torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5 * scale)
+    direct = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, max_group=1, **kw)  # one log per dimension
+    torch.testing.assert_close(direct, full, rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_pairwise_at_the_clamp_extremes_and_without_a_clamp() -> None:
+    """The grouped products stay in range at both ends of the clamp; without a clamp the group falls back to 1."""
+    dim = 512
+    lows, highs = torch.full((3, dim), -10.0), torch.full((4, dim), 5.0)
+    mu = F.normalize(torch.randn(4, dim), dim=-1)
+    for lv_v, lv_t in ((lows, lows), (highs, highs), (lows, highs[:3])):
+        mu_v, mu_t = mu[: len(lv_v)], mu[: len(lv_t)]
+        g, _ = sgi_product_group(lv_v, lv_t)
+        assert g >= 8
+        full = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, per_dim_mean=False)
+        reference = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, per_dim_mean=False,
+                                       max_group=1)
+        torch.testing.assert_close(full, reference, rtol=1e-5, atol=1e-3)
+    wide = torch.tensor([[-79.0, 79.0]])  # log s spans 158: no product of two is provably in range
+    assert sgi_product_group(wide, wide) == (1, 0)
+    assert sgi_product_group(torch.full((2, 4), -90.0), torch.full((2, 4), -95.0)) == (1, 0)  # e^−90 is subnormal
+    narrow = sgi_product_group(torch.full((2, dim), -60.0), torch.full((2, dim), 60.0))  # every s = e^60: any g
+    assert narrow == (64, round(60.0 / math.log(2.0)))
+    assert sgi_product_group(torch.tensor([[float("nan")] * 4]), torch.zeros(1, 4))[0] == 1
+    # the default clamp's whole range still allows groups of 8, whatever the data
+    assert sgi_product_group(torch.tensor([[-10.0, 5.0]]).expand(2, -1), torch.tensor([[5.0, -10.0]]))[0] >= 2
+    assert sgi_product_group(torch.tensor([[-10.0] * 8 + [5.0] * 8]), torch.tensor([[5.0] * 8 + [-10.0] * 8]))[0] == 8
+
+
+def test_pairwise_keeps_float64_and_is_differentiable_when_asked() -> None:
+    mu_v, lv_v = gaussians(4, 6, seed=7)
+    mu_t, lv_t = gaussians(3, 6, seed=8)
+    kw = {"G": 1.0, "T": 1.0, "lam": 1.0}
+    out = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, **kw)
+    assert out.dtype == torch.float64
+    lv = lv_v.clone().requires_grad_(True)
+    graded = sgi_align_pairwise(mu_v, lv, mu_t, lv_t, text_chunk=2, **kw)
+    torch.testing.assert_close(graded.detach(), out)
+    graded.sum().backward()
+    assert lv.grad is not None and torch.isfinite(lv.grad).all()
+
+
+def test_pairwise_workers_under_no_grad_and_the_thread_setting_is_restored() -> None:
+    """Several text stripes on two worker threads: same values as one thread, inputs that require grad are fine
+    under no_grad (grad mode is thread-local), and the caller's torch thread count is unchanged afterwards."""
+    mu_v, lv_v = (x.float() for x in gaussians(9, 24, seed=9))
+    mu_t, lv_t = (x.float() for x in gaussians(21, 24, seed=10))
+    mu_t.requires_grad_(True)  # like a head's states encoded outside no_grad
+    lv_t.requires_grad_(True)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            single = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2)
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            threaded = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
+    assert not threaded.requires_grad
+    torch.testing.assert_close(threaded, single, rtol=0, atol=0)
+
+
+def test_bad_arguments_are_named() -> None:
+    mu, lv = gaussians(2, 4, seed=0)
+    with pytest.raises(ValueError, match="terms = 'ABD'"):
+        sgi_align(mu, lv, mu, lv, G=1.0, T=1.0, lam=1.0, terms="ABD")
+    with pytest.raises(ValueError, match="T = 0"):
+        sgi_align(mu, lv, mu, lv, G=1.0, T=0, lam=1.0)
+    with pytest.raises(ValueError, match="quality = 'exp'"):
+        sgi_align_pairwise(mu, lv, mu, lv, G=1.0, T=1.0, lam=1.0, quality="exp")
+    with pytest.raises(ValueError, match="aligned pairs"):
+        sgi_align(mu, lv, mu[:1], lv[:1], G=1.0, T=1.0, lam=1.0)
+    with pytest.raises(ValueError, match=r"must both be \[N, D\]"):
+        sgi_align_pairwise(mu, lv[:, :3], mu, lv, G=1.0, T=1.0, lam=1.0)
+
+
+# --------------------------------------------------------------------------------------------- the head
+
+
+def test_initialisation_follows_the_spec() -> None:
+    torch.manual_seed(0)
+    h = GraviAlignHead(64)
+    for module in (h.gauss_text, h.gauss_video):
+        assert torch.equal(module.mu_fc.weight, torch.eye(64)) and not module.mu_fc.bias.any()
+        assert torch.equal(module.logvar_fc.bias, torch.full((64,), -4.0))
+        assert float(module.logvar_fc.weight.detach().std()) == pytest.approx(0.02, rel=0.05)
+    assert h.gauss_text.mu_fc.weight.data_ptr() != h.gauss_video.mu_fc.weight.data_ptr()  # separate parameters
+    text, video = features(3, 3)
+    state = GraviAlignHead(D).encode_texts(text)
+    torch.testing.assert_close(state.mu, F.normalize(F.layer_norm(text.eot, (D,)), dim=-1))
+    torch.testing.assert_close(state.f, F.normalize(text.eot, dim=-1))
+    assert h.indexable and h.inference_setting() == {"mode": "cos_f"}
+
+
+def test_video_feature_is_the_masked_mean_of_the_slots() -> None:
+    _, video = features(2, 4, frames=5)
+    pooled = pooled_video(video)
+    for j in range(4):
+        real = video.frames[j][video.frame_mask[j].bool()]
+        torch.testing.assert_close(pooled[j], real.mean(0))
+    one_slot = VideoFeatures(video.frames[:, :1], torch.ones(4, 1, dtype=torch.long))  # the CLIP-ViP tower
+    torch.testing.assert_close(pooled_video(one_slot), video.frames[:, 0])
+
+
+@pytest.mark.parametrize("infonce_on", ["f", "mu", "both"])
+def test_loss_is_infonce_plus_alpha_sgi(infonce_on: str) -> None:
+    h = head(alpha=0.3, infonce_on=infonce_on).eval()
+    text, video = features(6, 6)
+    out = h.loss(text, video)
+    ts, vs = h.encode_texts(text), h.encode_videos(video)
+    cos_f = symmetric_infonce(ts.f @ vs.f.T)  # logit scale 1
+    cos_mu = symmetric_infonce(ts.mu @ vs.mu.T)
+    infonce = {"f": cos_f, "mu": cos_mu, "both": 0.5 * (cos_f + cos_mu)}[infonce_on]
+    sgi = -sgi_align(vs.mu, vs.logvar, ts.mu, ts.logvar, **h.sgi_kwargs()).mean()
+    torch.testing.assert_close(out["loss"], infonce + 0.3 * sgi)
+    torch.testing.assert_close(out["sgi"], sgi)
+    torch.testing.assert_close(out["term_A"] + out["term_B"] + out["term_C"], -sgi)
+
+
+def test_sgi_can_be_kept_from_the_backbone() -> None:
+    """sgi_to_backbone: false: the features' gradient is the InfoNCE's alone; the heads still get L_SGI's."""
+    grads = {}
+    for name, opts in (("detached", {"sgi_to_backbone": False, "alpha": 0.5}), ("infonce", {"alpha": 0.0}),
+                       ("shared", {"alpha": 0.5})):
+        h = head(**opts).eval()
+        text, video = features(5, 5)
+        text.eot.requires_grad_(True)
+        out = h.loss(text, video)
+        out["loss"].backward()
+        grads[name] = (text.eot.grad.clone(), h.gauss_text.logvar_fc.bias.grad.clone(), float(out["loss"].detach()))
+    torch.testing.assert_close(grads["detached"][0], grads["infonce"][0])
+    assert not torch.allclose(grads["shared"][0], grads["infonce"][0])
+    torch.testing.assert_close(grads["detached"][1], grads["shared"][1])  # the heads learn the same either way
+    assert grads["detached"][2] == pytest.approx(grads["shared"][2])  # same value, different gradient path
+
+
+def test_a_training_step_lowers_the_loss_and_tracks_statistics() -> None:
+    h = head(stats_momentum=0.5)
+    text, video = features(8, 8)
+    opt = torch.optim.Adam(h.parameters(), lr=1e-2)
+
+    def eval_loss() -> float:
+        h.eval()
+        with torch.no_grad():
+            return float(h.loss(text, video)["loss"])
+
+    before = eval_loss()
+    assert int(h.s_align_batches) == 0  # eval mode never updates the statistics
+    stats = []
+    for _ in range(10):
+        h.train()
+        with torch.no_grad():
+            ts, vs = h.encode_texts(text), h.encode_videos(video)
+            batch = sgi_align_pairwise(vs.mu, vs.logvar, ts.mu, ts.logvar, **h.sgi_kwargs()).double()
+        prev = (float(h.s_align_mean), float(h.s_align_var))
+        loss = h.loss(text, video)["loss"]
+        stats.append((prev, float(batch.mean()), float(batch.var()), float(h.s_align_mean), float(h.s_align_var)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert eval_loss() < before
+    (_, mean0, var0, got_mean0, got_var0), *rest = stats
+    assert got_mean0 == pytest.approx(mean0, rel=1e-5) and got_var0 == pytest.approx(var0, rel=1e-4)
+    for (prev_mean, prev_var), mean, var, got_mean, got_var in rest:  # momentum 0.5: halfway to the batch value
+        assert got_mean == pytest.approx(0.5 * (prev_mean + mean), rel=1e-5)
+        assert got_var == pytest.approx(0.5 * (prev_var + var), rel=1e-4)
+    assert int(h.s_align_batches) == 10
+
+
+SETTINGS = [{"mode": "cos_f"}, {"mode": "cos_mu"}, {"mode": "s_align"}, {"mode": "mixed", "w": 0.7}]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s["mode"])
+def test_every_mode_scores_exactly_chunked_by_pairs_and_two_stage(setting: dict) -> None:
+    h = head()
+    text, video = features(8, 8)
+    h.train()
+    h.loss(text, video)  # running statistics for the mixed mode
+    h.eval()
+    h.set_inference_setting(setting)
+    assert h.inference_setting() == setting and h.indexable == (setting["mode"] in ("cos_f", "cos_mu"))
+    text, video = features(7, 11, seed=3)
+    ts, vs = h.encode_texts(text), h.encode_videos(video)
+    full = h.score(ts, vs)
+    s_align = sgi_align_pairwise(vs.mu, vs.logvar, ts.mu, ts.logvar, **h.sgi_kwargs())
+    expected = {
+        "cos_f": ts.f @ vs.f.T,
+        "cos_mu": ts.mu @ vs.mu.T,
+        "s_align": s_align,
+        "mixed": ts.f @ vs.f.T + 0.7 * (s_align - h.s_align_mean) / h.s_align_var.sqrt(),
+    }[setting["mode"]]
+    torch.testing.assert_close(full, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h.score(ts, vs, text_chunk=3, video_chunk=4), full, rtol=1e-5, atol=1e-5)
+    components = h.score_components(ts, vs, text_chunk=2)
+    torch.testing.assert_close(h.combine_scores(components, setting), full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h.score(ts, vs), full, rtol=1e-5, atol=1e-5)  # from the kept S_align matrix
+    g = torch.Generator().manual_seed(2)
+    ti, vi = torch.randint(0, 7, (50,), generator=g), torch.randint(0, 11, (50,), generator=g)
+    torch.testing.assert_close(h.score_pairs(ts, vs, ti, vi), full[ti, vi], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h.score_two_stage(ts, vs, 11), full, rtol=1e-5, atol=1e-5)
+    idx, scores = h.rerank(ts, vs, 4)
+    torch.testing.assert_close(scores, full.gather(1, idx), rtol=1e-5, atol=1e-5)
+    shortlist = top_k_by_dot(h.shortlist_texts(ts), h.shortlist_videos(vs), 4)[0]
+    assert torch.equal(idx.sort(1).values, shortlist.sort(1).values)
+    if h.indexable:
+        torch.testing.assert_close(h.shortlist_texts(ts) @ h.shortlist_videos(vs).T, full, rtol=1e-5, atol=1e-5)
+    else:
+        field = h.options.shortlist
+        assert torch.equal(h.shortlist_texts(ts), getattr(ts, "f" if field == "f" else "mu"))
+
+
+def test_inference_setting_and_statistics_travel_with_the_checkpoint(tmp_path: Path) -> None:
+    from tvr.train.checkpoint import load_checkpoint, save_checkpoint
+
+    h = head()
+    text, video = features(6, 6)
+    h.train()
+    h.loss(text, video)
+    h.set_inference_setting({"mode": "mixed", "w": 0.25})
+    model = RetrievalModel(None, torch.nn.Identity(), h)
+    save_checkpoint(tmp_path / "head.pt", model)
+    other = RetrievalModel(None, torch.nn.Identity(), head(seed=1))
+    assert other.head.inference_setting() == {"mode": "cos_f"} and other.head.indexable  # read before loading
+    load_checkpoint(tmp_path / "head.pt", other)
+    assert other.head.inference_setting() == {"mode": "mixed", "w": 0.25} and not other.head.indexable
+    assert float(other.head.s_align_mean) == float(h.s_align_mean) and int(other.head.s_align_batches) == 1
+    h.eval()
+    other.head.eval()
+    ts, vs = h.encode_texts(text), h.encode_videos(video)
+    torch.testing.assert_close(other.head.score(other.head.encode_texts(text), other.head.encode_videos(video)),
+                               h.score(ts, vs), rtol=0, atol=0)
+
+
+def test_candidates_and_setting_errors() -> None:
+    h = GraviAlignHead(D, GraviAlignOptions(mixed_weights=(0.1, 0.1, 0.5, 0.5)))
+    assert h.inference_candidates() == [{"mode": "cos_f"}, {"mode": "cos_mu"}, {"mode": "s_align"},
+                                        {"mode": "mixed", "w": 0.1}, {"mode": "mixed", "w": 0.5}]
+    assert h.baseline_settings() == {"cos_f": {"mode": "cos_f"}}
+    assert GraviAlignHead(D, GraviAlignOptions(select_modes="")).inference_candidates() == []
+    fixed = GraviAlignHead(D, GraviAlignOptions(inference_mode="mixed", mixed_weight=0.4))
+    assert fixed.inference_setting() == {"mode": "mixed", "w": 0.4} and not fixed.indexable
+    with pytest.raises(ValueError, match="'mode' must be one of"):
+        h.set_inference_setting({"mode": "cosine"})
+    with pytest.raises(ValueError, match="'w' must be a number"):
+        h.set_inference_setting({"mode": "mixed", "w": -1})
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['gamma'\]"):
+        h.set_inference_setting({"mode": "cos_f", "gamma": 1})
+
+
+@pytest.mark.parametrize(
+    "values,message",
+    [
+        ({"select_modes": "cos_f,dot"}, r"head.options.select_modes = 'cos_f,dot': expected distinct names"),
+        ({"select_modes": "cos_f,cos_f"}, "expected distinct names"),
+        ({"logvar_min": 1.0, "logvar_max": 0.0}, r"head.options.logvar_min = 1.0: must be below logvar_max"),
+        ({"logvar_init": -20.0}, r"head.options.logvar_init = -20.0: must lie in"),
+        ({"quality": "exp"}, r"head.options.quality = 'exp': expected one of \['softplus', 'clamp', 'literal'\]"),
+        ({"terms": "ABD"}, r"head.options.terms = 'ABD': expected one of"),
+        ({"T": 0.0}, r"head.options.T = 0.0: expected a number > 0.0"),
+        ({"mixed_weights": [0.1, 0.2]}, r"head.options.mixed_weights: expected a list of 4 values"),
+        ({"mixed_weights": [0.1, 0.2, 0.3, -1.0]}, r"head.options.mixed_weights = \[0.1, 0.2, 0.3, -1.0\]"),
+        ({"inference_mode": "dot"}, r"head.options.inference_mode = 'dot': expected one of \['cos_f'"),
+    ],
+)
+def test_options_are_checked_by_name(values: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        head_options("gravialign", values)
+
+
+def test_module_lr_gives_the_uncertainty_heads_their_own_group() -> None:
+    h = GraviAlignHead(D, GraviAlignOptions(module_lr=3e-4))
+    model = RetrievalModel(None, torch.nn.Identity(), h)
+    groups = {g["group"]: g for g in model.parameter_groups(1e-6, 1.0, 0.2)}
+    assert groups["gauss"]["lr"] == 3e-4 and groups["gauss-nodecay"]["lr"] == 3e-4
+    assert all(n.startswith("head.gauss_") for n in groups["gauss"]["names"] + groups["gauss-nodecay"]["names"])
+    assert groups["head-nodecay"]["names"] == ["head.logit_scale"]
+    plain = RetrievalModel(None, torch.nn.Identity(), GraviAlignHead(D))
+    assert "gauss" not in {g["group"] for g in plain.parameter_groups(1e-6, 1.0, 0.2)}
+
+
+# --------------------------------------------------------------------------------------------- evaluation
+
+
+def encoded_split(n: int = 12, seed: int = 5):  # noqa: ANN201
+    from tvr.eval.runner import EncodedSplit
+
+    text, video = features(n, n, seed=seed)
+    return EncodedSplit(text, video, list(range(n)), [f"v{k}" for k in range(n)], "one_to_one")
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s["mode"])
+@pytest.mark.parametrize("rerank_k", [0, 5])
+def test_every_mode_evaluates_and_names_itself(setting: dict, rerank_k: int) -> None:
+    from tvr.eval.protocol import evaluate
+    from tvr.eval.runner import evaluate_encoded
+
+    h = head()
+    h.train()
+    h.loss(*features(8, 8))
+    h.set_inference_setting(setting)
+    model = RetrievalModel(None, torch.nn.Identity(), h.eval())
+    encoded = encoded_split()
+    cfg = Config()
+    cfg.eval.rerank_k = rerank_k
+    metrics = evaluate_encoded(model, encoded, cfg, torch.device("cpu"))
+    assert metrics["info"]["inference_setting"] == setting
+    ts, vs = h.encode_texts(encoded.text), h.encode_videos(encoded.video)
+    sim = h.score_two_stage(ts, vs, 5) if rerank_k and not h.indexable else h.score(ts, vs)
+    assert metrics["t2v"] == evaluate(sim, encoded.text_video, "one_to_one")["t2v"]
+    assert metrics["t2v@cos_f"] == evaluate(ts.f @ vs.f.T, encoded.text_video, "one_to_one")["t2v"]
+    assert metrics["info"]["indexable"] == (setting["mode"] in ("cos_f", "cos_mu"))
+    assert metrics["info"]["scoring"].startswith("two-stage") == bool(rerank_k and not h.indexable)
+
+
+def test_validation_chooses_the_mode() -> None:
+    from tvr.eval.protocol import evaluate
+    from tvr.eval.runner import _pick, evaluate_encoded
+
+    h = head()
+    h.train()
+    h.loss(*features(8, 8))
+    model = RetrievalModel(None, torch.nn.Identity(), h.eval())
+    encoded = encoded_split()
+    cfg = Config()
+    cfg.train.select_metric = "t2v/MnR"
+    ts, vs = h.encode_texts(encoded.text), h.encode_videos(encoded.video)
+    components = h.score_components(ts, vs)
+    results = [(c, evaluate(h.combine_scores(components, c), encoded.text_video, "one_to_one"))
+               for c in h.inference_candidates()]
+    best = results[_pick(results, "t2v/MnR")][0]
+    metrics = evaluate_encoded(model, encoded, cfg, torch.device("cpu"), select_inference=True)
+    assert h.inference_setting() == best == metrics["info"]["inference_setting"]
+    assert [row["setting"] for row in metrics["info"]["inference_selection"]] == h.inference_candidates()
+    assert len(metrics["info"]["inference_selection"]) == 7  # cos_f, cos_mu, s_align, mixed × 4 weights
+
+
+def test_gravialign_trains_and_evaluates_through_the_cli(tmp_path: Path) -> None:
+    import yaml
+    from test_end_to_end import make_msrvtt
+    from typer.testing import CliRunner
+
+    from tvr.cli import app
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(make_msrvtt(tmp_path / "data")))
+    run = tmp_path / "run"
+    runner = CliRunner()
+    result = runner.invoke(app, ["train", "--config", str(config), "--out", str(run), "--set", "head.name=gravialign",
+                                 "--set", "train.max_steps=2", "--set", "head.options.mixed_weights=[0.5,1,2,4]"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((run / "test_best" / "metrics.json").read_text())
+    setting = metrics["inference_setting"]  # metrics.json lifts "info" to the top level
+    assert metrics["head"] == "gravialign" and setting["mode"] in MODES and "t2v@cos_f" in metrics
+    val = [json.loads(line) for line in (run / "val_log.jsonl").read_text().splitlines()]
+    assert val and any("inference_selection" in json.dumps(rec) for rec in val)
+    log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    assert {"infonce", "sgi", "term_A", "term_B", "term_C"} <= {key for rec in log for key in rec}
+    ev = tmp_path / "eval"
+    result = runner.invoke(app, ["eval", "--config", str(run / "config.yaml"), "--checkpoint", str(run / "best.pt"),
+                                 "--out", str(ev)])
+    assert result.exit_code == 0, result.output
+    again = json.loads((ev / "metrics.json").read_text())
+    assert again["t2v"] == metrics["t2v"] and again["inference_setting"] == setting
+
+
+# --------------------------------------------------------------------------------------------- presets
+
+
+def load(path: Path) -> Config:
+    cfg = load_config(path)
+    resolve_head_config(cfg.head)
+    return cfg
+
+
+def test_presets_exist_and_follow_the_clipvip_recipe() -> None:
+    names = {p.relative_to(REPO / "configs" / "gravialign").as_posix() for p in PRESETS}
+    assert {"msrvtt.yaml", "msrvtt_b16.yaml", "didemo.yaml", "activitynet.yaml", "ablations/no_a.yaml",
+            "ablations/no_b.yaml", "ablations/no_c.yaml", "ablations/literal.yaml", "ablations/guarded.yaml"} <= names
+    for path in PRESETS:
+        cfg = load(path)
+        clipvip = load(REPO / "configs" / "clipvip" / f"{cfg.data.dataset}.yaml")
+        assert cfg.head.name == "gravialign" and cfg.model.backbone == "clipvip"
+        assert cfg.model.clipvip.proxy_projection is False
+        assert (cfg.data, cfg.train) == (clipvip.data, clipvip.train)  # CLIP-ViP's data and recipe, unchanged
+        assert cfg.head.logit_scale_max == pytest.approx(math.log(200))
+    default = load(REPO / "configs" / "gravialign" / "msrvtt.yaml").head.options
+    assert default == GraviAlignOptions()
+    for name, terms in (("no_a", "BC"), ("no_b", "AC"), ("no_c", "AB")):
+        opts = load(REPO / "configs" / "gravialign" / "ablations" / f"{name}.yaml").head.options
+        assert opts == dataclasses.replace(default, terms=terms)
+    guarded = load(REPO / "configs" / "gravialign" / "ablations" / "guarded.yaml").head.options
+    assert guarded == dataclasses.replace(default, eps=1e-2, sgi_to_backbone=False)
+    literal = load(REPO / "configs" / "gravialign" / "ablations" / "literal.yaml").head.options
+    assert literal == dataclasses.replace(default, per_dim_mean=False, quality="literal", logvar_clamp=False, eps=0.0)
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.relative_to(REPO / "configs").as_posix())
+def test_preset_runs_a_training_step_on_a_tiny_clipvip(path: Path) -> None:
+    from tvr.config import TinyClipConfig
+    from tvr.models.build import build_model
+
+    cfg = load(path)
+    cfg.model.clip = "tiny"
+    cfg.model.tiny = TinyClipConfig(embed_dim=16, text_width=16, text_layers=1, text_heads=2, vision_width=16,
+                                    vision_layers=1, vision_heads=2, image_size=16, patch_size=8, context_length=16,
+                                    vocab_size=300)
+    cfg.model.clipvip.checkpoint = ""
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    assert isinstance(model.head, GraviAlignHead) and model.head.options == cfg.head.options
+    b, frames = 3, 2
+    g = torch.Generator().manual_seed(0)
+    batch = {
+        "text_ids": torch.randint(1, 300, (b, 8), generator=g),
+        "text_mask": torch.ones(b, 8, dtype=torch.long),
+        "video": torch.randn(b, frames, 3, 16, 16, generator=g),
+        "video_mask": torch.ones(b, frames, dtype=torch.long),
+    }
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    out = model(batch)
+    out["loss"].backward()
+    opt.step()
+    assert torch.isfinite(out["loss"]) and int(model.head.s_align_batches) == 1
+    assert model.head.gauss_video.logvar_fc.weight.grad is not None
+
+
+def test_builds_with_the_registry_defaults() -> None:
+    from tvr.config import HeadConfig
+    from tvr.models.heads.registry import build_head
+
+    h = build_head(HeadConfig(name="gravialign"), D, LN_100)
+    assert isinstance(h, GraviAlignHead) and h.options == GraviAlignOptions() and h.indexable

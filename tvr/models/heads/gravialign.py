@@ -1,0 +1,419 @@
+"""GraviAlign head (spec §5, summary seed 004): Gaussian embeddings scored by semantic gravitation × geometric overlap.
+
+No code was ever released; this is our implementation of the summary, with the choices it leaves open stated in
+docs/methods/gravialign.md. Per modality a pooled feature f (text: the projected EOT before L2 normalisation; video:
+the masked mean of the frame slots, i.e. the projected first proxy on the CLIP-ViP tower, which has one slot) goes
+through an uncertainty head with its own parameters:
+
+    μ = norm(LN(W_μ f + b_μ))        W_μ = I, b_μ = 0 at init
+    log σ² = clamp(W_σ f + b_σ)      W_σ ~ N(0, 0.02²), b_σ = log σ₀² (−4) at init, clamp [−10, 5]
+
+Training: L = InfoNCE(exp(logit_scale)·cos) + α·L_SGI, L_SGI = −mean of S_align (``tvr.losses.sgi_align``) over the
+positive pairs; the InfoNCE runs on normalised f (default) or on μ.
+
+Inference modes (an inference setting chosen on the validation split, stored in buffers so it travels with the
+checkpoint): ``cos_f`` (the CLIP-ViP score, indexable), ``cos_mu`` (indexable), ``s_align`` (S_align of every pair,
+``tvr.losses.sgi_align_pairwise``) and ``mixed`` = cos_f + w·(S_align − mean)/std with the mean and std of S_align
+over all in-batch pairs, kept as running statistics during training (like BatchNorm's), so at test time the score of
+a pair does not depend on the gallery. ``indexable`` follows the current mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tvr.config import bounded, choice
+from tvr.losses import SGI_QUALITIES, sgi_align, sgi_align_pairwise, sgi_align_terms, symmetric_infonce
+from tvr.models.heads.base import LN_100, ParamRule, RetrievalHead, _check_pairs
+from tvr.models.heads.registry import register_head
+from tvr.types import Sliceable, TextFeatures, VideoFeatures
+
+#: inference modes; the first two are dot products of per-item embeddings (indexable)
+MODES = ("cos_f", "cos_mu", "s_align", "mixed")
+INDEXABLE_MODES = ("cos_f", "cos_mu")
+#: every non-empty subset of the three score terms (the ablation presets drop one)
+TERM_SETS = ("ABC", "AB", "AC", "BC", "A", "B", "C")
+#: pairs scored at once by :meth:`GraviAlignHead.score_pairs` (each holds a few D-vectors)
+PAIR_CHUNK = 8192
+_EPS = 1e-12
+
+
+@dataclasses.dataclass
+class GraviAlignOptions:
+    """GraviAlign (spec §5), ``head.options`` of ``head.name: gravialign``. Defaults: spec §5.2 ★."""
+
+    #: gravitational constant G of term A
+    G: float = bounded(1.0, ge=0.0)
+    #: SGI temperature T (A scales with G/T)
+    T: float = bounded(1.0, gt=0.0)
+    #: quality sensitivity λ in m = exp(−λ·H̃/(1 + H̃))
+    lam: float = bounded(1.0, ge=0.0)
+    #: weight α of L_SGI in L = InfoNCE + α·L_SGI
+    alpha: float = bounded(0.1, ge=0.0)
+    #: q, Σ log s and the entropy proxy as per-dimension means, d = √(q/D + ε) (fix of spec §5.2 item 2);
+    #: false = the summary's sums over D
+    per_dim_mean: bool = True
+    #: H̃ in the quality: softplus(H) | clamp = max(0, H) (both keep m in (0, 1]) | literal = H (pole at H = −1)
+    quality: str = choice("softplus", *SGI_QUALITIES)
+    #: the score terms used in S_align (loss and s_align/mixed inference): ABC, or a subset for the ablations
+    terms: str = choice("ABC", *TERM_SETS)
+    #: ε in d = √(q + ε) (0 = the literal d = √q, infinite A at δ = 0)
+    eps: float = bounded(1e-6, ge=0.0)
+    #: clamp log σ² to [logvar_min, logvar_max] (fix of spec §5.2 item 3); false = unbounded (the literal formula)
+    logvar_clamp: bool = True
+    logvar_min: float = -10.0
+    logvar_max: float = 5.0
+    #: b_σ at init = log σ₀² (σ₀² = e⁻⁴, small against squared distances on the unit sphere)
+    logvar_init: float = -4.0
+    #: std of W_σ at init (W_μ starts at the identity, b_μ at 0)
+    logvar_weight_std: float = bounded(0.02, ge=0.0)
+    #: features of the InfoNCE: f = normalised backbone features (the CLIP-ViP head) | mu = the Gaussian means |
+    #: both = the mean of the two InfoNCE losses (ours: L_SGI alone has no negatives, see the docs)
+    infonce_on: str = choice("f", "f", "mu", "both")
+    #: the mode scored until validation picks one (and the only one when select_modes is empty)
+    inference_mode: str = choice("cos_f", *MODES)
+    #: w of the mixed mode until validation picks one
+    mixed_weight: float = bounded(0.1, ge=0.0)
+    #: modes validation chooses among, comma-separated ("" = keep inference_mode); mixed tries every mixed_weights
+    select_modes: str = "cos_f,cos_mu,s_align,mixed"
+    #: w candidates of the mixed mode on validation (repeat a value to try fewer)
+    mixed_weights: tuple[float, float, float, float] = (0.03, 0.1, 0.3, 1.0)
+    #: momentum of the running mean / variance of in-batch S_align that standardises it in the mixed mode
+    stats_momentum: float = bounded(0.01, gt=0.0, le=1.0)
+    #: two-stage scoring of the pairwise modes shortlists by cos(f) | cos(μ), then reranks exactly
+    shortlist: str = choice("f", "f", "mu")
+    #: let L_SGI's gradient reach the backbone features f (the summary's shared features); false = L_SGI trains the
+    #: uncertainty heads only (ours: the positive-only objective cannot then collapse the backbone, see the docs)
+    sgi_to_backbone: bool = True
+    #: peak lr of the two uncertainty heads (0 = train.lr; the summary gives none)
+    module_lr: float = bounded(0.0, ge=0.0)
+
+    def validate(self) -> None:
+        if self.logvar_clamp and not self.logvar_min < self.logvar_max:
+            raise ValueError(f"logvar_min = {self.logvar_min}: must be below logvar_max = {self.logvar_max}")
+        if self.logvar_clamp and not self.logvar_min <= self.logvar_init <= self.logvar_max:
+            raise ValueError(f"logvar_init = {self.logvar_init}: must lie in [logvar_min, logvar_max] = "
+                             f"[{self.logvar_min}, {self.logvar_max}]")
+        parse_modes(self.select_modes)
+        if any(not (w >= 0.0) for w in self.mixed_weights):
+            raise ValueError(f"mixed_weights = {list(self.mixed_weights)}: expected numbers >= 0")
+
+
+def parse_modes(text: str) -> list[str]:
+    """``select_modes`` as a list: comma-separated names of :data:`MODES`, each at most once ("" = none)."""
+    if not isinstance(text, str):
+        raise ValueError(f"select_modes = {text!r}: expected a comma-separated string of {list(MODES)}")
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in MODES]
+    if bad or len(set(names)) != len(names):
+        raise ValueError(f"select_modes = {text!r}: expected distinct names among {list(MODES)}, comma-separated")
+    return names
+
+
+@dataclasses.dataclass
+class GraviState(Sliceable):
+    """Per-item state. f: [N, D] normalised backbone feature; mu: [N, D] unit-norm mean; logvar: [N, D] clamped."""
+
+    f: Tensor
+    mu: Tensor
+    logvar: Tensor
+
+
+class GaussianEmbedding(nn.Module):
+    """One modality's uncertainty head: μ = norm(LN(W_μ f + b_μ)), raw log σ² = W_σ f + b_σ (clamped by the head)."""
+
+    def __init__(self, dim: int, logvar_init: float, logvar_weight_std: float) -> None:
+        super().__init__()
+        self.mu_fc = nn.Linear(dim, dim)
+        self.mu_norm = nn.LayerNorm(dim)
+        self.logvar_fc = nn.Linear(dim, dim)
+        with torch.no_grad():
+            # μ starts at norm(LN(f)): the Gaussian means begin where the backbone's features are
+            self.mu_fc.weight.copy_(torch.eye(dim))
+            self.mu_fc.bias.zero_()
+            self.logvar_fc.weight.normal_(0.0, logvar_weight_std)
+            self.logvar_fc.bias.fill_(logvar_init)
+
+    def forward(self, f: Tensor) -> tuple[Tensor, Tensor]:
+        mu = F.normalize(self.mu_norm(self.mu_fc(f)).float(), dim=-1, eps=_EPS)
+        return mu, self.logvar_fc(f).float()
+
+
+def pooled_video(video: VideoFeatures) -> Tensor:
+    """f_v: the masked mean of the (unnormalised) frame slots, [N, D]. On the CLIP-ViP tower there is one slot, the
+    projected first proxy, so this is that feature itself; on the CLIP4Clip backbone it is the mean of the frame
+    features after the temporal module. A video without a real frame gets the zero vector."""
+    frames = video.frames.float()
+    if frames.ndim != 3 or tuple(video.frame_mask.shape) != tuple(frames.shape[:2]):
+        raise ValueError(f"video features: expected frames [N, F, D] and frame_mask [N, F], got "
+                         f"{tuple(frames.shape)} and {tuple(video.frame_mask.shape)}")
+    mask = video.frame_mask.to(frames.dtype).unsqueeze(-1)
+    return (frames * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
+
+
+@register_head("gravialign")
+class GraviAlignHead(RetrievalHead):
+    """GraviAlign (spec §5). ``indexable`` follows the stored inference mode (cos_f / cos_mu: yes)."""
+
+    Options = GraviAlignOptions
+
+    def __init__(
+        self,
+        dim: int,
+        options: GraviAlignOptions | None = None,
+        *,
+        logit_scale_init: float = LN_100,
+        logit_scale_max: float = LN_100,
+    ) -> None:
+        super().__init__(dim, options, logit_scale_init=logit_scale_init, logit_scale_max=logit_scale_max)
+        o = self.options
+        o.validate()
+        self.gauss_text = GaussianEmbedding(dim, o.logvar_init, o.logvar_weight_std)
+        self.gauss_video = GaussianEmbedding(dim, o.logvar_init, o.logvar_weight_std)
+        # the inference setting and the S_align statistics are buffers: saved with (and restored from) checkpoints
+        self.register_buffer("mode_index", torch.tensor(MODES.index(o.inference_mode)))
+        # float64: the chosen w is reported as given (0.7, not 0.699999988)
+        self.register_buffer("mixed_w", torch.tensor(float(o.mixed_weight), dtype=torch.float64))
+        self.register_buffer("s_align_mean", torch.tensor(0.0))
+        self.register_buffer("s_align_var", torch.tensor(1.0))
+        self.register_buffer("s_align_batches", torch.tensor(0))
+        # one full S_align matrix kept between score_components and the score of the same states (see score)
+        self._s_cache: tuple[Any, Any, Tensor] | None = None
+        # (mode, w) read from the buffers once, not at every block (on a GPU each read is a device sync); a loaded
+        # state dict or a new setting clears it
+        self._setting: tuple[str, float] | None = None
+        self.register_load_state_dict_post_hook(lambda module, _keys: setattr(module, "_setting", None))
+
+    def _current(self) -> tuple[str, float]:
+        if self._setting is None:
+            self._setting = (MODES[int(self.mode_index)], float(self.mixed_w))
+        return self._setting
+
+    @property
+    def indexable(self) -> bool:  # type: ignore[override]
+        return self.mode in INDEXABLE_MODES
+
+    @property
+    def mode(self) -> str:
+        """The inference mode scored now (one of :data:`MODES`)."""
+        return self._current()[0]
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode!r}, terms={self.options.terms!r}, per_dim_mean={self.options.per_dim_mean}"
+
+    def sgi_kwargs(self) -> dict[str, Any]:
+        """The S_align settings of this head, as keyword arguments of ``tvr.losses.sgi_align*``."""
+        o = self.options
+        return {"G": o.G, "T": o.T, "lam": o.lam, "per_dim_mean": o.per_dim_mean, "eps": o.eps, "quality": o.quality,
+                "terms": o.terms}
+
+    def param_rules(self, lr: float, backbone_lr: float) -> list[ParamRule]:
+        if self.options.module_lr > 0:
+            return [ParamRule("head.gauss_", "gauss", lr=self.options.module_lr)]
+        return []
+
+    # ------------------------------------------------------------------ states
+    def _gaussian(self, module: GaussianEmbedding, f: Tensor) -> tuple[Tensor, Tensor]:
+        mu, logvar = module(f)
+        if self.options.logvar_clamp:
+            logvar = logvar.clamp(self.options.logvar_min, self.options.logvar_max)
+        return mu, logvar
+
+    def _state(self, module: GaussianEmbedding, f: Tensor) -> GraviState:
+        mu, logvar = self._gaussian(module, f)
+        return GraviState(F.normalize(f.float(), dim=-1, eps=_EPS), mu, logvar)
+
+    def encode_texts(self, text: TextFeatures) -> GraviState:
+        # f_t is the raw projected EOT, before CLIP's L2 normalisation (spec §5.1 ★)
+        return self._state(self.gauss_text, text.eot.float())
+
+    def encode_videos(self, video: VideoFeatures) -> GraviState:
+        return self._state(self.gauss_video, pooled_video(video))
+
+    # ------------------------------------------------------------------ scoring
+    def s_align_block(self, text_state: GraviState, video_state: GraviState) -> Tensor:
+        """S_align of every pair of a block: [n_t, n_v]."""
+        return sgi_align_pairwise(video_state.mu, video_state.logvar, text_state.mu, text_state.logvar,
+                                  **self.sgi_kwargs())
+
+    def standardise(self, s_align: Tensor) -> Tensor:
+        """(S_align − running mean) / running std: the training batches' statistics, fixed at test time."""
+        return (s_align - self.s_align_mean) / torch.sqrt(self.s_align_var.clamp_min(_EPS))
+
+    def _combine(self, mode: str, w: float, cos_f: Tensor | None, cos_mu: Tensor | None,
+                 s_align: Tensor | None) -> Tensor:
+        if mode == "cos_f":
+            return cos_f
+        if mode == "cos_mu":
+            return cos_mu
+        if mode == "s_align":
+            return s_align
+        return cos_f + w * self.standardise(s_align)
+
+    def score_block(self, text_state: GraviState, video_state: GraviState) -> Tensor:
+        mode = self.mode
+        if mode == "cos_f":
+            return text_state.f @ video_state.f.T
+        if mode == "cos_mu":
+            return text_state.mu @ video_state.mu.T
+        s_align = self.s_align_block(text_state, video_state)
+        if mode == "s_align":
+            return s_align
+        return self._combine(mode, self._current()[1], text_state.f @ video_state.f.T, None, s_align)
+
+    @torch.no_grad()
+    def score(self, text_state: GraviState, video_state: GraviState, text_chunk: int | None = None,
+              video_chunk: int | None = None) -> Tensor:
+        """As :meth:`RetrievalHead.score`; a pairwise mode reuses the S_align matrix that :meth:`score_components`
+        just computed for these very states (evaluation computes the components, then the chosen score)."""
+        cache, self._s_cache = self._s_cache, None
+        if cache is not None and cache[0] is text_state and cache[1] is video_state and not self.indexable:
+            cos_f = (text_state.f @ video_state.f.T).float() if self.mode == "mixed" else None
+            return self._combine(self.mode, self._current()[1], cos_f, None, cache[2]).float()
+        return super().score(text_state, video_state, text_chunk, video_chunk)
+
+    @torch.no_grad()
+    def score_pairs(self, text_state: GraviState, video_state: GraviState, text_index: Tensor,
+                    video_index: Tensor) -> Tensor:
+        """Exact scores of given pairs straight from ``sgi_align`` on the gathered pairs (no grids)."""
+        if self.indexable:
+            return super().score_pairs(text_state, video_state, text_index, video_index)
+        text_index, video_index = _check_pairs(text_index, video_index, len(text_state), len(video_state))
+        out = torch.empty(text_index.shape[0], dtype=torch.float32)
+        device = text_state.mu.device
+        for a in range(0, text_index.shape[0], PAIR_CHUNK):
+            ti, vi = text_index[a : a + PAIR_CHUNK].to(device), video_index[a : a + PAIR_CHUNK].to(device)
+            ts, vs = text_state[ti], video_state[vi]
+            s_align = sgi_align(vs.mu, vs.logvar, ts.mu, ts.logvar, **self.sgi_kwargs())
+            cos_f = (ts.f * vs.f).sum(dim=-1) if self.mode == "mixed" else None
+            out[a : a + PAIR_CHUNK] = self._combine(self.mode, self._current()[1], cos_f, None, s_align).float().cpu()
+        return out
+
+    def _shortlist_field(self) -> str:
+        if self.mode == "cos_mu" or (self.mode not in INDEXABLE_MODES and self.options.shortlist == "mu"):
+            return "mu"
+        return "f"
+
+    def shortlist_texts(self, text_state: GraviState) -> Tensor:
+        """cos_f / cos_mu: the exact embeddings; pairwise modes: normalised f (or μ, ``shortlist: mu``)."""
+        return getattr(text_state, self._shortlist_field())
+
+    def shortlist_videos(self, video_state: GraviState) -> Tensor:
+        return getattr(video_state, self._shortlist_field())
+
+    # ------------------------------------------------------------------ inference settings
+    def inference_candidates(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for mode in parse_modes(self.options.select_modes):
+            if mode == "mixed":
+                weights = list(dict.fromkeys(float(w) for w in self.options.mixed_weights))
+                out.extend({"mode": "mixed", "w": w} for w in weights)
+            else:
+                out.append({"mode": mode})
+        return out
+
+    def inference_setting(self) -> dict[str, Any]:
+        if self.mode == "mixed":
+            return {"mode": "mixed", "w": self._current()[1]}
+        return {"mode": self.mode}
+
+    def set_inference_setting(self, setting: dict[str, Any]) -> None:
+        mode = setting.get("mode") if isinstance(setting, dict) else None
+        if mode not in MODES:
+            raise ValueError(f"GraviAlign inference setting {setting!r}: 'mode' must be one of {list(MODES)}")
+        extra = set(setting) - {"mode", "w"}
+        if extra:
+            raise ValueError(f"GraviAlign inference setting {setting!r}: unknown key(s) {sorted(extra)}")
+        if mode == "mixed":
+            w = setting.get("w", self._current()[1])
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0:
+                raise ValueError(f"GraviAlign inference setting {setting!r}: 'w' must be a number >= 0")
+            self.mixed_w.fill_(float(w))
+        self.mode_index.fill_(MODES.index(mode))
+        self._setting = None
+
+    def baseline_settings(self) -> dict[str, dict[str, Any]]:
+        return {"cos_f": {"mode": "cos_f"}}
+
+    @torch.no_grad()
+    def score_components(self, text_state: GraviState, video_state: GraviState, text_chunk: int | None = None,
+                         video_chunk: int | None = None) -> dict[str, Tensor]:
+        """cos_f, cos_mu and (when a candidate or the current mode needs it) S_align, each [N_t, N_v], so every
+        candidate is combined without rescoring."""
+        out = {"cos_f": (text_state.f @ video_state.f.T).float(), "cos_mu": (text_state.mu @ video_state.mu.T).float()}
+        wanted = {c["mode"] for c in self.inference_candidates()} | {self.mode}
+        if wanted & {"s_align", "mixed"}:
+            step = text_chunk or len(text_state) or 1
+            parts = [self.s_align_block(text_state[a : a + step], video_state).float()
+                     for a in range(0, len(text_state), step)]
+            out["s_align"] = torch.cat(parts, dim=0) if parts else out["cos_f"].new_zeros(0, len(video_state))
+            self._s_cache = (text_state, video_state, out["s_align"])
+        return out
+
+    def combine_scores(self, components: dict[str, Tensor], setting: dict[str, Any]) -> Tensor:
+        mode = setting["mode"]
+        if mode in ("s_align", "mixed") and "s_align" not in components:
+            raise ValueError(f"GraviAlign: the {mode} score needs the 's_align' component")
+        return self._combine(mode, float(setting.get("w", self._current()[1])), components.get("cos_f"),
+                             components.get("cos_mu"), components.get("s_align"))
+
+    # ------------------------------------------------------------------ training
+    @torch.no_grad()
+    def _update_statistics(self, mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, logvar_t: Tensor) -> None:
+        """Running mean / variance of S_align over all B×B in-batch pairs (BatchNorm-style momentum)."""
+        s_align = sgi_align_pairwise(mu_v.detach(), logvar_v.detach(), mu_t.detach(), logvar_t.detach(),
+                                     **self.sgi_kwargs())
+        mean = s_align.mean()
+        var = s_align.var() if s_align.numel() > 1 else torch.zeros_like(mean)
+        if not (torch.isfinite(mean) and torch.isfinite(var)):
+            return
+        if int(self.s_align_batches) == 0:
+            self.s_align_mean.copy_(mean)
+            self.s_align_var.copy_(var)
+        else:
+            m = self.options.stats_momentum
+            self.s_align_mean.lerp_(mean.to(self.s_align_mean.dtype), m)
+            self.s_align_var.lerp_(var.to(self.s_align_var.dtype), m)
+        self.s_align_batches.add_(1)
+
+    def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
+        """L = InfoNCE(exp(logit_scale)·cos) + α·(−mean_i S_align(v_i, t_i)) on B aligned pairs (spec §5.3).
+
+        In training mode the running statistics of S_align over all B×B pairs are updated (for ``mixed``)."""
+        o = self.options
+        f_t, f_v = text.eot.float(), pooled_video(video)
+        if f_t.shape[0] != f_v.shape[0]:
+            raise ValueError(f"GraviAlign loss needs aligned pairs, got {f_t.shape[0]} texts and {f_v.shape[0]} videos")
+        mu_t, logvar_t = self._gaussian(self.gauss_text, f_t)
+        mu_v, logvar_v = self._gaussian(self.gauss_video, f_v)
+        if o.sgi_to_backbone:
+            sgi_inputs = (mu_v, logvar_v, mu_t, logvar_t)
+        else:
+            sgi_inputs = (*self._gaussian(self.gauss_video, f_v.detach()),
+                          *self._gaussian(self.gauss_text, f_t.detach()))
+        scale = self.logit_scale.exp()
+        losses = []
+        if o.infonce_on in ("f", "both"):
+            cos_f = F.normalize(f_t, dim=-1, eps=_EPS) @ F.normalize(f_v, dim=-1, eps=_EPS).T
+            losses.append(symmetric_infonce(scale * cos_f))
+        if o.infonce_on in ("mu", "both"):
+            losses.append(symmetric_infonce(scale * (mu_t @ mu_v.T)))
+        infonce = losses[0] if len(losses) == 1 else 0.5 * (losses[0] + losses[1])
+        parts = sgi_align_terms(*sgi_inputs, **self.sgi_kwargs())
+        s_align = torch.stack(list(parts.values())).sum(dim=0)
+        sgi = -s_align.mean()
+        # α = 0 still keeps the uncertainty heads in the graph (zero gradients; DDP expects every parameter used)
+        total = infonce + o.alpha * sgi
+        if self.training:
+            self._update_statistics(mu_v, logvar_v, mu_t, logvar_t)
+        out = {"loss": total, "infonce": infonce.detach(), "sgi": sgi.detach()}
+        out.update({f"term_{k}": v.detach().mean() for k, v in parts.items()})
+        out["logvar_text"] = logvar_t.detach().mean()
+        out["logvar_video"] = logvar_v.detach().mean()
+        out["logit_scale"] = scale.detach()
+        return out
