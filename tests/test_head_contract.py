@@ -53,7 +53,7 @@ def name(request: pytest.FixtureRequest) -> str:
 
 
 def test_builtin_heads_are_discovered() -> None:
-    assert {"clip4clip", "gare"} <= set(HEADS)
+    assert {"clip4clip", "gare", "proxy", "gravialign"} <= set(HEADS)
 
 
 def test_contract_build_and_options(name: str) -> None:

@@ -1,3 +1,3 @@
-"""tvr: text-video retrieval on one shared CLIP backbone (CLIP4Clip, GARE)."""
+"""tvr: text-video retrieval on one shared CLIP / CLIP-ViP backbone (CLIP4Clip, GARE, TV-ProxyNet, GraviAlign)."""
 
 __version__ = "0.1.0"
