@@ -1,7 +1,8 @@
 """GraviAlign training behaviour on the demo set: which head options keep the positive-only L_SGI from collapsing.
 
 Each variant trains the demo's model (a random tiny CLIP of the real architecture from scratch, seqTransf, lr 1e-3,
-batch 32, grad clip 1.0; `tvr.demo.demo_config`) on the demo's synthetic data for ``--epochs`` epochs, one thread,
+batch 32, grad clip 1.0; `tvr.demo.demo_config`, whose head options the variant's replace — "default" is the head's
+defaults, not its ``demo_options``) on the demo's synthetic data for ``--epochs`` epochs, one thread,
 then evaluates the test split (30 videos, chance R@1 3.3, R@10 33.3) with the validation-selected checkpoint. What
 matters is the last training InfoNCE (ln 32 = 3.466 means every similarity is equal: the features collapsed), the
 terms of S_align, and the gradient norm before clipping; 30 test videos are too few to rank methods.
@@ -33,6 +34,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "infonce_both": ("gravialign", {"infonce_on": "both"}),
     "alpha_0.01": ("gravialign", {"alpha": 0.01}),
     "eps_1e-2": ("gravialign", {"eps": 1e-2}),
+    "eps_1e-1": ("gravialign", {"eps": 1e-1}),
+    "alpha_0.01+eps_1e-2": ("gravialign", {"alpha": 0.01, "eps": 1e-2}),
+    "alpha_0.01+eps_1e-1": ("gravialign", {"alpha": 0.01, "eps": 1e-1}),
     "no_sgi_to_backbone": ("gravialign", {"sgi_to_backbone": False}),
     # configs/gravialign/ablations/guarded.yaml
     "guarded": ("gravialign", {"sgi_to_backbone": False, "eps": 1e-2}),

@@ -647,3 +647,17 @@ def test_builds_with_the_registry_defaults() -> None:
 
     h = build_head(HeadConfig(name="gravialign"), D, LN_100)
     assert isinstance(h, GraviAlignHead) and h.options == GraviAlignOptions() and h.indexable
+
+
+def test_the_demo_guards_gravialign_and_keeps_every_other_default(tmp_path: Path) -> None:
+    # the demo trains from scratch at lr 1e-3, where the spec's α, ε collapse the features (docs/benchmarks.md)
+    from tvr.demo import demo_config
+
+    cfg = demo_config(tmp_path, method="gravialign")
+    resolve_head_config(cfg.head)
+    assert (cfg.head.options.alpha, cfg.head.options.eps) == (0.01, 1e-2)
+    assert cfg.head.options == dataclasses.replace(GraviAlignOptions(), alpha=0.01, eps=1e-2)
+    assert GraviAlignOptions().alpha == 0.1 and GraviAlignOptions().eps == 1e-6  # presets keep the spec's ★ values
+    clip4clip = demo_config(tmp_path, method="clip4clip")
+    resolve_head_config(clip4clip.head)
+    assert clip4clip.head.options == type(clip4clip.head.options)()

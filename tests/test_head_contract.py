@@ -63,6 +63,8 @@ def test_contract_build_and_options(name: str) -> None:
     assert isinstance(head.indexable, bool)
     with pytest.raises(ConfigError, match=r"head.options: unknown key\(s\) \['no_such_option'\]; valid keys"):
         registry.head_options(name, {"no_such_option": 1})
+    # the options `tvr demo --method` applies are valid options of the head
+    registry.head_options(name, dict(type(head).demo_options))
 
 
 def test_contract_loss_falls_on_a_fixed_batch(name: str) -> None:

@@ -69,7 +69,9 @@ def demo_config(data_dir: Path, quick: bool = False, method: str = "clip4clip") 
     values["data"]["annotations"] = str(data_dir)
     values["data"]["video_dir"] = str(data_dir / "videos")
     values["head"]["name"] = method
-    if "proxies" in head_class(method).requires:
+    head = head_class(method)
+    values["head"]["options"] = dict(head.demo_options)
+    if "proxies" in head.requires:
         # a head that reads per-video proxies runs on the CLIP-ViP tower (same tiny CLIP), which pools the video
         # itself: CLIP-ViP's frame sampling, no temporal module
         values["model"].update({"backbone": "clipvip", "temporal": "none",

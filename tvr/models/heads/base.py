@@ -75,6 +75,9 @@ class RetrievalHead(nn.Module, ABC):
     #: optional ``VideoFeatures``/``TextFeatures`` fields the head reads ("proxies", "words"); the model builder
     #: checks the backbone provides them (proxies: ``model.backbone: clipvip`` with ``clipvip.proxy_projection``)
     requires: ClassVar[frozenset[str]] = frozenset()
+    #: ``head.options`` that ``tvr demo`` sets: the demo trains a tiny CLIP from scratch at lr 1e-3, far from the
+    #: pretrained recipes a head's defaults are chosen for; a head whose defaults do not train there says so here
+    demo_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(
         self,
