@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+from benchmarks.measure import peak_rss_mib, rss_mib, run_worker_process, summarize_runs  # noqa: E402
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "gravialign_scoring.json"
 SGI = {"G": 1.0, "T": 1.0, "lam": 1.0}  # the spec's ★ defaults; per_dim_mean, softplus quality, ε = 1e-6
@@ -77,18 +77,6 @@ def ours_scores(mu_v, lv_v, mu_t, lv_t, **kwargs):  # noqa: ANN001, ANN003, ANN2
     return sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, **SGI, **kwargs)
 
 
-def _rss_mib() -> float:
-    import psutil
-
-    return psutil.Process().memory_info().rss / 2**20
-
-
-def _peak_rss_mib() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-
-
 def worker(args: argparse.Namespace) -> None:
     """One timed call in this (fresh) process; prints a JSON line."""
     import torch
@@ -97,11 +85,11 @@ def worker(args: argparse.Namespace) -> None:
     call = broadcast_scores if args.method == "broadcast" else ours_scores
     with torch.no_grad():
         call(mu_v[:64], lv_v[:64], mu_t[:32], lv_t[:32])  # warm-up: thread pool, allocator
-        rss_before = _rss_mib()
+        rss_before = rss_mib()
         start = time.perf_counter()
         scores = call(mu_v, lv_v, mu_t, lv_t)
         seconds = time.perf_counter() - start
-    peak = _peak_rss_mib()
+    peak = peak_rss_mib()
     if args.save_scores:
         torch.save(scores, args.save_scores)
     print(json.dumps({"method": args.method, "seconds": seconds, "peak_rss_mib": round(peak, 1),
@@ -110,10 +98,9 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_worker(method: str, args: argparse.Namespace, save: str) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", method, "--n-texts", str(args.n_texts),
-           "--n-videos", str(args.n_videos), "--dim", str(args.dim), "--seed", str(args.seed), "--save-scores", save]
-    res = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return run_worker_process(__file__, ["--worker", method, "--n-texts", str(args.n_texts), "--n-videos",
+                                         str(args.n_videos), "--dim", str(args.dim), "--seed", str(args.seed),
+                                         "--save-scores", save])
 
 
 def best_of(fn, reps: int) -> tuple[float, list[float]]:  # noqa: ANN001
@@ -253,12 +240,8 @@ def main() -> None:
                 rel[method] = max(rel[method], float((diff / reference.abs().clamp_min(1.0)).max()))
 
     def summary(method: str) -> dict:
-        rs = runs[method]
-        best = min(rs, key=lambda r: r["seconds"])
-        return {"seconds_min": round(best["seconds"], 4), "seconds_all": [round(r["seconds"], 4) for r in rs],
-                "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
-                "rss_increase_mib_max": max(r["rss_increase_mib"] for r in rs), "threads": best["threads"],
-                "max_abs_diff_vs_float64": diffs[method], "max_rel_diff_vs_float64": rel[method]}
+        return {**summarize_runs(runs[method]), "max_abs_diff_vs_float64": diffs[method],
+                "max_rel_diff_vs_float64": rel[method]}
 
     g, k = sgi_product_group(lv_v, lv_t)
     pairwise = {

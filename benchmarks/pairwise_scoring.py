@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 for _path in (REPO, REPO / "tests"):  # tests/gare_oracle.py holds the reference-style path
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
+from benchmarks.measure import peak_rss_mib, rss_mib, run_worker_process, summarize_runs  # noqa: E402
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "pairwise_scoring.json"
 
@@ -64,19 +64,6 @@ def make_features(n_texts: int, n_videos: int, dim: int, frames: int, seed: int)
     return text, video
 
 
-def _rss_mib() -> float:
-    import psutil
-
-    return psutil.Process().memory_info().rss / 2**20
-
-
-def _peak_rss_mib() -> float:
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    return peak / 1024.0
-
-
 def worker(args: argparse.Namespace) -> None:
     """One timed call in this (fresh) process; prints a JSON line."""
     import torch
@@ -101,11 +88,11 @@ def worker(args: argparse.Namespace) -> None:
     with torch.no_grad():
         call(text[:16], video[:16])  # warm-up: thread pool, BLAS initialisation
         clear_cache()  # the timed call folds ψ's weights itself
-        rss_before = _rss_mib()
+        rss_before = rss_mib()
         start = time.perf_counter()
         scores = call(text, video)
         seconds = time.perf_counter() - start
-    peak = _peak_rss_mib()
+    peak = peak_rss_mib()
     if args.save_scores:
         torch.save(scores, args.save_scores)
     print(json.dumps({
@@ -119,14 +106,11 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_worker(method: str, n_texts: int, n_videos: int, args: argparse.Namespace, save: str | None) -> dict:
-    cmd = [
-        sys.executable, str(Path(__file__).resolve()), "--worker", method, "--n-texts", str(n_texts),
-        "--n-videos", str(n_videos), "--dim", str(args.dim), "--frames", str(args.frames), "--seed", str(args.seed),
-    ]
+    arguments = ["--worker", method, "--n-texts", str(n_texts), "--n-videos", str(n_videos), "--dim", str(args.dim),
+                 "--frames", str(args.frames), "--seed", str(args.seed)]
     if save:
-        cmd += ["--save-scores", save]
-    res = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
-    return json.loads(res.stdout.strip().splitlines()[-1])
+        arguments += ["--save-scores", save]
+    return run_worker_process(__file__, arguments)
 
 
 def main() -> None:
@@ -169,24 +153,14 @@ def main() -> None:
             ref, fast = torch.load(paths["reference"]), torch.load(paths["fast"])
             max_diff = max(max_diff, float((ref - fast).abs().max()))
 
-    def summary(method: str) -> dict:
-        rs = runs[method]
-        best = min(rs, key=lambda r: r["seconds"])
-        return {
-            "seconds_min": round(best["seconds"], 4),
-            "seconds_all": [round(r["seconds"], 4) for r in rs],
-            "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
-            "rss_increase_mib_max": max(r["rss_increase_mib"] for r in rs),
-            "threads": best["threads"],
-        }
-
     pairwise = {
         "n_texts": args.n_texts,
         "n_videos": args.n_videos,
         "dim": args.dim,
         "frames": args.frames,
-        "reference": {"path": "tests/gare_oracle.py, 16 x 16 blocks (ψ per block)", **summary("reference")},
-        "fast": {"path": "gare_pairwise_scores (factorised)", **summary("fast")},
+        "reference": {"path": "tests/gare_oracle.py, 16 x 16 blocks (ψ per block)",
+                      **summarize_runs(runs["reference"])},
+        "fast": {"path": "gare_pairwise_scores (factorised)", **summarize_runs(runs["fast"])},
         "max_abs_diff": max_diff,
     }
     pairwise["speedup"] = round(pairwise["reference"]["seconds_min"] / pairwise["fast"]["seconds_min"], 2)
@@ -195,18 +169,10 @@ def main() -> None:
     scaling = []
     for n_videos in [int(s) for s in args.scaling.split(",") if s.strip()]:
         rs = [run_worker("fast", args.n_texts, n_videos, args, None) for _ in range(args.scaling_reps)]
-        best = min(rs, key=lambda r: r["seconds"])
         pairs = args.n_texts * n_videos
-        entry = {
-            "n_texts": args.n_texts,
-            "n_videos": n_videos,
-            "seconds_min": round(best["seconds"], 3),
-            "seconds_all": [round(r["seconds"], 3) for r in rs],
-            "us_per_pair": round(best["seconds"] / pairs * 1e6, 4),
-            "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
-            "rss_increase_mib_max": max(r["rss_increase_mib"] for r in rs),
-            "output_mib": round(pairs * 4 / 2**20, 1),
-        }
+        entry = {"n_texts": args.n_texts, "n_videos": n_videos, **summarize_runs(rs, digits=3)}
+        entry["us_per_pair"] = round(min(r["seconds"] for r in rs) / pairs * 1e6, 4)
+        entry["output_mib"] = round(pairs * 4 / 2**20, 1)
         scaling.append(entry)
         print(f"fast {args.n_texts} x {n_videos}: {entry['seconds_min']} s ({entry['us_per_pair']} µs/pair), peak RSS "
               f"{entry['peak_rss_mib']} MiB (+{entry['rss_increase_mib_max']} MiB, output {entry['output_mib']} MiB)",

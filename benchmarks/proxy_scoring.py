@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 for _path in (REPO, REPO / "benchmarks"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
+from benchmarks.measure import peak_rss_mib, rss_mib, run_worker_process, summarize_runs  # noqa: E402
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "proxy_scoring.json"
 GEMM_ROWS = 2048
@@ -74,18 +74,6 @@ def make_features(n_texts: int, n_videos: int, dim: int, num_proxies: int, seed:
     video = F.normalize(torch.randn(n_videos, dim, generator=g), dim=-1)
     proxies = torch.randn(n_videos, num_proxies, dim, generator=g)
     return text, video, proxies
-
-
-def _rss_mib() -> float:
-    import psutil
-
-    return psutil.Process().memory_info().rss / 2**20
-
-
-def _peak_rss_mib() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -124,11 +112,11 @@ def worker(args: argparse.Namespace) -> None:
             proxy_pairwise_scores(gen, text[:8], video[:16], proxies[:16], 1.0, method=args.worker)  # warm-up
         else:
             torch.mm(a, w, out=out)
-        rss_before = _rss_mib()
+        rss_before = rss_mib()
         start = time.perf_counter()
         scores = call()
         seconds = time.perf_counter() - start
-    peak = _peak_rss_mib()
+    peak = peak_rss_mib()
     if args.save_scores and scores is not None:
         torch.save(scores, args.save_scores)
     print(json.dumps({
@@ -140,13 +128,12 @@ def worker(args: argparse.Namespace) -> None:
 
 def run_worker(method: str, n_texts: int, n_videos: int, dash: str, args: argparse.Namespace,
                save: str | None) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", method, "--n-texts", str(n_texts),
-           "--n-videos", str(n_videos), "--dim", str(args.dim), "--proxies", str(args.proxies), "--dash", dash,
-           "--seed", str(args.seed), "--threads", str(args.threads)]
+    arguments = ["--worker", method, "--n-texts", str(n_texts), "--n-videos", str(n_videos), "--dim", str(args.dim),
+                 "--proxies", str(args.proxies), "--dash", dash, "--seed", str(args.seed),
+                 "--threads", str(args.threads)]
     if save:
-        cmd += ["--save-scores", save]
-    res = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
-    return json.loads(res.stdout.strip().splitlines()[-1])
+        arguments += ["--save-scores", save]
+    return run_worker_process(__file__, arguments)
 
 
 def profile_breakdown(args: argparse.Namespace, n_texts: int, n_videos: int) -> list[dict]:
@@ -284,18 +271,9 @@ def main() -> None:
                         diff = (torch.load(paths["fast"]) - torch.load(paths["block"])).abs().max()
                         max_diff = max(max_diff, float(diff))
 
-                def summary(method: str, runs: dict = runs) -> dict:
-                    rs = runs[method]
-                    return {
-                        "seconds_min": round(min(r["seconds"] for r in rs), 4),
-                        "seconds_all": [round(r["seconds"], 4) for r in rs],
-                        "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
-                        "rss_increase_mib_max": max(r["rss_increase_mib"] for r in rs),
-                    }
-
                 pairs = n_t * n_v
                 entry = {"n_texts": n_t, "n_videos": n_v, "dash": dash, "pairs": pairs,
-                         **{m: summary(m) for m in methods}}
+                         **{m: summarize_runs(runs[m]) for m in methods}}
                 t_fast, t_gemm = entry["fast"]["seconds_min"], entry["gemm"]["seconds_min"]
                 entry["gemm_gmac_per_s"] = round(5 * pairs * args.dim**2 / t_gemm / 1e9, 1)
                 entry["efficiency_vs_5D2_gemm"] = round(t_gemm / t_fast, 3)
