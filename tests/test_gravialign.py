@@ -661,3 +661,33 @@ def test_the_demo_guards_gravialign_and_keeps_every_other_default(tmp_path: Path
     clip4clip = demo_config(tmp_path, method="clip4clip")
     resolve_head_config(clip4clip.head)
     assert clip4clip.head.options == type(clip4clip.head.options)()
+
+
+def test_a_collapse_of_the_features_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
+    # every text and video the same vector: all similarities equal (InfoNCE = ln B) and δ = 0 (A at its ceiling)
+    batch = 8
+    same = torch.randn(1, D).expand(batch, D).contiguous()
+    collapsed = (TextFeatures(same), VideoFeatures(same[:, None].expand(batch, 3, D).contiguous(),
+                                                   torch.ones(batch, 3, dtype=torch.long)))
+    h = head()
+    h.train()
+    parts = h.loss(*collapsed)
+    assert abs(float(parts["infonce"]) - math.log(batch)) < 1e-5 and float(parts["term_A"]) > 500.0
+    with caplog.at_level("WARNING", logger="tvr.models.heads.gravialign"):
+        for _ in range(80):
+            h.loss(*collapsed)
+    warnings = [r for r in caplog.records if "collapsed" in r.getMessage()]
+    assert len(warnings) == 1 and "alpha=0.01, eps=1e-2" in warnings[0].getMessage() and h.collapse_warned
+    # distinct pairs never trip it, nor does evaluation mode
+    healthy = head()
+    healthy.train()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tvr.models.heads.gravialign"):
+        for _ in range(80):
+            healthy.loss(*features(batch, batch))
+        h2 = head()
+        h2.eval()
+        for _ in range(80):
+            h2.loss(*collapsed)
+    assert not [r for r in caplog.records if "collapsed" in r.getMessage()]
+    assert not healthy.collapse_warned and not h2.collapse_warned

@@ -21,6 +21,8 @@ a pair does not depend on the gallery. ``indexable`` follows the current mode.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 from typing import Any
 
 import torch
@@ -41,6 +43,12 @@ TERM_SETS = ("ABC", "AB", "AC", "BC", "A", "B", "C")
 #: pairs scored at once by :meth:`GraviAlignHead.score_pairs` (each holds a few D-vectors)
 PAIR_CHUNK = 8192
 _EPS = 1e-12
+#: the collapse watch reads the loss every this many training steps (one device sync each) and warns after this
+#: many collapsed readings in a row
+COLLAPSE_CHECK_EVERY = 10
+COLLAPSE_READINGS = 3
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -192,6 +200,9 @@ class GraviAlignHead(RetrievalHead):
         # state dict or a new setting clears it
         self._setting: tuple[str, float] | None = None
         self.register_load_state_dict_post_hook(lambda module, _keys: setattr(module, "_setting", None))
+        self._train_steps = 0
+        self._collapsed_readings = 0
+        self.collapse_warned = False
 
     def _current(self) -> tuple[str, float]:
         if self._setting is None:
@@ -385,6 +396,27 @@ class GraviAlignHead(RetrievalHead):
             self.s_align_var.lerp_(var.to(self.s_align_var.dtype), m)
         self.s_align_batches.add_(1)
 
+    def _watch_collapse(self, infonce: Tensor, mu_t: Tensor, mu_v: Tensor) -> None:
+        """Warn once when the positive-only L_SGI has collapsed the features (docs/methods/gravialign.md, "A fourth
+        problem"): the InfoNCE at ln B — every similarity equal — while the unit means μ of the batch have (almost)
+        no spread, 1 − ‖mean μ‖² < 0.01 for texts and videos, at :data:`COLLAPSE_READINGS` readings in a row."""
+        self._train_steps += 1
+        batch = mu_t.shape[0]
+        if self.collapse_warned or batch < 2 or self._train_steps % COLLAPSE_CHECK_EVERY:
+            return
+        spread = max(float(1.0 - mu.float().mean(dim=0).square().sum()) for mu in (mu_t, mu_v))
+        collapsed = float(infonce) > 0.98 * math.log(batch) and spread < 0.01
+        self._collapsed_readings = self._collapsed_readings + 1 if collapsed else 0
+        if self._collapsed_readings >= COLLAPSE_READINGS:
+            self.collapse_warned = True
+            logger.warning(
+                "GraviAlign: the features have collapsed (InfoNCE %.3f ≈ ln %d = %.3f, spread of the means %.2g): the "
+                "positive-only L_SGI is maximised by giving every item the same mean. Lower head.options.alpha and "
+                "raise head.options.eps (e.g. alpha=0.01, eps=1e-2), or set head.options.sgi_to_backbone=false "
+                "(docs/methods/gravialign.md)",
+                float(infonce), batch, math.log(batch), spread,
+            )
+
     def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
         """L = InfoNCE(exp(logit_scale)·cos) + α·(−mean_i S_align(v_i, t_i)) on B aligned pairs (spec §5.3).
 
@@ -415,6 +447,7 @@ class GraviAlignHead(RetrievalHead):
         total = infonce + o.alpha * sgi
         if self.training:
             self._update_statistics(mu_v, logvar_v, mu_t, logvar_t)
+            self._watch_collapse(infonce.detach(), mu_t.detach(), mu_v.detach())
         out = {"loss": total, "infonce": infonce.detach(), "sgi": sgi.detach()}
         out.update({f"term_{k}": v.detach().mean() for k, v in parts.items()})
         out["logvar_text"] = logvar_t.detach().mean()
