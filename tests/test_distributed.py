@@ -22,7 +22,14 @@ from tvr.losses import symmetric_infonce
 from tvr.models.heads.base import RetrievalHead
 from tvr.models.model import RetrievalModel
 from tvr.train.data import DatasetTrainData
-from tvr.train.distributed import DistInfo, epoch_permutation, init_distributed, shard_batches, wrap_model
+from tvr.train.distributed import (
+    DistInfo,
+    distributed_job,
+    epoch_permutation,
+    init_distributed,
+    shard_batches,
+    wrap_model,
+)
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.device import resolve_device
 from tvr.utils.distributed import all_reduce_mean, gather_features
@@ -355,6 +362,54 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _job_worker(rank: int, world: int, ports: tuple[int, int, int]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist = torch.distributed
+
+    def job(info: DistInfo) -> float:  # a DDP step, so a reducer holds the group until the job returns
+        model = wrap_model(nn.Linear(3, 1), info)
+        model(torch.ones(2, 3)).sum().backward()
+        return float(all_reduce_mean(torch.tensor([float(rank)])))
+
+    # each group rendezvouses on a port of its own: re-joining one port right after its group is gone is racy
+    # a group that existed before the job belongs to its owner
+    os.environ["MASTER_PORT"] = str(ports[0])
+    init_distributed("cpu")
+    with distributed_job("cpu") as info:
+        assert job(info) == 0.5
+    assert dist.is_initialized()
+    gc.collect()
+    dist.destroy_process_group()
+    # a group the job created is gone when the job returns
+    os.environ["MASTER_PORT"] = str(ports[1])
+    with distributed_job("cpu") as info:
+        assert dist.is_initialized() and info.world_size == 2
+        assert job(info) == 0.5
+    assert not dist.is_initialized()
+    # a job that raises leaves its group to the exiting process
+    os.environ["MASTER_PORT"] = str(ports[2])
+    try:
+        with distributed_job("cpu"):
+            raise KeyError("job failed")
+    except KeyError:
+        pass
+    assert dist.is_initialized()
+    dist.destroy_process_group()
+
+
+def test_a_job_destroys_only_the_process_group_it_created() -> None:
+    ports = (_free_port(), _free_port(), _free_port())
+    context = mp.start_processes(_job_worker, args=(2, ports), nprocs=2, join=False, start_method="fork")
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=2):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the two-process job did not finish within 120 s")
 
 
 def test_two_process_gather_gradients_and_training(tmp_path) -> None:

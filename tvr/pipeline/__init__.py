@@ -11,7 +11,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +21,9 @@ from tvr.pipeline.features import build_feature_cache
 from tvr.pipeline.preflight import PreflightError, preflight
 from tvr.utils.device import resolve_device
 from tvr.utils.io import atomic_write_json, remove_stale_temporaries
+
+if TYPE_CHECKING:
+    from tvr.train.distributed import DistInfo
 
 __all__ = [
     "PreflightError",
@@ -163,14 +166,21 @@ def run_train(
 
 
 def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool) -> dict[str, Any]:
+    from tvr.train.distributed import distributed_job
+
+    # first: a device this machine lacks fails before the run folder exists. Under torchrun the job has returned
+    # (its model and DDP wrapper freed) before the process group it joined is destroyed.
+    with distributed_job(cfg.train.device) as dist:
+        return _train_and_test(cfg, out_dir, resume, final_test, dist)
+
+
+def _train_and_test(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool, dist: DistInfo) -> dict[str, Any]:
     from tvr.models.build import build_model, build_tokenizer
     from tvr.train.checkpoint import load_checkpoint
-    from tvr.train.distributed import init_distributed
     from tvr.train.trainer import Trainer, seed_everything
     from tvr.train.utils import to_jsonable
     from tvr.utils.distributed import is_main_process
 
-    dist = init_distributed(cfg.train.device)  # first: a device this machine lacks fails before the run folder exists
     out_dir = Path(out_dir)
     # every split parsed, the video folder and the validation videos checked: fail in seconds, not after training
     checked = preflight(cfg, out_dir, final_test=final_test, progress=is_main_process())

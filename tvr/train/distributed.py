@@ -31,9 +31,12 @@ buffers once when it wraps the model; older torch (``broadcast_buffers=False``) 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import gc
 import inspect
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -98,6 +101,25 @@ def init_distributed(device: str = "auto", timeout_minutes: float | None = None)
             timeout=datetime.timedelta(minutes=timeout_minutes),
         )
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev)
+
+
+@contextlib.contextmanager
+def distributed_job(device: str = "auto") -> Iterator[DistInfo]:
+    """:func:`init_distributed` for the length of one job. A process group this call created is destroyed when the
+    job returns (torch asks every process to do so before it exits); one that already existed is left to its owner,
+    and a job that raises leaves the group to the exiting process.
+
+    Run the job in a function that has returned before the block ends: every DDP reducer holds the group, and one
+    still alive after the group is destroyed would later drop the group's last reference with the GIL held, when
+    gloo's destructor joins a worker thread that may be waiting for that GIL (the deadlock
+    ``tests/test_distributed.py`` met). The garbage of the job is collected before the group is destroyed.
+    """
+    created = not (dist.is_available() and dist.is_initialized())
+    info = init_distributed(device)
+    yield info
+    if created and dist.is_initialized():
+        gc.collect()
+        dist.destroy_process_group()
 
 
 def wrap_model(model: nn.Module, info: DistInfo, find_unused_parameters: bool = False) -> nn.Module:
