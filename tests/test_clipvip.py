@@ -455,7 +455,7 @@ def test_build_picks_the_backbone_and_checks_the_temporal_module() -> None:
         build_backbone(dataclasses.replace(_model_cfg(), backbone="vip"))
 
 
-PRESETS = Path(__file__).resolve().parents[1] / "configs" / "clipvip"
+PRESETS = Path(__file__).resolve().parents[1] / "tvr" / "configs" / "clipvip"
 
 
 @pytest.mark.parametrize(

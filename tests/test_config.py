@@ -10,7 +10,7 @@ import yaml
 import tvr.config as config_mod
 from tvr.config import Config, ConfigError, config_from_dict, load_config, save_config
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "tvr" / "configs"
 
 
 @pytest.mark.parametrize("preset", sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml")))
@@ -113,3 +113,32 @@ def test_old_head_sections_are_migrated(caplog: pytest.LogCaptureFixture) -> Non
     cfg = config_from_dict(old)
     assert cfg.head.options == {"eta": -1.0} and cfg.eval.rerank_k == 50
     assert "head.options" in caplog.text
+
+
+def test_presets_are_addressed_by_name_from_any_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no configs/ folder here: the name resolves inside the installed package
+    by_name = load_config("gare/msrvtt")
+    assert by_name == load_config("gare/msrvtt.yaml") == load_config(CONFIGS / "gare" / "msrvtt.yaml")
+    assert load_config("configs/gare/ablations/delta_only.yaml") == load_config("gare/ablations/delta_only")
+    assert "gare/msrvtt" in config_mod.available_presets()
+    assert set(config_mod.available_presets()) == {
+        p.relative_to(CONFIGS).with_suffix("").as_posix() for p in CONFIGS.rglob("*.yaml")
+    }
+
+
+def test_a_user_file_wins_over_a_preset_of_the_same_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gare").mkdir()
+    (tmp_path / "gare" / "msrvtt.yaml").write_text("train:\n  lr: 0.5\n")
+    assert load_config("gare/msrvtt.yaml").train.lr == 0.5
+    assert load_config("gare/msrvtt").head.name == "gare"  # no such file: the shipped preset
+
+
+def test_unknown_preset_names_the_close_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"gare/msrvt: no such file.*tvr presets"):
+        load_config("gare/msrvt")
+    with pytest.raises(ConfigError, match=r"did you mean \['clip4clip/msrvtt', 'clipvip/msrvtt', 'gare/msrvtt'"):
+        load_config("msrvtt")
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config("../../etc/passwd")  # a name never leaves the preset folder

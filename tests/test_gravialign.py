@@ -29,7 +29,7 @@ from tvr.models.model import RetrievalModel
 from tvr.types import TextFeatures, VideoFeatures
 
 REPO = Path(__file__).resolve().parents[1]
-PRESETS = sorted((REPO / "configs" / "gravialign").rglob("*.yaml"))
+PRESETS = sorted((REPO / "tvr" / "configs" / "gravialign").rglob("*.yaml"))
 D = 16
 
 
@@ -589,28 +589,28 @@ def load(path: Path) -> Config:
 
 
 def test_presets_exist_and_follow_the_clipvip_recipe() -> None:
-    names = {p.relative_to(REPO / "configs" / "gravialign").as_posix() for p in PRESETS}
+    names = {p.relative_to(REPO / "tvr" / "configs" / "gravialign").as_posix() for p in PRESETS}
     assert {"msrvtt.yaml", "msrvtt_b16.yaml", "didemo.yaml", "activitynet.yaml", "ablations/no_a.yaml",
             "ablations/no_b.yaml", "ablations/no_c.yaml", "ablations/literal.yaml", "ablations/guarded.yaml"} <= names
     for path in PRESETS:
         cfg = load(path)
-        clipvip = load(REPO / "configs" / "clipvip" / f"{cfg.data.dataset}.yaml")
+        clipvip = load(REPO / "tvr" / "configs" / "clipvip" / f"{cfg.data.dataset}.yaml")
         assert cfg.head.name == "gravialign" and cfg.model.backbone == "clipvip"
         assert cfg.model.clipvip.proxy_projection is False
         assert (cfg.data, cfg.train) == (clipvip.data, clipvip.train)  # CLIP-ViP's data and recipe, unchanged
         assert cfg.head.logit_scale_max == pytest.approx(math.log(200))
-    default = load(REPO / "configs" / "gravialign" / "msrvtt.yaml").head.options
+    default = load(REPO / "tvr" / "configs" / "gravialign" / "msrvtt.yaml").head.options
     assert default == GraviAlignOptions()
     for name, terms in (("no_a", "BC"), ("no_b", "AC"), ("no_c", "AB")):
-        opts = load(REPO / "configs" / "gravialign" / "ablations" / f"{name}.yaml").head.options
+        opts = load(REPO / "tvr" / "configs" / "gravialign" / "ablations" / f"{name}.yaml").head.options
         assert opts == dataclasses.replace(default, terms=terms)
-    guarded = load(REPO / "configs" / "gravialign" / "ablations" / "guarded.yaml").head.options
+    guarded = load(REPO / "tvr" / "configs" / "gravialign" / "ablations" / "guarded.yaml").head.options
     assert guarded == dataclasses.replace(default, eps=1e-2, sgi_to_backbone=False)
-    literal = load(REPO / "configs" / "gravialign" / "ablations" / "literal.yaml").head.options
+    literal = load(REPO / "tvr" / "configs" / "gravialign" / "ablations" / "literal.yaml").head.options
     assert literal == dataclasses.replace(default, per_dim_mean=False, quality="literal", logvar_clamp=False, eps=0.0)
 
 
-@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.relative_to(REPO / "configs").as_posix())
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.relative_to(REPO / "tvr" / "configs").as_posix())
 def test_preset_runs_a_training_step_on_a_tiny_clipvip(path: Path) -> None:
     from tvr.config import TinyClipConfig
     from tvr.models.build import build_model

@@ -20,6 +20,7 @@ console = Console(stderr=True)
 _DEBUG = {"on": os.environ.get("TVR_DEBUG", "") not in ("", "0")}
 #: OS errors about a path the user gave (a missing folder, a file where a folder belongs, no permission)
 _PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+CONFIG_HELP = "YAML file or shipped preset name, e.g. gare/msrvtt (`tvr presets` lists them)."
 
 
 def _is_user_error(exc: BaseException) -> bool:
@@ -65,7 +66,7 @@ app = _Commands(
 )
 
 
-def _load(config: Path | None, overrides: list[str] | None):
+def _load(config: str | Path | None, overrides: list[str] | None):
     """Load and fully check a run config (core sections first, without importing torch; then the head's options
     against its own dataclass). A bad value exits with code 2 and one line naming the field and the valid values."""
     from tvr.config import ConfigError, load_config
@@ -106,7 +107,7 @@ def main(
 
 @app.command()
 def train(
-    config: Path = typer.Option(..., "--config", "-c", exists=True, dir_okay=False, help="YAML preset."),
+    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder (config, logs, checkpoints, metrics)."),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override, e.g. --set train.lr=3e-4 (repeatable)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/last.pt exactly where it stopped."),
@@ -125,7 +126,7 @@ def train(
 
 @app.command("eval")
 def eval_(
-    config: Path = typer.Option(..., "--config", "-c", exists=True, dir_okay=False),
+    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     checkpoint: Path = typer.Option(..., "--checkpoint", exists=True, dir_okay=False),
     out: Path = typer.Option(..., "--out", "-o"),
     set_: list[str] = typer.Option(None, "--set"),
@@ -140,7 +141,7 @@ def eval_(
 
 @app.command()
 def features(
-    config: Path = typer.Option(..., "--config", "-c", exists=True, dir_okay=False),
+    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Cache folder; rerun to resume."),
     splits: str = typer.Option("train,val,test", help="Comma-separated splits to cache."),
     set_: list[str] = typer.Option(None, "--set"),
@@ -228,6 +229,16 @@ def heads() -> None:
     Console().print(table)
 
 
+@app.command()
+def presets() -> None:
+    """List the presets shipped with tvr; pass a name to --config (e.g. --config gare/msrvtt)."""
+    from tvr.config import PRESET_DIR, available_presets
+
+    for name in available_presets():
+        print(name)
+    console.print(f"[dim]({PRESET_DIR}; a path to your own YAML file works as well)[/dim]")
+
+
 @app.command("convert-openai")
 def convert_openai(
     checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False, help="OpenAI ViT-B-32.pt / ViT-B-16.pt"),
@@ -260,8 +271,8 @@ def tokenizer(
 @app.command("import-checkpoint")
 def import_checkpoint(
     src: Path = typer.Argument(..., help="CLIP4Clip pytorch_model.bin or GARE best.pth (a torch.save-d state dict)"),
-    config: Path = typer.Option(
-        ..., "--config", "-c", exists=True, dir_okay=False, help="Preset of the model the checkpoint is"
+    config: str = typer.Option(
+        ..., "--config", "-c", help="YAML file or shipped preset name of the model the checkpoint is (`tvr presets`)."
     ),
     out: Path = typer.Option(..., "--out", "-o", help="tvr checkpoint to write (for tvr eval --checkpoint)"),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override (repeatable)."),
@@ -303,7 +314,7 @@ def import_checkpoint(
 
 @app.command("check-data")
 def check_data(
-    config: Path = typer.Option(..., "--config", "-c", exists=True, dir_okay=False, help="YAML preset."),
+    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override (repeatable)."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the full report (every offending id) here."),
     full: bool = typer.Option(False, "--full", help="Decode every frame (finds truncated files; as slow as a pass)."),
@@ -384,8 +395,9 @@ def prepare_videos_cmd(
 def prepare_frames_cmd(
     src: Path = typer.Argument(..., help="Folder of (prepared) videos."),
     dst: Path = typer.Argument(..., help="Frame cache folder (<name>.npy per video); rerun to resume."),
-    config: Path | None = typer.Option(None, "--config", "-c", exists=True, dir_okay=False,
-                                       help="Take max_frames / frame_rate / image_size / sampling from data.*"),
+    config: str | None = typer.Option(None, "--config", "-c",
+                                      help="YAML file or preset name: take max_frames / frame_rate / image_size / "
+                                      "sampling from data.*"),
     max_frames: int = typer.Option(12, help="Frames per clip (data.max_frames)."),
     frame_rate: float = typer.Option(1.0, help="Candidate frames per second (data.frame_rate)."),
     image_size: int = typer.Option(224, help="Crop size the frames are resized for (data.image_size)."),

@@ -483,11 +483,46 @@ def config_from_dict(values: dict, where: str = "config") -> Config:
     return _build(Config, _migrate_legacy(values), "" if where == "config" else where)
 
 
+#: the presets that ship inside the package (``tvr/configs/<method>/<name>.yaml``), addressed as ``<method>/<name>``
+PRESET_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def available_presets() -> list[str]:
+    """Names of the presets shipped with tvr (``gare/msrvtt``, ``gare/ablations/delta_only``, ...)."""
+    return sorted(p.relative_to(PRESET_DIR).with_suffix("").as_posix() for p in PRESET_DIR.rglob("*.yaml"))
+
+
+def resolve_preset(name_or_path: str | os.PathLike) -> Path:
+    """A config file: an existing file path as given, else a shipped preset by name (``gare/msrvtt``, with or without
+    ``.yaml``; ``configs/gare/msrvtt.yaml``, the repository layout before presets moved into the package, too)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    text = Path(name_or_path).as_posix()
+    for prefix in ("tvr/configs/", "configs/"):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+            break
+    if not text.endswith((".yaml", ".yml")):
+        text += ".yaml"
+    candidate = (PRESET_DIR / text).resolve()
+    if candidate.is_file() and candidate.is_relative_to(PRESET_DIR):
+        return candidate
+    if path.exists():
+        raise ConfigError(f"config {name_or_path}: is a folder, expected a YAML file or a preset name")
+    close = [n for n in available_presets() if Path(n).name == Path(text).stem]
+    hint = f"; did you mean {close}?" if close else " (`tvr presets` lists them)"
+    raise ConfigError(f"config {name_or_path}: no such file and no shipped preset of that name{hint}")
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load a preset (with its ``base`` chain) and apply dotted overrides in order.
+    """Load a preset (a file path or a shipped preset's name, with its ``base`` chain) and apply dotted overrides
+    in order.
 
     ``head.name`` overrides apply first; switching the head drops the preset's options for the previous head, so
     ``--set head.name=clip4clip --set head.options.video_pool=mean`` works on a GARE preset in either order."""
+    if path:
+        path = resolve_preset(path)
     values: dict = _read_yaml(Path(path)) if path else {}
     parsed = [(text, *parse_override(text)) for text in overrides]
     for _, keys, value in parsed:
