@@ -308,3 +308,33 @@ def test_the_demo_runs_a_head_by_import_path(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "demo" / "run" / "test_best" / "metrics.json").read_text())
     assert metrics["head"] == TOY
+
+
+def _invalid_value(f: dataclasses.Field) -> object | None:
+    """A value the field's own metadata rules out (None when the field declares no rule)."""
+    if f.metadata.get("choices"):
+        return "not-a-choice"
+    bounds = f.metadata.get("range")
+    if bounds:
+        ge, gt, le, lt = bounds
+        if ge is not None:
+            return ge - 1
+        if gt is not None:
+            return gt - 1
+        if le is not None:
+            return le + 1
+        if lt is not None:
+            return lt + 1
+    return None
+
+
+def test_constructor_checks_options_like_a_config(name: str) -> None:
+    """The base constructor applies the config's rules to options given directly, the same for every head."""
+    cls = registry.head_class(name)
+    ruled = [(f, v) for f in dataclasses.fields(cls.Options) if (v := _invalid_value(f)) is not None]
+    if not ruled:
+        pytest.skip(f"{name} declares no choice/bounded option")
+    for f, value in ruled:
+        bad = dataclasses.replace(cls.Options(), **{f.name: value})
+        with pytest.raises(ConfigError, match=rf"head\.options\.{f.name} = "):
+            cls(D, bad)
