@@ -292,6 +292,15 @@ def test_a_head_outside_the_package_trains_and_evaluates_from_the_cli(tmp_path: 
     assert result.exit_code == 0, result.output
     assert json.loads((ev / "metrics.json").read_text())["t2v"] == metrics["t2v"]
 
+    # the checkpoint describes itself: no --config needed, and --set still overrides what it carries
+    ev2 = tmp_path / "eval_self"
+    result = runner.invoke(app, ["eval", "--checkpoint", str(run / "best.pt"), "--out", str(ev2)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((ev2 / "metrics.json").read_text())["t2v"] == metrics["t2v"]
+    result = runner.invoke(app, ["eval", "--checkpoint", str(run / "best.pt"), "--out", str(tmp_path / "ev3"),
+                                 "--set", "head.options.pool=median"])
+    assert result.exit_code == 2 and "head.options.pool = 'median'" in result.output
+
     # reusing the run folder needs --resume or --overwrite, and a bad option value fails at load
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and "--overwrite" in result.output
