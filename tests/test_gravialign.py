@@ -18,12 +18,12 @@ from tvr.losses import (
     sgi_align,
     sgi_align_pairwise,
     sgi_align_terms,
-    sgi_product_group,
     sgi_quality,
     symmetric_infonce,
 )
 from tvr.models.heads.base import LN_100, top_k_by_dot
 from tvr.models.heads.gravialign import MODES, GraviAlignHead, GraviAlignOptions, pooled_video
+from tvr.models.heads.gravialign_scoring import s_align_scores, scoring_pool, sgi_product_group
 from tvr.models.heads.registry import head_options, resolve_head_config
 from tvr.models.model import RetrievalModel
 from tvr.types import TextFeatures, VideoFeatures
@@ -194,27 +194,39 @@ def test_gradients_are_finite_at_the_clamps_and_at_zero_distance() -> None:
 
 
 @pytest.mark.parametrize("per_dim_mean", [True, False])
-@pytest.mark.parametrize("quality,terms", [("softplus", "ABC"), ("clamp", "BC"), ("literal", "A"), ("softplus", "AC")])
+@pytest.mark.parametrize(
+    "quality,terms,a_distance",
+    [("softplus", "ABC", "centre"), ("clamp", "BC", "centre"), ("literal", "A", "centre"), ("softplus", "AC", "centre"),
+     ("softplus", "ABC", "expected")],
+)
 @pytest.mark.parametrize("n_t,n_v,dim", [(7, 9, 32), (13, 5, 33), (1, 1, 3), (11, 17, 96)])
-def test_pairwise_equals_every_pair(per_dim_mean: bool, quality: str, terms: str, n_t: int, n_v: int, dim: int) -> None:
+def test_pairwise_equals_every_pair(per_dim_mean: bool, quality: str, terms: str, a_distance: str, n_t: int,
+                                    n_v: int, dim: int) -> None:
+    """Both all-pairs paths (the pure ``sgi_align_pairwise`` and the head's fast ``s_align_scores``) equal
+    ``sgi_align`` of every pair in float64, whatever the chunks, the product groups and the number of workers."""
     # centre −4 (the init): the literal quality's pole at H = −1 would be a per-dimension centre of −2
     mu_v, lv_v = gaussians(n_v, dim, seed=5, centre=-4.0)
     mu_t, lv_t = gaussians(n_t, dim, seed=6, centre=-4.0)
     mu_v, lv_v, mu_t, lv_t = (x.float() for x in (mu_v, lv_v.clamp(-10, 5), mu_t, lv_t.clamp(-10, 5)))
-    kw = {"G": 1.3, "T": 0.7, "lam": 0.9, "per_dim_mean": per_dim_mean, "quality": quality, "terms": terms}
+    kw = {"G": 1.3, "T": 0.7, "lam": 0.9, "per_dim_mean": per_dim_mean, "quality": quality, "terms": terms,
+          "a_distance": a_distance}
     expected = torch.stack(
         [sgi_align(mu_v.double(), lv_v.double(), mu_t[i : i + 1].double().expand(n_v, -1),
                    lv_t[i : i + 1].double().expand(n_v, -1), **kw) for i in range(n_t)]
     )
-    full = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, **kw)
-    assert full.shape == (n_t, n_v) and full.dtype == torch.float32
     scale = float(expected.abs().max()) + 1.0
-    torch.testing.assert_close(full.double(), expected, rtol=1e-5, atol=1e-5 * scale)
-    for text_chunk, video_chunk in ((2, 3), (1, 1), (5, 4)):
-        chunked = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, text_chunk=text_chunk, video_chunk=video_chunk, **kw)
-        torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5 * scale)
-    direct = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, max_group=1, **kw)  # one log per dimension
-    torch.testing.assert_close(direct, full, rtol=1e-5, atol=1e-5 * scale)
+    for scorer in (sgi_align_pairwise, s_align_scores):
+        full = scorer(mu_v, lv_v, mu_t, lv_t, **kw)
+        assert full.shape == (n_t, n_v) and full.dtype == torch.float32
+        torch.testing.assert_close(full.double(), expected, rtol=1e-5, atol=1e-5 * scale)
+        for text_chunk, video_chunk in ((2, 3), (1, 1), (5, 4)):
+            chunked = scorer(mu_v, lv_v, mu_t, lv_t, text_chunk=text_chunk, video_chunk=video_chunk, **kw)
+            torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5 * scale)
+    direct = s_align_scores(mu_v, lv_v, mu_t, lv_t, max_group=1, **kw)  # one log per dimension
+    torch.testing.assert_close(direct.double(), expected, rtol=1e-5, atol=1e-5 * scale)
+    one = s_align_scores(mu_v, lv_v, mu_t, lv_t, text_chunk=2, workers=1, **kw)
+    two = s_align_scores(mu_v, lv_v, mu_t, lv_t, text_chunk=2, workers=2, **kw)
+    torch.testing.assert_close(two, one, rtol=0, atol=0)  # the same stripes, whoever computes them
 
 
 def test_pairwise_at_the_clamp_extremes_and_without_a_clamp() -> None:
@@ -226,10 +238,11 @@ def test_pairwise_at_the_clamp_extremes_and_without_a_clamp() -> None:
         mu_v, mu_t = mu[: len(lv_v)], mu[: len(lv_t)]
         g, _ = sgi_product_group(lv_v, lv_t)
         assert g >= 8
-        full = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, per_dim_mean=False)
-        reference = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, per_dim_mean=False,
-                                       max_group=1)
+        full = s_align_scores(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, per_dim_mean=False)
+        reference = s_align_scores(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, per_dim_mean=False, max_group=1)
         torch.testing.assert_close(full, reference, rtol=1e-5, atol=1e-3)
+        pure = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, per_dim_mean=False)
+        torch.testing.assert_close(full, pure, rtol=1e-5, atol=1e-3)
     wide = torch.tensor([[-79.0, 79.0]])  # log s spans 158: no product of two is provably in range
     assert sgi_product_group(wide, wide) == (1, 0)
     assert sgi_product_group(torch.full((2, 4), -90.0), torch.full((2, 4), -95.0)) == (1, 0)  # e^−90 is subnormal
@@ -241,39 +254,117 @@ def test_pairwise_at_the_clamp_extremes_and_without_a_clamp() -> None:
     assert sgi_product_group(torch.tensor([[-10.0] * 8 + [5.0] * 8]), torch.tensor([[5.0] * 8 + [-10.0] * 8]))[0] == 8
 
 
-def test_pairwise_keeps_float64_and_is_differentiable_when_asked() -> None:
-    mu_v, lv_v = gaussians(4, 6, seed=7)
-    mu_t, lv_t = gaussians(3, 6, seed=8)
-    kw = {"G": 1.0, "T": 1.0, "lam": 1.0}
-    out = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, **kw)
-    assert out.dtype == torch.float64
-    lv = lv_v.clone().requires_grad_(True)
-    graded = sgi_align_pairwise(mu_v, lv, mu_t, lv_t, text_chunk=2, **kw)
-    torch.testing.assert_close(graded.detach(), out)
-    graded.sum().backward()
-    assert lv.grad is not None and torch.isfinite(lv.grad).all()
+def broadcast_pairwise(mu_v, lv_v, mu_t, lv_t, **kw):  # noqa: ANN001, ANN003, ANN201
+    """The all-pairs S_align straight from ``sgi_align_terms`` on [N_t, N_v, D] broadcasts (plain autograd)."""
+    terms = sgi_align_terms(mu_v[None], lv_v[None], mu_t[:, None], lv_t[:, None], **kw)
+    return torch.stack(list(terms.values())).sum(dim=0)
 
 
-def test_pairwise_workers_under_no_grad_and_the_thread_setting_is_restored() -> None:
-    """Several text stripes on two worker threads: same values as one thread, inputs that require grad are fine
-    under no_grad (grad mode is thread-local), and the caller's torch thread count is unchanged afterwards."""
+@pytest.mark.parametrize("per_dim_mean,a_distance", [(True, "centre"), (False, "centre"), (True, "expected")])
+def test_pairwise_gradient_equals_the_broadcast_gradient(per_dim_mean: bool, a_distance: str) -> None:
+    """``sgi_align_pairwise`` keeps float64 and its chunked backward (never [N_t, N_v, D] at once) gives the gradient
+    of the plain broadcast formula, for every input, with chunks that split both sides."""
+    mu_v, lv_v = gaussians(5, 6, seed=7)
+    mu_t, lv_t = gaussians(4, 6, seed=8)
+    kw = {"G": 1.3, "T": 0.8, "lam": 0.7, "per_dim_mean": per_dim_mean, "eps": 1e-3, "a_distance": a_distance}
+    weights = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for fn in (lambda *x: sgi_align_pairwise(*x, text_chunk=3, video_chunk=2, **kw),
+               lambda *x: broadcast_pairwise(*x, **kw)):
+        inputs = [x.clone().requires_grad_(True) for x in (mu_v, lv_v, mu_t, lv_t)]
+        out = fn(*inputs)
+        assert out.dtype == torch.float64
+        (out * weights).sum().backward()
+        grads.append((out.detach(), [x.grad for x in inputs]))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-12, atol=1e-12)
+    for ours, plain in zip(grads[0][1], grads[1][1], strict=True):
+        torch.testing.assert_close(ours, plain, rtol=1e-10, atol=1e-12)
+
+
+def test_the_chunked_moments_pass_gradcheck() -> None:
+    from tvr.losses import sgi_pair_moments
+
+    g = torch.Generator().manual_seed(11)
+    mu_v = torch.randn(5, 3, dtype=torch.float64, generator=g)
+    mu_t = torch.randn(4, 3, dtype=torch.float64, generator=g)
+    var_v = torch.rand(5, 3, dtype=torch.float64, generator=g) + 0.2
+    var_t = torch.rand(4, 3, dtype=torch.float64, generator=g) + 0.2
+    inputs = tuple(x.requires_grad_(True) for x in (mu_v, var_v, mu_t, var_t))
+    assert torch.autograd.gradcheck(lambda *x: sgi_pair_moments(*x, text_chunk=3, video_chunk=2), inputs)
+
+
+def fresh_thread_default() -> int:
+    """torch's thread count as a new thread starts with it (the process-wide default)."""
+    import threading
+
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    return seen[0]
+
+
+def test_losses_and_training_never_touch_threads_and_the_scoring_pool_is_made_once() -> None:
+    """The pure all-pairs loss path and a training step start no thread and leave torch's thread settings alone;
+    test-time scoring on two workers reuses one pool, leaves the caller's setting and the process default as they
+    were, and gives the single-threaded values (grad-requiring inputs are fine: grad mode is thread-local)."""
+    import threading
+
     mu_v, lv_v = (x.float() for x in gaussians(9, 24, seed=9))
     mu_t, lv_t = (x.float() for x in gaussians(21, 24, seed=10))
-    mu_t.requires_grad_(True)  # like a head's states encoded outside no_grad
-    lv_t.requires_grad_(True)
     previous = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        with torch.no_grad():
-            single = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2)
         torch.set_num_threads(2)
+        threads, default = threading.active_count(), fresh_thread_default()
+        graded = [x.clone().requires_grad_(True) for x in (mu_v, lv_v, mu_t, lv_t)]
+        sgi_align_pairwise(*graded, G=1.0, T=1.0, lam=1.0).sum().backward()
+        for objective in ("positive", "contrastive"):
+            h = head(sgi_objective=objective).train()
+            h.loss(*features(6, 6))["loss"].backward()
+        assert threading.active_count() == threads and torch.get_num_threads() == 2 == fresh_thread_default()
+        single = s_align_scores(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2, workers=1)
+        assert threading.active_count() == threads  # one worker: the calling thread, no pool
+        pool = scoring_pool(2)
         with torch.no_grad():
-            threaded = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2)
-        assert torch.get_num_threads() == 2
+            pooled = s_align_scores(graded[0], graded[1], graded[2], graded[3], G=1.0, T=1.0, lam=1.0, text_chunk=2)
+        again = s_align_scores(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2)
+        assert scoring_pool(2) is pool and threading.active_count() <= threads + 2  # made once, two threads at most
+        assert torch.get_num_threads() == 2 and fresh_thread_default() == default
     finally:
         torch.set_num_threads(previous)
-    assert not threaded.requires_grad
-    torch.testing.assert_close(threaded, single, rtol=0, atol=0)
+    assert not pooled.requires_grad
+    torch.testing.assert_close(pooled, single, rtol=0, atol=0)
+    torch.testing.assert_close(again, single, rtol=0, atol=0)
+
+
+def _score_in_child(queue) -> None:  # noqa: ANN001
+    # as torch's DataLoader workers do: GNU OpenMP cannot run a parallel region in a child forked after the parent
+    # ran one (any torch op would hang here, pool or not)
+    torch.set_num_threads(1)
+    mu_v, lv_v = (x.float() for x in gaussians(9, 24, seed=9))
+    mu_t, lv_t = (x.float() for x in gaussians(21, 24, seed=10))
+    queue.put(s_align_scores(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2, workers=2).tolist())
+
+
+def test_a_forked_child_scores_with_a_pool_of_its_own() -> None:
+    """Threads do not survive fork: a child forked after the parent's pool exists must not wait on it."""
+    import multiprocessing
+
+    mu_v, lv_v = (x.float() for x in gaussians(9, 24, seed=9))
+    mu_t, lv_t = (x.float() for x in gaussians(21, 24, seed=10))
+    parent = s_align_scores(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2, workers=2)  # pool exists
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_score_in_child, args=(queue,))
+    child.start()
+    try:
+        result = queue.get(timeout=60)
+    finally:
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    torch.testing.assert_close(torch.tensor(result), parent, rtol=0, atol=0)
 
 
 def test_bad_arguments_are_named() -> None:
@@ -473,8 +564,14 @@ def test_candidates_and_setting_errors() -> None:
         ({"quality": "exp"}, r"head.options.quality = 'exp': expected one of \['softplus', 'clamp', 'literal'\]"),
         ({"terms": "ABD"}, r"head.options.terms = 'ABD': expected one of"),
         ({"T": 0.0}, r"head.options.T = 0.0: expected a number > 0.0"),
-        ({"mixed_weights": [0.1, 0.2]}, r"head.options.mixed_weights: expected a list of 4 values"),
+        ({"mixed_weights": []}, r"head.options.mixed_weights = \[\]: expected one or more numbers >= 0"),
+        ({"mixed_weights": 0.5}, r"head.options.mixed_weights: expected a list of values, got 0.5"),
+        ({"mixed_weights": [0.1, "x"]}, r"head.options.mixed_weights\[1\]: expected a number, got 'x'"),
         ({"mixed_weights": [0.1, 0.2, 0.3, -1.0]}, r"head.options.mixed_weights = \[0.1, 0.2, 0.3, -1.0\]"),
+        ({"sgi_objective": "nce"}, r"head.options.sgi_objective = 'nce': expected one of \['positive', 'contr"),
+        ({"sgi_tau": 0.0}, r"head.options.sgi_tau = 0.0: expected a number > 0.0"),
+        ({"a_distance": "mean"}, r"head.options.a_distance = 'mean': expected one of \['centre', 'expected'\]"),
+        ({"logvar_clamp_mode": "tanh"}, r"head.options.logvar_clamp_mode = 'tanh': expected one of \['hard', 'soft'\]"),
         ({"inference_mode": "dot"}, r"head.options.inference_mode = 'dot': expected one of \['cos_f'"),
     ],
 )
