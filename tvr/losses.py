@@ -141,7 +141,7 @@ SGI_TERMS = "ABC"
 #: of two samples x ~ N(μ_v, Σ_v), y ~ N(μ_t, Σ_t), d = √(q + D) (bounded: A ≤ G/T in per-dimension units)
 SGI_A_DISTANCES = ("centre", "expected")
 #: [texts, videos, D] elements of one chunk of :func:`sgi_pair_moments` (forward and backward)
-SGI_CHUNK_ELEMENTS = 1 << 22
+SGI_CHUNK_ELEMENTS = 1 << 20
 
 
 def _check_terms(terms: str) -> str:
@@ -371,7 +371,7 @@ def sgi_align_pairwise(
     equal to :func:`sgi_align` of each pair up to float rounding.
 
     Nothing factorises Σ_k δ_k²/s_k or Σ_k log s_k into a matrix product, so the work is O(N_t·N_v·D) elementwise,
-    done in chunks of ``text_chunk`` × ``video_chunk`` pairs (default: up to 4 M elements of [.., .., D]); the
+    done in chunks of ``text_chunk`` × ``video_chunk`` pairs (default: up to 1 M elements of [.., .., D]); the
     qualities and variances are computed once per item. Differentiable with bounded memory (the chunked moments
     carry their own backward): the contrastive L_SGI-NCE runs on it. A pure function: no threads, no global state.
     Test-time scoring of large galleries uses the head's faster kernel

@@ -182,11 +182,14 @@ class GaussianEmbedding(nn.Module):
 
 
 def soft_clamp(x: Tensor, low: float, high: float) -> Tensor:
-    """low + softplus(x − low) − softplus(x − high): strictly inside (low, high), increasing, within
-    softplus(−margin) ≈ e^−margin of x at a margin from both ends (5e-5 at the default init −4 in [−10, 5]), and
-    with the gradient σ(x − low) − σ(x − high) > 0 everywhere, so an entry outside the range still learns (the hard
-    clamp's gradient there is 0)."""
-    return low + F.softplus(x - low) - F.softplus(x - high)
+    """low + softplus(x − low) − softplus(x − high): inside (low, high), increasing, within
+    softplus(low − x) + softplus(x − high) of x (0.0025 at the default init −4 in [−10, 5]), and with the gradient
+    σ(x − low) − σ(x − high) > 0 everywhere, so an entry outside the range still learns (the hard clamp's gradient
+    there is 0). Above the midpoint it is evaluated as the identical high + softplus(low − x) − softplus(high − x),
+    whose gradient does not cancel to 0 in floating point far above the range."""
+    below = low + F.softplus(x - low) - F.softplus(x - high)
+    above = high + F.softplus(low - x) - F.softplus(high - x)
+    return torch.where(x <= 0.5 * (low + high), below, above)
 
 
 def pooled_video(video: VideoFeatures) -> Tensor:
