@@ -80,12 +80,13 @@ def score_every_mode(run: Path) -> dict:
     with torch.no_grad():
         ts, vs = head.encode_texts(encoded.text), head.encode_videos(encoded.video)
         components = head.score_components(ts, vs)  # cos_f, cos_mu, s_align (every candidate's)
-        out = {"cos_f": ranks(components["cos_f"], encoded.text_video),
-               "cos_mu": ranks(components["cos_mu"], encoded.text_video),
-               "s_align": ranks(components["s_align"], encoded.text_video)}
+        out = {
+            "cos_f": ranks(components["cos_f"], encoded.text_video),
+            "cos_mu": ranks(components["cos_mu"], encoded.text_video),
+            "s_align": ranks(components["s_align"], encoded.text_video),
+        }
         for w in dict.fromkeys(head.options.mixed_weights):
-            out[f"mixed_{w:g}"] = ranks(head.combine_scores(components, {"mode": "mixed", "w": w}),
-                                        encoded.text_video)
+            out[f"mixed_{w:g}"] = ranks(head.combine_scores(components, {"mode": "mixed", "w": w}), encoded.text_video)
         dim = ts.f.shape[1]
         ln_t = F.normalize(F.layer_norm(ts.f, (dim,)), dim=-1)
         ln_v = F.normalize(F.layer_norm(vs.f, (dim,)), dim=-1)
@@ -100,8 +101,13 @@ def score_every_mode(run: Path) -> dict:
             top10 = components[name].topk(min(10, components[name].shape[1]), dim=1).indices
             shortlist[name.replace("cos_", "")] = round(float((top10 == exact_top1).any(dim=1).float().mean()), 4)
     logvar = {"text": round(float(ts.logvar.mean()), 3), "video": round(float(vs.logvar.mean()), 3)}
-    return {"modes": out, "shortlist_top10_holds_exact_top1": shortlist, "mean_logvar": logvar,
-            "test_texts": len(encoded.text), "test_videos": len(encoded.video)}
+    return {
+        "modes": out,
+        "shortlist_top10_holds_exact_top1": shortlist,
+        "mean_logvar": logvar,
+        "test_texts": len(encoded.text),
+        "test_videos": len(encoded.video),
+    }
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -116,10 +122,13 @@ def summarise(runs: list[dict]) -> dict:
             modes[mode] = {}
             for metric in METRICS:
                 values = [r["modes"][mode][metric] for r in mine]
-                modes[mode][metric] = {"mean": round(statistics.fmean(values), 2),
-                                       "std": round(statistics.stdev(values), 2) if len(values) > 1 else 0.0}
-        rates = {k: round(statistics.fmean(r["shortlist_top10_holds_exact_top1"][k] for r in mine), 4)
-                 for k in ("mu", "f")}
+                modes[mode][metric] = {
+                    "mean": round(statistics.fmean(values), 2),
+                    "std": round(statistics.stdev(values), 2) if len(values) > 1 else 0.0,
+                }
+        rates = {
+            k: round(statistics.fmean(r["shortlist_top10_holds_exact_top1"][k] for r in mine), 4) for k in ("mu", "f")
+        }
         table[variant] = {"seeds": [r["seed"] for r in mine], "modes": modes, "shortlist_top10_holds_exact_top1": rates}
     return table
 
@@ -153,13 +162,22 @@ def main() -> None:
     runs: list[dict] = []
 
     def write() -> None:
-        atomic_write_json(args.out, {
-            "benchmark": "GraviAlign variants: every inference mode on a synthetic test set, several seeds",
-            "command": command, "epochs": args.epochs, "videos": args.videos, "test_videos": args.test,
-            "torch": torch.__version__, "loadavg_start": [round(x, 2) for x in load_start],
-            "loadavg_end": [round(x, 2) for x in os.getloadavg()], "variants": {n: VARIANTS[n] for n in names},
-            "summary": summarise(runs), "runs": runs,
-        })
+        atomic_write_json(
+            args.out,
+            {
+                "benchmark": "GraviAlign variants: every inference mode on a synthetic test set, several seeds",
+                "command": command,
+                "epochs": args.epochs,
+                "videos": args.videos,
+                "test_videos": args.test,
+                "torch": torch.__version__,
+                "loadavg_start": [round(x, 2) for x in load_start],
+                "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+                "variants": {n: VARIANTS[n] for n in names},
+                "summary": summarise(runs),
+                "runs": runs,
+            },
+        )
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(args.data) if args.data else Path(tmp) / "data"
@@ -177,9 +195,16 @@ def main() -> None:
                 run_train(cfg, run, overwrite=True, final_test=False)
                 train = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
                 last = ([r for r in train if r.get("kind") == "train"] or [{}])[-1]
-                row = {"variant": name, "seed": seed, "train_seconds": round(time.perf_counter() - start, 1),
-                       "last_train_step": {k: last[k] for k in ("loss", "infonce", "sgi", "term_A", "term_B",
-                                                                 "term_C", "logvar_text", "logvar_video") if k in last}}
+                row = {
+                    "variant": name,
+                    "seed": seed,
+                    "train_seconds": round(time.perf_counter() - start, 1),
+                    "last_train_step": {
+                        k: last[k]
+                        for k in ("loss", "infonce", "sgi", "term_A", "term_B", "term_C", "logvar_text", "logvar_video")
+                        if k in last
+                    },
+                }
                 row.update(score_every_mode(run))
                 runs.append(row)
                 print(json.dumps(row), flush=True)
