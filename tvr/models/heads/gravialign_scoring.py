@@ -139,10 +139,15 @@ class ScoringPool:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sgi_align")
         # start every worker now (each runs ``start`` once, all waiting at the barrier so none is reused), so no
         # thread is created later, mid-scoring
-        started = [self._executor.submit(start) for _ in range(workers)]
-        ready.wait()
-        for future in started:
-            future.result()
+        try:
+            started = [self._executor.submit(start) for _ in range(workers)]
+            ready.wait()
+            for future in started:
+                future.result()
+        except BaseException:
+            ready.abort()  # a thread that could not start: release the ones waiting at the barrier
+            self._executor.shutdown(wait=False)
+            raise
         if self.fallbacks:
             torch.set_num_threads(default)  # the fallback changed the default new threads start from: restore it
 
