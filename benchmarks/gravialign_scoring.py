@@ -16,10 +16,10 @@ Part 1 — 1000 texts × 1000 videos, D = 512 (MSR-VTT 1k-A): each contender tim
 its own) after a small warm-up call, alternated and repeated, minimum kept; max |difference| of each against a
 float64 broadcast reference. Part 2 (in one process) — variants of ours, to show where the time goes: one log per
 dimension (``max_group=1``), other block sizes, one worker, and the time of each step of one block (one thread)
-scaled to all pairs. Part 3 — one thread against its own arithmetic floor: every step's cost per element measured on
-operands that sit in the L2 cache (the call overhead subtracted), times the elements the whole scoring pushes
-through that step; the scorer's one-thread time over the sum of those floors is how far the memory traffic and the
-per-op overhead of the real blocks put it above the arithmetic.
+scaled to all pairs. Part 3 — one thread against its own arithmetic floor: every step's elements costed at its
+operation's rate on contiguous operands in the L2 cache with the call overhead removed; the scorer's one-thread
+time over the sum of those floors is how far memory traffic, strides and per-op overhead put it above the
+arithmetic.
 
 Inputs: μ unit-norm Gaussian directions; log σ² ~ N(−4, 1) clamped to [−10, 5] (the head's init and clamp).
 
@@ -135,7 +135,7 @@ def step_elements(tc: int, vc: int, dim: int, group: int) -> dict[str, int]:
     groups = dim // group
     return {"s = var_t + var_v (broadcast add)": full, "delta = mu_t - mu_v (broadcast sub)": full,
             "delta^2 (in place)": full, "/= s (in place)": full, "sum over D -> q": full,
-            f"product tree over groups of {group} (in place)": tc * vc * groups * (group - 1),
+            f"product over groups of {group} (strided prod)": tc * vc * groups * (group - 1),
             f"log of D/{group} products + sum": tc * vc * groups}
 
 
@@ -150,14 +150,11 @@ def time_block_steps(tc: int, vc: int, tensors: tuple, group: int, reps: int, in
     d = torch.empty(tc, vc, dim)
     q = torch.empty(tc, vc)
     groups = dim // group
+    products = torch.empty(tc, vc, groups)
     fresh = torch.add(var_t[:tc, None], var_v[None, :vc])
 
-    def tree() -> None:
-        view = s[..., : groups * group].view(tc, vc, group, groups)
-        h = group
-        while h > 1:
-            h //= 2
-            view[:, :, :h].mul_(view[:, :, h : 2 * h])
+    def product() -> None:
+        torch.prod(s[..., : groups * group].view(tc, vc, group, groups), dim=2, out=products)
 
     steps = {
         "s = var_t + var_v (broadcast add)": lambda: torch.add(var_t[:tc, None], var_v[None, :vc], out=s),
@@ -165,24 +162,20 @@ def time_block_steps(tc: int, vc: int, tensors: tuple, group: int, reps: int, in
         "delta^2 (in place)": lambda: d.mul_(d),
         "/= s (in place)": lambda: d.div_(s),
         "sum over D -> q": lambda: torch.sum(d, dim=-1, out=q),
-        f"product tree over groups of {group} (in place)": lambda: (s.copy_(fresh), tree()),
-        f"log of D/{group} products + sum": lambda: s[..., :groups].log().sum(-1),
+        f"product over groups of {group} (strided prod)": product,
+        f"log of D/{group} products + sum": lambda: products.log().sum(-1),
         "(for comparison) log of all D + sum": lambda: s.log().sum(-1),
     }
     out = {}
     for name, step in steps.items():
         s.copy_(fresh)
         if name.startswith("log of"):
-            tree()
+            product()
         if name.startswith(("delta^2", "/=")):
             # repeated in place, δ² and δ/s would drift into denormals (slow) or zeros; 1 stays 1 (same speed)
             d.fill_(1.0)
             s.fill_(1.0)
-        seconds, _ = best_of(step, reps, inner)
-        if name.startswith("product tree"):
-            copy_seconds, _ = best_of(lambda: s.copy_(fresh), reps, inner)
-            seconds = max(0.0, seconds - copy_seconds)
-        out[name] = seconds
+        out[name], _ = best_of(step, reps, inner)
     return out
 
 
@@ -241,15 +234,44 @@ def where_the_time_goes(args: argparse.Namespace, reps: int) -> dict:
             "steps_seconds_all_pairs": breakdown}
 
 
-#: the in-cache probe: one text × this many videos × D per operand (128 KiB at D = 512: the three buffers of a
-#: step sit in the 1 MiB L2 of this machine's cores)
-FLOOR_VIDEOS = 64
+#: the in-cache probe: contiguous vectors of these two lengths (at the larger one, 256 KiB per operand: an op's
+#: operands sit in the 1 MiB L2 of this machine's cores); their time difference is the marginal cost per element
+#: with the per-call overhead cancelled
+FLOOR_ELEMENTS = (1 << 15, 1 << 16)
+
+
+def in_cache_rates(dim: int, reps: int) -> dict[str, float]:
+    """Seconds per element of each elementwise operation the scorer uses, on contiguous operands in the L2 cache,
+    without the per-call overhead (the difference of two lengths)."""
+    import torch
+
+    rates = {}
+    for name in ("add", "sub", "square", "mul", "div", "sum over the last dim", "log"):
+        times = []
+        for n in FLOOR_ELEMENTS:
+            a, b, c = torch.rand(n) + 0.5, torch.rand(n) + 0.5, torch.empty(n)
+            ones, rows = torch.ones(n), a.view(-1, dim)
+            q = torch.empty(rows.shape[0])
+            call = {
+                "add": lambda a=a, b=b, c=c: torch.add(a, b, out=c),
+                "sub": lambda a=a, b=b, c=c: torch.sub(a, b, out=c),
+                "square": lambda ones=ones: ones.mul_(ones),  # in place, as the scorer; 1·1 stays 1 (no denormals)
+                "mul": lambda a=a, ones=ones: a.mul_(ones),  # two operands (the group products)
+                "div": lambda ones=ones: ones.div_(ones),
+                "sum over the last dim": lambda rows=rows, q=q: torch.sum(rows, dim=-1, out=q),
+                "log": lambda a=a, c=c: torch.log(a, out=c),
+            }[name]
+            times.append(best_of(call, 12 * reps, 10)[0])  # short timings, many: the minimum dodges preemption
+        rates[name] = max(0.0, times[1] - times[0]) / (FLOOR_ELEMENTS[1] - FLOOR_ELEMENTS[0])
+    return rates
 
 
 def one_thread_floor(args: argparse.Namespace, reps: int) -> dict:
-    """The scorer on one thread (``workers=1``, torch threads 1) against its own arithmetic floor: each step's cost
-    per element on operands in the L2 cache, from a [1, 64, D] and a [1, 1, D] block (their difference removes the
-    per-call overhead), times the elements the whole scoring pushes through that step (:func:`step_elements`)."""
+    """The scorer on one thread (``workers=1``, torch threads 1) against its own arithmetic floor: every step's
+    elements (:func:`step_elements` over all pairs) costed at its operation's rate on contiguous operands in the L2
+    cache with the call overhead removed (:func:`in_cache_rates`) — the same arithmetic with no memory traffic beyond
+    L2, no strides and no per-op overhead. Beside it, each step timed at the real block size (scaled to all pairs)
+    and the whole call."""
     import torch
 
     from tvr.models.heads.gravialign_scoring import SGI_BLOCK_ELEMENTS, SGI_TEXT_CHUNK
@@ -264,32 +286,33 @@ def one_thread_floor(args: argparse.Namespace, reps: int) -> dict:
     try:
         with torch.no_grad():
             whole, whole_all = best_of(lambda: ours_scores(mu_v, lv_v, mu_t, lv_t, workers=1), reps)
-            real = time_block_steps(tc, vc, tensors, g, reps, 1)
-            big = time_block_steps(1, FLOOR_VIDEOS, tensors, g, reps, 200)
-            small = time_block_steps(1, 1, tensors, g, reps, 200)
+            real = time_block_steps(tc, vc, tensors, g, 4 * reps, 1)
+            rate = in_cache_rates(args.dim, reps)
     finally:
         torch.set_num_threads(previous)
-    big_elements = step_elements(1, FLOOR_VIDEOS, args.dim, g)
-    small_elements = step_elements(1, 1, args.dim, g)
+    op_of = {"s = var_t + var_v (broadcast add)": ["add"], "delta = mu_t - mu_v (broadcast sub)": ["sub"],
+             "delta^2 (in place)": ["square"], "/= s (in place)": ["div"], "sum over D -> q": ["sum over the last dim"],
+             f"product over groups of {g} (strided prod)": ["mul"],
+             f"log of D/{g} products + sum": ["log", "sum over the last dim"]}
     total = step_elements(args.n_texts, args.n_videos, args.dim, g)
     steps, floor_sum, real_sum = {}, 0.0, 0.0
     for name, count in total.items():
-        per_element = max(0.0, big[name] - small[name]) / (big_elements[name] - small_elements[name])
-        floor = per_element * count
+        floor = sum(rate[op] for op in op_of[name]) * count
         measured = real[name] * blocks
         floor_sum += floor
         real_sum += measured
         steps[name] = {"floor_seconds": round(floor, 4), "measured_seconds": round(measured, 4),
-                       "ratio": round(measured / floor, 2) if floor > 0 else None,
-                       "ns_per_element_in_cache": round(per_element * 1e9, 4)}
+                       "ratio": round(measured / floor, 2) if floor > 0 else None, "elements": count}
         print(f"  {name:48s} floor {floor:6.3f} s  measured {measured:6.3f} s  ({measured / max(floor, 1e-12):.1f}x)",
               flush=True)
     result = {"one_thread_seconds": round(whole, 4), "one_thread_seconds_all": [round(t, 4) for t in whole_all],
               "floor_seconds": round(floor_sum, 4), "ratio": round(whole / floor_sum, 2),
-              "steps_sum_seconds": round(real_sum, 4), "in_cache_probe": f"[1, {FLOOR_VIDEOS}, D] minus [1, 1, D]",
+              "steps_sum_seconds": round(real_sum, 4), "steps_sum_ratio": round(real_sum / floor_sum, 2),
+              "ns_per_element_in_cache": {k: round(v * 1e9, 4) for k, v in rate.items()},
+              "in_cache_probe": f"contiguous vectors of {FLOOR_ELEMENTS[1]} minus {FLOOR_ELEMENTS[0]} elements",
               "steps": steps}
     print(f"  whole call, one thread {whole:.3f} s; floor {floor_sum:.3f} s ({result['ratio']}x); steps at the real "
-          f"block size sum to {real_sum:.3f} s", flush=True)
+          f"block size sum to {real_sum:.3f} s ({result['steps_sum_ratio']}x)", flush=True)
     return result
 
 

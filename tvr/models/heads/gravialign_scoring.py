@@ -240,7 +240,7 @@ def s_align_scores(
     The pairs are scored in blocks of ``text_chunk`` × ``video_chunk`` (default 8 texts × as many videos as fit
     ``SGI_BLOCK_ELEMENTS`` with D); working memory is two such blocks plus a row stripe per worker, whatever N_t and
     N_v. Per block: s and δ into two reused buffers, δ² /= s in place and summed (q), then the variances are
-    multiplied in place over groups of g dimensions (a tree of halvings) and one log per group gives Σ log s
+    multiplied over groups of g dimensions (one strided product) and one log per group gives Σ log s
     (:func:`sgi_product_group`; ``max_group=1`` is one log per dimension). The qualities and variances are computed
     once per item, not per pair.
 
@@ -334,15 +334,18 @@ class _PairwiseJob:
     combine: dict[str, Any]
     out: Tensor
 
-    def buffers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Scratch of one worker: the s and δ blocks, and the stripe's q and Σ log s rows."""
-        block = self.text_chunk * self.video_chunk * self.mu_v.shape[1]
+    def buffers(self) -> tuple[Tensor, ...]:
+        """Scratch of one worker: the s and δ blocks, the block's group products, and the stripe's q and Σ log s
+        rows."""
+        dim = self.mu_v.shape[1]
+        block = self.text_chunk * self.video_chunk * dim
         n_v = self.mu_v.shape[0]
         new = self.mu_v.new_empty
-        return new(block), new(block), new(self.text_chunk, n_v), new(self.text_chunk, n_v)
+        products = self.text_chunk * self.video_chunk * (dim // self.group)
+        return new(block), new(block), new(products), new(self.text_chunk, n_v), new(self.text_chunk, n_v)
 
-    def stripe(self, a: int, buffers: tuple[Tensor, Tensor, Tensor, Tensor]) -> None:
-        s_buf, d_buf, q_row, c_row = buffers
+    def stripe(self, a: int, buffers: tuple[Tensor, ...]) -> None:
+        s_buf, d_buf, p_buf, q_row, c_row = buffers
         n_v, dim = self.mu_v.shape
         g = self.group
         n_groups = dim // g
@@ -357,16 +360,17 @@ class _PairwiseJob:
             torch.sub(mt, self.mu_v[None, b : b + nv], out=d)
             d.mul_(d).div_(s)
             torch.sum(d, dim=-1, out=q_row[:nt, b : b + nv])
-            # Σ log s̃ as Σ over groups of log Π: halve the group axis in place until one factor is left
-            groups = s[..., :grouped].view(nt, nv, g, n_groups)
-            h = g
-            while h > 1:
-                h //= 2
-                groups[:, :, :h].mul_(groups[:, :, h : 2 * h])
-            logs = groups[:, :, 0].log_().sum(dim=-1)
+            logs = c_row[:nt, b : b + nv]
+            if g == 1:
+                torch.sum(s.log_(), dim=-1, out=logs)
+                continue
+            # Σ log s̃ as Σ over groups of log Π: the product over the group axis (strided, so it vectorises across
+            # the D/g contiguous products), then one log per group
+            products = p_buf[: nt * nv * n_groups].view(nt, nv, n_groups)
+            torch.prod(s[..., :grouped].view(nt, nv, g, n_groups), dim=2, out=products)
+            torch.sum(products.log_(), dim=-1, out=logs)
             if grouped < dim:
                 logs += s[..., grouped:].log().sum(dim=-1)
-            c_row[:nt, b : b + nv] = logs
         q = q_row[:nt].mul_(self.q_scale)
         logdet = c_row[:nt].mul_(self.c_scale).add_(self.c_shift)
         m_v = self.m_v[None] if self.m_v is not None else None
