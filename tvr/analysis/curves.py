@@ -222,7 +222,7 @@ def plot_training(runs: Sequence[RunLog], out_dir: Path) -> FigureFiles | None:
         ax.set_visible(False)
     _run_legend(fig, runs, colors)
     title = "Training: every logged quantity against the step"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     return write_figure(
         out_dir, "training_losses", fig, {"runs": _describe(runs), "series": series}, title=title, rows=rows
     )
@@ -252,7 +252,7 @@ def plot_learning_rates(runs: Sequence[RunLog], out_dir: Path) -> FigureFiles | 
     for ax in list(axes.flat)[len(series) :]:
         ax.set_visible(False)
     title = "Learning rate of every optimizer group (groups on the same schedule share a line)"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     return write_figure(
         out_dir, "learning_rates", fig, {"runs": _describe(runs), "series": series}, title=title, rows=rows
     )
@@ -298,7 +298,7 @@ def plot_validation(runs: Sequence[RunLog], out_dir: Path) -> FigureFiles | None
         "Validation recall (vertical line: the step best.pt was saved at, by "
         f"{', '.join(sorted(metrics)) or 'the selection metric'})"
     )
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     return write_figure(out_dir, "validation", fig, {"runs": _describe(runs), "series": series}, title=title, rows=rows)
 
 
@@ -314,7 +314,8 @@ def plot_inference_setting(runs: Sequence[RunLog], out_dir: Path) -> FigureFiles
         for label, points in per_run.items():
             steps = [s for s, _ in points]
             values = [categories.index(str(v)) if not _numeric(v) else v for _, v in points]
-            ax.plot(steps, values, color=colors[label], marker="o", markersize=3, linewidth=1)
+            # a choice made at each validation: points, joined faintly only to guide the eye
+            ax.plot(steps, values, color=colors[label], marker="o", markersize=4, linewidth=0.8, linestyle=":")
             best = validation_series([r for r in runs if r.label == label]).get(label, {}).get("best_step")
             if best in steps:
                 ax.plot(
@@ -333,7 +334,7 @@ def plot_inference_setting(runs: Sequence[RunLog], out_dir: Path) -> FigureFiles
         _epoch_axis(ax, runs)
     _run_legend(fig, [r for r in runs if any(r.label in per_run for per_run in series.values())], colors)
     title = "Inference setting chosen on validation at each evaluation (star: the one stored in best.pt)"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     return write_figure(
         out_dir, "inference_setting", fig, {"runs": _describe(runs), "series": series}, title=title, rows=rows
     )

@@ -202,7 +202,7 @@ def plot_delta_geometry(
     pair(axes[1, 2], "cos", negative, f"cos({a}, {b}) vs cos({a} + Δ, {b}), negative pairs")
     axes[1, 2].set_title("(f) cosine of negative pairs", fontsize=9)
     title = f"GARE: geometry of the increments Δ (seed 001 Fig. 3) — {split_label(split)}"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     data = {
         "split": split,
         "corrected_side": side,
@@ -245,5 +245,5 @@ def plot_hard_negatives(out_dir: Path, data: dict[str, Any], *, split: str) -> F
     spread_b, spread_a = np.mean(data["before"]["spread"]), np.mean(data["after"]["spread"])
     note(ax, f"mean spread of the {data['k']} hard negatives' scores:\nbefore {spread_b:.4f}, after {spread_a:.4f}")
     title = f"GARE: hard negatives before and after Δ (seed 001 Fig. 6) — {split_label(split)}"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     return write_figure(out_dir, "gare_hard_negatives", fig, {"split": split, **data}, title=title)

@@ -176,7 +176,7 @@ def plot_gare_gradients(out_dir: Path, data: dict[str, Any], *, split: str) -> l
         f"GARE gradient tension on the text anchors (seed 001 Fig. 2, 7) — {data['num_batches']} batches of "
         f"{data['batch_size']} — {where}"
     )
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     files.append(
         write_figure(
             out_dir,
@@ -217,7 +217,7 @@ def plot_gare_gradients(out_dir: Path, data: dict[str, Any], *, split: str) -> l
     ax.set_ylabel("mean over anchors")
     ax.set_title("what reaches the anchor vs the increments", fontsize=9)
     title = f"GARE: gradients on the increments Δ_ij (seed 001 Fig. 4) — {where}"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     files.append(
         write_figure(
             out_dir, "gare_delta_gradients", fig, {**common, "delta": data["delta"], "bars": bars}, title=title
@@ -246,7 +246,7 @@ def plot_gare_gradients(out_dir: Path, data: dict[str, Any], *, split: str) -> l
         ax.set_ylabel("anchors")
         ax.legend(fontsize=8)
     title = f"GARE: how far the positive pull and the negatives' push cancel on t_i — {where}"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     files.append(
         write_figure(
             out_dir,

@@ -179,7 +179,7 @@ def plot_uncertainty(out_dir: Path, data: dict[str, Any], *, split: str, mode: d
         ax.legend(fontsize=7, loc="lower right")
     mode_text = ", ".join(f"{k}={v}" for k, v in mode.items())
     title = f"GraviAlign: uncertainty against caption length and retrieval rank ({mode_text}) — {split_label(split)}"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     return write_figure(
         out_dir, "gravialign_uncertainty", fig, {"split": split, "inference_setting": mode, **data}, title=title
     )
@@ -202,7 +202,7 @@ def plot_terms(out_dir: Path, data: dict[str, Any], *, split: str) -> FigureFile
         ax.legend(fontsize=7)
         summary[name] = {k: describe(v) for k, v in series.items()}
     title = f"GraviAlign: the terms of S_align on positive and negative pairs — {split_label(split)}"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     return write_figure(out_dir, "gravialign_terms", fig, {"split": split, "summary": summary, **data}, title=title)
 
 
@@ -224,13 +224,14 @@ def plot_modes(out_dir: Path, data: dict[str, Any], *, split: str) -> FigureFile
             )
         ax.set_xticks(x, labels, fontsize=8)
         ax.set_title(direction, fontsize=10)
-        ax.legend(fontsize=7, loc="upper right")
+        ax.set_ylim(0, 118)  # room for the legend above the bars
+        ax.legend(fontsize=7, loc="upper center", ncols=3)
     axes[0, 0].set_ylabel("recall (%)")
     chosen = ", ".join(f"{k}={v}" for k, v in data["chosen"].items())
     title = (
         f"GraviAlign: inference modes on the same checkpoint (red: the stored choice, {chosen}) — {split_label(split)}"
     )
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     csv_rows = [
         {"split": split, "setting": label.replace("\n", " "), "chosen": r["chosen"], "direction": d, **r[d]}
         for label, r in zip(labels, rows, strict=True)

@@ -181,12 +181,12 @@ def plot_gamma_sweep(out_dir: Path, data: dict[str, Any], *, split: str) -> Figu
         )
         ax.set_title(direction, fontsize=10)
         ax.set_xlabel("γ   (score = cos(t, v) + γ·cos(t^p, v); γ = 0: CLIP-ViP baseline)")
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="center right")
     axes[0, 0].set_ylabel("recall (%)")
     if split != "val":
         note(axes[0, 0], f"measured on the {split} split: do not pick γ from this curve")
     title = f"TV-ProxyNet: recall against γ — {split_label(split)}"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     rows = [{"split": split, "gamma": r["gamma"], "direction": d, **r[d]} for r in data["rows"] for d in ("t2v", "v2t")]
     return write_figure(
         out_dir,
@@ -214,7 +214,7 @@ def plot_feature_space(
     n_t, n_v = queries["q"].shape[:2]
     q_xy, v_xy, t_xy = coords[: n_t * n_v], coords[n_t * n_v : n_t * n_v + n_v], coords[n_t * n_v + n_v :]
     positive = np.asarray([[text_video[i] == j for j in range(n_v)] for i in range(n_t)]).reshape(-1)
-    fig, axes = new_figure(7.5, 6.5)
+    fig, axes = new_figure(9, 7)
     ax = axes[0, 0]
     ax.scatter(q_xy[~positive, 0], q_xy[~positive, 1], s=8, alpha=0.45, color=COLORS["q"], label="q_ij (j ≠ gt)")
     ax.scatter(q_xy[positive, 0], q_xy[positive, 1], s=22, marker="^", color="#7f1d1d", label="q_ij (j = gt)")
@@ -223,9 +223,9 @@ def plot_feature_space(
     ax.set_xticks([])
     ax.set_yticks([])
     ax.legend(fontsize=8, loc="best")
-    note(ax, f"{n_t} captions × {n_v} videos, γ = {gamma:g}" + (f" ({gamma_note})" if gamma_note else ""))
+    note(ax, f"{n_t} captions × {n_v} videos, γ = {gamma:g}" + (f"\n{gamma_note}" if gamma_note else ""))
     title = f"TV-ProxyNet feature space ({method.upper()}; seed 002 appendix Fig. 5) — {split_label(split)}"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     data = {
         "split": split,
         "method": method,
@@ -265,7 +265,7 @@ def plot_query_correlation(out_dir: Path, data: dict[str, Any], *, split: str) -
     ax.set_ylabel("density")
     ax.legend(fontsize=8)
     title = f"TV-ProxyNet: is the positive proxy less correlated with its query? — {split_label(split)}"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     return write_figure(
         out_dir,
         "proxy_query_correlation",

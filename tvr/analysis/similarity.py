@@ -148,7 +148,7 @@ def plot_score_distributions(
     note(ax, f"separation (mean gap / pooled std): {sep:.2f}" if sep is not None else "separation: n/a")
     suffix = f", {_setting_text(setting)}" if setting else ""
     title = f"Scores of positive vs negative pairs — {head}{suffix} — {split_label(split)}"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     return write_figure(
         out_dir,
         "similarity_distributions",
@@ -176,8 +176,10 @@ def plot_rank_histogram(
             "gallery_size": n_gallery[direction],
         }
         ax.bar(range(len(hist["counts"])), hist["counts"], color=COLORS["method"])
+        ax.set_ylim(0, 1.3 * max(max(hist["counts"]), 1))  # room for the metrics box
         ax.set_xticks(range(len(hist["bins"])), hist["bins"], rotation=45, fontsize=8)
-        ax.set_xlabel(f"rank of the ground truth ({'caption → videos' if direction == 't2v' else 'video → texts'})")
+        target = "caption groups" if protocol == "multi_caption" else "texts"
+        ax.set_xlabel(f"rank of the ground truth ({'caption → videos' if direction == 't2v' else f'video → {target}'})")
         ax.set_ylabel("queries")
         ax.set_title(direction, fontsize=10)
         note(
@@ -188,7 +190,7 @@ def plot_rank_histogram(
         )
     suffix = f", {_setting_text(setting)}" if setting else ""
     title = f"Rank of the ground truth — {head}{suffix} — {split_label(split)}"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, wrap=True)
     return write_figure(out_dir, "rank_histogram", fig, data, title=title)
 
 
