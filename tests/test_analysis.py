@@ -438,3 +438,12 @@ def test_split_labels_never_present_test_numbers_as_selection() -> None:
     assert "not for model selection" in split_label("test_multi")
     assert split_label("val") == "val split"
     assert "fitted" in split_label("train")
+
+
+def test_caption_samples_are_seeded_and_bounded() -> None:
+    from tvr.analysis.pairs import sample_captions
+
+    assert sample_captions(5, 10).tolist() == [0, 1, 2, 3, 4]
+    rows = sample_captions(100, 7, seed=3)
+    assert rows.numel() == 7 and rows.tolist() == sorted(set(rows.tolist()))
+    assert rows.tolist() == sample_captions(100, 7, seed=3).tolist()

@@ -14,6 +14,7 @@ from PIL import Image
 from typer.testing import CliRunner
 from videos import write_test_video
 
+from tvr.analysis import AnalysisOptions
 from tvr.analysis.figures import DPI
 from tvr.cli import app
 from tvr.config import config_from_dict
@@ -221,7 +222,7 @@ def test_analyze_proxy_and_gravialign_checkpoints(head: str, data_root: Path, tm
     checkpoint = tmp_path / "model.pt"
     save_checkpoint(checkpoint, build_model(cfg))
     out = tmp_path / "analysis"
-    manifest = run_analyze(cfg, checkpoint, out, split="test")
+    manifest = run_analyze(cfg, checkpoint, out, split="test", options=AnalysisOptions(max_captions=3))
     assert [f["name"] for f in manifest["figures"]] == FIGURES[head]
     for figure in manifest["figures"]:
         assert png(out / figure["png"])[0] >= 7 * DPI
@@ -230,6 +231,9 @@ def test_analyze_proxy_and_gravialign_checkpoints(head: str, data_root: Path, tm
         sweep = json.loads((out / "proxy_gamma_sweep.json").read_text())
         assert sweep["for_model_selection"] is False and sweep["stored_gamma"] == pytest.approx(0.3)
         assert (out / "proxy_gamma_sweep.csv").is_file()
+        assert len(json.loads((out / "proxy_query_correlation.json").read_text())["positive"]) == 3
     else:
         modes = json.loads((out / "gravialign_modes.json").read_text())
         assert modes["chosen"] == {"mode": "cos_f"}
+        terms = json.loads((out / "gravialign_terms.json").read_text())
+        assert len(terms["positive"]["A"]) == 3 and len(terms["negative"]["A"]) == 3 * 3  # 4 test videos: 3 negatives

@@ -36,7 +36,7 @@ from tvr.analysis.gravialign import (
     sgi_term_distributions,
     uncertainty_vs_ambiguity,
 )
-from tvr.analysis.pairs import sample_negatives
+from tvr.analysis.pairs import sample_captions, sample_negatives
 from tvr.analysis.proxy import (
     display_gamma,
     embed_2d,
@@ -66,9 +66,12 @@ class AnalysisOptions:
     """How much each analysis reads. ``negatives_per_text``: sampled negative pairs per caption (Δ geometry,
     proxy correlation, S_align terms); ``gradient_batches``: batches of the gradient analysis (each of
     ``train.batch_size`` pairs, fewer when the split has fewer videos); ``embedding``: tsne | pca;
-    ``hard_negatives``: k of the hard-negative figure; ``seed``: every sample drawn."""
+    ``hard_negatives``: k of the hard-negative figure; ``max_captions``: the analyses of sampled pairs (Δ geometry,
+    query-proxy correlation, S_align terms) read at most this many captions (a seeded sample on larger splits);
+    ``seed``: every sample drawn."""
 
     negatives_per_text: int = 10
+    max_captions: int = 2000
     gradient_batches: int = 8
     embedding: str = "tsne"
     hard_negatives: int = 10
@@ -153,10 +156,10 @@ def _gare(
         seed=options.seed,
     )
     figures = plot_gare_gradients(out, tension, split=split)
-    n_t = tv.numel()
-    positive = gare_pair_geometry(head, text_state, video_state, torch.arange(n_t), tv)
-    neg_t, neg_v = sample_negatives(tv, len(video_state), options.negatives_per_text, options.seed)
-    negative = gare_pair_geometry(head, text_state, video_state, neg_t, neg_v)
+    rows = sample_captions(tv.numel(), options.max_captions, options.seed)
+    positive = gare_pair_geometry(head, text_state, video_state, rows, tv[rows])
+    neg_t, neg_v = sample_negatives(tv[rows], len(video_state), options.negatives_per_text, options.seed)
+    negative = gare_pair_geometry(head, text_state, video_state, rows[neg_t], neg_v)
     figures.append(
         plot_delta_geometry(
             out,
@@ -214,7 +217,10 @@ def _proxy(
             gamma_note=gamma_note,
         )
     )
-    correlation = proxy_query_correlation(head, text_state, video_state, tv, options.negatives_per_text, options.seed)
+    sample = sample_captions(tv.numel(), options.max_captions, options.seed)
+    correlation = proxy_query_correlation(
+        head, text_state[sample], video_state, tv[sample], options.negatives_per_text, options.seed
+    )
     figures.append(plot_query_correlation(out, correlation, split=split))
     return figures
 
@@ -231,6 +237,7 @@ def _gravialign(
     options: AnalysisOptions,
 ) -> list[FigureFiles]:
     tv = torch.as_tensor(encoded.text_video).long()
+    sample = sample_captions(tv.numel(), options.max_captions, options.seed)
     uncertainty = uncertainty_vs_ambiguity(
         text_state, video_state, sim, tv, encoded.protocol, caption_lengths(encoded.text)
     )
@@ -238,7 +245,9 @@ def _gravialign(
         plot_uncertainty(out, uncertainty, split=split, mode=head.inference_setting()),
         plot_terms(
             out,
-            sgi_term_distributions(head, text_state, video_state, tv, options.negatives_per_text, options.seed),
+            sgi_term_distributions(
+                head, text_state[sample], video_state, tv[sample], options.negatives_per_text, options.seed
+            ),
             split=split,
         ),
         plot_modes(

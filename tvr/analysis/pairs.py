@@ -47,3 +47,12 @@ def sample_negatives(text_video: Any, n_videos: int, per_text: int, seed: int = 
     draws = torch.stack([torch.randperm(n_videos - 1, generator=generator)[:count] for _ in range(tv.numel())])
     draws = draws + (draws >= tv[:, None]).long()
     return torch.arange(tv.numel()).repeat_interleave(count), draws.reshape(-1)
+
+
+def sample_captions(n_captions: int, max_count: int, seed: int = 0) -> Tensor:
+    """Indices of at most ``max_count`` captions out of ``n_captions`` (all of them when they fit; else a seeded
+    random sample, sorted), for the analyses that read sampled pairs of every caption."""
+    if n_captions <= max_count:
+        return torch.arange(n_captions)
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randperm(n_captions, generator=generator)[:max_count].sort().values
