@@ -13,11 +13,13 @@ then scored on the test split under every mode at once, from one encoding:
 * ``B+C``, ``A``: S_align with only those terms, on the learned Gaussians;
 
 plus how often the exact S_align top-1 of a text lies in the top-10 of a cosine shortlist, by μ and by f (two-stage
-scoring's recall). Results per run, and mean ± std over seeds per variant and mode.
+scoring's recall). Results per run; per variant and mode the mean ± std over seeds and, since a seed moves every mode
+of a run together, the paired difference to ``cos_f`` of the same run (mean, min, max over seeds).
 
     .venv/bin/python benchmarks/gravialign_methods.py                        # writes
         benchmarks/results/gravialign_methods.json (hours on a busy 2-core machine: 15 epochs per run)
     .venv/bin/python benchmarks/gravialign_methods.py --variants alpha_0,contrastive --seeds 0 --epochs 1  # smoke
+    .venv/bin/python benchmarks/gravialign_methods.py --summarise benchmarks/results/gravialign_methods.json
 """
 
 from __future__ import annotations
@@ -111,7 +113,9 @@ def score_every_mode(run: Path) -> dict:
 
 
 def summarise(runs: list[dict]) -> dict:
-    """Mean ± std over seeds per variant and mode."""
+    """Per variant and mode: mean ± std over seeds of R@1 and MnR, and — the comparison that matters, since the seed
+    moves every mode of a run together — the paired difference to ``cos_f`` of the same run (mean, min, max over
+    seeds; MnR: negative is better than cos_f, R@1: positive is better); plus the shortlist rates."""
     table: dict[str, dict] = {}
     for variant in dict.fromkeys(r["variant"] for r in runs):
         mine = [r for r in runs if r["variant"] == variant and "modes" in r]
@@ -120,17 +124,46 @@ def summarise(runs: list[dict]) -> dict:
         modes = {}
         for mode in mine[0]["modes"]:
             modes[mode] = {}
-            for metric in METRICS:
+            for metric in ("R1", "MnR"):
                 values = [r["modes"][mode][metric] for r in mine]
+                diffs = [r["modes"][mode][metric] - r["modes"]["cos_f"][metric] for r in mine]
                 modes[mode][metric] = {
                     "mean": round(statistics.fmean(values), 2),
                     "std": round(statistics.stdev(values), 2) if len(values) > 1 else 0.0,
+                    "minus_cos_f": {
+                        "mean": round(statistics.fmean(diffs), 2),
+                        "min": round(min(diffs), 2),
+                        "max": round(max(diffs), 2),
+                    },
                 }
         rates = {
             k: round(statistics.fmean(r["shortlist_top10_holds_exact_top1"][k] for r in mine), 4) for k in ("mu", "f")
         }
         table[variant] = {"seeds": [r["seed"] for r in mine], "modes": modes, "shortlist_top10_holds_exact_top1": rates}
+        # the backbone each variant trained, against no L_SGI at all: cos_f MnR minus alpha_0's at the same seed
+        reference = {r["seed"]: r["modes"]["cos_f"]["MnR"] for r in runs if r["variant"] == "alpha_0" and "modes" in r}
+        paired = [r["modes"]["cos_f"]["MnR"] - reference[r["seed"]] for r in mine if r["seed"] in reference]
+        if paired:
+            table[variant]["cos_f_MnR_minus_alpha_0"] = {
+                "mean": round(statistics.fmean(paired), 2),
+                "min": round(min(paired), 2),
+                "max": round(max(paired), 2),
+            }
     return table
+
+
+def print_table(summary: dict) -> None:
+    """MnR of every mode minus cos_f's (mean over seeds, [min, max]) and cos_f's own MnR, per variant."""
+    modes = [m for m in next(iter(summary.values()))["modes"] if m != "cos_f"] if summary else []
+    print("variant".ljust(20) + "cos_f MnR".rjust(12) + "vs alpha_0".rjust(20) + "".join(m.rjust(20) for m in modes))
+    for variant, row in summary.items():
+        line = variant.ljust(20) + f"{row['modes']['cos_f']['MnR']['mean']:12.1f}"
+        ref = row.get("cos_f_MnR_minus_alpha_0")
+        line += (f"{ref['mean']:+8.1f} [{ref['min']:+.1f},{ref['max']:+.1f}]" if ref else "").rjust(20)
+        for m in modes:
+            d = row["modes"][m]["MnR"]["minus_cos_f"]
+            line += f"{d['mean']:+8.1f} [{d['min']:+.1f},{d['max']:+.1f}]".rjust(20)
+        print(line)
 
 
 def main() -> None:
@@ -142,7 +175,16 @@ def main() -> None:
     parser.add_argument("--test", type=int, default=300)
     parser.add_argument("--data", default="", help="synthetic data folder to reuse or create (default: a temp dir)")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--summarise", metavar="JSON", help="recompute the summary of an earlier result file (no runs)")
     args = parser.parse_args()
+    if args.summarise:
+        from tvr.utils.io import atomic_write_json
+
+        result = json.loads(Path(args.summarise).read_text())
+        result["summary"] = summarise(result["runs"])
+        atomic_write_json(args.summarise, result)
+        print_table(result["summary"])
+        return
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
@@ -210,7 +252,7 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 write()
     write()
-    print(json.dumps(summarise(runs), indent=1))
+    print_table(summarise(runs))
 
 
 if __name__ == "__main__":
