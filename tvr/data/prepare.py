@@ -11,7 +11,7 @@ ffmpeg's ``-r`` bookkeeping may pick the neighbouring frame at a slot boundary. 
 holds every output directly (two sources with the same name are then reported as a clash).
 
 Resumable and crash-safe: each output is encoded into a temporary file in its destination folder
-(``.<name>.<random>.tmp``, see :mod:`tvr.utils.io`), fsynced and renamed into place. A file under its final name is
+(``.<name>.tvr-<random>.tmp``, see :mod:`tvr.utils.io`), fsynced and renamed into place. A file under its final name is
 therefore always complete, and *that* is how a resumed run knows which outputs are finished: it skips them, removes
 the temporaries a killed run left, and encodes the rest. The settings are recorded in ``DST/prepare_manifest.json``
 and a resume with different settings is refused (mixed outputs would be silent damage).
