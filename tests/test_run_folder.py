@@ -92,7 +92,8 @@ def test_overwrite_removes_the_earlier_run_before_the_new_one_starts(data_values
 def test_a_second_job_on_the_same_folder_is_refused(data_values, tmp_path: Path) -> None:
     out = tmp_path / "run"
     with folder_lock(out, "run folder"):
-        with pytest.raises(FolderBusyError, match=rf"run folder .*run is in use by another tvr job \(pid {os.getpid()}"):
+        busy = rf"run folder .*run is in use by another tvr job \(pid {os.getpid()}"
+        with pytest.raises(FolderBusyError, match=busy):
             run_train(config_from_dict(data_values), out, final_test=False)
     assert not (out / "last.pt").exists()
     run_train(config_from_dict(data_values), out, final_test=False)  # free again once the holder is done

@@ -147,6 +147,7 @@ def features(
     set_: list[str] = typer.Option(None, "--set"),
     shard_size: int = typer.Option(1024, help="Items per shard file."),
     fp32: bool = typer.Option(False, "--fp32", help="Store float32 instead of float16."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Rebuild a cache started with other settings."),
 ) -> None:
     """Cache frozen-backbone frame and caption features; train on them with --set data.features_dir=OUT."""
     cfg = _load(config, set_)
@@ -160,6 +161,7 @@ def features(
         [s.strip() for s in splits.split(",") if s.strip()],
         shard_size,
         torch.float32 if fp32 else torch.float16,
+        overwrite=overwrite,
     )
     for name, info in manifest["splits"].items():
         console.print(
