@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 import tvr.pipeline.features as features_job
 from tvr.cli import app
 from tvr.config import config_from_dict
-from tvr.data.feature_cache import FeatureCacheError, load_cached_split, read_manifest
 from tvr.data.annotations import load_split
+from tvr.data.feature_cache import FeatureCacheError, load_cached_split, read_manifest
 from tvr.pipeline import build_feature_cache
 
 
-class Killed(Exception):
+class KilledError(Exception):
     pass
 
 
@@ -38,7 +38,7 @@ def _killed_after(monkeypatch, shards: int) -> None:
         save(obj, path)
         written.append(path)
         if len(written) == shards:
-            raise Killed
+            raise KilledError
 
     monkeypatch.setattr(features_job, "atomic_torch_save", save_then_die)
 
@@ -46,7 +46,7 @@ def _killed_after(monkeypatch, shards: int) -> None:
 def test_manifest_is_written_before_the_first_shard(values, tmp_path: Path, monkeypatch) -> None:
     cache = tmp_path / "cache"
     _killed_after(monkeypatch, 1)
-    with pytest.raises(Killed):
+    with pytest.raises(KilledError):
         build_feature_cache(config_from_dict(values), cache, ["train"], shard_size=2, progress=False)
     manifest = read_manifest(cache)
     assert manifest["settings"]["shard_size"] == 2 and manifest["settings"]["dtype"] == "float16"
@@ -58,7 +58,7 @@ def test_resume_with_another_shard_size_or_backbone_is_refused(values, tmp_path:
     cache = tmp_path / "cache"
     cfg = config_from_dict(values)
     _killed_after(monkeypatch, 2)
-    with pytest.raises(Killed):
+    with pytest.raises(KilledError):
         build_feature_cache(cfg, cache, ["train"], shard_size=2, progress=False)
     monkeypatch.undo()
     with pytest.raises(FeatureCacheError, match=r"shard_size: 2 in the cache, 3 now"):
