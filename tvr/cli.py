@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -12,6 +13,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tvr.utils.errors import UserError
 
@@ -23,32 +25,70 @@ _PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirec
 CONFIG_HELP = "YAML file or shipped preset name, e.g. gare/msrvtt (`tvr presets` lists them)."
 
 
+#: a full disk (or quota): the machine's state, not a bug; every file is written whole or not at all
+_DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+#: what a command interrupted by Ctrl-C leaves, when it says nothing more specific
+INTERRUPTED = ("interrupted: everything finished so far is kept (every file is written whole or not at all); "
+               "rerun the same command to continue")
+
+
+def say(label: str, text: str, style: str = "red") -> None:
+    """Print ``label: text`` on stderr as one logical line. ``text`` is the user's or an exception's text, never
+    console markup: it is escaped, so ``[...]`` (ranges, key lists, paths) prints as written."""
+    # soft_wrap: one logical line (the terminal may still fold it), so paths stay copyable
+    console.print(f"[{style}]{label}:[/{style}] {escape(text)}", highlight=False, soft_wrap=True)
+
+
 def _is_user_error(exc: BaseException) -> bool:
-    return isinstance(exc, (UserError, *_PATH_ERRORS))
+    return isinstance(exc, (UserError, *_PATH_ERRORS)) or (isinstance(exc, OSError) and exc.errno in _DISK_FULL)
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+        where = f" writing {exc.filename}" if exc.filename else ""
+        return (f"no space left on the device{where} ({exc.strerror or exc}); nothing already written was lost (every "
+                "file is written whole or not at all, a half-written one is removed): free some space and rerun "
+                "(tvr train: with --resume)")
     if isinstance(exc, OSError) and not isinstance(exc, UserError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror or exc}"
     return str(exc)
 
 
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a command; a user error prints one or two lines and exits with code 2 (bugs keep their traceback)."""
+    """Run a command; a user error prints one or two lines and exits with code 2 (bugs keep their traceback);
+    Ctrl-C says what was kept and exits with code 130."""
 
     @functools.wraps(fn)
     def run_command(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            if _DEBUG["on"]:
+                raise
+            say("interrupted", INTERRUPTED.removeprefix("interrupted: "), "yellow")
+            raise typer.Exit(130) from None
         except Exception as exc:
             if _DEBUG["on"] or not _is_user_error(exc):
                 raise
-            # soft_wrap: one logical line (the terminal may still fold it), so paths stay copyable
-            console.print(f"[red]error:[/red] {_describe(exc)}", highlight=False, soft_wrap=True)
+            say("error", _describe(exc))
             console.print("[dim](--debug or TVR_DEBUG=1 shows the traceback)[/dim]")
             raise typer.Exit(2) from None
 
     return run_command
+
+
+def out_folder(path: Path, flag: str = "--out") -> Path:
+    """``path`` must be a folder or not exist yet: the one wording of every command's folder argument."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path}: is a file; expected a folder (existing or new)")
+    return path
+
+
+def out_file(path: Path, flag: str = "--out") -> Path:
+    """``path`` must be a file or not exist yet."""
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a folder; expected a file (existing or new)")
+    return path
 
 
 class _Commands(typer.Typer):
@@ -79,7 +119,7 @@ def _load(config: str | Path | None, overrides: list[str] | None):
     except ConfigError as exc:
         if _DEBUG["on"]:
             raise
-        console.print(f"[red]config error:[/red] {exc}", highlight=False, soft_wrap=True)
+        say("config error", str(exc))
         raise typer.Exit(2) from None
 
 
@@ -90,9 +130,8 @@ def _print_metrics(metrics: dict, title: str) -> None:
     print(metrics_table({k: v for k, v in metrics.items() if k != "info"}))
     skipped = metrics.get("info", {}).get("skipped_videos") or []
     if skipped:
-        console.print(
-            f"[yellow]{len(skipped)} unreadable video(s) left out: {[s['id'] for s in skipped][:10]}[/yellow]"
-        )
+        say(f"{len(skipped)} unreadable video(s) left out", ", ".join(str(s["id"]) for s in skipped[:10])
+            + (f", … ({len(skipped)} in all)" if len(skipped) > 10 else ""), "yellow")
 
 
 @app.callback()
@@ -115,13 +154,37 @@ def train(
     no_test: bool = typer.Option(False, "--no-test", help="Skip the final test-split evaluation."),
 ) -> None:
     """Train a method; select on validation; evaluate the test split once at the end."""
+    out_folder(out)
     cfg = _load(config, set_)
     from tvr.pipeline import run_train
 
-    summary = run_train(cfg, out, resume=resume, final_test=not no_test, overwrite=overwrite)
+    try:
+        summary = run_train(cfg, out, resume=resume, final_test=not no_test, overwrite=overwrite)
+    except KeyboardInterrupt:
+        if _DEBUG["on"]:
+            raise
+        say("interrupted", _train_interrupted(out), "yellow")
+        raise typer.Exit(130) from None
     for tag, metrics in summary.get("test", {}).items():
         _print_metrics(metrics, f"test ({tag} checkpoint)")
-    console.print(f"run folder: {out}")
+    console.print(f"run folder: {escape(str(out))}", highlight=False)
+
+
+def _train_interrupted(out: Path) -> str:
+    """What an interrupted ``tvr train`` left, and how to continue it."""
+    last = out / "last.pt"
+    try:
+        import torch
+
+        state = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["state"]
+        where = f"step {state['global_step']}, epoch {state['epoch'] + 1} batch {state['batch_in_epoch']}"
+    except FileNotFoundError:
+        return (f"stopped before the first checkpoint: {out} holds no last.pt, so there is nothing to resume; rerun "
+                "the command to start again")
+    except Exception:  # noqa: BLE001 - only for the message
+        where = "its position unreadable"
+    return (f"{last} ({where}) is kept, with the logs up to it; the same command with --resume continues from it "
+            "exactly where it stopped")
 
 
 @app.command("eval")
@@ -131,7 +194,9 @@ def eval_(
     out: Path = typer.Option(..., "--out", "-o"),
     set_: list[str] = typer.Option(None, "--set"),
 ) -> None:
-    """Evaluate a checkpoint: writes OUT/metrics.json ({"t2v": ..., "v2t": ...}) and OUT/metrics.md."""
+    """Evaluate a checkpoint: writes OUT/metrics.json ({"t2v": ..., "v2t": ...}), OUT/metrics.md and the config it
+    ran with, OUT/eval_config.yaml (OUT may be the run folder: its config.yaml is never touched)."""
+    out_folder(out)
     cfg = _load(config, set_)
     from tvr.pipeline import run_eval
 
@@ -150,6 +215,7 @@ def features(
     overwrite: bool = typer.Option(False, "--overwrite", help="Rebuild a cache started with other settings."),
 ) -> None:
     """Cache frozen-backbone frame and caption features; train on them with --set data.features_dir=OUT."""
+    out_folder(out)
     cfg = _load(config, set_)
     import torch
 
@@ -179,6 +245,7 @@ def synth(
     seed: int = typer.Option(0),
 ) -> None:
     """Render a synthetic captioned video set (real mp4 files) in the MSR-VTT annotation format."""
+    out_folder(out)
     from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset
 
     summary = generate_synthetic_dataset(
@@ -198,6 +265,7 @@ def demo(
     ),
 ) -> None:
     """Synthesise a dataset, train a small randomly initialised model on CPU, evaluate, print metrics."""
+    out_folder(out)
     from tvr.demo import run_demo
 
     summary = run_demo(out, quick=quick, method=method)
@@ -246,16 +314,15 @@ def convert_openai(
     checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False, help="OpenAI ViT-B-32.pt / ViT-B-16.pt"),
     out: Path = typer.Argument(..., help="Folder for the HF CLIP checkpoint"),
     bpe: Path | None = typer.Option(None, help="bpe_simple_vocab_16e6.txt.gz: also write the tokenizer files"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing OUT folder."),
 ) -> None:
-    """Convert an OpenAI CLIP checkpoint into a HF CLIPModel folder usable as model.clip."""
+    """Convert an OpenAI CLIP checkpoint into a HF CLIPModel folder usable as model.clip. The file's tensors are
+    read as data: nothing in it runs (docs/security.md)."""
     from tvr.models.convert_openai import convert_openai_checkpoint
 
-    convert_openai_checkpoint(checkpoint, out)
-    if bpe is not None:
-        from tvr.data.tokenizer import build_clip_tokenizer_files
-
-        build_clip_tokenizer_files(bpe, out)
-    console.print(f"wrote {out}")
+    out_folder(out, "OUT")
+    convert_openai_checkpoint(checkpoint, out, overwrite=overwrite, bpe=bpe)
+    console.print(f"wrote {escape(str(out))}", highlight=False)
 
 
 @app.command()
@@ -266,8 +333,9 @@ def tokenizer(
     """Build CLIP's 49,408-token tokenizer files (vocab.json + merges.txt) from the BPE merges file, offline."""
     from tvr.data.tokenizer import build_clip_tokenizer_files
 
+    out_folder(out, "OUT")
     build_clip_tokenizer_files(bpe, out)
-    console.print(f"wrote {out}")
+    console.print(f"wrote {escape(str(out))}", highlight=False)
 
 
 @app.command("import-checkpoint")

@@ -46,9 +46,11 @@ def temporary_path(path: str | os.PathLike) -> Path:
     return path.parent / f".{path.name}.{TEMP_MARKER}{_random_part()}.tmp"
 
 
-def is_temporary_name(name: str) -> bool:
-    """Whether a file name has the shape of this module's temporaries (``.<name>.tvr-<random>.tmp``)."""
-    return _TEMP_PATTERN.match(name) is not None
+def is_temporary_name(name: str, target: str | None = None) -> bool:
+    """Whether a file name has the shape of this module's temporaries (``.<name>.tvr-<random>.tmp``), and when
+    ``target`` is given, is a temporary of the file or folder named ``target``."""
+    match = _TEMP_PATTERN.match(name)
+    return match is not None and (target is None or match.group("name") == target)
 
 
 def create_temporary(path: str | os.PathLike) -> tuple[int, Path]:
@@ -80,6 +82,13 @@ def create_temporary_dir(path: str | os.PathLike) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, f"no free temporary name for {path} after 100 tries")
+
+
+def default_file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: 0o666 filtered by the process umask (0644 under 022)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def fsync_path(path: str | os.PathLike) -> None:
