@@ -420,16 +420,17 @@ def _prepare_summary(report: dict, what: str, report_name: str) -> None:
     summary = report["summary"]
     counts = ", ".join(f"{v} {k}" for k, v in summary.items() if k not in ("total", "seconds"))
     console.print(f"{what}: {summary['total']} files ({counts or 'nothing to do'}) in {summary['seconds']} s")
-    failed = [e for e in report["files"] if e["status"] == "failed"]
-    for entry in failed[:20]:
-        console.print(f"  [red]failed[/red] {entry['source']}: {entry['error']}")
-    if len(failed) > 20:
-        console.print(f"  … and {len(failed) - 20} more")
+    for status, style in (("failed", "red"), ("ignored", "yellow")):
+        entries = [e for e in report["files"] if e["status"] == status]
+        for entry in entries[:20]:
+            say(f"  {status}", f"{entry['source']}: {entry['error']}", style)
+        if len(entries) > 20:
+            console.print(f"  … and {len(entries) - 20} more {status}")
     copied = [e for e in report["files"] if e["status"] == "copied"]
     if copied:
         console.print(f"[yellow]{len(copied)} file(s) could not be re-encoded and were copied unchanged[/yellow]")
-    console.print(f"report: {Path(report['destination']) / report_name}")
-    if failed:
+    console.print(f"report: {escape(str(Path(report['destination']) / report_name))}", highlight=False)
+    if any(e["status"] == "failed" for e in report["files"]):
         raise typer.Exit(1)
 
 
@@ -449,15 +450,11 @@ def prepare_videos_cmd(
     flat: bool = typer.Option(False, "--flat", help="Write every output directly into DST (no sub-folders)."),
 ) -> None:
     """Re-encode every video under SRC to the training form (3 fps, shorter side 224, H.264, no audio)."""
-    from tvr.data.prepare import EncodeSettings, PrepareError, prepare_videos
+    from tvr.data.prepare import EncodeSettings, prepare_videos
 
-    try:
-        report = prepare_videos(src, dst, EncodeSettings(fps=fps, short_side=size, codec=codec, crf=crf,
-                                                         preset=preset),
-                                workers=workers, copy_on_failure=copy_on_failure, progress=True, flat=flat)
-    except PrepareError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    out_folder(dst, "DST")
+    report = prepare_videos(src, dst, EncodeSettings(fps=fps, short_side=size, codec=codec, crf=crf, preset=preset),
+                            workers=workers, copy_on_failure=copy_on_failure, progress=True, flat=flat)
     _prepare_summary(report, "prepare videos", "prepare_report.json")
 
 
@@ -468,6 +465,7 @@ def prepare_frames_cmd(
     config: str | None = typer.Option(None, "--config", "-c",
                                       help="YAML file or preset name: take max_frames / frame_rate / image_size / "
                                       "sampling from data.*"),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override of --config, e.g. --set data.max_frames=8."),
     max_frames: int = typer.Option(12, help="Frames per clip (data.max_frames)."),
     frame_rate: float = typer.Option(1.0, help="Candidate frames per second (data.frame_rate)."),
     image_size: int = typer.Option(224, help="Crop size the frames are resized for (data.image_size)."),
@@ -476,17 +474,16 @@ def prepare_frames_cmd(
     flat: bool = typer.Option(False, "--flat", help="Write every .npy directly into DST (no sub-folders)."),
 ) -> None:
     """Decode once the frames every clip reads and store them as uint8 .npy files (a frame cache)."""
-    from tvr.data.prepare import FrameSettings, PrepareError, extract_frames
+    from tvr.data.prepare import FrameSettings, extract_frames
 
+    out_folder(dst, "DST")
+    if set_ and config is None:
+        raise UserError("--set changes a config: pass --config as well (or the frame options themselves)")
     if config is not None:
-        data = _load(config, []).data
+        data = _load(config, set_).data
         max_frames, frame_rate, image_size, sampling = data.max_frames, data.frame_rate, data.image_size, data.sampling
-    try:
-        report = extract_frames(src, dst, FrameSettings(max_frames, frame_rate, image_size, sampling),
-                                workers=workers, progress=True, flat=flat)
-    except PrepareError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    report = extract_frames(src, dst, FrameSettings(max_frames, frame_rate, image_size, sampling),
+                            workers=workers, progress=True, flat=flat)
     _prepare_summary(report, "prepare frames", "frames_report.json")
 
 
