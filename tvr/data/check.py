@@ -31,6 +31,7 @@ from tvr.utils.parallel import parallel_map
 REASONS = (
     "missing",
     "outside video_dir",
+    "invalid name",
     "empty",
     "unreadable",
     "no video stream",
@@ -206,7 +207,7 @@ def check_data(
     """Check the dataset of ``cfg`` (see the module docstring); returns the JSON-ready report."""
     from tvr.data.annotations import SPLITS, AnnotationError, load_split
     from tvr.data.datasets import VideoNotFoundError, VideoOutsideDirError, VideoResolver
-    from tvr.data.video import clip4clip_indices
+    from tvr.data.video import VideoDecodeError, clip4clip_indices
 
     data = cfg.data
     errors: list[str] = []
@@ -260,6 +261,9 @@ def check_data(
             except VideoNotFoundError as exc:
                 problems.append({"id": vid, "splits": video_splits[vid], "reason": "missing",
                                  "detail": _tried(exc.tried), "path": None})
+            except VideoDecodeError as exc:  # an id that cannot name a file (NUL byte, too long, symlink loop)
+                problems.append({"id": vid, "splits": video_splits[vid], "reason": exc.reason, "detail": exc.detail,
+                                 "path": None})
 
     # 3. probe the files that exist ------------------------------------------------------------------------
     probed_ids = list(paths)
