@@ -139,8 +139,9 @@ def probe_files(paths: Sequence[str], full: bool = False, workers: int = 0, prog
 
 
 def caption_token_counter(cfg: Config, tokenizer: str | os.PathLike | None = None
-                          ) -> tuple[Callable[[list[str]], list[int]] | None, str]:
-    """A function counting CLIP BPE tokens per caption, and where its vocabulary came from.
+                          ) -> tuple[Callable[[list[str]], tuple[list[int], list[int]]] | None, str]:
+    """A function counting CLIP BPE tokens per caption (:meth:`ClipTokenizer.count_tokens_checked`: counts, and the
+    positions of captions whose count is a lower bound), and where its vocabulary came from.
 
     ``tokenizer`` (or ``model.tokenizer``, or a HF CLIP folder in ``model.clip``): a folder with vocab.json +
     merges.txt, or CLIP's ``bpe_simple_vocab_16e6.txt.gz``. ``model.clip: tiny`` uses the tiny model's own
@@ -160,11 +161,11 @@ def caption_token_counter(cfg: Config, tokenizer: str | os.PathLike | None = Non
             merges = read_clip_merges(path)
             tok = ClipTokenizer({t: i for i, t in enumerate(vocabulary_from_merges(merges))}, merges,
                                 backend="python")
-        return tok.count_tokens, str(path)
+        return tok.count_tokens_checked, str(path)
     if clip == "tiny":
         with tempfile.TemporaryDirectory() as folder:
             tok = ClipTokenizer.from_dir(build_tiny_tokenizer_files(folder), backend="python")
-        return tok.count_tokens, "the tiny model's tokenizer (model.clip: tiny)"
+        return tok.count_tokens_checked, "the tiny model's tokenizer (model.clip: tiny)"
     return None, (f"no CLIP tokenizer configured for model.clip={clip!r}: pass --tokenizer "
                   "bpe_simple_vocab_16e6.txt.gz (or set model.tokenizer) to check caption lengths")
 
@@ -346,7 +347,17 @@ def check_data(
                                 f"truth is ambiguous, e.g. {_excerpt(text, 60)!r} on "
                                 f"{sorted(split.videos[v] for v in vs)[:3]}")
         if counter is not None:
-            lengths = counter(split.texts)
+            lengths, bounded = counter(split.texts)
+            if bounded:
+                from tvr.data.tokenizer import MAX_COUNTED_WORD_BYTES
+
+                first = bounded[0]
+                example = split.videos[split.text_video[first]]
+                warnings.append(f"{name} split: {len(bounded)} caption(s) hold a word longer than "
+                                f"{MAX_COUNTED_WORD_BYTES:,} bytes (e.g. on video {example!r}, "
+                                f"{len(split.texts[first]):,} characters): not tokenized, their token counts are "
+                                "lower bounds; a run truncates them to data.max_words")
+            entry["long_word_captions"] = len(bounded)
             limit = data.max_words - 2  # SOT and EOT take two places
             cut = [(split.videos[v], t, n) for v, t, n in zip(split.text_video, split.texts, lengths, strict=True)
                    if n > limit]
