@@ -354,14 +354,14 @@ def import_checkpoint(
     from tvr.train.checkpoint import save_checkpoint
     from tvr.utils.io import atomic_write_json
 
+    out_file(out)
     cfg = _load(config, set_)
-    if out.is_dir():
-        console.print(f"[red]error:[/red] --out {out} is a folder; expected a checkpoint file such as {out}/best.pt")
-        raise typer.Exit(2)
     try:
         model, rep = import_release_checkpoint(src, cfg, partial=partial)
     except CheckpointImportError as exc:
-        console.print(f"[red]import failed:[/red] {exc}")
+        if _DEBUG["on"]:
+            raise
+        say("import failed", str(exc))
         raise typer.Exit(2) from None
     state = {
         "imported_from": str(src),
@@ -378,8 +378,8 @@ def import_checkpoint(
     )
     for title, items in (("missing", rep.missing), ("unexpected", rep.unexpected), ("mismatched", rep.mismatched)):
         if items:
-            console.print(f"  {title}: {', '.join(items[:10])}" + (f", … ({len(items)})" if len(items) > 10 else ""))
-    console.print(f"wrote {out}")
+            say(f"  {title}", ", ".join(items[:10]) + (f", … ({len(items)})" if len(items) > 10 else ""), "yellow")
+    console.print(f"wrote {escape(str(out))}", highlight=False)
 
 
 @app.command("check-data")
@@ -396,19 +396,15 @@ def check_data(
     """Check every split, video and caption a run would read; exit 1 when a run would trip, naming each problem."""
     from tvr.data.check import check_data as run_check
     from tvr.data.check import render_report
-    from tvr.data.tokenizer import TokenizerError
     from tvr.utils.io import atomic_write_json
 
+    if json_path is not None:
+        out_file(json_path, "--json")
     cfg = _load(config, set_)
-    try:
-        report = run_check(cfg, full=full, workers=workers, tokenizer=tokenizer, progress=True)
-    except (TokenizerError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-    render_report(report, Console())
+    report = run_check(cfg, full=full, workers=workers, tokenizer=tokenizer, progress=True)
     if json_path is not None:
         atomic_write_json(json_path, report)
-        console.print(f"report: {json_path}")
+    render_report(report, Console(), json_path=json_path)
     raise typer.Exit(0 if report["ok"] else 1)
 
 

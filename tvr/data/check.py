@@ -385,12 +385,17 @@ def check_data(
 # --------------------------------------------------------------------------------------------- rendering
 
 
-def render_report(report: dict[str, Any], console: Any) -> None:
+def render_report(report: dict[str, Any], console: Any, json_path: str | os.PathLike | None = None) -> None:
     """Print the report as rich tables: splits, unusable videos by reason (with examples), video statistics, and
-    the error / warning lines."""
+    the error / warning lines. ``json_path``: where the full JSON report was written (None: it was not, and the
+    text says how to get it). Every text from the data is escaped: ``[...]`` prints as written, never as markup."""
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"{report['dataset']}: splits", title_justify="left")
+    full = (f"every one is in the JSON report {json_path}" if json_path is not None
+            else "pass --json FILE for the full report, every one listed")
+
+    table = Table(title=f"{escape(report['dataset'])}: splits", title_justify="left")
     for col in ("split", "status", "protocol", "texts", "videos", "usable videos", "truncated captions",
                 "tokens (median / max)"):
         table.add_column(col, justify="left" if col in ("split", "status", "protocol") else "right")
@@ -400,7 +405,7 @@ def render_report(report: dict[str, Any], console: Any) -> None:
             continue
         tokens = entry.get("caption_tokens")
         table.add_row(
-            name, "ok", entry["protocol"], str(entry["num_texts"]), str(entry["num_videos"]),
+            name, "ok", escape(entry["protocol"]), str(entry["num_texts"]), str(entry["num_videos"]),
             str(entry.get("usable_videos", "")), str(entry.get("truncated_captions", "–")),
             f"{tokens['median']:g} / {tokens['max']:g}" if tokens else "–",
         )
@@ -418,9 +423,9 @@ def render_report(report: dict[str, Any], console: Any) -> None:
             grouped[p["reason"]].append(p)
         shown = len(videos["problems"]) if len(videos["problems"]) <= LIST_ALL else EXAMPLES
         for reason, items in grouped.items():
-            examples = "\n".join(f"{p['id']}: {_excerpt(p['detail'], 160)}" for p in items[:shown])
+            examples = "\n".join(escape(f"{p['id']}: {_excerpt(p['detail'], 160)}") for p in items[:shown])
             if len(items) > shown:
-                examples += f"\n… and {len(items) - shown} more (every one is in the JSON report)"
+                examples += f"\n… and {len(items) - shown} more ({escape(full)})"
             bad.add_row(reason, str(len(items)), examples)
         console.print(bad)
     else:
@@ -439,8 +444,10 @@ def render_report(report: dict[str, Any], console: Any) -> None:
             console.print(f"{stats['padded_videos']} usable video(s) give fewer sampled frames than data.max_frames "
                           "(zero-padded, masked)")
     for line in report["warnings"]:
-        console.print(f"[yellow]warning:[/yellow] {line}")
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}")
     for line in report["errors"]:
-        console.print(f"[red]error:[/red] {line}")
+        console.print(f"[red]error:[/red] {escape(line)}")
+    details = (f"details in the JSON report {json_path}" if json_path is not None
+               else "for every detail, rerun with --json FILE")
     console.print("[green]OK: a run would not trip over this data[/green]" if report["ok"]
-                  else "[red]NOT OK: fix the errors above (details in the JSON report)[/red]")
+                  else f"[red]NOT OK: fix the errors above ({escape(details)})[/red]")

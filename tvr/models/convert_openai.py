@@ -25,6 +25,7 @@ from transformers import CLIPConfig, CLIPModel
 from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
 from tvr.models.torchscript_reader import TorchScriptArchiveError, is_torchscript_archive, read_torchscript_state_dict
 from tvr.utils.errors import UserError
+from tvr.utils.io import describe_file_start
 
 #: scalars stored next to the weights in OpenAI's TorchScript archives; checked, not converted
 METADATA_KEYS = ("input_resolution", "context_length", "vocab_size")
@@ -85,8 +86,8 @@ def load_openai_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch raises many types for files that are not checkpoints
         raise ConversionError(
-            f"{path}: not an OpenAI CLIP checkpoint: {_what_file(path)}; expected OpenAI's TorchScript .pt file "
-            f"(ViT-B-32.pt, …) or a torch.save-d CLIP state dict (torch.load: {_first_line(exc)})"
+            f"{path}: not an OpenAI CLIP checkpoint: {describe_file_start(path)}; expected OpenAI's TorchScript .pt "
+            f"file (ViT-B-32.pt, …) or a torch.save-d CLIP state dict (torch.load: {_first_line(exc)})"
         ) from None
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         obj = obj["state_dict"]
@@ -106,23 +107,6 @@ def load_openai_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
-
-
-def _what_file(path: Path) -> str:
-    """What a file that is not a checkpoint looks like, from its first bytes."""
-    with open(path, "rb") as handle:
-        head = handle.read(64)
-    if not head:
-        return "an empty file"
-    if head.startswith(b"PK\x03\x04"):
-        return "a zip archive that is neither a TorchScript archive nor a torch.save file (truncated or corrupt?)"
-    if head[:1] == b"\x80":
-        return "a pickle that cannot be read as weights only (truncated, or it holds objects other than tensors)"
-    try:
-        head.decode("utf-8")
-        return f"a text file (starting {head[:24]!r})"
-    except UnicodeDecodeError:
-        return f"neither a zip archive nor a pickle (first bytes {head[:12]!r})"
 
 
 def count_blocks(state: dict[str, Tensor], prefix: str) -> int:

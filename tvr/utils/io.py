@@ -187,3 +187,21 @@ def remove_stale_temporaries(
             continue
         removed.append(tmp)
     return removed
+
+
+def describe_file_start(path: str | os.PathLike) -> str:
+    """What a file that a loader rejected looks like, from its first bytes (an empty file, a zip archive, a pickle,
+    text, …), so an error can say more than the loader's internal code."""
+    with open(path, "rb") as handle:
+        head = handle.read(64)
+    if not head:
+        return "an empty file"
+    if head.startswith(b"PK\x03\x04"):
+        return "a zip archive that cannot be read as a checkpoint (truncated or corrupt?)"
+    if head[:1] == b"\x80":
+        return "a pickle that cannot be read as weights only (truncated, or it holds objects other than tensors)"
+    try:
+        head.decode("utf-8")
+        return f"a text file (starting {head[:24]!r})"
+    except UnicodeDecodeError:
+        return f"neither a zip archive nor a pickle (first bytes {head[:12]!r})"
