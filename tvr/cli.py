@@ -109,13 +109,16 @@ app = _Commands(
 def _load(config: str | Path | None, overrides: list[str] | None):
     """Load and fully check a run config (core sections first, without importing torch; then the head's options
     against its own dataclass). A bad value exits with code 2 and one line naming the field and the valid values."""
-    from tvr.config import ConfigError, load_config
+    from tvr.config import ConfigError, blame_overrides, load_config
 
     try:
         cfg = load_config(config, overrides or [])
         from tvr.pipeline import resolve_config
 
-        return resolve_config(cfg)
+        try:
+            return resolve_config(cfg)
+        except ConfigError as exc:  # a head option: name the --set that gave it
+            raise blame_overrides(exc, overrides or []) or exc from None
     except ConfigError as exc:
         if _DEBUG["on"]:
             raise

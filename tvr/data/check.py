@@ -444,10 +444,10 @@ def render_report(report: dict[str, Any], console: Any, json_path: str | os.Path
             console.print(f"{stats['padded_videos']} usable video(s) give fewer sampled frames than data.max_frames "
                           "(zero-padded, masked)")
     for line in report["warnings"]:
-        console.print(f"[yellow]warning:[/yellow] {escape(line)}")
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True)
     for line in report["errors"]:
-        console.print(f"[red]error:[/red] {escape(line)}")
+        console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
     details = (f"details in the JSON report {json_path}" if json_path is not None
                else "for every detail, rerun with --json FILE")
     console.print("[green]OK: a run would not trip over this data[/green]" if report["ok"]
-                  else f"[red]NOT OK: fix the errors above ({escape(details)})[/red]")
+                  else f"[red]NOT OK: fix the errors above ({escape(details)})[/red]", soft_wrap=True)

@@ -87,8 +87,8 @@ def load_openai_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     except Exception as exc:  # noqa: BLE001 - torch raises many types for files that are not checkpoints
         raise ConversionError(
             f"{path}: not an OpenAI CLIP checkpoint: {describe_file_start(path)}; expected OpenAI's TorchScript .pt "
-            f"file (ViT-B-32.pt, …) or a torch.save-d CLIP state dict (torch.load: {_first_line(exc)})"
-        ) from None
+            "file (ViT-B-32.pt, …) or a torch.save-d CLIP state dict"
+        ) from exc
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         obj = obj["state_dict"]
     if not isinstance(obj, dict):
@@ -102,11 +102,6 @@ def load_openai_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
             "(name -> tensor)"
         )
     return dict(obj)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def count_blocks(state: dict[str, Tensor], prefix: str) -> int:

@@ -135,11 +135,9 @@ def load_release_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     try:
         obj: Any = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch raises many types for files that are not checkpoints
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise CheckpointImportError(
-            f"{path}: not a readable PyTorch checkpoint: {describe_file_start(path)}; expected {expected} "
-            f"(torch.load: {first})"
-        ) from None
+            f"{path}: not a readable PyTorch checkpoint: {describe_file_start(path)}; expected {expected}"
+        ) from exc
     for _ in range(2):  # {"state_dict": {...}} and similar wrappers, possibly nested once
         if isinstance(obj, dict) and not any(isinstance(v, Tensor) for v in obj.values()):
             inner = next((obj[k] for k in _WRAPPERS if isinstance(obj.get(k), dict)), None)
