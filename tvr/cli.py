@@ -106,13 +106,14 @@ app = _Commands(
 )
 
 
-def _load(config: str | Path | None, overrides: list[str] | None):
-    """Load and fully check a run config (core sections first, without importing torch; then the head's options
-    against its own dataclass). A bad value exits with code 2 and one line naming the field and the valid values."""
-    from tvr.config import ConfigError, blame_overrides, load_config
+def _checked_config(make: Callable[[], Any], overrides: list[str] | None = None):
+    """Build a run config with ``make`` and fully check it (core sections first, without importing torch; then the
+    head's options against its own dataclass). A bad value exits with code 2 and one line naming the field and the
+    valid values (and the ``--set`` that gave it)."""
+    from tvr.config import ConfigError, blame_overrides
 
     try:
-        cfg = load_config(config, overrides or [])
+        cfg = make()
         from tvr.pipeline import resolve_config
 
         try:
@@ -124,6 +125,28 @@ def _load(config: str | Path | None, overrides: list[str] | None):
             raise
         say("config error", str(exc))
         raise typer.Exit(2) from None
+
+
+def _load(config: str | Path | None, overrides: list[str] | None):
+    """A preset (file or shipped name) with ``--set`` overrides, checked."""
+    from tvr.config import load_config
+
+    return _checked_config(lambda: load_config(config, overrides or []), overrides)
+
+
+def _load_from_checkpoint(checkpoint: Path, overrides: list[str] | None):
+    """The config a checkpoint carries, with ``--set`` overrides applied, checked."""
+    from tvr.config import config_with_overrides
+    from tvr.models.checkpoint import CheckpointError, checkpoint_config_values
+
+    values = checkpoint_config_values(checkpoint)
+    if values is None:
+        raise CheckpointError(
+            f"{checkpoint}: this checkpoint carries no config (written before checkpoints carried one); pass the "
+            "run's config with --config (the run folder's config.yaml)"
+        )
+    source = f"{checkpoint} (the config it carries)"
+    return _checked_config(lambda: config_with_overrides(values, overrides or [], source), overrides)
 
 
 def _print_metrics(metrics: dict, title: str) -> None:
@@ -192,19 +215,57 @@ def _train_interrupted(out: Path) -> str:
 
 @app.command("eval")
 def eval_(
-    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     checkpoint: Path = typer.Option(..., "--checkpoint", exists=True, dir_okay=False),
     out: Path = typer.Option(..., "--out", "-o"),
-    set_: list[str] = typer.Option(None, "--set"),
+    config: str | None = typer.Option(
+        None, "--config", "-c", help="Default: the config the checkpoint carries. " + CONFIG_HELP
+    ),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override of the config (repeatable)."),
 ) -> None:
     """Evaluate a checkpoint: writes OUT/metrics.json ({"t2v": ..., "v2t": ...}), OUT/metrics.md and the config it
     ran with, OUT/eval_config.yaml (OUT may be the run folder: its config.yaml is never touched)."""
     out_folder(out)
-    cfg = _load(config, set_)
+    cfg = _load(config, set_) if config else _load_from_checkpoint(checkpoint, set_)
     from tvr.pipeline import run_eval
 
     metrics = run_eval(cfg, checkpoint, out)
     _print_metrics(metrics, f"{cfg.eval.split} split")
+
+
+@app.command()
+def analyze(
+    checkpoint: Path = typer.Option(..., "--checkpoint", exists=True, dir_okay=False, help="A tvr checkpoint."),
+    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for the figures (PNG + JSON each, analysis.json)."),
+    split: str = typer.Option("val", "--split", help="Split to analyse: val (default) | test | test_multi | train."),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override, e.g. --set train.device=cpu (repeatable)."),
+) -> None:
+    """The papers' analyses of a checkpoint's head on one split (docs/analysis.md): score distributions and ranks for
+    every head; gradient tension and Δ geometry (GARE), the γ sweep and proxy space (TV-ProxyNet), uncertainty
+    (GraviAlign)."""
+    cfg = _load(config, set_)
+    from tvr.pipeline.analyze import run_analyze
+
+    manifest = run_analyze(cfg, checkpoint, out, split=split)
+    console.print(f"{len(manifest['figures'])} figures of {manifest['head']} on the {manifest['split_label']}:")
+    for figure in manifest["figures"]:
+        console.print(f"  {out / figure['png']}  {figure['title']}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def plot(
+    run_dirs: list[Path] = typer.Argument(..., help="Run folders written by tvr train (several: overlaid)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for the figures (PNG + JSON + CSV each)."),
+) -> None:
+    """Training curves of run folders: every logged loss component, learning rates, validation R@1/5/10 and the
+    chosen inference setting against the step (epochs on a second axis)."""
+    from tvr.analysis import plot_runs
+
+    manifest = plot_runs(run_dirs, out)
+    for figure in manifest["figures"]:
+        console.print(f"{out / figure['png']}  {figure['title']}", highlight=False, soft_wrap=True)
+    if manifest["skipped"]:
+        console.print(f"[dim]nothing to plot for: {', '.join(manifest['skipped'])}[/dim]")
 
 
 @app.command()
@@ -371,7 +432,7 @@ def import_checkpoint(
         "import_layout": rep.layout,
         "import_counts": {k: len(v) for k, v in rep.to_dict().items() if isinstance(v, list)},
     }
-    save_checkpoint(out, model, state=state)
+    save_checkpoint(out, model, state=state, config=cfg)
     if report is not None:
         atomic_write_json(report, rep.to_dict())
     colour = "green" if rep.complete else "yellow"
