@@ -199,3 +199,99 @@ def test_a_full_disk_is_one_line_that_says_nothing_was_lost(tmp_path: Path, monk
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "no space left on the device writing" in result.output
     assert "nothing already written was lost" in result.output
+
+
+def test_a_backbone_of_another_image_size_stops_at_preflight(tmp_path: Path) -> None:
+    values = make_msrvtt(tmp_path / "data")
+    values["data"]["image_size"] = 48  # the tiny backbone takes 32×32
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(values))
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", "-c", str(config), "-o", str(out)])
+    assert result.exit_code == 2
+    assert "data.image_size = 48 but the backbone takes 32×32 images (model.tiny.image_size)" in result.output
+    assert not out.exists()  # before the run folder is written
+    result = runner.invoke(app, ["features", "-c", str(config), "-o", str(tmp_path / "cache")])
+    assert result.exit_code == 2 and "data.image_size = 48" in result.output
+
+    # a HF folder says its size in config.json
+    from transformers import CLIPModel
+
+    from tvr.config import TinyClipConfig
+    from tvr.models.clip_backbone import tiny_clip_config
+    from tvr.models.clip_files import save_clip_atomic
+
+    folder = save_clip_atomic(CLIPModel(tiny_clip_config(TinyClipConfig(**values["model"]["tiny"]))), tmp_path / "hf")
+    values["model"]["clip"] = str(folder)
+    values["model"]["tokenizer"] = str(tmp_path / "tok")
+    config.write_text(yaml.safe_dump(values))
+    result = runner.invoke(app, ["train", "-c", str(config), "-o", str(out)])
+    assert result.exit_code == 2 and f"model.clip = '{folder}' (its config.json vision_config.image_size)" in \
+        result.output
+
+
+def test_a_damaged_clip_folder_or_clipvip_checkpoint_is_one_line(tmp_path: Path) -> None:
+    from transformers import CLIPModel
+
+    from tvr.config import TinyClipConfig
+    from tvr.models.clip_backbone import tiny_clip_config
+    from tvr.models.clip_files import save_clip_atomic
+
+    values = make_msrvtt(tmp_path / "data")
+    config = tmp_path / "tiny.yaml"
+    folder = save_clip_atomic(CLIPModel(tiny_clip_config(TinyClipConfig(**values["model"]["tiny"]))), tmp_path / "hf")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated
+    values["model"]["clip"] = str(folder)
+    values["model"]["tokenizer"] = ""
+    from tvr.data.tokenizer import build_tiny_tokenizer_files
+
+    build_tiny_tokenizer_files(folder)
+    config.write_text(yaml.safe_dump(values))
+    result = runner.invoke(app, ["features", "-c", str(config), "-o", str(tmp_path / "cache")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "not a loadable HF CLIP folder" in result.output
+    (folder / "config.json").write_text("{ broken")
+    result = runner.invoke(app, ["features", "-c", str(config), "-o", str(tmp_path / "cache2")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+
+    values["model"]["clip"] = "tiny"
+    values["model"]["backbone"] = "clipvip"
+    values["model"]["temporal"] = "none"
+    junk = tmp_path / "clipvip.pt"
+    junk.write_text("not a checkpoint")
+    values["model"]["clipvip"] = {"checkpoint": str(junk)}
+    config.write_text(yaml.safe_dump(values))
+    result = runner.invoke(app, ["features", "-c", str(config), "-o", str(tmp_path / "cache3")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "model.clipvip.checkpoint" in result.output and "not a torch checkpoint" in result.output
+
+
+def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch) -> None:
+    import tvr.models.clip_backbone as clip_backbone
+
+    calls: list[dict] = []
+
+    def from_pretrained(spec, **kwargs):
+        calls.append(kwargs)
+        raise OSError(f"{spec} is not in the cache")
+
+    probes: list[tuple] = []
+
+    def no_network(address, timeout=None):
+        probes.append(address)
+        raise OSError(-2, "Name or service not known")
+
+    monkeypatch.setattr(clip_backbone.CLIPModel, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(clip_backbone.socket, "create_connection", no_network)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match=r"not in the local Hugging Face cache and the hub cannot be reached "
+                                          r"\(huggingface\.co: Name or service not known\); offline\?"):
+        clip_backbone.load_clip_model("openai/clip-vit-base-patch32")
+    assert [c.get("local_files_only") for c in calls] == [True]  # never an online attempt that retries
+    calls.clear()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="offline mode is on"):
+        clip_backbone.load_clip_model("openai/clip-vit-base-patch32")
+    assert [c.get("local_files_only") for c in calls] == [True] and len(probes) == 1

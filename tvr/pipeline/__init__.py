@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tvr.config import Config, ConfigError, save_config
+from tvr.models.build import check_image_size
 from tvr.models.heads.registry import resolve_head_config
 from tvr.pipeline.features import build_feature_cache
 from tvr.pipeline.preflight import PreflightError, preflight
@@ -254,6 +255,8 @@ def _run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
     from tvr.models.build import build_tokenizer
 
     device = resolve_device(cfg.train.device)  # first: a device this machine lacks fails before out_dir is written
+    if not cfg.data.features_dir:
+        check_image_size(cfg)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # its own record, never a run's config.yaml: --out may well be the run folder the checkpoint came from

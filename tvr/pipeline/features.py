@@ -23,7 +23,7 @@ from tvr.data.feature_cache import (
     check_cache_settings,
     read_manifest,
 )
-from tvr.models.build import build_backbone, build_tokenizer
+from tvr.models.build import build_backbone, build_tokenizer, check_image_size
 from tvr.train.utils import seed_everything
 from tvr.utils.device import resolve_device
 from tvr.utils.io import atomic_torch_save, atomic_write_json, remove_stale_temporaries
@@ -55,6 +55,7 @@ def build_feature_cache(
     unknown = [s for s in splits if s not in SPLITS + EXTRA_SPLITS]
     if unknown or not splits:
         raise FeatureCacheError(f"--splits {','.join(splits)}: expected some of {', '.join(SPLITS + EXTRA_SPLITS)}")
+    check_image_size(cfg)
     out_dir = Path(out_dir)
     with folder_lock(out_dir, "feature cache"):
         return _build(cfg, out_dir, splits, shard_size, dtype, progress, overwrite)

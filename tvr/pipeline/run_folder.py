@@ -101,13 +101,14 @@ def _flat(values: Any, prefix: str = "") -> dict[str, Any]:
 
 def _recorded_config(out_dir: Path) -> dict[str, Any] | None:
     """The settings ``config.yaml`` records, flattened to dotted names (None when the folder has none)."""
-    from tvr.pipeline import resolve_config
+    from tvr.models.heads.registry import resolve_head_config
 
     path = out_dir / CONFIG
     if not path.is_file():
         return None
     try:
-        recorded = resolve_config(config_from_dict(yaml.safe_load(path.read_text()) or {}, where=str(path)))
+        recorded = config_from_dict(yaml.safe_load(path.read_text()) or {}, where=str(path))
+        resolve_head_config(recorded.head)  # head.options as the head's dataclass, as in the run's own config
     except (yaml.YAMLError, ConfigError, UnicodeDecodeError) as exc:
         raise RunFolderError(
             f"{path}: unreadable ({exc}); it records what the run in {out_dir} ran with, so the resume cannot be "
