@@ -112,3 +112,20 @@ def test_bad_shard_size_damaged_manifest_and_empty_cache_are_one_line_errors(val
     build_feature_cache(config_from_dict(values), empty, ["train", "val"], progress=False)
     with pytest.raises(FeatureCacheError, match=r"split 'train' holds no video features \(all 5 of its videos"):
         load_cached_split(empty, "train")
+
+
+def test_one_job_per_cache_and_a_killed_jobs_temporaries_go(values, tmp_path: Path) -> None:
+    from tvr.utils.lock import FolderBusyError, folder_lock
+
+    cache = tmp_path / "cache"
+    cfg = config_from_dict(values)
+    with folder_lock(cache), pytest.raises(FolderBusyError, match="feature cache .* is in use"):
+        build_feature_cache(cfg, cache, ["train"], progress=False)
+    (cache / "train").mkdir(parents=True)
+    left = [cache / ".manifest.json.tvr-k1ll3d00.tmp", cache / "train" / ".videos-00000.pt.tvr-k1ll3d00.tmp"]
+    for path in left:
+        path.write_bytes(b"half")
+    theirs = cache / "train" / ".notes.abcdefgh.tmp"
+    theirs.write_text("not ours")
+    build_feature_cache(cfg, cache, ["train"], progress=False)
+    assert not any(path.exists() for path in left) and theirs.exists()

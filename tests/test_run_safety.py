@@ -138,7 +138,7 @@ def test_user_errors_are_short_and_exit_2(tmp_path: Path) -> None:
     out_file = tmp_path / "a_file"
     out_file.write_text("x")
     result = runner.invoke(app, ["train", "-c", str(cfg_path), "-o", str(out_file)])
-    _short_error(result, "is a file; expected a run folder")
+    _short_error(result, "is a file; expected a folder (existing or new)")
 
     text_ckpt = tmp_path / "notes.pt"
     text_ckpt.write_text("hello")

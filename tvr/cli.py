@@ -152,7 +152,7 @@ def _load_from_checkpoint(checkpoint: Path, overrides: list[str] | None):
 def _print_metrics(metrics: dict, title: str) -> None:
     from tvr.eval.report import metrics_table
 
-    console.print(f"\n[bold]{title}[/bold]")
+    console.print(f"\n[bold]{escape(title)}[/bold]")
     print(metrics_table({k: v for k, v in metrics.items() if k != "info"}))
     skipped = metrics.get("info", {}).get("skipped_videos") or []
     if skipped:
@@ -243,13 +243,14 @@ def analyze(
     """The papers' analyses of a checkpoint's head on one split (docs/analysis.md): score distributions and ranks for
     every head; gradient tension and Δ geometry (GARE), the γ sweep and proxy space (TV-ProxyNet), uncertainty
     (GraviAlign)."""
+    out_folder(out)
     cfg = _load(config, set_)
     from tvr.pipeline.analyze import run_analyze
 
     manifest = run_analyze(cfg, checkpoint, out, split=split)
     console.print(f"{len(manifest['figures'])} figures of {manifest['head']} on the {manifest['split_label']}:")
     for figure in manifest["figures"]:
-        console.print(f"  {out / figure['png']}  {figure['title']}", highlight=False, soft_wrap=True)
+        console.print(escape(f"  {out / figure['png']}  {figure['title']}"), highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -261,11 +262,12 @@ def plot(
     chosen inference setting against the step (epochs on a second axis)."""
     from tvr.analysis import plot_runs
 
+    out_folder(out)
     manifest = plot_runs(run_dirs, out)
     for figure in manifest["figures"]:
-        console.print(f"{out / figure['png']}  {figure['title']}", highlight=False, soft_wrap=True)
+        console.print(escape(f"{out / figure['png']}  {figure['title']}"), highlight=False, soft_wrap=True)
     if manifest["skipped"]:
-        console.print(f"[dim]nothing to plot for: {', '.join(manifest['skipped'])}[/dim]")
+        console.print(f"[dim]nothing to plot for: {escape(', '.join(map(str, manifest['skipped'])))}[/dim]")
 
 
 @app.command()
@@ -335,7 +337,7 @@ def demo(
     summary = run_demo(out, quick=quick, method=method)
     for tag, metrics in summary.get("test", {}).items():
         _print_metrics(metrics, f"synthetic test split ({tag} checkpoint)")
-    console.print(f"run folder: {out / 'run'}")
+    console.print(f"run folder: {escape(str(out / 'run'))}", highlight=False)
 
 
 @app.command()
@@ -370,7 +372,7 @@ def presets() -> None:
 
     for name in available_presets():
         print(name)
-    console.print(f"[dim]({PRESET_DIR}; a path to your own YAML file works as well)[/dim]")
+    console.print(f"[dim]({escape(str(PRESET_DIR))}; a path to your own YAML file works as well)[/dim]")
 
 
 @app.command("convert-openai")

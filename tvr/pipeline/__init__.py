@@ -29,6 +29,7 @@ from tvr.pipeline.run_folder import (
     sweep_temporaries,
 )
 from tvr.utils.device import resolve_device
+from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_json
 from tvr.utils.lock import folder_lock
 
@@ -163,7 +164,7 @@ def run_train(
 
 def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool, overwrite: bool) -> dict[str, Any]:
     from tvr.train.distributed import distributed_job
-    from tvr.utils.distributed import is_main_process
+    from tvr.utils.distributed import all_gather_object, is_main_process
 
     # first: a device this machine lacks fails before the run folder exists. Under torchrun the job has returned
     # (its model and DDP wrapper freed) before the process group it joined is destroyed.
@@ -172,10 +173,21 @@ def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool,
         # every split parsed, the video folder and the validation videos checked: fail in seconds, not after training
         checked = preflight(cfg, out_dir, final_test=final_test, progress=is_main_process())
         out_dir.mkdir(parents=True, exist_ok=True)
-        # one job per run folder (the main process holds the lock for all ranks of a torchrun job)
-        with folder_lock(out_dir, "run folder") if is_main_process() else contextlib.nullcontext():
+        # one job per run folder: the main process holds the lock for all ranks of a torchrun job, and every rank
+        # learns whether it got the folder (else the other ranks would wait for it in the first collective)
+        with contextlib.ExitStack() as held:
+            refusal: BaseException | None = None
             if is_main_process():
-                _prepare_run_folder(cfg, out_dir, resume, overwrite)
+                try:
+                    held.enter_context(folder_lock(out_dir, "run folder"))
+                    _prepare_run_folder(cfg, out_dir, resume, overwrite)
+                except (UserError, OSError) as exc:
+                    refusal = exc
+            refusals = all_gather_object(None if refusal is None else str(refusal))
+            if refusal is not None:
+                raise refusal
+            if refusals[0] is not None:
+                raise RunFolderError(f"the main process could not take the run folder: {refusals[0]}")
             return _train_and_test(cfg, out_dir, resume, final_test, dist, checked)
 
 
