@@ -17,9 +17,13 @@ the temporaries a killed run left, and encodes the rest. The settings are record
 and a resume with different settings is refused (mixed outputs would be silent damage).
 
 Nothing is lost silently: a file that fails to decode or encode is listed with its error in
-``DST/prepare_report.json`` and in the summary; ``copy_on_failure`` copies such a file unchanged instead, as the
-reference's ``compress_video.py`` does (off by default: a raw copy keeps the original frame rate and size, so the
-folder is then no longer uniform — the report says which files were copied).
+``DST/prepare_report.json`` and in the summary — so is a truncated source (fewer frames, or a shorter time, than its
+container announces) and a file with a video suffix that is not a regular file (a FIFO would block the decoder
+forever); ``copy_on_failure`` copies such a file unchanged instead, as the reference's ``compress_video.py`` does
+(off by default: a raw copy keeps the original frame rate and size, so the folder is then no longer uniform — the
+report says which files were copied, and ``DST/prepare_copies.jsonl`` keeps saying so on reruns). Symlinked folders
+of SRC are walked; a folder reached twice (a loop) is walked once and reported as ``ignored``. One job per
+destination at a time (:mod:`tvr.utils.lock`).
 
 Encoding is deterministic (x264 with one thread per file; files are spread over worker processes), so a killed and
 resumed run produces byte-identical files to an uninterrupted one.
@@ -200,27 +204,24 @@ def encode_video(src: str | os.PathLike, dst: str | os.PathLike, settings: Encod
                     drain()
                 if frames_in == 0:
                     raise ValueError("the video stream decodes to no frame")
-                _check_complete(stream, source, frames_in, last_end)
+                _check_complete(stream, frames_in, last_end)
                 graph.push(None)
                 drain()
                 sink.mux(out.encode(None))
     return {"frames_in": frames_in, "frames_out": frames_out, "size": [out_w, out_h], "fps": float(rate)}
 
 
-def _check_complete(stream: Any, container: Any, decoded: int, last_time: float) -> None:
+def _check_complete(stream: Any, decoded: int, last_time: float) -> None:
     """Raise when the source decoded to fewer frames (or a shorter time) than its container announces: a truncated
     download must not become a clean, shorter output. The rule for counts is ``check-data --full``'s."""
     announced = int(stream.frames or 0)
     if announced and decoded < announced:
         raise ValueError(f"truncated: {decoded} of the {announced} frames the container announces decode")
-    if announced:
+    # no frame count (mkv, webm): the video stream's own duration, never the container's (an audio track may run
+    # longer than the video without anything being cut)
+    if announced or stream.duration is None or stream.time_base is None:
         return
-    if stream.duration is not None and stream.time_base is not None:
-        duration = float(stream.duration * stream.time_base)
-    elif container.duration is not None:
-        duration = container.duration / 1_000_000
-    else:
-        return
+    duration = float(stream.duration * stream.time_base)
     rate = float(stream.average_rate or stream.guessed_rate or 0) or 25.0
     # the last frame starts one frame before the end; allow a second (or 5%) of slack for rounding and edits
     if duration - (last_time + 1.0 / rate) > max(1.0, 0.05 * duration):
