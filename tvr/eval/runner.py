@@ -65,10 +65,11 @@ def _filter(split_videos: list[str], text_video: list[int], kept_ids: list[str])
 def encode_split_raw(model: RetrievalModel, split, tokenizer, cfg: Config, device: torch.device) -> EncodedSplit:
     """Encode a split from video files and caption strings."""
     from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
+    from tvr.models.build import pixel_norm
 
     model.eval()
     resolver = VideoResolver.from_config(cfg.data)
-    dataset = VideoDataset(split.videos, split.video_spans, resolver, cfg.data)
+    dataset = VideoDataset(split.videos, split.video_spans, resolver, cfg.data, norm=pixel_norm(cfg.model))
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=cfg.eval.batch_size, num_workers=cfg.data.num_workers, collate_fn=collate_videos
     )
