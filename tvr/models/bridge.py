@@ -70,8 +70,7 @@ class ProjectionBridge(nn.Module):
     """Learned projections text_width → D and image_width → D; the text map is applied to the pooled embedding and
     to every token (as CLIP's text projection is)."""
 
-    def __init__(self, text_width: int, image_width: int, dim: int, kind: str = "linear", num_proxies: int = 0
-                 ) -> None:
+    def __init__(self, text_width: int, image_width: int, dim: int, kind: str = "linear", num_proxies: int = 0) -> None:
         super().__init__()
         self.embed_dim = int(dim)
         self.num_proxies = int(num_proxies)
@@ -94,12 +93,26 @@ class ConseBridge(nn.Module):
     ``pooling``: ``frame`` maps every frame (slots stay frames; the temporal module and head pool them) | ``video``
     averages the class probabilities over a clip's valid frames first (one slot per clip, mask 1)."""
 
-    def __init__(self, classifier_weight: Tensor, classifier_bias: Tensor, class_embeddings: Tensor, *,
-                 top_k: int = 10, temperature: float = 1.0, pooling: str = "frame", num_proxies: int = 0) -> None:
+    def __init__(
+        self,
+        classifier_weight: Tensor,
+        classifier_bias: Tensor,
+        class_embeddings: Tensor,
+        *,
+        top_k: int = 10,
+        temperature: float = 1.0,
+        pooling: str = "frame",
+        num_proxies: int = 0,
+    ) -> None:
         super().__init__()
-        if classifier_weight.shape[0] != class_embeddings.shape[0] or classifier_bias.shape[0] != classifier_weight.shape[0]:
-            raise ValueError(f"ConSE: {classifier_weight.shape[0]} classifier classes but {class_embeddings.shape[0]} "
-                             "class embeddings")
+        if (
+            classifier_weight.shape[0] != class_embeddings.shape[0]
+            or classifier_bias.shape[0] != classifier_weight.shape[0]
+        ):
+            raise ValueError(
+                f"ConSE: {classifier_weight.shape[0]} classifier classes but {class_embeddings.shape[0]} "
+                "class embeddings"
+            )
         if pooling not in ("frame", "video"):
             raise ValueError(f"ConSE pooling {pooling!r}: expected 'frame' or 'video'")
         self.register_buffer("classifier_weight", classifier_weight.detach().float().clone())
@@ -110,8 +123,10 @@ class ConseBridge(nn.Module):
         self.embed_dim = int(class_embeddings.shape[1])
 
     def extra_repr(self) -> str:
-        return (f"classes={self.class_embeddings.shape[0]}, dim={self.embed_dim}, top_k={self.top_k}, "
-                f"temperature={self.temperature}, pooling={self.pooling!r}, num_proxies={self.num_proxies}")
+        return (
+            f"classes={self.class_embeddings.shape[0]}, dim={self.embed_dim}, top_k={self.top_k}, "
+            f"temperature={self.temperature}, pooling={self.pooling!r}, num_proxies={self.num_proxies}"
+        )
 
     def probabilities(self, pooled: Tensor) -> Tensor:
         """Class probabilities [..., C] of image features [..., W] at the bridge's temperature."""

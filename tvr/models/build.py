@@ -103,9 +103,8 @@ def build_model(cfg: Config, cached: bool = False) -> RetrievalModel:
     backbone = build_backbone(cfg.model)
     bridge = None
     if cfg.model.backbone == "two_tower":
-        from tvr.models.two_tower import build_two_tower_bridge
-
         from tvr.models.text_tower import check_max_words
+        from tvr.models.two_tower import build_two_tower_bridge
 
         check_max_words(backbone.text_tower, cfg.data.max_words)
         bridge = build_two_tower_bridge(backbone, cfg.model.two_tower, proxies_to_derive(cfg))

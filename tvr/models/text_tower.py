@@ -93,19 +93,24 @@ def resolve_text_model(spec: str) -> tuple[str, bool]:
     path = Path(os.path.expanduser(spec))
     if path.is_dir():
         if not (path / "modules.json").is_file() and not (path / "config.json").is_file():
-            raise ConfigError(f"model.two_tower.text_model: {path} has neither modules.json nor config.json "
-                              "(not a sentence-transformers or HF model folder)")
+            raise ConfigError(
+                f"model.two_tower.text_model: {path} has neither modules.json nor config.json "
+                "(not a sentence-transformers or HF model folder)"
+            )
         return str(path.resolve()), True
     shipped = package_model_dir(spec)
     if shipped is not None:
         return str(shipped), True
     if spec == DEFAULT_TEXT_MODEL:
-        raise ConfigError(f"model.two_tower.text_model = {spec!r}: the package is not installed "
-                          f"(pip install {DEFAULT_TEXT_MODEL})")
+        raise ConfigError(
+            f"model.two_tower.text_model = {spec!r}: the package is not installed (pip install {DEFAULT_TEXT_MODEL})"
+        )
     if path.exists() or spec.startswith(("/", ".", "~")) or not _HUB_ID.match(spec):
-        raise ConfigError(f"model.two_tower.text_model = {spec!r}: no such folder or installed model package, and "
-                          "not a hub id (expected 'tiny', a sentence-transformers folder, a package such as "
-                          f"{DEFAULT_TEXT_MODEL}, or an id like 'sentence-transformers/all-MiniLM-L6-v2')")
+        raise ConfigError(
+            f"model.two_tower.text_model = {spec!r}: no such folder or installed model package, and "
+            "not a hub id (expected 'tiny', a sentence-transformers folder, a package such as "
+            f"{DEFAULT_TEXT_MODEL}, or an id like 'sentence-transformers/all-MiniLM-L6-v2')"
+        )
     return spec, False
 
 
@@ -152,21 +157,26 @@ def build_tiny_sentence_model(cfg: TinyTwoTowerConfig):
     from transformers import BertConfig, BertModel
 
     if cfg.text_width % cfg.text_heads:
-        raise ConfigError(f"model.two_tower.tiny.text_width={cfg.text_width} is not divisible by "
-                          f"text_heads={cfg.text_heads}")
+        raise ConfigError(
+            f"model.two_tower.tiny.text_width={cfg.text_width} is not divisible by text_heads={cfg.text_heads}"
+        )
     with tempfile.TemporaryDirectory(prefix="tvr-tiny-text-") as tmp:
         write_tiny_vocab(tmp)
         tokenizer = tiny_tokenizer(tmp)
-        config = BertConfig(vocab_size=len(tokenizer), hidden_size=cfg.text_width,
-                            num_hidden_layers=cfg.text_layers, num_attention_heads=cfg.text_heads,
-                            intermediate_size=4 * cfg.text_width, max_position_embeddings=128)
+        config = BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=cfg.text_width,
+            num_hidden_layers=cfg.text_layers,
+            num_attention_heads=cfg.text_heads,
+            intermediate_size=4 * cfg.text_width,
+            max_position_embeddings=128,
+        )
         BertModel(config).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         with hf_offline():
             # a local folder: nothing to fetch (the keyword names of the loading options differ between releases)
             transformer = Transformer(tmp)
-        return SentenceTransformer(modules=[transformer, Pooling(cfg.text_width, "mean"), Normalize()],
-                                   device="cpu")
+        return SentenceTransformer(modules=[transformer, Pooling(cfg.text_width, "mean"), Normalize()], device="cpu")
 
 
 def load_sentence_model(spec: str, tiny: TinyTwoTowerConfig):
@@ -182,8 +192,10 @@ def load_sentence_model(spec: str, tiny: TinyTwoTowerConfig):
     try:
         return SentenceTransformer(source, device="cpu")
     except OSError as exc:
-        raise ConfigError(f"model.two_tower.text_model = {spec!r}: could not load it from the hub (no internet, or "
-                          f"no such model): {exc}") from exc
+        raise ConfigError(
+            f"model.two_tower.text_model = {spec!r}: could not load it from the hub (no internet, or "
+            f"no such model): {exc}"
+        ) from exc
 
 
 # ------------------------------------------------------------------------------------------ tower
@@ -205,8 +217,10 @@ class TextTower(nn.Module):
         self.name = name
         first = model[0]
         if not hasattr(first, "auto_model"):
-            raise ConfigError(f"text model {name!r}: its first module is {type(first).__name__}, not a "
-                              "sentence-transformers Transformer (a text encoder is expected)")
+            raise ConfigError(
+                f"text model {name!r}: its first module is {type(first).__name__}, not a "
+                "sentence-transformers Transformer (a text encoder is expected)"
+            )
         token_width = int(first.get_embedding_dimension())
         pooled_width = int(_sentence_width(model) or token_width)
         if token_width != pooled_width:
@@ -224,11 +238,15 @@ class TextTower(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
-            raise ValueError(f"text tower: expected input_ids and attention_mask [N, L], got {tuple(input_ids.shape)} "
-                             f"and {tuple(attention_mask.shape)}")
+            raise ValueError(
+                f"text tower: expected input_ids and attention_mask [N, L], got {tuple(input_ids.shape)} "
+                f"and {tuple(attention_mask.shape)}"
+            )
         if input_ids.shape[1] > self.max_length:
-            raise ValueError(f"text tower: {input_ids.shape[1]} tokens per caption exceed {self.name}'s "
-                             f"{self.max_length}; lower data.max_words")
+            raise ValueError(
+                f"text tower: {input_ids.shape[1]} tokens per caption exceed {self.name}'s "
+                f"{self.max_length}; lower data.max_words"
+            )
         out = self.model({"input_ids": input_ids, "attention_mask": attention_mask})
         return out["sentence_embedding"], out["token_embeddings"]
 
@@ -259,8 +277,14 @@ class SentenceTokenizer:
     def __call__(self, texts: list[str], max_words: int) -> tuple[Tensor, Tensor]:
         if max_words < 2:
             raise ValueError(f"max_words must be at least 2 (the two special tokens), got {max_words}")
-        enc = self.tokenizer(list(texts), padding="max_length", truncation=True, max_length=max_words,
-                             return_tensors="pt", return_token_type_ids=False)
+        enc = self.tokenizer(
+            list(texts),
+            padding="max_length",
+            truncation=True,
+            max_length=max_words,
+            return_tensors="pt",
+            return_token_type_ids=False,
+        )
         return enc["input_ids"].long(), enc["attention_mask"].long()
 
     def count_tokens(self, text: str) -> int:
@@ -270,8 +294,9 @@ class SentenceTokenizer:
 
 def check_max_words(tower: TextTower, max_words: int) -> None:
     if max_words > tower.max_length:
-        raise ConfigError(f"data.max_words = {max_words}: the text model {tower.name} takes at most "
-                          f"{tower.max_length} tokens")
+        raise ConfigError(
+            f"data.max_words = {max_words}: the text model {tower.name} takes at most {tower.max_length} tokens"
+        )
 
 
 @torch.inference_mode()
@@ -282,8 +307,14 @@ def embed_sentences(tower: TextTower, texts: list[str], batch_size: int = 128) -
     device = next(tower.parameters()).device
     out = []
     for start in range(0, len(texts), batch_size):
-        enc = tokenizer.tokenizer(texts[start : start + batch_size], padding=True, truncation=True,
-                                  max_length=tower.max_length, return_tensors="pt", return_token_type_ids=False)
+        enc = tokenizer.tokenizer(
+            texts[start : start + batch_size],
+            padding=True,
+            truncation=True,
+            max_length=tower.max_length,
+            return_tensors="pt",
+            return_token_type_ids=False,
+        )
         pooled, _ = tower(enc["input_ids"].to(device), enc["attention_mask"].to(device))
         out.append(pooled.float().cpu())
     return torch.cat(out) if out else torch.zeros(0, tower.width)

@@ -42,8 +42,15 @@ class TwoTowerBackbone(nn.Module):
     #: the pixel normalisation the image tower was trained with (the data pipeline applies it)
     pixel_norm: PixelNorm = EFFICIENTNET_LITE_NORM
 
-    def __init__(self, text: TextTower, image: ImageTower, *, freeze_text: bool = True, freeze_image: bool = True,
-                 frame_chunk: int = 0) -> None:
+    def __init__(
+        self,
+        text: TextTower,
+        image: ImageTower,
+        *,
+        freeze_text: bool = True,
+        freeze_image: bool = True,
+        frame_chunk: int = 0,
+    ) -> None:
         super().__init__()
         self.text_tower = text
         self.image_tower = image
@@ -59,8 +66,13 @@ class TwoTowerBackbone(nn.Module):
         cfg = model_cfg.two_tower
         text = TextTower(load_sentence_model(cfg.text_model, cfg.tiny), str(cfg.text_model))
         image = build_image_tower(cfg)
-        return cls(text, image, freeze_text=cfg.freeze_text or model_cfg.freeze_backbone,
-                   freeze_image=cfg.freeze_image or model_cfg.freeze_backbone, frame_chunk=model_cfg.frame_chunk)
+        return cls(
+            text,
+            image,
+            freeze_text=cfg.freeze_text or model_cfg.freeze_backbone,
+            freeze_image=cfg.freeze_image or model_cfg.freeze_backbone,
+            frame_chunk=model_cfg.frame_chunk,
+        )
 
     # ------------------------------------------------------------------ properties
     @property
@@ -108,8 +120,10 @@ class TwoTowerBackbone(nn.Module):
         if pixels.ndim != 4 or pixels.shape[1] != 3:
             raise ValueError(f"encode_frames: expected pixels [n, 3, S, S], got {tuple(pixels.shape)}")
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_image):
-            parts = [self.image_tower(pixels[start : start + self.frame_chunk])
-                     for start in range(0, pixels.shape[0], self.frame_chunk)]
+            parts = [
+                self.image_tower(pixels[start : start + self.frame_chunk])
+                for start in range(0, pixels.shape[0], self.frame_chunk)
+            ]
         if not parts:
             return pixels.new_zeros(0, self.image_width, dtype=torch.float32)
         return torch.cat(parts).float()
@@ -174,17 +188,28 @@ def conse_class_embeddings(backbone: TwoTowerBackbone, cfg: TwoTowerConfig) -> T
 def build_two_tower_bridge(backbone: TwoTowerBackbone, cfg: TwoTowerConfig, num_proxies: int = 0) -> nn.Module:
     """The bridge ``model.two_tower.bridge`` names; ``num_proxies`` > 0 derives that many proxies per clip."""
     if cfg.bridge == "projection":
-        return ProjectionBridge(backbone.text_width, backbone.image_width, cfg.embed_dim, cfg.projection,
-                                num_proxies=num_proxies)
+        return ProjectionBridge(
+            backbone.text_width, backbone.image_width, cfg.embed_dim, cfg.projection, num_proxies=num_proxies
+        )
     if cfg.bridge != "conse":
         raise ConfigError(f"model.two_tower.bridge = {cfg.bridge!r}: expected one of ['conse', 'projection']")
     if not (backbone.freeze_text and backbone.freeze_image):
-        raise ConfigError("model.two_tower.bridge = conse is training-free: its class embeddings and classifier are "
-                          "fixed, so fine-tuning a tower would leave them stale; keep freeze_text and freeze_image "
-                          "true, or use bridge: projection")
+        raise ConfigError(
+            "model.two_tower.bridge = conse is training-free: its class embeddings and classifier are "
+            "fixed, so fine-tuning a tower would leave them stale; keep freeze_text and freeze_image "
+            "true, or use bridge: projection"
+        )
     if backbone.image_tower.num_classes != 1000:
-        raise ConfigError(f"ConSE needs an ImageNet-1k classifier; the image tower has "
-                          f"{backbone.image_tower.num_classes} classes")
+        raise ConfigError(
+            f"ConSE needs an ImageNet-1k classifier; the image tower has {backbone.image_tower.num_classes} classes"
+        )
     fc = backbone.image_tower.net._fc
-    return ConseBridge(fc.weight, fc.bias, conse_class_embeddings(backbone, cfg), top_k=cfg.conse_top_k,
-                       temperature=cfg.conse_temperature, pooling=cfg.conse_pooling, num_proxies=num_proxies)
+    return ConseBridge(
+        fc.weight,
+        fc.bias,
+        conse_class_embeddings(backbone, cfg),
+        top_k=cfg.conse_top_k,
+        temperature=cfg.conse_temperature,
+        pooling=cfg.conse_pooling,
+        num_proxies=num_proxies,
+    )
