@@ -153,8 +153,12 @@ def build_tiny_sentence_model(cfg: TinyTwoTowerConfig):
     """A randomly initialised BERT (torch's current RNG) wrapped as a SentenceTransformer with mean pooling and
     normalisation, like MiniLM's; written to a temporary folder and loaded by sentence-transformers."""
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.models import Normalize, Pooling, Transformer
     from transformers import BertConfig, BertModel
+
+    try:  # sentence-transformers ≥ 5.2 moved the modules; the old path still works there, with a warning
+        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    except ImportError:
+        from sentence_transformers.models import Normalize, Pooling, Transformer
 
     if cfg.text_width % cfg.text_heads:
         raise ConfigError(
