@@ -11,13 +11,15 @@ The preset ``two_tower/zero_shot`` is evaluated as shipped (``--set`` overrides 
 * throughput on this machine: decoded frames/s (PyAV decode + resize + crop + normalise), image-tower frames/s
   (EfficientNet-Lite0 at 224 px, batched), captions/s (tokenize + MiniLM), and the one-off model build time.
 
-``--sweep`` adds a sensitivity table over frames per clip (frame rate × max frames), top-k, the prompt, the class
-names used (first synonym / all synonyms) and the pooling (per-frame embeddings averaged by the head vs. class
-probabilities averaged over the clip before ConSE). It is a table to read, not a search: 19 clips cannot select a
-setting without overfitting, and the shipped defaults were chosen by the reasoning in the docs, not by this table.
+``--chunks 4,8,16,32`` also times the image tower at other frames-per-pass (``model.frame_chunk``) on the same
+frames. ``--sweep`` writes a sensitivity table (``real_scenes_zero_shot_sweep.json``) over frames per clip (frame
+rate × max frames), top-k, the prompt, the class names used (first synonym / all synonyms) and the pooling
+(per-frame embeddings averaged by the head vs. class probabilities averaged over the clip before ConSE). It is a
+table to read, not a search: 19 clips cannot select a setting without overfitting, and the shipped defaults were
+chosen by the reasoning in the docs, not by this table.
 
-    .venv/bin/python benchmarks/real_scenes_zero_shot.py [--sweep]
-    # writes benchmarks/results/real_scenes_zero_shot.json
+    .venv/bin/python benchmarks/real_scenes_zero_shot.py [--chunks 4,8,16,32] [--sweep]
+    # writes benchmarks/results/real_scenes_zero_shot.json (and real_scenes_zero_shot_sweep.json)
 """
 
 from __future__ import annotations
@@ -171,7 +173,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clips", type=Path, default=DEFAULT_CLIPS, help="folder with the clips and captions.csv")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
-    parser.add_argument("--sweep", action="store_true", help="also print the sensitivity table")
+    parser.add_argument("--sweep", action="store_true", help="also write the sensitivity table")
+    parser.add_argument("--chunks", default="", help="comma-separated frames per image-tower pass to time as well")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
@@ -242,13 +245,36 @@ def main() -> None:
         f"text {t['captions_per_s']} captions/s, model build {t['model_build_s']} s "
         f"({result['torch_threads']} threads, load {result['loadavg_start'][0]})"
     )
-    if args.sweep:
-        result["sweep"] = sweep(
-            model, cfg, split, args.clips, args.overrides, {(cfg.data.frame_rate, cfg.data.max_frames): towers}
-        )
+    if args.chunks:
+        result["image_tower_frames_per_s_by_chunk"] = time_chunks(model, pixels, mask, args.chunks)
+        print("image tower frames/s by frames per pass:", result["image_tower_frames_per_s_by_chunk"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, result)
     print(f"wrote {args.out}")
+    if args.sweep:
+        rows = sweep(
+            model, cfg, split, args.clips, args.overrides, {(cfg.data.frame_rate, cfg.data.max_frames): towers}
+        )
+        sweep_out = args.out.with_name(args.out.stem + "_sweep.json")
+        atomic_write_json(sweep_out, {"command": result["command"] + " --sweep", "rows": rows})
+        print(f"wrote {sweep_out}")
+
+
+@torch.inference_mode()
+def time_chunks(model, pixels: torch.Tensor, mask: torch.Tensor, chunks: str, reps: int = 2) -> dict[str, float]:
+    """Image-tower frames/s at each frames-per-pass (best of ``reps``; the sizes alternate within a repetition)."""
+    frames = pixels.reshape(-1, *pixels.shape[2:])[mask.reshape(-1).bool()]
+    backbone, saved = model.backbone, model.backbone.frame_chunk
+    best: dict[str, float] = {}
+    for _ in range(reps):
+        for size in (int(c) for c in chunks.split(",") if c.strip()):
+            backbone.frame_chunk = size
+            start = time.perf_counter()
+            backbone.encode_frames(frames)
+            rate = len(frames) / (time.perf_counter() - start)
+            best[str(size)] = round(max(best.get(str(size), 0.0), rate), 1)
+    backbone.frame_chunk = saved
+    return best
 
 
 if __name__ == "__main__":

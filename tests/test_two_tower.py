@@ -233,6 +233,29 @@ def test_image_weights_are_data_checked_key_by_key(tmp_path: Path) -> None:
         build_image_tower(TwoTowerConfig(image_model="efficientnet-lite0", image_weights=str(good)))
 
 
+def test_inference_path_folds_batchnorm_exactly() -> None:
+    """Without autograd the image tower runs convolutions with BatchNorm folded in; same outputs as the package's
+    forward (random statistics, so the folding is exercised), recomputed when a statistic changes."""
+    tower = build_image_tower(TwoTowerConfig(image_model="tiny")).eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for module in tower.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.copy_(torch.randn(module.num_features, generator=g) * 0.2)
+                module.running_var.copy_(torch.rand(module.num_features, generator=g) + 0.5)
+                module.weight.copy_(torch.rand(module.num_features, generator=g) + 0.5)
+                module.bias.copy_(torch.randn(module.num_features, generator=g) * 0.1)
+    x = torch.randn(5, 3, 32, 32, generator=g)
+    with torch.inference_mode():
+        fast = tower(x)
+        reference = tower.net.extract_features(x).mean(dim=(2, 3))
+        torch.testing.assert_close(fast, reference, atol=1e-5, rtol=1e-4)
+        tower.net._bn1.running_mean.add_(1.0)  # a changed statistic invalidates the folded weights
+        torch.testing.assert_close(tower(x), tower.net.extract_features(x).mean(dim=(2, 3)), atol=1e-5, rtol=1e-4)
+    with torch.enable_grad():
+        torch.testing.assert_close(tower(x), tower.net.extract_features(x).mean(dim=(2, 3)))
+
+
 @real_weights
 def test_shipped_lite0_weights_verify_and_classify_real_frames(shared_data: Path) -> None:
     path = shipped_lite0_weights()

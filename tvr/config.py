@@ -232,8 +232,9 @@ class TwoTowerConfig:
     conse_top_k: int = bounded(10, ge=1, le=1000)
     #: ConSE: softmax temperature on the classifier's logits (1 = the classifier's own probabilities)
     conse_temperature: float = bounded(1.0, gt=0.0)
-    #: ConSE: text a class name is embedded in ("{}" = the name)
-    conse_prompt: str = "a photo of a {}."
+    #: ConSE: text a class name is embedded in ("{}" = the bare name: a sentence model is not CLIP, and a prefix
+    #: shared by all 1000 prompts only pulls their embeddings together; see docs/methods/two_tower.md)
+    conse_prompt: str = "{}"
     #: ConSE: which names of a class are embedded: first (its first WordNet synonym) | all (the mean embedding of
     #: every synonym, each in the prompt)
     conse_names: str = choice("first", "first", "all")
@@ -269,7 +270,7 @@ class ModelConfig:
     #: reference does; a trainable backbone keeps fp32 weights and trains under AMP instead
     clip_fp16_on_cuda: bool = True
     #: encode at most this many frames per vision forward pass (0 = all frames of the batch at once); clipvip
-    #: encodes whole videos, max(1, frame_chunk // F) per pass; two_tower: 0 = 64 frames per pass (a CNN's
+    #: encodes whole videos, max(1, frame_chunk // F) per pass; two_tower: 0 = 16 frames per pass (a CNN's
     #: activations at 224 px are large)
     frame_chunk: int = bounded(0, ge=0)
 

@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tvr.config import ConfigError, TwoTowerConfig
@@ -130,7 +131,83 @@ class ImageTower(nn.Module):
         return self
 
     def forward(self, pixels: Tensor) -> Tensor:
-        return self.net.extract_features(pixels).mean(dim=(2, 3))
+        if self.training or torch.is_grad_enabled() or self._plan() is None:
+            return self.net.extract_features(pixels).mean(dim=(2, 3))
+        return self._inference_forward(pixels)
+
+    # ------------------------------------------------------------------ inference path
+    # Encoding is bound by memory traffic on a CPU (a BatchNorm pass or a padding copy costs as much as a depthwise
+    # convolution), so without autograd the tower runs each convolution with its BatchNorm folded in and symmetric
+    # "same" padding passed to the convolution: the same function up to float rounding
+    # (tests/test_two_tower.py checks it against the package's forward). Folded weights are recomputed whenever a
+    # parameter or statistic changes (a fine-tuned tower evaluated between steps).
+
+    def _plan(self) -> list | None:
+        """Per convolution: (weight, bias, stride, padding, pad, groups) with BatchNorm folded; None when the network
+        has a part the plan does not cover (squeeze-excitation, another activation)."""
+        key = tuple((t.data_ptr(), t._version) for t in (*self.net.parameters(), *self.net.buffers()))
+        if getattr(self, "_plan_key", None) == key:
+            return self._plan_cache
+        net = self.net
+        layers = [("stem", net._conv_stem, net._bn0)]
+        for block in net._blocks:
+            if block.has_se or not isinstance(block._swish, nn.ReLU6):
+                self._plan_key, self._plan_cache = key, None
+                return None
+            if block._block_args.expand_ratio != 1:
+                layers.append(("expand", block._expand_conv, block._bn0))
+            layers.append(("depthwise", block._depthwise_conv, block._bn1))
+            layers.append(("project", block._project_conv, block._bn2))
+        layers.append(("head", net._conv_head, net._bn1))
+        if not isinstance(net._swish, nn.ReLU6):
+            self._plan_key, self._plan_cache = key, None
+            return None
+        plan = []
+        with torch.no_grad():
+            for kind, conv, bn in layers:
+                scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+                weight = conv.weight * scale.view(-1, 1, 1, 1)
+                bias = bn.bias - bn.running_mean * scale
+                if conv.bias is not None:
+                    bias = bias + conv.bias * scale
+                pad = tuple(getattr(conv.static_padding, "padding", (0, 0, 0, 0)))
+                symmetric = pad[0] == pad[1] and pad[2] == pad[3]
+                plan.append(
+                    (
+                        kind,
+                        weight.contiguous(),
+                        bias.contiguous(),
+                        tuple(conv.stride),
+                        (pad[2], pad[0]) if symmetric else (0, 0),
+                        None if symmetric else pad,
+                        conv.groups,
+                    )
+                )
+        self._plan_key, self._plan_cache = key, plan
+        return plan
+
+    def _inference_forward(self, pixels: Tensor) -> Tensor:
+        plan = iter(self._plan())
+
+        def conv(x: Tensor, act: bool) -> Tensor:
+            _, weight, bias, stride, padding, pad, groups = next(plan)
+            if pad is not None:
+                x = F.pad(x, pad)
+            x = F.conv2d(x, weight, bias, stride, padding, 1, groups)
+            return F.hardtanh_(x, 0.0, 6.0) if act else x
+
+        x = conv(pixels, True)
+        for block in self.net._blocks:
+            inputs = x
+            if block._block_args.expand_ratio != 1:
+                x = conv(x, True)
+            x = conv(x, True)
+            x = conv(x, False)
+            args = block._block_args
+            # the package's own condition, verbatim (its first block of a stage carries the stride as a list)
+            if block.id_skip and args.stride == 1 and args.input_filters == args.output_filters:
+                x = x + inputs
+        return conv(x, True).mean(dim=(2, 3))
 
     def logits(self, pooled: Tensor) -> Tensor:
         """ImageNet logits of pooled features (the classifier; its dropout is a training-time no-op here)."""
