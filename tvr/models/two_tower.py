@@ -15,6 +15,8 @@ stay in eval mode whatever the model's mode; frames go through the image tower i
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 
@@ -151,38 +153,36 @@ class TwoTowerBackbone(nn.Module):
 
 
 def conse_class_embeddings(backbone: TwoTowerBackbone, cfg: TwoTowerConfig) -> Tensor:
-    """[1000, Wt] L2-normalised text embeddings of the ImageNet class prompts, from the disk cache when the text
-    model is a local folder already encoded with these settings (:mod:`tvr.models.conse`)."""
+    """[1000, Wt] L2-normalised text embeddings of the ImageNet class prompts, from the disk cache when these
+    weights were already encoded with these settings (:mod:`tvr.models.conse`)."""
     from tvr.models.conse import (
         NUM_IMAGENET_CLASSES,
         cache_root,
         class_embedding_cache_key,
         class_prompts,
         imagenet_class_names,
-        model_fingerprint,
         pool_class_embeddings,
         read_cached_embeddings,
+        weights_fingerprint,
         write_cached_embeddings,
     )
-    from tvr.models.text_tower import embed_sentences, resolve_text_model
+    from tvr.models.text_tower import embed_sentences
 
-    spec = str(cfg.text_model).strip()
-    cache_path = None
-    if spec != "tiny":
-        source, local = resolve_text_model(spec)
-        fingerprint = model_fingerprint(source) if local else []
-        key = class_embedding_cache_key(source, fingerprint, cfg.conse_prompt, cfg.conse_names)
-        cache_path = cache_root() / "conse" / f"{key}.pt"
-        cached = read_cached_embeddings(cache_path, backbone.text_width)
-        if cached is not None:
-            return cached
+    tower = backbone.text_tower
+    vocabulary = json.dumps(sorted(tower.model.tokenizer.get_vocab().items()))
+    key = class_embedding_cache_key(
+        weights_fingerprint(tower), hashlib.sha256(vocabulary.encode()).hexdigest(), cfg.conse_prompt, cfg.conse_names
+    )
+    cache_path = cache_root() / "conse" / f"{key}.pt"
+    cached = read_cached_embeddings(cache_path, backbone.text_width)
+    if cached is not None:
+        return cached
     texts, owner = class_prompts(imagenet_class_names(), cfg.conse_prompt, cfg.conse_names)
-    was_training = backbone.text_tower.training
-    backbone.text_tower.eval()
-    embeddings = pool_class_embeddings(embed_sentences(backbone.text_tower, texts), owner, NUM_IMAGENET_CLASSES)
-    backbone.text_tower.train(was_training)
-    if cache_path is not None:
-        write_cached_embeddings(cache_path, embeddings)
+    was_training = tower.training
+    tower.eval()
+    embeddings = pool_class_embeddings(embed_sentences(tower, texts), owner, NUM_IMAGENET_CLASSES)
+    tower.train(was_training)
+    write_cached_embeddings(cache_path, embeddings)
     return embeddings
 
 
