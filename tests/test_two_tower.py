@@ -423,6 +423,25 @@ def test_two_tower_feature_cache_then_train_and_eval(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "model.two_tower.tiny" in result.output
 
 
+def test_raw_video_training_and_eval_with_derived_proxies(tmp_path: Path) -> None:
+    """tvr train from the video files (frozen towers, learned projections, TV-ProxyNet on derived proxies), then the
+    test split from best.pt; the checkpoint carries the bridge and evaluates again to the same numbers."""
+    from tvr.pipeline import run_eval, run_train
+
+    values = make_msrvtt(tmp_path / "data")
+    values["model"] = {
+        "backbone": "two_tower",
+        "temporal": "meanP",
+        "two_tower": {**TINY_TOWERS, "bridge": "projection"},
+    }
+    values["head"] = {"name": "proxy", "options": {"num_proxies": 2, "layers": 1, "heads": 2}}
+    values["train"]["max_steps"] = 2
+    summary = run_train(config_from_dict(values), tmp_path / "run")
+    assert summary["test"]["best"]["t2v"]["R1"] >= 0.0
+    again = run_eval(config_from_dict(values), tmp_path / "run" / "best.pt", tmp_path / "eval")
+    assert again["t2v"] == summary["test"]["best"]["t2v"]
+
+
 # ------------------------------------------------------------------------------------------ real footage
 
 
