@@ -13,6 +13,7 @@ This module holds the format and the reader; encoding a cache is a pipeline job 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +37,8 @@ CACHE_FORMAT = 1
 #: the settings that decide what a cache holds: its manifest records them before the first shard is written, and
 #: ``tvr features`` resumes a cache only with the same values (else shards of two models or two shardings mix)
 FEATURE_SETTINGS = (
-    "model.clip", "model.tiny", "model.backbone", "model.clipvip", "model.tokenizer", "model.clip_fp16_on_cuda",
+    "model.clip", "model.tiny", "model.backbone", "model.clipvip", "model.two_tower", "model.tokenizer",
+    "model.clip_fp16_on_cuda",
     "data.dataset", "data.annotations", "data.video_dir", "data.video_pattern", "data.allow_outside_video_dir",
     "data.train_split", "data.generic_file", "data.val_fraction", "data.val_seed", "data.max_words",
     "data.max_frames", "data.frame_rate", "data.image_size", "data.sampling", "data.limit_train", "data.limit_eval",
@@ -53,7 +55,9 @@ def cache_settings(cfg: Config, shard_size: int, dtype: torch.dtype) -> dict[str
         section, key = name.split(".")
         settings[name] = values[section][key]
     # a randomly initialised backbone (tiny CLIP, CLIP-ViP's new tokens without a checkpoint) depends on the seed
-    if cfg.model.clip == "tiny" or (cfg.model.backbone == "clipvip" and not cfg.model.clipvip.checkpoint):
+    if cfg.model.clip == "tiny" or cfg.model.backbone == "two_tower" or (
+        cfg.model.backbone == "clipvip" and not cfg.model.clipvip.checkpoint
+    ):
         settings["train.seed"] = cfg.train.seed
     return settings
 
@@ -176,6 +180,18 @@ def check_cache_matches(cfg: Config, manifest: dict) -> None:
                 f"feature cache was made with {section}.{key}={made[section].get(key, default)!r} but the run asks for "
                 f"{getattr(getattr(cfg, section), key)!r}; rebuild the cache or change the config"
             )
+    if cfg.model.backbone == "two_tower":
+        # the cache holds tower features: the towers must be the run's; the bridge may differ (it runs on them)
+        made_towers = made["model"].get("two_tower", {})
+        towers = cfg.model.two_tower
+        tiny = "tiny" in (str(towers.text_model).strip(), str(towers.image_model).strip())
+        for key in ("text_model", "image_model", "image_weights", *(("tiny",) if tiny else ())):
+            wanted = dataclasses.asdict(cfg.model.two_tower)[key]
+            if made_towers.get(key) != wanted:
+                raise FeatureCacheError(
+                    f"feature cache was made with model.two_tower.{key}={made_towers.get(key)!r} but the run asks for "
+                    f"{wanted!r}; rebuild the cache or change the config"
+                )
 
 
 class CachedPairDataset(torch.utils.data.Dataset):

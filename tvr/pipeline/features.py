@@ -23,7 +23,13 @@ from tvr.data.feature_cache import (
     check_cache_settings,
     read_manifest,
 )
-from tvr.models.build import build_backbone, build_tokenizer, check_image_size
+from tvr.models.build import (
+    build_backbone,
+    build_tokenizer,
+    check_data_fits_backbone,
+    check_image_size,
+    pixel_norm,
+)
 from tvr.train.utils import seed_everything
 from tvr.utils.device import resolve_device
 from tvr.utils.io import atomic_torch_save, atomic_write_json, remove_stale_temporaries
@@ -45,7 +51,8 @@ def build_feature_cache(
     progress: bool = True,
     overwrite: bool = False,
 ) -> dict:
-    """Encode every video and caption of ``splits`` with the frozen CLIP of ``cfg`` and write shards.
+    """Encode every video and caption of ``splits`` with the frozen backbone of ``cfg`` and write shards (a
+    two-tower backbone stores tower features: the bridge runs on them at training time).
 
     The manifest, holding every setting that decides what the cache holds (:func:`cache_settings`), is written
     before the first shard; rerunning resumes an interrupted cache only with the same settings. ``overwrite``
@@ -56,6 +63,7 @@ def build_feature_cache(
     if unknown or not splits:
         raise FeatureCacheError(f"--splits {','.join(splits)}: expected some of {', '.join(SPLITS + EXTRA_SPLITS)}")
     check_image_size(cfg)
+    check_data_fits_backbone(cfg)
     out_dir = Path(out_dir)
     with folder_lock(out_dir, "feature cache"):
         return _build(cfg, out_dir, splits, shard_size, dtype, progress, overwrite)
@@ -106,6 +114,9 @@ def _build(cfg: Config, out_dir: Path, splits: list[str], shard_size: int, dtype
     backbone = build_backbone(cfg.model).to(device).eval()
     backbone.maybe_half(device)
     manifest["embed_dim"] = backbone.embed_dim
+    # a two-tower backbone's frame features are image-tower features (their own width; the bridge maps them)
+    frame_dim = getattr(backbone, "image_width", backbone.embed_dim)
+    manifest["frame_dim"] = frame_dim
     tokenizer = build_tokenizer(cfg, out_dir)
     resolver = VideoResolver.from_config(cfg.data)
 
@@ -134,7 +145,7 @@ def _build(cfg: Config, out_dir: Path, splits: list[str], shard_size: int, dtype
             if shard is None:
                 ids = data.videos[start : start + shard_size]
                 spans = data.video_spans[start : start + shard_size]
-                dataset = VideoDataset(ids, spans, resolver, cfg.data)
+                dataset = VideoDataset(ids, spans, resolver, cfg.data, norm=pixel_norm(cfg.model))
                 loader = torch.utils.data.DataLoader(
                     dataset, batch_size=cfg.eval.batch_size, num_workers=cfg.data.num_workers, collate_fn=collate_videos
                 )
@@ -155,7 +166,7 @@ def _build(cfg: Config, out_dir: Path, splits: list[str], shard_size: int, dtype
                     "ids": kept,
                     "frames": torch.cat(frames)
                     if frames
-                    else torch.zeros(0, cfg.data.max_frames, backbone.embed_dim, dtype=dtype),
+                    else torch.zeros(0, cfg.data.max_frames, frame_dim, dtype=dtype),
                     "mask": torch.cat(masks) if masks else torch.zeros(0, cfg.data.max_frames, dtype=torch.long),
                     "skipped": skipped,
                 }

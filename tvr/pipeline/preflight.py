@@ -18,7 +18,7 @@ from tvr.data.annotations import AnnotationError, RetrievalSplit, load_split
 from tvr.data.check import SMALL_VAL, probe_files
 from tvr.data.datasets import VideoResolver, frame_cache_reader
 from tvr.data.video import VideoDecodeError
-from tvr.models.build import check_image_size
+from tvr.models.build import check_data_fits_backbone, check_image_size
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ def preflight(cfg: Config, out_dir: str | Path, final_test: bool = True, progres
     check_run_folder_path(Path(out_dir))
     if not cfg.data.features_dir:  # cached features were encoded already; the crop no longer reaches the backbone
         check_image_size(cfg)
+        check_data_fits_backbone(cfg)
     names = ["train", "val"] + (["test"] if final_test else [])
     splits: dict[str, RetrievalSplit] = {}
     for name in names:
