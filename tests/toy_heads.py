@@ -106,7 +106,7 @@ class MixtureHead(RetrievalHead):
     def score_block(self, text_state: Emb, video_state: TwoViews) -> Tensor:
         return text_state.emb @ video_state.a.T + self.gamma * (text_state.emb @ video_state.b.T)
 
-    def score_components(self, text_state, video_state, text_chunk=None, video_chunk=None):  # noqa: ANN001, ANN201
+    def score_components(self, text_state, video_state, text_chunk=None, video_chunk=None, settings=None):  # noqa: ANN001, ANN201
         return {"mean": text_state.emb @ video_state.a.T, "first": text_state.emb @ video_state.b.T}
 
     def combine_scores(self, components: dict[str, Tensor], setting: dict) -> Tensor:

@@ -389,6 +389,10 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return _build(annotation, value, where)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list of values, got {value!r}")
+        return tuple(_coerce(v, args[0], f"{where}[{k}]") for k, v in enumerate(value))
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"{where}: expected a list of {len(args)} values, got {value!r}")

@@ -333,7 +333,10 @@ def evaluate_encoded(
     components = None
     if candidates or baselines:
         chunks = {"text_chunk": cfg.eval.text_chunk or None, "video_chunk": cfg.eval.video_chunk or None}
-        components = {k: v.cpu() for k, v in head.score_components(text_state, video_state, **chunks).items()}
+        # only what these settings need: at test time (no candidates) a head skips components of unused settings
+        needed = [*candidates, *baselines.values()]
+        components = {k: v.cpu()
+                      for k, v in head.score_components(text_state, video_state, **chunks, settings=needed).items()}
     selection = None
     if candidates:
         results = [(setting, rank(head.combine_scores(components, setting))) for setting in candidates]

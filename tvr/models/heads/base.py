@@ -167,10 +167,16 @@ class RetrievalHead(nn.Module, ABC):
 
     @torch.no_grad()
     def score_components(
-        self, text_state: Any, video_state: Any, text_chunk: int | None = None, video_chunk: int | None = None
+        self,
+        text_state: Any,
+        video_state: Any,
+        text_chunk: int | None = None,
+        video_chunk: int | None = None,
+        settings: list[dict[str, Any]] | None = None,
     ) -> dict[str, Tensor]:
         """Named [N_t, N_v] matrices from which :meth:`combine_scores` builds the score of any candidate setting
-        without rescoring (default: the score itself)."""
+        without rescoring (default: the score itself). ``settings``: the settings the caller will combine (the
+        evaluator names them; None = any), so a head may skip a component none of them needs."""
         return {"score": self.score(text_state, video_state, text_chunk, video_chunk)}
 
     def combine_scores(self, components: dict[str, Tensor], setting: dict[str, Any]) -> Tensor:

@@ -690,6 +690,7 @@ class ProxyHead(RetrievalHead):
         video_state: ProxyVideoState,
         text_chunk: int | None = None,
         video_chunk: int | None = None,
+        settings: list[dict[str, Any]] | None = None,
     ) -> dict[str, Tensor]:
         """S^r = cos(t_i, v_j) and S^p = cos(t^p_ij, v_j), each computed once: every γ is S^r + γ·S^p."""
         regular = (text_state.emb @ video_state.emb.t()).float()
