@@ -75,8 +75,10 @@ def plan_windows(duration: float, window: float = DEFAULT_WINDOW, stride: float 
     return out
 
 
-def window_indices(info, spec: FrameSpec, windows: list[tuple[float, float]]) -> list[np.ndarray]:
-    """The frame indices each window reads (``tvr.data.video.sample_indices`` in evaluation mode)."""
+def window_indices(path: str | os.PathLike, info, spec: FrameSpec, windows: list[tuple[float, float]]
+                   ) -> list[np.ndarray]:
+    """The frame indices each window of ``path`` (probed as ``info``) reads: ``tvr.data.video.sample_indices`` in
+    evaluation mode, a single window being the whole clip."""
     from tvr.data.video import VideoDecodeError, sample_indices
 
     out = []
@@ -86,12 +88,8 @@ def window_indices(info, spec: FrameSpec, windows: list[tuple[float, float]]) ->
             out.append(sample_indices(info, spec.max_frames, spec.frame_rate, spec.sampling,
                                       None if whole else start, None if whole else end, train=False, rng=None))
         except ValueError as exc:  # valid settings, so the container gives no frame rate
-            raise VideoDecodeError(info_path(info), "no frame rate", str(exc)) from exc
+            raise VideoDecodeError(path, "no frame rate", str(exc)) from exc
     return out
-
-
-def info_path(info) -> str:
-    return getattr(info, "path", "") or "video"
 
 
 def crop_frames(frames: np.ndarray, spec: FrameSpec) -> np.ndarray:
@@ -122,16 +120,25 @@ class DecodedVideo:
 
 def decode_windows(path: str | os.PathLike, spec: FrameSpec, window: float, stride: float) -> DecodedVideo:
     """Probe ``path``, plan its windows and decode the frames they read in one pass (VideoDecodeError when the
-    file is unusable)."""
-    from tvr.data.video import decode_frames, probe_video
+    file is unusable). A file that ends before its header says (truncated) is indexed over the frames that do
+    decode."""
+    from tvr.data.video import VideoDecodeError, decode_frames, probe_video
 
     path = Path(path)
     info = probe_video(path)
-    duration = info.duration if info.duration > 0 else (info.num_frames / info.fps if info.fps > 0 else 0.0)
-    windows = plan_windows(duration, window, stride)
-    per_window = window_indices(info, spec, windows)
-    unique = np.unique(np.concatenate(per_window))
-    frames = decode_frames(path, unique)
+    for attempt in range(2):
+        duration = info.duration if info.duration > 0 else (info.num_frames / info.fps if info.fps > 0 else 0.0)
+        windows = plan_windows(duration, window, stride)
+        per_window = window_indices(path, info, spec, windows)
+        unique = np.unique(np.concatenate(per_window))
+        try:
+            frames = decode_frames(path, unique)
+            break
+        except VideoDecodeError as exc:
+            if attempt or exc.reason != "truncated" or not exc.decoded:
+                raise
+            info = dataclasses.replace(info, num_frames=exc.decoded,
+                                       duration=exc.decoded / info.fps if info.fps > 0 else 0.0)
     slots = np.full((len(windows), spec.max_frames), -1, dtype=np.int64)
     for w, indices in enumerate(per_window):
         rows = np.searchsorted(unique, indices)

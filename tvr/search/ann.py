@@ -1,0 +1,131 @@
+"""The shortlist index (FAISS, inner product on the head's shortlist embedding).
+
+Kinds: ``flat`` — exact inner product over every window (``IndexFlatIP``); ``ivf`` — an inverted file of k-means
+cells (``IndexIVFFlat``: the query scans the ``nprobe`` cells whose centroids score highest; vectors kept in full, so
+the scores of what it finds are exact); ``hnsw`` — a navigable graph (``IndexHNSWFlat``). ``auto`` picks ``flat``
+below :data:`AUTO_THRESHOLD` windows and ``ivf`` above. IVF is the default for large collections because text
+queries sit across a modality gap from the video embeddings they look for: graph walks start from the wrong side
+of the gap and lose recall, while IVF's cell ranking is a plain inner product with the query
+(``benchmarks/search.py`` measures both).
+
+Deterministic by construction: the IVF quantizer is trained on a seeded sample of rows in canonical order (videos
+sorted by path, windows in time order) and the rows are added shard by shard in that order, so an index built by
+one process, by several (``torchrun``), or resumed after a kill is the same index, byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tvr.utils.io import atomic_output
+
+KINDS = ("auto", "flat", "ivf", "hnsw")
+#: windows above which ``auto`` builds an IVF index instead of an exact one
+AUTO_THRESHOLD = 50_000
+#: training rows per IVF cell (FAISS warns below 39)
+TRAIN_PER_CELL = 64
+#: cells probed per query, as a fraction of the cells (at least MIN_NPROBE), tuned with benchmarks/search.py
+NPROBE_FRACTION = 1 / 16
+MIN_NPROBE = 8
+HNSW_M = 32
+HNSW_EF_CONSTRUCTION = 200
+HNSW_EF_SEARCH = 256
+SEED = 1234
+
+
+def _faiss():
+    try:
+        import faiss
+    except ImportError as exc:  # pragma: no cover - faiss-cpu is a dependency
+        raise ImportError("tvr search needs FAISS: pip install faiss-cpu") from exc
+    return faiss
+
+
+@dataclasses.dataclass
+class AnnSettings:
+    """The kind actually built and its parameters (recorded in the manifest)."""
+
+    kind: str
+    rows: int
+    dim: int
+    nlist: int = 0
+    nprobe: int = 0
+    hnsw_m: int = 0
+    ef_search: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def choose(kind: str, rows: int, dim: int, threshold: int = AUTO_THRESHOLD, nlist: int = 0) -> AnnSettings:
+    """The settings ``kind`` (auto | flat | ivf | hnsw) means for ``rows`` windows of ``dim`` floats."""
+    if kind not in KINDS:
+        raise ValueError(f"--ann {kind!r}: expected one of {list(KINDS)}")
+    if kind == "auto":
+        kind = "flat" if rows < threshold else "ivf"
+    if kind == "ivf":
+        if nlist <= 0:
+            # ≈ 4·√N cells, a power of two, at most one per TRAIN_PER_CELL rows
+            nlist = 2 ** max(0, round(math.log2(max(1.0, 4.0 * math.sqrt(rows)))))
+        nlist = max(1, min(nlist, rows // TRAIN_PER_CELL if rows >= TRAIN_PER_CELL else 1, rows))
+        nprobe = min(nlist, max(MIN_NPROBE, round(nlist * NPROBE_FRACTION)))
+        return AnnSettings("ivf", rows, dim, nlist=nlist, nprobe=nprobe)
+    if kind == "hnsw":
+        return AnnSettings("hnsw", rows, dim, hnsw_m=HNSW_M, ef_search=HNSW_EF_SEARCH)
+    return AnnSettings("flat", rows, dim)
+
+
+def training_rows(rows: int, settings: AnnSettings) -> np.ndarray:
+    """The rows (sorted) an IVF quantizer is trained on: all of them, or a seeded sample of TRAIN_PER_CELL per cell."""
+    want = settings.nlist * TRAIN_PER_CELL
+    if rows <= want:
+        return np.arange(rows)
+    return np.sort(np.random.default_rng(SEED).choice(rows, size=want, replace=False))
+
+
+def build(settings: AnnSettings, training: np.ndarray | None, blocks: Iterable[np.ndarray]):
+    """Build the FAISS index: train on ``training`` (IVF), then add ``blocks`` of float32 rows in order."""
+    faiss = _faiss()
+    dim = settings.dim
+    if settings.kind == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif settings.kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, settings.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        index.hnsw.efSearch = settings.ef_search
+    else:
+        quantizer = faiss.IndexFlatIP(dim)
+        index = faiss.IndexIVFFlat(quantizer, dim, settings.nlist, faiss.METRIC_INNER_PRODUCT)
+        index.cp.seed = SEED
+        if training is None:
+            raise ValueError("an IVF index needs training rows")
+        index.train(np.ascontiguousarray(training, dtype=np.float32))
+        index.nprobe = settings.nprobe
+    for block in blocks:
+        if len(block):
+            index.add(np.ascontiguousarray(block, dtype=np.float32))
+    if index.ntotal != settings.rows:
+        raise RuntimeError(f"ANN index holds {index.ntotal} rows, expected {settings.rows}")
+    return index
+
+
+def save(index, path: Path) -> None:
+    faiss = _faiss()
+    with atomic_output(path) as tmp:
+        faiss.write_index(index, str(tmp))
+
+
+def load(path: Path, settings: dict[str, Any], nprobe: int | None = None, ef_search: int | None = None):
+    faiss = _faiss()
+    index = faiss.read_index(str(path))
+    if settings.get("kind") == "ivf":
+        faiss.extract_index_ivf(index).nprobe = int(nprobe or settings.get("nprobe") or MIN_NPROBE)
+    elif settings.get("kind") == "hnsw":
+        index.hnsw.efSearch = int(ef_search or settings.get("ef_search") or HNSW_EF_SEARCH)
+    return index
