@@ -153,3 +153,10 @@ class CheckpointEncoder(SearchEncoder):
     def window_features(self, crops: Tensor, mask: Tensor) -> VideoFeatures:
         batch = {"video": _pixels(crops, mask).to(self.device), "video_mask": mask.long().to(self.device)}
         return self.model.video_features(batch)
+
+
+def load_encoder(checkpoint: str | os.PathLike | None = None, device: str = "cpu") -> SearchEncoder:
+    """The encoder ``tvr index`` uses: the tvr checkpoint given, or the default encoder."""
+    if checkpoint is not None:
+        return CheckpointEncoder(checkpoint, device=device)
+    raise UserError("tvr index needs --checkpoint CKPT (a tvr checkpoint; the default encoder is not available)")
