@@ -454,6 +454,10 @@ def index_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Index folder; run again to resume or to update it."),
     checkpoint: Path | None = typer.Option(None, "--checkpoint", dir_okay=False,
                                            help="A tvr checkpoint (default: the default encoder)."),
+    config: str | None = typer.Option(None, "--config", "-c",
+                                      help="Index with the model a config builds (no checkpoint), e.g. a local CLIP: "
+                                      + CONFIG_HELP),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override of --config (repeatable)."),
     window: float = typer.Option(10.0, "--window", help="Window length in seconds."),
     stride: float = typer.Option(5.0, "--stride", help="Seconds between window starts."),
     workers: int = typer.Option(0, "--workers", "-j", help="Decoding processes (0 = one per CPU, at most 8)."),
@@ -471,7 +475,8 @@ def index_cmd(
     options = IndexOptions(window=window, stride=stride, workers=workers, ann_kind=ann_kind,
                            ann_threshold=ann_threshold, nlist=nlist, state_dtype=state_dtype,
                            shard_windows=shard_windows)
-    report = run_index(videos, out, options, checkpoint=checkpoint, device=device)
+    report = run_index(videos, out, options, checkpoint=checkpoint, config=config, overrides=set_ or [],
+                       device=device)
     if not report:  # not rank 0
         return
     console.print(

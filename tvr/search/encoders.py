@@ -9,6 +9,7 @@ and its frame settings come from the file alone (checkpoints carry their resolve
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -96,30 +97,50 @@ def describe_stamp(stamp: dict[str, Any]) -> str:
     if kind == "checkpoint":
         return f"checkpoint {stamp.get('path', '?')} (sha256 {str(stamp.get('id', '?'))[:12]}…, head " \
                f"{stamp.get('head', '?')})"
+    if kind == "config":
+        return f"the model of config {stamp.get('name') or '?'} (weights sha256 {str(stamp.get('id', '?'))[:12]}…, " \
+               f"head {stamp.get('head', '?')})"
     return f"encoder {kind} ({str(stamp.get('id', '?'))[:12]}…)"
 
 
-def _pixels(crops: Tensor, mask: Tensor) -> Tensor:
-    """uint8 crops [n, F, S, S, 3] → CLIP-normalised float [n, F, 3, S, S] with zeros on padding slots (as
-    :func:`tvr.data.video.frames_to_clip` pads: zeros in the normalised space)."""
+def _pixels(crops: Tensor, mask: Tensor, norm: Any = None) -> Tensor:
+    """uint8 crops [n, F, S, S, 3] → normalised float [n, F, 3, S, S] with zeros on padding slots (as
+    :func:`tvr.data.video.frames_to_clip` pads: zeros in the normalised space). ``norm``: the backbone's pixel
+    normalisation (None: CLIP's)."""
     from tvr.data.transforms import normalize
 
     n, f, s = crops.shape[0], crops.shape[1], crops.shape[2]
     x = crops.reshape(n * f, s, s, 3).permute(0, 3, 1, 2).float().div_(255.0)
-    x = normalize(x).reshape(n, f, 3, s, s)
+    x = (normalize(x) if norm is None else normalize(x, norm)).reshape(n, f, 3, s, s)
     return x * mask.to(x.dtype)[:, :, None, None, None]
 
 
-class CheckpointEncoder(SearchEncoder):
-    """A tvr checkpoint (``tvr train`` / ``tvr import-checkpoint``): model, head and frame settings from the file."""
+def _pixel_norm(cfg: Any) -> Any:
+    """The pixel normalisation the configured backbone expects (None: CLIP's, for a tvr without per-backbone
+    normalisation)."""
+    try:
+        from tvr.models.build import pixel_norm
+    except ImportError:
+        return None
+    return pixel_norm(cfg.model)
 
-    def __init__(self, checkpoint: str | os.PathLike, device: str | torch.device = "cpu", batch_size: int = 32
+
+def weights_sha256(model: torch.nn.Module, config: dict[str, Any]) -> str:
+    """A content hash of a model: its resolved config and every tensor of its state dict (names, shapes, bytes)."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+class ModelEncoder(SearchEncoder):
+    """A tvr ``RetrievalModel`` with its resolved config: frame settings, tokenizer and pixel normalisation follow the
+    config."""
+
+    def __init__(self, model: torch.nn.Module, cfg: Any, device: str | torch.device = "cpu", batch_size: int = 32
                  ) -> None:
-        from tvr.models.checkpoint import load_model
-
-        self.path = Path(checkpoint).resolve()
-        self.sha256 = file_sha256(self.path)
-        model, cfg = load_model(self.path)
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.cfg = cfg
@@ -128,14 +149,9 @@ class CheckpointEncoder(SearchEncoder):
         data = cfg.data
         self.spec = FrameSpec(data.max_frames, data.frame_rate, data.image_size, data.sampling,
                               "square" if data.sampling == "clipvip" else "short_side")
+        self.norm = _pixel_norm(cfg)
         self._tokenizer = None
         self._tokenizer_dir: tempfile.TemporaryDirectory | None = None
-
-    def stamp(self) -> dict[str, Any]:
-        from tvr.config import config_to_dict
-
-        return {"encoder": "checkpoint", "id": self.sha256, "path": str(self.path), "head": self.cfg.head.name,
-                "inference_setting": self.head.inference_setting(), "config": config_to_dict(self.cfg)}
 
     def tokenizer(self):
         if self._tokenizer is None:
@@ -151,12 +167,67 @@ class CheckpointEncoder(SearchEncoder):
         return self.model.text_features({"text_ids": ids.to(self.device), "text_mask": mask.to(self.device)})
 
     def window_features(self, crops: Tensor, mask: Tensor) -> VideoFeatures:
-        batch = {"video": _pixels(crops, mask).to(self.device), "video_mask": mask.long().to(self.device)}
+        batch = {"video": _pixels(crops, mask, self.norm).to(self.device), "video_mask": mask.long().to(self.device)}
         return self.model.video_features(batch)
 
 
-def load_encoder(checkpoint: str | os.PathLike | None = None, device: str = "cpu") -> SearchEncoder:
-    """The encoder ``tvr index`` uses: the tvr checkpoint given, or the default encoder."""
+class CheckpointEncoder(ModelEncoder):
+    """A tvr checkpoint (``tvr train`` / ``tvr import-checkpoint``): model, head and frame settings from the file."""
+
+    def __init__(self, checkpoint: str | os.PathLike, device: str | torch.device = "cpu", batch_size: int = 32
+                 ) -> None:
+        from tvr.models.checkpoint import load_model
+
+        self.path = Path(checkpoint).resolve()
+        self.sha256 = file_sha256(self.path)
+        model, cfg = load_model(self.path)
+        super().__init__(model, cfg, device, batch_size)
+
+    def stamp(self) -> dict[str, Any]:
+        from tvr.config import config_to_dict
+
+        return {"encoder": "checkpoint", "id": self.sha256, "path": str(self.path), "head": self.cfg.head.name,
+                "inference_setting": self.head.inference_setting(), "config": config_to_dict(self.cfg)}
+
+
+class ConfigEncoder(ModelEncoder):
+    """The model a config builds without a checkpoint (pretrained towers, CLIP from a folder; an untrained head is
+    a plain cosine for the indexable heads), seeded with ``train.seed`` so that building it again gives the same
+    weights. ``name`` is the preset name or file it came from (recorded, not trusted: the stamp is a hash of the
+    config and every weight)."""
+
+    def __init__(self, cfg: Any, name: str = "", device: str | torch.device = "cpu", batch_size: int = 32) -> None:
+        from tvr.config import config_to_dict
+        from tvr.models.build import build_model
+        from tvr.models.heads.registry import resolve_head_config
+        from tvr.utils.seeding import seed_everything
+
+        resolve_head_config(cfg.head)
+        seed_everything(cfg.train.seed)
+        model = build_model(cfg)
+        self.name = name
+        self.config_values = config_to_dict(cfg)
+        self.sha256 = weights_sha256(model, self.config_values)
+        super().__init__(model, cfg, device, batch_size)
+
+    def stamp(self) -> dict[str, Any]:
+        return {"encoder": "config", "id": self.sha256, "name": self.name, "head": self.cfg.head.name,
+                "config": self.config_values}
+
+
+#: the encoder of ``tvr index`` without --checkpoint / --config: real pretrained towers, installed offline
+DEFAULT_CONFIG = "two_tower/zero_shot"
+
+
+def load_encoder(checkpoint: str | os.PathLike | None = None, config: str | None = None,
+                 overrides: list[str] | tuple[str, ...] = (), device: str = "cpu") -> SearchEncoder:
+    """The encoder ``tvr index`` uses: a tvr checkpoint, or the model a config (a preset name or YAML file, with
+    ``--set`` overrides) builds; neither: :data:`DEFAULT_CONFIG`."""
     if checkpoint is not None:
+        if config is not None or overrides:
+            raise UserError("--checkpoint carries its own config: give either --checkpoint or --config/--set")
         return CheckpointEncoder(checkpoint, device=device)
-    raise UserError("tvr index needs --checkpoint CKPT (a tvr checkpoint; the default encoder is not available)")
+    from tvr.config import load_config
+
+    name = config or DEFAULT_CONFIG
+    return ConfigEncoder(load_config(name, list(overrides)), name=str(name), device=device)

@@ -21,7 +21,7 @@ import torch
 
 from tvr.search import ann
 from tvr.search.build import ANN_FILE, MANIFEST, SETTINGS, TABLES, embed_video, read_settings
-from tvr.search.encoders import CheckpointEncoder, SearchEncoder
+from tvr.search.encoders import CheckpointEncoder, ConfigEncoder, SearchEncoder
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, state_class
 from tvr.search.windows import decode_windows
 
@@ -73,6 +73,16 @@ def encoder_for(stamp: dict[str, Any], checkpoint: str | os.PathLike | None = No
                 "new location with --checkpoint"
             )
         return CheckpointEncoder(path, device=device)
+    if kind == "config":
+        if checkpoint is not None:
+            raise IndexFormatError("the index was built from a config, not a checkpoint: drop --checkpoint")
+        from tvr.config import ConfigError, config_from_dict
+
+        try:
+            cfg = config_from_dict(stamp.get("config") or {}, where="the index's model config")
+        except ConfigError as exc:
+            raise IndexFormatError(f"the index's model config does not load: {exc}") from None
+        return ConfigEncoder(cfg, name=str(stamp.get("name", "")), device=device)
     raise IndexFormatError(f"the index was built with encoder {kind!r}, which this tvr does not know")
 
 
