@@ -24,17 +24,26 @@ VIDEOS = {
 }
 FPS = 4
 SIZE = 32
-TINY = {"embed_dim": 32, "text_width": 32, "text_layers": 2, "text_heads": 2, "vision_width": 32,
-        "vision_layers": 1, "vision_heads": 2, "image_size": 32, "patch_size": 16}
+TINY = {
+    "embed_dim": 32,
+    "text_width": 32,
+    "text_layers": 2,
+    "text_heads": 2,
+    "vision_width": 32,
+    "vision_layers": 1,
+    "vision_heads": 2,
+    "image_size": 32,
+    "patch_size": 16,
+}
 
 
-def write_colour_video(path: Path, colour: tuple[int, int, int], seconds: float, fps: int = FPS,
-                       size: int = SIZE) -> None:
+def write_colour_video(
+    path: Path, colour: tuple[int, int, int], seconds: float, fps: int = FPS, size: int = SIZE
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     frames = int(round(seconds * fps))
     with av.open(str(path), mode="w", options={"movflags": "faststart"}) as container:
-        stream = container.add_stream("libx264" if "libx264" in av.codecs_available else "mpeg4",
-                                      rate=Fraction(fps))
+        stream = container.add_stream("libx264" if "libx264" in av.codecs_available else "mpeg4", rate=Fraction(fps))
         stream.width = stream.height = size
         stream.pix_fmt = "yuv420p"
         for k in range(frames):
@@ -56,10 +65,10 @@ def write_videos(folder: Path) -> Path:
 
 def train_checkpoint(work: Path, videos: Path, head: str = "clip4clip", steps: int = 60) -> Path:
     """Overfit a tiny CLIP on one caption per video (a few paraphrases each); returns its best.pt."""
+    import shutil
+
     from tvr.config import config_from_dict
     from tvr.pipeline import run_train
-
-    import shutil
 
     rows = []
     clips = work / "clips"  # the training folder: the videos, and copies held out as the val / test splits
@@ -77,14 +86,33 @@ def train_checkpoint(work: Path, videos: Path, head: str = "clip4clip", steps: i
             handle.write(json.dumps(row) + "\n")
     head_cfg = {"name": head, "logit_scale_init": 2.6592}
     values = {
-        "data": {"dataset": "generic", "annotations": str(work), "video_dir": str(clips),
-                 "generic_file": "captions.jsonl", "video_pattern": "{video_id}", "max_words": 16, "max_frames": 4,
-                 "frame_rate": 1.0, "image_size": SIZE, "val_fraction": 0.0},
+        "data": {
+            "dataset": "generic",
+            "annotations": str(work),
+            "video_dir": str(clips),
+            "generic_file": "captions.jsonl",
+            "video_pattern": "{video_id}",
+            "max_words": 16,
+            "max_frames": 4,
+            "frame_rate": 1.0,
+            "image_size": SIZE,
+            "val_fraction": 0.0,
+        },
         "model": {"clip": "tiny", "temporal": "meanP", "tiny": TINY},
         "head": head_cfg,
-        "train": {"epochs": 1000, "max_steps": steps, "batch_size": 10, "lr": 2e-3, "backbone_lr_coef": 1.0,
-                  "weight_decay": 0.0, "warmup": 0.05, "log_every": 0, "device": "cpu", "num_threads": 1,
-                  "seed": 0},
+        "train": {
+            "epochs": 1000,
+            "max_steps": steps,
+            "batch_size": 10,
+            "lr": 2e-3,
+            "backbone_lr_coef": 1.0,
+            "weight_decay": 0.0,
+            "warmup": 0.05,
+            "log_every": 0,
+            "device": "cpu",
+            "num_threads": 1,
+            "seed": 0,
+        },
         "eval": {"batch_size": 16},
     }
     run_train(config_from_dict(values), work / "run", final_test=False, overwrite=True)

@@ -44,14 +44,17 @@ def test_every_head_rerank_state_scores_like_score(name: str) -> None:
     _check(build(name).eval())
 
 
-@pytest.mark.parametrize("options", [
-    {},
-    {"video_pool": "mean"},
-    {"gap_query": False},
-    {"mask_frames": True},
-    {"corrected_side": "video", "eta": -1.0},
-    {"video_pool": "mean", "gap_query": False, "mask_frames": True},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"video_pool": "mean"},
+        {"gap_query": False},
+        {"mask_frames": True},
+        {"corrected_side": "video", "eta": -1.0},
+        {"video_pool": "mean", "gap_query": False, "mask_frames": True},
+    ],
+)
 def test_gare_stores_its_psi_state(options: dict) -> None:
     _check(_head("gare", **options), GareRerankState)
 

@@ -33,8 +33,20 @@ runner = CliRunner()
 def index_args(videos: Path, out: Path, checkpoint: Path, *extra: str) -> list[str]:
     """``tvr index`` arguments; decoding in this process (-j 1) unless ``extra`` says otherwise."""
     workers = [] if "-j" in extra else ["-j", "1"]
-    return ["index", str(videos), "--out", str(out), "--checkpoint", str(checkpoint), "--window", "4", "--stride", "2",
-            *workers, *extra]
+    return [
+        "index",
+        str(videos),
+        "--out",
+        str(out),
+        "--checkpoint",
+        str(checkpoint),
+        "--window",
+        "4",
+        "--stride",
+        "2",
+        *workers,
+        *extra,
+    ]
 
 
 def logical(index: Path) -> dict:
@@ -42,11 +54,16 @@ def logical(index: Path) -> dict:
     the embeddings in row order, and the FAISS file's bytes (where a row sits inside which shard may differ)."""
     manifest = json.loads((index / MANIFEST).read_text())
     opened = open_index(index)
-    emb = np.stack([opened.readers[int(s)].emb[int(r)] for s, r in zip(opened.table_shard, opened.table_row,
-                                                                        strict=True)])
+    emb = np.stack(
+        [opened.readers[int(s)].emb[int(r)] for s, r in zip(opened.table_shard, opened.table_row, strict=True)]
+    )
     manifest.pop("shards")
-    return {"manifest": manifest, "tables": [np.asarray(np.load(index / t)) for t in TABLES[2:]],
-            "emb": emb, "ann": (index / ANN_FILE).read_bytes()}
+    return {
+        "manifest": manifest,
+        "tables": [np.asarray(np.load(index / t)) for t in TABLES[2:]],
+        "emb": emb,
+        "ann": (index / ANN_FILE).read_bytes(),
+    }
 
 
 def assert_same_index(a: Path, b: Path) -> None:
@@ -126,8 +143,18 @@ def test_search_cli_json_and_table(built: Path) -> None:
 def test_video_to_text_ranks_captions(built: Path, search_setup, tmp_path: Path) -> None:
     captions = tmp_path / "captions.txt"
     captions.write_text("\n".join(c for c, _, _ in VIDEOS.values()) + "\n\n")
-    result = runner.invoke(app, ["search", str(built), "--video", str(search_setup.videos / "green.mp4"),
-                                 "--captions", str(captions), "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "search",
+            str(built),
+            "--video",
+            str(search_setup.videos / "green.mp4"),
+            "--captions",
+            str(captions),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert rows[0]["caption"] == "a green screen" and len(rows) == 5
@@ -165,8 +192,9 @@ def test_bad_files_are_skipped_and_reported(search_setup, tmp_path: Path) -> Non
     assert "empty" in bad["empty.mp4"] and "unreadable" in bad["noise.mp4"]
     assert "skipped" in result.output and "report.json" in result.output
     # a cut file is either indexed over the frames that decode or reported: never fatal, never silent
-    assert ("cut.mp4" in bad) != any(v["video"] == "cut.mp4" for v in json.loads(
-        (tmp_path / "idx" / MANIFEST).read_text())["videos"])
+    assert ("cut.mp4" in bad) != any(
+        v["video"] == "cut.mp4" for v in json.loads((tmp_path / "idx" / MANIFEST).read_text())["videos"]
+    )
     assert open_index(tmp_path / "idx").search("a red screen", k=1)[0].video in ("red.mp4", "cut.mp4")
 
 
@@ -187,10 +215,15 @@ def test_killed_build_resumes_to_the_identical_index(search_setup, tmp_path: Pat
 
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "TVR_NO_PROGRESS": "1"}
-    command = [sys.executable, "-m", "tvr", *index_args(videos, out, search_setup.checkpoint, "--shard-windows", "1",
-                                                       "-j", "1")]
-    proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    command = [
+        sys.executable,
+        "-m",
+        "tvr",
+        *index_args(videos, out, search_setup.checkpoint, "--shard-windows", "1", "-j", "1"),
+    ]
+    proc = subprocess.Popen(
+        command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     killed_with = None
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
@@ -221,8 +254,9 @@ def test_changed_folder_updates_only_what_changed(search_setup, tmp_path: Path) 
     assert runner.invoke(app, index_args(videos, out, search_setup.checkpoint)).exit_code == 0
     (videos / "blue.mp4").unlink()  # deleted
     write_colour_video(videos / "green.mp4", (30, 200, 40), 6.0)  # changed: now longer (more windows)
-    shutil.copy(search_setup.videos / "red.mp4", videos / "new" / "red2.mp4") if (videos / "new").mkdir() is None \
-        else None  # added
+    shutil.copy(search_setup.videos / "red.mp4", videos / "new" / "red2.mp4") if (
+        videos / "new"
+    ).mkdir() is None else None  # added
     result = runner.invoke(app, index_args(videos, out, search_setup.checkpoint))
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
@@ -262,8 +296,21 @@ def test_a_different_model_is_refused(built: Path, search_setup, tmp_path: Path)
     result = runner.invoke(app, index_args(search_setup.videos, built, other))
     assert result.exit_code == 2 and "was built with" in result.output
     assert sorted(p.name for p in (built / "shards").iterdir()) == before
-    result = runner.invoke(app, ["index", str(search_setup.videos), "--out", str(built), "--checkpoint",
-                                 str(search_setup.checkpoint), "--window", "6", "--stride", "2"])
+    result = runner.invoke(
+        app,
+        [
+            "index",
+            str(search_setup.videos),
+            "--out",
+            str(built),
+            "--checkpoint",
+            str(search_setup.checkpoint),
+            "--window",
+            "6",
+            "--stride",
+            "2",
+        ],
+    )
     assert result.exit_code == 2 and "other settings" in result.output and "window" in result.output
     # a checkpoint that moved is found again with --checkpoint, and still checked
     moved = shutil.copy(search_setup.checkpoint, tmp_path / "moved.pt")

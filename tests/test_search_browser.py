@@ -22,9 +22,18 @@ from tvr.search.server import create_app
 
 CHROMIUM = os.environ.get("TVR_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("TVR_CHROMEDRIVER", "/usr/bin/chromedriver")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--window-size=1100,900")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1100,900",
+)
 
 
 def _free_port() -> int:
@@ -57,8 +66,20 @@ def server(search_setup, tmp_path: Path):
     import uvicorn
 
     out = tmp_path / "idx"
-    args = ["index", str(search_setup.videos), "--out", str(out), "--checkpoint", str(search_setup.checkpoint),
-            "--window", "4", "--stride", "2", "-j", "1"]
+    args = [
+        "index",
+        str(search_setup.videos),
+        "--out",
+        str(out),
+        "--checkpoint",
+        str(search_setup.checkpoint),
+        "--window",
+        "4",
+        "--stride",
+        "2",
+        "-j",
+        "1",
+    ]
     assert CliRunner().invoke(cli, args).exit_code == 0
     port = _free_port()
     config = uvicorn.Config(create_app(open_index(out)), host="127.0.0.1", port=port, log_level="warning")
@@ -85,15 +106,20 @@ def test_the_page_finds_the_video_in_a_real_browser(browser, server: str, tmp_pa
     browser.find_element(By.ID, "go").click()
     wait = WebDriverWait(browser, 60)
     wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") in ("done", "error"))
-    assert browser.find_element(By.TAG_NAME, "body").get_attribute("data-state") == "done", \
-        browser.find_element(By.ID, "status").text
+    assert browser.find_element(By.TAG_NAME, "body").get_attribute("data-state") == "done", browser.find_element(
+        By.ID, "status"
+    ).text
     hits = browser.find_elements(By.CSS_SELECTOR, "li.hit")
     assert len(hits) == 5
     assert hits[0].get_attribute("data-video") == "sub/yellow.mp4"
     assert "sub/yellow.mp4" in hits[0].text and "score" in hits[0].text
     # every thumbnail is a decoded image
-    wait.until(lambda d: all(d.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", img)
-                             for img in d.find_elements(By.CSS_SELECTOR, "li.hit img")))
+    wait.until(
+        lambda d: all(
+            d.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", img)
+            for img in d.find_elements(By.CSS_SELECTOR, "li.hit img")
+        )
+    )
     # the inline player opens on the hit's window
     hits[1].find_element(By.CSS_SELECTOR, "button.play").click()
     player = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "li.hit video")))

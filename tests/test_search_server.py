@@ -21,8 +21,20 @@ from tvr.search.server import API_MAX_K, API_MAX_QUERY, create_app
 @pytest.fixture(scope="module")
 def served(search_setup, tmp_path_factory):
     out = tmp_path_factory.mktemp("served") / "idx"
-    args = ["index", str(search_setup.videos), "--out", str(out), "--checkpoint", str(search_setup.checkpoint),
-            "--window", "4", "--stride", "2", "-j", "1"]
+    args = [
+        "index",
+        str(search_setup.videos),
+        "--out",
+        str(out),
+        "--checkpoint",
+        str(search_setup.checkpoint),
+        "--window",
+        "4",
+        "--stride",
+        "2",
+        "-j",
+        "1",
+    ]
     assert CliRunner().invoke(cli, args).exit_code == 0
     index = open_index(out)
     return index, TestClient(create_app(index)), out
@@ -61,11 +73,24 @@ def test_media_is_served_with_ranges(served, search_setup) -> None:
     assert tail.status_code == 206 and tail.content == data[-16:]
 
 
-@pytest.mark.parametrize("path", [
-    "/media/-1", "/media/5", "/media/99999999999999", "/media/../../etc/passwd", "/media/..%2F..%2Fetc%2Fpasswd",
-    "/media/%2e%2e", "/media/0x1", "/media/1.5", "/thumbnail/..%2Fsecret", "/thumbnail/7", "/media/red.mp4",
-    "/media//etc/passwd", "/static/../pyproject.toml",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/media/-1",
+        "/media/5",
+        "/media/99999999999999",
+        "/media/../../etc/passwd",
+        "/media/..%2F..%2Fetc%2Fpasswd",
+        "/media/%2e%2e",
+        "/media/0x1",
+        "/media/1.5",
+        "/thumbnail/..%2Fsecret",
+        "/thumbnail/7",
+        "/media/red.mp4",
+        "/media//etc/passwd",
+        "/static/../pyproject.toml",
+    ],
+)
 def test_no_request_reaches_another_file(served, path: str) -> None:
     _, client, _ = served
     response = client.get(path)
@@ -75,19 +100,22 @@ def test_no_request_reaches_another_file(served, path: str) -> None:
     assert b"root:" not in response.content and b"[project]" not in response.content
 
 
-@pytest.mark.parametrize("params,status,needle", [
-    ({"q": "x" * (API_MAX_QUERY + 1)}, 422, "q:"),
-    ({"q": "x" * 60_000}, 422, "at most"),
-    ({"q": ""}, 422, "q:"),
-    ({"q": "   "}, 422, "empty"),
-    ({}, 422, "q:"),
-    ({"q": "red", "k": API_MAX_K + 1}, 422, "k:"),
-    ({"q": "red", "k": 10**30}, 422, "k:"),
-    ({"q": "red", "k": 0}, 422, "k:"),
-    ({"q": "red", "k": "ten"}, 422, "k:"),
-    ({"q": "red", "rerank": -1}, 422, "rerank:"),
-    ({"q": "red", "all_windows": "perhaps"}, 422, "all_windows:"),
-])
+@pytest.mark.parametrize(
+    "params,status,needle",
+    [
+        ({"q": "x" * (API_MAX_QUERY + 1)}, 422, "q:"),
+        ({"q": "x" * 60_000}, 422, "at most"),
+        ({"q": ""}, 422, "q:"),
+        ({"q": "   "}, 422, "empty"),
+        ({}, 422, "q:"),
+        ({"q": "red", "k": API_MAX_K + 1}, 422, "k:"),
+        ({"q": "red", "k": 10**30}, 422, "k:"),
+        ({"q": "red", "k": 0}, 422, "k:"),
+        ({"q": "red", "k": "ten"}, 422, "k:"),
+        ({"q": "red", "rerank": -1}, 422, "rerank:"),
+        ({"q": "red", "all_windows": "perhaps"}, 422, "all_windows:"),
+    ],
+)
 def test_bad_queries_get_clear_json_errors(served, params: dict, status: int, needle: str) -> None:
     _, client, _ = served
     response = client.get("/api/search", params=params)
@@ -95,10 +123,19 @@ def test_bad_queries_get_clear_json_errors(served, params: dict, status: int, ne
     assert needle in response.json()["error"]
 
 
-@pytest.mark.parametrize("header,status", [
-    ("bytes=abc", 400), ("items=0-10", 400), ("bytes=20-10", 400), ("bytes=-", 400), ("bytes=" + "0-1," * 100, 400),
-    ("bytes=" + ",".join(["0-1"] * 9), 400), ("bytes=99999999-", 416), ("bytes=-0", 416),
-])
+@pytest.mark.parametrize(
+    "header,status",
+    [
+        ("bytes=abc", 400),
+        ("items=0-10", 400),
+        ("bytes=20-10", 400),
+        ("bytes=-", 400),
+        ("bytes=" + "0-1," * 100, 400),
+        ("bytes=" + ",".join(["0-1"] * 9), 400),
+        ("bytes=99999999-", 416),
+        ("bytes=-0", 416),
+    ],
+)
 def test_bad_range_headers(served, header: str, status: int) -> None:
     _, client, _ = served
     response = client.get("/media/0", headers={"Range": header})
@@ -149,7 +186,8 @@ def test_serve_command_runs_uvicorn_on_the_index(served, monkeypatch) -> None:
     result = CliRunner().invoke(cli, ["serve", str(out), "--port", "8123"])
     assert result.exit_code == 0, result.output
     assert seen["host"] == "127.0.0.1" and seen["port"] == 8123
-    assert TestClient(seen["app"]).get("/api/search", params={"q": "a red screen", "k": 1}).json()[0]["video"] \
-        == "red.mp4"
+    assert (
+        TestClient(seen["app"]).get("/api/search", params={"q": "a red screen", "k": 1}).json()[0]["video"] == "red.mp4"
+    )
     missing = CliRunner().invoke(cli, ["serve", str(Path(out).parent / "nothing")])
     assert missing.exit_code == 2 and "not a tvr search index" in missing.output

@@ -450,7 +450,7 @@ def prepare_frames_cmd(
 
 @app.command("index")
 def index_cmd(
-    videos: Path = typer.Argument(..., help="Folder of videos (searched recursively) or a list file (one path a line)."),
+    videos: Path = typer.Argument(..., help="Folder of videos (searched recursively) or a list file (a path a line)."),
     out: Path = typer.Option(..., "--out", "-o", help="Index folder; run again to resume or to update it."),
     checkpoint: Path | None = typer.Option(None, "--checkpoint", dir_okay=False,
                                            help="A tvr checkpoint (default: the default encoder)."),

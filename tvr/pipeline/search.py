@@ -11,13 +11,20 @@ from tvr.search.encoders import SearchEncoder, load_encoder
 from tvr.train.distributed import distributed_job
 
 
-def run_index(source: str | os.PathLike, out: str | os.PathLike, options: IndexOptions, *,
-              checkpoint: str | os.PathLike | None = None, config: str | None = None,
-              overrides: list[str] | tuple[str, ...] = (), device: str = "cpu",
-              encoder: SearchEncoder | None = None) -> dict[str, Any]:
+def run_index(
+    source: str | os.PathLike,
+    out: str | os.PathLike,
+    options: IndexOptions,
+    *,
+    checkpoint: str | os.PathLike | None = None,
+    config: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    device: str = "cpu",
+    encoder: SearchEncoder | None = None,
+) -> dict[str, Any]:
     """Build or update the index ``out`` of ``source`` (a folder or a list file) with ``checkpoint``, or the model of
-    ``config`` (+ ``overrides``), or the default encoder; under torchrun every rank embeds its share into its own shards and rank 0 finalises. Returns
-    the report (rank 0; other ranks return an empty dict)."""
+    ``config`` (+ ``overrides``), or the default encoder; under torchrun every rank embeds its share into its own
+    shards and rank 0 finalises. Returns the report (rank 0; other ranks return an empty dict)."""
     with distributed_job(device) as info:
         if encoder is None:
             encoder = load_encoder(checkpoint, config, overrides, device=str(info.device))

@@ -114,8 +114,10 @@ def read_source(path: str | os.PathLike) -> Source:
                 continue
             target = (root / line).resolve()
             if not target.is_relative_to(root):
-                raise IndexSettingsError(f"{path}:{number}: {line!r} lies outside the list's folder {root}; list "
-                                         "files name videos inside their own folder")
+                raise IndexSettingsError(
+                    f"{path}:{number}: {line!r} lies outside the list's folder {root}; list "
+                    "files name videos inside their own folder"
+                )
             rels.add(target.relative_to(root).as_posix())
         return Source(root, "list", tuple(sorted(rels)))
     raise FileNotFoundError(f"no such folder or list file: {path}")
@@ -135,20 +137,38 @@ def _decode_task(item: tuple[str, str, FrameSpec, float, float]) -> dict[str, An
     try:
         size, mtime = file_stamp(Path(path))
         decoded = decode_windows(path, spec, window, stride)
-        return {"video": rel, "ok": True, "size": size, "mtime_ns": mtime, "decoded": decoded,
-                "seconds": time.perf_counter() - start}
+        return {
+            "video": rel,
+            "ok": True,
+            "size": size,
+            "mtime_ns": mtime,
+            "decoded": decoded,
+            "seconds": time.perf_counter() - start,
+        }
     except Exception as exc:  # noqa: BLE001 - every failure is reported, never raised out of the pool
-        return {"video": rel, "ok": False, "error": f"{type(exc).__name__}: {exc}", "seconds": time.perf_counter() - start}
+        return {
+            "video": rel,
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}",
+            "seconds": time.perf_counter() - start,
+        }
 
 
 # --------------------------------------------------------------------------------------------- settings
 
 
 def settings_for(encoder: SearchEncoder, source: Source, options: IndexOptions) -> dict[str, Any]:
-    return {"format": FORMAT, "version": VERSION, "model": encoder.stamp(), "frames": dataclasses.asdict(encoder.spec),
-            "window": float(options.window), "stride": float(options.stride), "state_dtype": options.state_dtype,
-            "head": {"name": encoder.head.name, "indexable": bool(encoder.head.indexable)},
-            "source": {"root": str(source.root), "kind": source.kind}}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": encoder.stamp(),
+        "frames": dataclasses.asdict(encoder.spec),
+        "window": float(options.window),
+        "stride": float(options.stride),
+        "state_dtype": options.state_dtype,
+        "head": {"name": encoder.head.name, "indexable": bool(encoder.head.indexable)},
+        "source": {"root": str(source.root), "kind": source.kind},
+    }
 
 
 def read_settings(index: Path) -> dict[str, Any]:
@@ -177,13 +197,18 @@ def _check_settings(index: Path, wanted: dict[str, Any], encoder: SearchEncoder)
         return
     saved = read_settings(index)
     encoder.check_stamp(saved.get("model", {}), f"the index {index}")
-    differ = [f"{key}: {saved.get(key)!r} before, {wanted[key]!r} now" for key in
-              ("frames", "window", "stride", "state_dtype", "head") if saved.get(key) != wanted[key]]
+    differ = [
+        f"{key}: {saved.get(key)!r} before, {wanted[key]!r} now"
+        for key in ("frames", "window", "stride", "state_dtype", "head")
+        if saved.get(key) != wanted[key]
+    ]
     if saved.get("source", {}).get("root") != wanted["source"]["root"]:
         differ.append(f"indexed folder: {saved.get('source', {}).get('root')} before, {wanted['source']['root']} now")
     if differ:
-        raise IndexSettingsError(f"{index} was built with other settings ({'; '.join(differ)}); run again with the "
-                                 "same ones to resume or update it, or build a new index with --out elsewhere")
+        raise IndexSettingsError(
+            f"{index} was built with other settings ({'; '.join(differ)}); run again with the "
+            "same ones to resume or update it, or build a new index with --out elsewhere"
+        )
 
 
 # --------------------------------------------------------------------------------------------- shards
@@ -245,8 +270,9 @@ class _ShardBuffer:
             return
         name = f"{time.time_ns():020d}-r{self.rank:03d}-{secrets.token_hex(3)}"
         state = type(self.states[0]).cat(self.states) if self.store_state else _NoState()
-        write_shard(self.folder, name, torch.cat(self.embs), state, self.entries,
-                    half=self.options.state_dtype == "float16")
+        write_shard(
+            self.folder, name, torch.cat(self.embs), state, self.entries, half=self.options.state_dtype == "float16"
+        )
         self.written += 1
         self.entries, self.embs, self.states, self.rows = [], [], [], 0
         self.last_flush = time.monotonic()
@@ -277,8 +303,9 @@ def _progress_items(items: list, fn, workers: int, progress: bool) -> Iterator[d
     yield from parallel_map(fn, items, workers, "indexing videos", progress)
 
 
-def embed_videos(index: Path, source: Source, todo: list[str], encoder: SearchEncoder, options: IndexOptions,
-                 rank: int = 0) -> dict[str, Any]:
+def embed_videos(
+    index: Path, source: Source, todo: list[str], encoder: SearchEncoder, options: IndexOptions, rank: int = 0
+) -> dict[str, Any]:
     """Decode (worker processes) and embed (here) the videos ``todo``, writing shards; returns counts, timings and
     the unreadable files."""
     encoder.head.eval()
@@ -302,12 +329,24 @@ def embed_videos(index: Path, source: Source, todo: list[str], encoder: SearchEn
             continue
         encode_seconds += time.perf_counter() - t0
         windows += int(emb.shape[0])
-        entry = {"video": result["video"], "size": result["size"], "mtime_ns": result["mtime_ns"],
-                 "duration": decoded.duration, "windows": [list(w) for w in decoded.windows]}
+        entry = {
+            "video": result["video"],
+            "size": result["size"],
+            "mtime_ns": result["mtime_ns"],
+            "duration": decoded.duration,
+            "windows": [list(w) for w in decoded.windows],
+        }
         buffer.add(entry, emb, state)
     buffer.flush()
-    return {"embedded": len(todo) - len(bad), "bad": bad, "windows": windows, "shards_written": buffer.written,
-            "seconds": time.perf_counter() - start, "decode_seconds": decode_seconds, "encode_seconds": encode_seconds}
+    return {
+        "embedded": len(todo) - len(bad),
+        "bad": bad,
+        "windows": windows,
+        "shards_written": buffer.written,
+        "seconds": time.perf_counter() - start,
+        "decode_seconds": decode_seconds,
+        "encode_seconds": encode_seconds,
+    }
 
 
 # --------------------------------------------------------------------------------------------- finalising
@@ -327,8 +366,16 @@ def finalise(index: Path, source: Source, options: IndexOptions, settings: dict[
         shard, entry = live[rel]
         k = used.setdefault(shard, len(used))
         a, b = entry["rows"]
-        videos.append({"video": rel, "size": entry["size"], "mtime_ns": entry["mtime_ns"],
-                       "duration": entry["duration"], "first_row": first, "windows": b - a})
+        videos.append(
+            {
+                "video": rel,
+                "size": entry["size"],
+                "mtime_ns": entry["mtime_ns"],
+                "duration": entry["duration"],
+                "first_row": first,
+                "windows": b - a,
+            }
+        )
         shard_of.append(np.full(b - a, k, dtype=np.int32))
         local_rows.append(np.arange(a, b, dtype=np.int64))
         times.append(np.asarray(entry["windows"], dtype=np.float64).reshape(b - a, 2))
@@ -365,8 +412,13 @@ def finalise(index: Path, source: Source, options: IndexOptions, settings: dict[
 
     for name, array in tables.items():
         atomic_write(index / name, lambda handle, a=array: np.save(handle, a, allow_pickle=False))
-    manifest = {**settings, "rows": rows, "ann": ann_settings.to_dict() if ann_settings else None,
-                "shards": [s.name for s in shard_list], "videos": videos}
+    manifest = {
+        **settings,
+        "rows": rows,
+        "ann": ann_settings.to_dict() if ann_settings else None,
+        "shards": [s.name for s in shard_list],
+        "videos": videos,
+    }
     atomic_write_json(index / MANIFEST, manifest)
     return {**manifest, "dropped": sorted(dropped)}
 
@@ -383,8 +435,15 @@ def gather_rows(readers: list[ShardReader], shards: np.ndarray, rows: np.ndarray
 # --------------------------------------------------------------------------------------------- the job
 
 
-def build_index(source_path: str | os.PathLike, out: str | os.PathLike, encoder: SearchEncoder,
-                options: IndexOptions | None = None, *, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
+def build_index(
+    source_path: str | os.PathLike,
+    out: str | os.PathLike,
+    encoder: SearchEncoder,
+    options: IndexOptions | None = None,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict[str, Any]:
     """Build or update the index ``out`` of the videos at ``source_path`` (see the module docstring); returns the
     report (also written to ``out/report.json``). Under torchrun (``world_size`` > 1, a process group joined) every
     rank embeds its share of the videos into its own shards and rank 0 finalises."""
@@ -420,10 +479,19 @@ def build_index(source_path: str | os.PathLike, out: str | os.PathLike, encoder:
         seconds = time.perf_counter() - start
         windows = sum(p["windows"] for p in parts)
         report = {
-            "index": str(index), "source": str(source.root), "videos": len(source.videos),
-            "indexed": len(manifest["videos"]), "embedded": sum(p["embedded"] for p in parts),
-            "reused": len(done), "dropped": manifest["dropped"], "bad": bad, "windows_embedded": windows, "rows": manifest["rows"],
-            "ann": manifest["ann"], "processes": world_size, "seconds": round(seconds, 3),
+            "index": str(index),
+            "source": str(source.root),
+            "videos": len(source.videos),
+            "indexed": len(manifest["videos"]),
+            "embedded": sum(p["embedded"] for p in parts),
+            "reused": len(done),
+            "dropped": manifest["dropped"],
+            "bad": bad,
+            "windows_embedded": windows,
+            "rows": manifest["rows"],
+            "ann": manifest["ann"],
+            "processes": world_size,
+            "seconds": round(seconds, 3),
             "windows_per_second": round(windows / seconds, 3) if seconds > 0 and windows else None,
             "decode_seconds": round(sum(p["decode_seconds"] for p in parts), 3),
             "encode_seconds": round(sum(p["encode_seconds"] for p in parts), 3),
@@ -433,5 +501,12 @@ def build_index(source_path: str | os.PathLike, out: str | os.PathLike, encoder:
     return report
 
 
-__all__ = ["VIDEO_EXTENSIONS", "IndexOptions", "IndexSettingsError", "Source", "build_index", "read_source",
-           "EncoderMismatchError"]
+__all__ = [
+    "VIDEO_EXTENSIONS",
+    "IndexOptions",
+    "IndexSettingsError",
+    "Source",
+    "build_index",
+    "read_source",
+    "EncoderMismatchError",
+]

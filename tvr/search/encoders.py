@@ -67,8 +67,10 @@ class SearchEncoder:
         """The head's text state of ``texts`` (on the CPU, float32)."""
         if not texts:
             raise ValueError("encode_texts: no texts")
-        parts = [self.text_features(texts[a : a + self.batch_size]).to("cpu", torch.float32)
-                 for a in range(0, len(texts), self.batch_size)]
+        parts = [
+            self.text_features(texts[a : a + self.batch_size]).to("cpu", torch.float32)
+            for a in range(0, len(texts), self.batch_size)
+        ]
         features = type(parts[0]).cat(parts) if len(parts) > 1 else parts[0]
         return self.head.encode_texts(features)
 
@@ -77,8 +79,10 @@ class SearchEncoder:
         """``window_features`` in batches of ``batch_size`` windows (on the CPU, float32). Each batch holds the windows
         of one video only, so a video's features never depend on which other videos were indexed with it."""
         crops, mask = torch.as_tensor(crops), torch.as_tensor(mask)
-        parts = [self.window_features(crops[a : a + self.batch_size], mask[a : a + self.batch_size])
-                 .to("cpu", torch.float32) for a in range(0, crops.shape[0], self.batch_size)]
+        parts = [
+            self.window_features(crops[a : a + self.batch_size], mask[a : a + self.batch_size]).to("cpu", torch.float32)
+            for a in range(0, crops.shape[0], self.batch_size)
+        ]
         return VideoFeatures.cat(parts) if len(parts) > 1 else parts[0]
 
     def check_stamp(self, stamp: dict[str, Any], where: str) -> None:
@@ -95,11 +99,15 @@ class SearchEncoder:
 def describe_stamp(stamp: dict[str, Any]) -> str:
     kind = stamp.get("encoder", "?")
     if kind == "checkpoint":
-        return f"checkpoint {stamp.get('path', '?')} (sha256 {str(stamp.get('id', '?'))[:12]}…, head " \
-               f"{stamp.get('head', '?')})"
+        return (
+            f"checkpoint {stamp.get('path', '?')} (sha256 {str(stamp.get('id', '?'))[:12]}…, head "
+            f"{stamp.get('head', '?')})"
+        )
     if kind == "config":
-        return f"the model of config {stamp.get('name') or '?'} (weights sha256 {str(stamp.get('id', '?'))[:12]}…, " \
-               f"head {stamp.get('head', '?')})"
+        return (
+            f"the model of config {stamp.get('name') or '?'} (weights sha256 {str(stamp.get('id', '?'))[:12]}…, "
+            f"head {stamp.get('head', '?')})"
+        )
     return f"encoder {kind} ({str(stamp.get('id', '?'))[:12]}…)"
 
 
@@ -139,16 +147,22 @@ class ModelEncoder(SearchEncoder):
     """A tvr ``RetrievalModel`` with its resolved config: frame settings, tokenizer and pixel normalisation follow the
     config."""
 
-    def __init__(self, model: torch.nn.Module, cfg: Any, device: str | torch.device = "cpu", batch_size: int = 32
-                 ) -> None:
+    def __init__(
+        self, model: torch.nn.Module, cfg: Any, device: str | torch.device = "cpu", batch_size: int = 32
+    ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.cfg = cfg
         self.head = self.model.head
         self.batch_size = batch_size
         data = cfg.data
-        self.spec = FrameSpec(data.max_frames, data.frame_rate, data.image_size, data.sampling,
-                              "square" if data.sampling == "clipvip" else "short_side")
+        self.spec = FrameSpec(
+            data.max_frames,
+            data.frame_rate,
+            data.image_size,
+            data.sampling,
+            "square" if data.sampling == "clipvip" else "short_side",
+        )
         self.norm = _pixel_norm(cfg)
         self._tokenizer = None
         self._tokenizer_dir: tempfile.TemporaryDirectory | None = None
@@ -174,8 +188,7 @@ class ModelEncoder(SearchEncoder):
 class CheckpointEncoder(ModelEncoder):
     """A tvr checkpoint (``tvr train`` / ``tvr import-checkpoint``): model, head and frame settings from the file."""
 
-    def __init__(self, checkpoint: str | os.PathLike, device: str | torch.device = "cpu", batch_size: int = 32
-                 ) -> None:
+    def __init__(self, checkpoint: str | os.PathLike, device: str | torch.device = "cpu", batch_size: int = 32) -> None:
         from tvr.models.checkpoint import load_model
 
         self.path = Path(checkpoint).resolve()
@@ -186,8 +199,14 @@ class CheckpointEncoder(ModelEncoder):
     def stamp(self) -> dict[str, Any]:
         from tvr.config import config_to_dict
 
-        return {"encoder": "checkpoint", "id": self.sha256, "path": str(self.path), "head": self.cfg.head.name,
-                "inference_setting": self.head.inference_setting(), "config": config_to_dict(self.cfg)}
+        return {
+            "encoder": "checkpoint",
+            "id": self.sha256,
+            "path": str(self.path),
+            "head": self.cfg.head.name,
+            "inference_setting": self.head.inference_setting(),
+            "config": config_to_dict(self.cfg),
+        }
 
 
 class ConfigEncoder(ModelEncoder):
@@ -211,16 +230,25 @@ class ConfigEncoder(ModelEncoder):
         super().__init__(model, cfg, device, batch_size)
 
     def stamp(self) -> dict[str, Any]:
-        return {"encoder": "config", "id": self.sha256, "name": self.name, "head": self.cfg.head.name,
-                "config": self.config_values}
+        return {
+            "encoder": "config",
+            "id": self.sha256,
+            "name": self.name,
+            "head": self.cfg.head.name,
+            "config": self.config_values,
+        }
 
 
 #: the encoder of ``tvr index`` without --checkpoint / --config: real pretrained towers, installed offline
 DEFAULT_CONFIG = "two_tower/zero_shot"
 
 
-def load_encoder(checkpoint: str | os.PathLike | None = None, config: str | None = None,
-                 overrides: list[str] | tuple[str, ...] = (), device: str = "cpu") -> SearchEncoder:
+def load_encoder(
+    checkpoint: str | os.PathLike | None = None,
+    config: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    device: str = "cpu",
+) -> SearchEncoder:
     """The encoder ``tvr index`` uses: a tvr checkpoint, or the model a config (a preset name or YAML file, with
     ``--set`` overrides) builds; neither: :data:`DEFAULT_CONFIG`."""
     if checkpoint is not None:

@@ -61,8 +61,9 @@ class CaptionHit:
         return dataclasses.asdict(self)
 
 
-def encoder_for(stamp: dict[str, Any], checkpoint: str | os.PathLike | None = None, device: str = "cpu"
-                ) -> SearchEncoder:
+def encoder_for(
+    stamp: dict[str, Any], checkpoint: str | os.PathLike | None = None, device: str = "cpu"
+) -> SearchEncoder:
     """The encoder an index's model stamp names (``checkpoint`` points to a moved checkpoint file)."""
     kind = stamp.get("encoder")
     if kind == "checkpoint":
@@ -89,14 +90,23 @@ def encoder_for(stamp: dict[str, Any], checkpoint: str | os.PathLike | None = No
 class SearchIndex:
     """A finished index, memory-mapped, with the model that built it. Thread-safe: queries share one model."""
 
-    def __init__(self, path: str | os.PathLike, encoder: SearchEncoder | None = None, *,
-                 checkpoint: str | os.PathLike | None = None, device: str = "cpu", nprobe: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        encoder: SearchEncoder | None = None,
+        *,
+        checkpoint: str | os.PathLike | None = None,
+        device: str = "cpu",
+        nprobe: int | None = None,
+    ) -> None:
         self.path = Path(path)
         settings = read_settings(self.path)
         manifest_path = self.path / MANIFEST
         if not manifest_path.is_file():
-            raise IndexFormatError(f"{self.path}: the index is not finished (no {MANIFEST}): run tvr index again "
-                                   "with the same arguments to finish it")
+            raise IndexFormatError(
+                f"{self.path}: the index is not finished (no {MANIFEST}): run tvr index again "
+                "with the same arguments to finish it"
+            )
         try:
             self.manifest = json.loads(manifest_path.read_text())
         except (OSError, ValueError) as exc:
@@ -170,7 +180,7 @@ class SearchIndex:
             while True:
                 rows, scores = self._shortlist(query, min(want, self.rows))
                 if exact and rerank > 0:
-                    rows, scores = rows[:max(rerank, k)], scores[:max(rerank, k)]
+                    rows, scores = rows[: max(rerank, k)], scores[: max(rerank, k)]
                     state = self.rerank_state(rows)
                     scores = self.head.score_rerank(text_state, state)[0].float().cpu().numpy().astype(np.float64)
                 order = np.lexsort((rows, -scores))
@@ -212,12 +222,20 @@ class SearchIndex:
             scores = self.head.score(text_state, video_state).float().cpu()
         best, window = scores.max(dim=1)
         order = sorted(range(len(captions)), key=lambda i: (-float(best[i]), i))
-        return [CaptionHit(captions[i], *decoded.windows[int(window[i])], float(best[i]), rank)
-                for rank, i in enumerate(order, 1)]
+        return [
+            CaptionHit(captions[i], *decoded.windows[int(window[i])], float(best[i]), rank)
+            for rank, i in enumerate(order, 1)
+        ]
 
 
-def open_index(path: str | os.PathLike, *, checkpoint: str | os.PathLike | None = None, device: str = "cpu",
-               encoder: SearchEncoder | None = None, nprobe: int | None = None) -> SearchIndex:
+def open_index(
+    path: str | os.PathLike,
+    *,
+    checkpoint: str | os.PathLike | None = None,
+    device: str = "cpu",
+    encoder: SearchEncoder | None = None,
+    nprobe: int | None = None,
+) -> SearchIndex:
     """Open the index at ``path`` with the model it was built with (``checkpoint``: where that checkpoint is now;
     ``encoder``: an encoder already loaded). Raises ``EncoderMismatchError`` for another model."""
     return SearchIndex(path, encoder, checkpoint=checkpoint, device=device, nprobe=nprobe)

@@ -90,13 +90,17 @@ def create_app(index: SearchIndex) -> FastAPI:
     numbers = {entry["video"]: k for k, entry in enumerate(index.videos)}
     root = index.root.resolve()
 
-    app = FastAPI(title="tvr search", version="1",
-                  description=f"Text search over the {len(index)} videos of {index.path} (tvr index).")
+    app = FastAPI(
+        title="tvr search",
+        version="1",
+        description=f"Text search over the {len(index)} videos of {index.path} (tvr index).",
+    )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: {e.get('msg')}"
-                    for e in exc.errors()]
+        problems = [
+            f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: {e.get('msg')}" for e in exc.errors()
+        ]
         return JSONResponse({"error": "; ".join(problems), "detail": jsonable(exc.errors())}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
@@ -129,8 +133,14 @@ def create_app(index: SearchIndex) -> FastAPI:
         for hit in hits:
             number = numbers[hit.video]
             middle = round((hit.start + hit.end) / 2, 3)
-            out.append({**hit.to_dict(), "id": number, "media": f"/media/{number}",
-                        "thumbnail": f"/thumbnail/{number}?t={middle}"})
+            out.append(
+                {
+                    **hit.to_dict(),
+                    "id": number,
+                    "media": f"/media/{number}",
+                    "thumbnail": f"/thumbnail/{number}?t={middle}",
+                }
+            )
         return out
 
     @app.get("/media/{number}", summary="A video of the index (HTTP range requests supported)")
@@ -139,16 +149,16 @@ def create_app(index: SearchIndex) -> FastAPI:
         header = request.headers.get("range")
         if header is not None:
             check_range(header, path.stat().st_size)
-        return FileResponse(path, media_type=_media_type(path), filename=path.name,
-                            content_disposition_type="inline")
+        return FileResponse(path, media_type=_media_type(path), filename=path.name, content_disposition_type="inline")
 
     @functools.lru_cache(maxsize=THUMB_CACHE)
     def cached_thumbnail(number: int, seconds: float) -> bytes:
         return thumbnail_jpeg(file_of(number), seconds)
 
     @app.get("/thumbnail/{number}", summary="A JPEG of the frame at time t (seconds) of a video of the index")
-    def thumbnail(number: int = PathParam(..., ge=0, le=10**9),
-                  t: float = Query(0.0, ge=0.0, le=1e7, allow_inf_nan=False)) -> Response:
+    def thumbnail(
+        number: int = PathParam(..., ge=0, le=10**9), t: float = Query(0.0, ge=0.0, le=1e7, allow_inf_nan=False)
+    ) -> Response:
         file_of(number)
         try:
             data = cached_thumbnail(number, round(t, 1))
@@ -188,14 +198,23 @@ def check_range(header: str, size: int) -> None:
         if (first and int(first) < size) or (not first and int(last) > 0):
             satisfiable = True
     if not satisfiable:
-        raise HTTPException(416, f"Range header {header[:64]!r}: no byte of the {size}-byte file is in range",
-                            headers={"Content-Range": f"bytes */{size}"})
+        raise HTTPException(
+            416,
+            f"Range header {header[:64]!r}: no byte of the {size}-byte file is in range",
+            headers={"Content-Range": f"bytes */{size}"},
+        )
 
 
 def _media_type(path: Path) -> str:
-    return {".mp4": "video/mp4", ".m4v": "video/mp4", ".webm": "video/webm", ".mkv": "video/x-matroska",
-            ".mov": "video/quicktime", ".avi": "video/x-msvideo", ".ogv": "video/ogg"}.get(path.suffix.lower(),
-                                                                                           "application/octet-stream")
+    return {
+        ".mp4": "video/mp4",
+        ".m4v": "video/mp4",
+        ".webm": "video/webm",
+        ".mkv": "video/x-matroska",
+        ".mov": "video/quicktime",
+        ".avi": "video/x-msvideo",
+        ".ogv": "video/ogg",
+    }.get(path.suffix.lower(), "application/octet-stream")
 
 
 def jsonable(value: Any) -> Any:

@@ -64,12 +64,20 @@ def write_shard(folder: Path, name: str, emb: Tensor, state: Any, videos: list[d
             if isinstance(value, Tensor):
                 array = _to_numpy(value, half)
                 np.save(tmp / f"{STATE_PREFIX}{f.name}.npy", array, allow_pickle=False)
-                fields[f.name] = {"dtype": str(array.dtype), "shape": list(array.shape), "bool": value.dtype == torch.bool}
+                fields[f.name] = {
+                    "dtype": str(array.dtype),
+                    "shape": list(array.shape),
+                    "bool": value.dtype == torch.bool,
+                }
             else:
                 fields[f.name] = None
         cls = type(state)
-        meta = {"rows": int(emb.shape[0]), "state_class": f"{cls.__module__}:{cls.__qualname__}", "fields": fields,
-                "videos": videos}
+        meta = {
+            "rows": int(emb.shape[0]),
+            "state_class": f"{cls.__module__}:{cls.__qualname__}",
+            "fields": fields,
+            "videos": videos,
+        }
         atomic_write_json(tmp / META, meta)
         for entry in os.scandir(tmp):
             fsync_path(entry.path)
@@ -86,8 +94,9 @@ def read_meta(shard: Path) -> dict[str, Any]:
     try:
         meta = json.loads((shard / META).read_text())
     except (OSError, ValueError) as exc:
-        raise IndexFormatError(f"{shard / META}: unreadable shard description ({exc}); delete the shard folder to "
-                               "re-embed its videos") from None
+        raise IndexFormatError(
+            f"{shard / META}: unreadable shard description ({exc}); delete the shard folder to re-embed its videos"
+        ) from None
     if not isinstance(meta, dict) or not isinstance(meta.get("videos"), list) or "fields" not in meta:
         raise IndexFormatError(f"{shard / META}: not a tvr index shard")
     return meta
@@ -124,8 +133,9 @@ class ShardReader:
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise IndexFormatError(f"{path}: unreadable ({exc}); delete the shard folder {self.path} to re-embed "
-                                   "its videos") from None
+            raise IndexFormatError(
+                f"{path}: unreadable ({exc}); delete the shard folder {self.path} to re-embed its videos"
+            ) from None
         if array.shape[:1] != (self.rows,):
             raise IndexFormatError(f"{path}: {array.shape[0] if array.ndim else 0} rows, the shard says {self.rows}")
         return array

@@ -58,8 +58,9 @@ def check_window(window: float, stride: float) -> None:
         raise ValueError(f"--stride {stride!r}: expected a positive number of seconds, at most --window ({window})")
 
 
-def plan_windows(duration: float, window: float = DEFAULT_WINDOW, stride: float = DEFAULT_STRIDE
-                 ) -> list[tuple[float, float]]:
+def plan_windows(
+    duration: float, window: float = DEFAULT_WINDOW, stride: float = DEFAULT_STRIDE
+) -> list[tuple[float, float]]:
     """The (start, end) seconds of every window of a video of ``duration`` seconds (see the module docstring)."""
     check_window(window, stride)
     if not math.isfinite(duration) or duration <= window + _EPS:
@@ -75,8 +76,9 @@ def plan_windows(duration: float, window: float = DEFAULT_WINDOW, stride: float 
     return out
 
 
-def window_indices(path: str | os.PathLike, info, spec: FrameSpec, windows: list[tuple[float, float]]
-                   ) -> list[np.ndarray]:
+def window_indices(
+    path: str | os.PathLike, info, spec: FrameSpec, windows: list[tuple[float, float]]
+) -> list[np.ndarray]:
     """The frame indices each window of ``path`` (probed as ``info``) reads: ``tvr.data.video.sample_indices`` in
     evaluation mode, a single window being the whole clip."""
     from tvr.data.video import VideoDecodeError, sample_indices
@@ -85,8 +87,18 @@ def window_indices(path: str | os.PathLike, info, spec: FrameSpec, windows: list
     for start, end in windows:
         whole = len(windows) == 1
         try:
-            out.append(sample_indices(info, spec.max_frames, spec.frame_rate, spec.sampling,
-                                      None if whole else start, None if whole else end, train=False, rng=None))
+            out.append(
+                sample_indices(
+                    info,
+                    spec.max_frames,
+                    spec.frame_rate,
+                    spec.sampling,
+                    None if whole else start,
+                    None if whole else end,
+                    train=False,
+                    rng=None,
+                )
+            )
         except ValueError as exc:  # valid settings, so the container gives no frame rate
             raise VideoDecodeError(path, "no frame rate", str(exc)) from exc
     return out
@@ -137,8 +149,9 @@ def decode_windows(path: str | os.PathLike, spec: FrameSpec, window: float, stri
         except VideoDecodeError as exc:
             if attempt or exc.reason != "truncated" or not exc.decoded:
                 raise
-            info = dataclasses.replace(info, num_frames=exc.decoded,
-                                       duration=exc.decoded / info.fps if info.fps > 0 else 0.0)
+            info = dataclasses.replace(
+                info, num_frames=exc.decoded, duration=exc.decoded / info.fps if info.fps > 0 else 0.0
+            )
     slots = np.full((len(windows), spec.max_frames), -1, dtype=np.int64)
     for w, indices in enumerate(per_window):
         rows = np.searchsorted(unique, indices)
