@@ -346,9 +346,10 @@ def test_gare_rerank_is_exhaustive_exact_scoring(search_setup, tmp_path: Path) -
     ckpt = gare_checkpoint(search_setup, tmp_path / "gare.pt")
     encoder = CheckpointEncoder(ckpt)
     assert not encoder.head.indexable
-    build_index(search_setup.videos, tmp_path / "idx", encoder, OPTIONS)
+    several_shards = IndexOptions(window=4.0, stride=2.0, workers=1, progress=False, shard_windows=3)
+    build_index(search_setup.videos, tmp_path / "idx", encoder, several_shards)
     index = open_index(tmp_path / "idx", encoder=encoder)
-    assert index.state_cls.__name__ == "GareRerankState"
+    assert index.state_cls.__name__ == "GareRerankState" and len(index.readers) > 1
     # exhaustive: every window's features scored by the head itself
     from tvr.search.build import embed_video  # noqa: F401  (the same path the index took)
     from tvr.search.windows import decode_windows

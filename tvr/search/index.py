@@ -22,7 +22,7 @@ import torch
 from tvr.search import ann
 from tvr.search.build import ANN_FILE, MANIFEST, SETTINGS, TABLES, embed_video, read_settings
 from tvr.search.encoders import CheckpointEncoder, ConfigEncoder, SearchEncoder
-from tvr.search.store import SHARDS, IndexFormatError, ShardReader, state_class
+from tvr.search.store import SHARDS, IndexFormatError, ShardReader, gather_state, state_class
 from tvr.search.windows import decode_windows
 
 #: windows scored exactly per query by default (heads whose score is not a dot product)
@@ -145,16 +145,7 @@ class SearchIndex:
 
     def rerank_state(self, rows: np.ndarray) -> Any:
         """The stored rerank state of global ``rows`` (in that order)."""
-        shards, local = self.table_shard[rows], self.table_row[rows]
-        parts, order = [], []
-        for k in np.unique(shards):
-            sel = np.nonzero(shards == k)[0]
-            parts.append(self.readers[int(k)].state(local[sel], self.state_cls))
-            order.append(sel)
-        state = type(parts[0]).cat(parts) if len(parts) > 1 else parts[0]
-        inverse = np.empty(len(rows), dtype=np.int64)
-        inverse[np.concatenate(order)] = np.arange(len(rows))
-        return state[torch.from_numpy(inverse)] if len(parts) > 1 else state
+        return gather_state(self.readers, self.table_shard[rows], self.table_row[rows], self.state_cls)
 
     # ------------------------------------------------------------------ text → video
     def search(self, text: str, k: int = 10, *, rerank: int | None = None, all_windows: bool = False) -> list[Hit]:

@@ -152,3 +152,19 @@ class ShardReader:
                 part = part.bool()
             values[name] = part
         return cls(**values)
+
+
+def gather_state(readers: list[ShardReader], shards: np.ndarray, rows: np.ndarray, cls: type) -> Any:
+    """The rerank state of the rows (``shards[i]``, ``rows[i]``), in that order, as ``cls``: each shard's rows are
+    copied out of its mapping in one fancy-indexed read."""
+    parts, order = [], []
+    for k in np.unique(shards):
+        sel = np.nonzero(shards == k)[0]
+        parts.append(readers[int(k)].state(rows[sel], cls))
+        order.append(sel)
+    if len(parts) == 1:
+        return parts[0]
+    state = type(parts[0]).cat(parts)
+    inverse = np.empty(len(rows), dtype=np.int64)
+    inverse[np.concatenate(order)] = np.arange(len(rows))
+    return state[torch.from_numpy(inverse)]
