@@ -192,7 +192,7 @@ class SearchIndex:
         return hits
 
     def _shortlist(self, query: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        scores, rows = self.ann.search(np.ascontiguousarray(query, dtype=np.float32), n)
+        scores, rows = ann.search(self.ann, query, n)
         keep = rows[0] >= 0
         return rows[0][keep].astype(np.int64), scores[0][keep].astype(np.float64)
 
