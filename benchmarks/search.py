@@ -65,8 +65,11 @@ def rss_gib() -> float:
 
 def percentiles(ms: list[float]) -> dict[str, float]:
     a = np.asarray(ms)
-    return {"p50_ms": round(float(np.percentile(a, 50)), 3), "p95_ms": round(float(np.percentile(a, 95)), 3),
-            "mean_ms": round(float(a.mean()), 3)}
+    return {
+        "p50_ms": round(float(np.percentile(a, 50)), 3),
+        "p95_ms": round(float(np.percentile(a, 95)), 3),
+        "mean_ms": round(float(a.mean()), 3),
+    }
 
 
 # --------------------------------------------------------------------------------------------- synthetic data
@@ -75,18 +78,22 @@ def percentiles(ms: list[float]) -> dict[str, float]:
 class Synthetic:
     """Window and query embeddings with a modality gap (see the module docstring), generated chunk by chunk."""
 
-    def __init__(self, dim: int, topics: int = 4096, gap: float = 1.2, seed: int = 0) -> None:
+    def __init__(self, dim: int, topics: int = 4096, gap: float = 1.2, seed: int = 0, decay: float = 1.0) -> None:
         g = torch.Generator().manual_seed(seed)
         basis, _ = torch.linalg.qr(torch.randn(dim, 2, generator=g))
         self.u_v, self.u_t = basis[:, 0], basis[:, 1]
-        self.centres = torch.randn(topics, dim, generator=g) / math.sqrt(dim)
+        # variance of the k-th direction ∝ k^-decay (0: isotropic), total 1: learned embeddings concentrate their
+        # variance in few directions (a power-law spectrum), which is what makes them indexable at all
+        spectrum = torch.arange(1, dim + 1, dtype=torch.float32) ** -decay
+        self.scale = (spectrum / spectrum.sum()).sqrt()
+        self.centres = torch.randn(topics, dim, generator=g) * self.scale
         self.dim, self.gap, self.seed = dim, gap, seed
 
     def chunk(self, c: int) -> torch.Tensor:
         """s for rows [c·CHUNK, (c+1)·CHUNK): 0.8·centre(topic) + 0.6·item part, from a seed of the chunk."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + c + 1)
         topics = torch.randint(len(self.centres), (CHUNK,), generator=g)
-        return 0.8 * self.centres[topics] + 0.6 * torch.randn(CHUNK, self.dim, generator=g) / math.sqrt(self.dim)
+        return 0.8 * self.centres[topics] + 0.6 * torch.randn(CHUNK, self.dim, generator=g) * self.scale
 
     def semantic(self, rows: torch.Tensor) -> torch.Tensor:
         out = torch.empty(len(rows), self.dim)
@@ -101,7 +108,7 @@ class Synthetic:
 
     def queries(self, targets: torch.Tensor, seed: int = 1) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed)
-        noise = 0.5 * torch.randn(len(targets), self.dim, generator=g) / math.sqrt(self.dim)
+        noise = 0.5 * torch.randn(len(targets), self.dim, generator=g) * self.scale
         return F.normalize(self.gap * self.u_t + self.semantic(targets) + noise, dim=-1)
 
 
@@ -145,8 +152,9 @@ def recall_at(found: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
     return float(np.mean([len(set(f[:k]) & set(t[:k])) / k for f, t in zip(found, truth, strict=True)]))
 
 
-def build_state(head, gallery: np.ndarray, n: int, frames: int, folder: Path, half: bool,
-                kind: str, shard: int = 5000) -> tuple[list[ShardReader], float, int]:
+def build_state(
+    head, gallery: np.ndarray, n: int, frames: int, folder: Path, half: bool, kind: str, shard: int = 5000
+) -> tuple[list[ShardReader], float, int]:
     """Rerank state of windows [0, n) as shards of ``shard`` windows; returns (readers, seconds, bytes on disk)."""
     start = time.perf_counter()
     folder.mkdir(parents=True, exist_ok=True)
@@ -185,9 +193,17 @@ def text_state(head, kind: str, q: torch.Tensor):
 
 def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
     torch.set_num_threads(args.threads)
-    out: dict = {"windows": args.windows, "dim": args.dim, "frames": args.frames, "queries": args.queries,
-                 "threads": args.threads, "state_windows": args.state_windows, "state_dtype": args.state_dtype}
-    synth = Synthetic(args.dim)
+    out: dict = {
+        "windows": args.windows,
+        "dim": args.dim,
+        "decay": args.decay,
+        "frames": args.frames,
+        "queries": args.queries,
+        "threads": args.threads,
+        "state_windows": args.state_windows,
+        "state_dtype": args.state_dtype,
+    }
+    synth = Synthetic(args.dim, decay=args.decay)
     t0 = time.perf_counter()
     gallery = build_gallery(synth, args.windows, scratch)
     out["generate_seconds"] = round(time.perf_counter() - t0, 1)
@@ -195,34 +211,43 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
     targets = torch.from_numpy(np.sort(rng.choice(args.state_windows, size=args.queries, replace=False)))
     queries = synth.queries(targets).numpy()
     # within-modality vs cross-modality similarity: the gap
-    sample = np.asarray(gallery[: 2000])
+    sample = np.asarray(gallery[:2000])
     target_rows = np.asarray(gallery[targets.numpy()])
-    out["gap"] = {"mean_cos_video_video": round(float((sample[:1000] * sample[1000:2000]).sum(1).mean()), 3),
-                  "mean_cos_query_target": round(float((queries * target_rows).sum(1).mean()), 3),
-                  "mean_cos_query_random": round(float((queries @ sample[:1000].T).mean()), 3)}
+    out["gap"] = {
+        "mean_cos_video_video": round(float((sample[:1000] * sample[1000:2000]).sum(1).mean()), 3),
+        "mean_cos_query_target": round(float((queries * target_rows).sum(1).mean()), 3),
+        "mean_cos_query_random": round(float((queries @ sample[:1000].T).mean()), 3),
+    }
     print("gap:", out["gap"], flush=True)
 
     # ---- the shortlist index, as tvr index builds it
-    settings = ann.choose("auto", args.windows, args.dim)
+    settings = ann.choose(args.ann, args.windows, args.dim)
     if args.nprobe:
         settings.nprobe = args.nprobe
     rss0 = rss_gib()
     t0 = time.perf_counter()
     training = np.asarray(gallery[ann.training_rows(args.windows, settings)])
     t_train = time.perf_counter()
-    index = ann.build(settings, training, (np.asarray(gallery[a : a + 65536]) for a in range(0, args.windows, 65536)))
+    index = ann.build(
+        settings, training, (np.asarray(gallery[a : a + ann.ADD_BLOCK]) for a in range(0, args.windows, ann.ADD_BLOCK))
+    )
     del training
     build_seconds = time.perf_counter() - t0
     ann.save(index, scratch / "ann.faiss")
-    out["ann"] = {**settings.to_dict(), "build_seconds": round(build_seconds, 1),
-                  "sample_seconds": round(t_train - t0, 1),
-                  "save_seconds": round(time.perf_counter() - t0 - build_seconds, 1),
-                  "rss_gib_after_build": round(rss_gib(), 2), "rss_gib_before": round(rss0, 2),
-                  "file_gib": round((scratch / "ann.faiss").stat().st_size / 2**30, 2)}
+    out["ann"] = {
+        **settings.to_dict(),
+        "build_seconds": round(build_seconds, 1),
+        "sample_seconds": round(t_train - t0, 1),
+        "save_seconds": round(time.perf_counter() - t0 - build_seconds, 1),
+        "rss_gib_after_build": round(rss_gib(), 2),
+        "rss_gib_before": round(rss0, 2),
+        "file_gib": round((scratch / "ann.faiss").stat().st_size / 2**30, 2),
+    }
     print("ann:", out["ann"], flush=True)
     truth = exact_top(gallery, queries, 10)
-    out["target_recall_at_10_exhaustive"] = round(float(np.mean([t in row for t, row in zip(targets.numpy(), truth,
-                                                                                          strict=True)])), 3)
+    out["target_recall_at_10_exhaustive"] = round(
+        float(np.mean([t in row for t, row in zip(targets.numpy(), truth, strict=True)])), 3
+    )
     lat, found = [], []
     for q in queries:
         t = time.perf_counter()
@@ -230,21 +255,34 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
         lat.append(1000 * (time.perf_counter() - t))
         found.append(rows[0])
     out["shortlist_top10"] = {**percentiles(lat), "recall_at_10": round(recall_at(np.array(found), truth), 4)}
+    # recall against cost: IVF cells probed, or the HNSW search beam
     sweep = {}
-    ivf = ann._faiss().extract_index_ivf(index) if settings.kind == "ivf" else None
-    if ivf is not None:
-        for nprobe in sorted({max(1, settings.nlist // d) for d in (128, 64, 32, 16, 8)}):
-            ivf.nprobe = nprobe
+    faiss = ann._faiss()
+    if settings.kind in ("ivf", "hnsw"):
+        ivf = faiss.extract_index_ivf(index) if settings.kind == "ivf" else None
+        values = (
+            sorted({max(1, settings.nlist // d) for d in (128, 64, 32, 16, 8)})
+            if ivf is not None
+            else [64, 128, 256, 512]
+        )
+        for value in values:
+            if ivf is not None:
+                ivf.nprobe = value
+            else:
+                index.hnsw.efSearch = value
             lat, found = [], []
             for q in queries:
                 t = time.perf_counter()
                 _, rows = ann.search(index, q[None], 10)
                 lat.append(1000 * (time.perf_counter() - t))
                 found.append(rows[0])
-            sweep[nprobe] = {**percentiles(lat), "recall_at_10": round(recall_at(np.array(found), truth), 4)}
-        ivf.nprobe = settings.nprobe
-        out["nprobe_sweep"] = sweep
-        print("nprobe sweep:", sweep, flush=True)
+            sweep[value] = {**percentiles(lat), "recall_at_10": round(recall_at(np.array(found), truth), 4)}
+        if ivf is not None:
+            ivf.nprobe = settings.nprobe
+        else:
+            index.hnsw.efSearch = settings.ef_search
+        out["nprobe_sweep" if ivf is not None else "ef_search_sweep"] = sweep
+        print("sweep:", sweep, flush=True)
 
     # ---- rerank state: GARE and TV-ProxyNet
     half = args.state_dtype == "float16"
@@ -252,12 +290,14 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
     for kind in ("gare", "proxy"):
         torch.manual_seed(0)
         head = build_head(HeadConfig(name=kind), args.dim, LN_100).eval()
-        readers, seconds, size = build_state(head, gallery, args.state_windows, args.frames, scratch / kind,
-                                             half, kind)
+        readers, seconds, size = build_state(head, gallery, args.state_windows, args.frames, scratch / kind, half, kind)
         heads[kind] = (head, readers)
-        out[kind] = {"state_build_seconds": round(seconds, 1), "state_gib_on_disk": round(size / 2**30, 2),
-                     "bytes_per_window": int(size // args.state_windows),
-                     "fields": {k: v for k, v in readers[0].meta["fields"].items() if v is not None}}
+        out[kind] = {
+            "state_build_seconds": round(seconds, 1),
+            "state_gib_on_disk": round(size / 2**30, 2),
+            "bytes_per_window": int(size // args.state_windows),
+            "fields": {k: v for k, v in readers[0].meta["fields"].items() if v is not None},
+        }
         print(kind, "state:", {k: v for k, v in out[kind].items() if k != "fields"}, flush=True)
 
     # float16 against float32 on the first windows
@@ -273,18 +313,29 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
         s16 = head.score_rerank(ts, stored)
         top32 = s32.topk(10, dim=1).indices.numpy()
         top16 = s16.topk(10, dim=1).indices.numpy()
-        out[kind]["stored_vs_float32"] = {"windows": n, "queries": 50,
-                                          "max_abs_score_difference": float((s32 - s16).abs().max()),
-                                          "top10_overlap": round(recall_at(top16, top32), 4),
-                                          "top1_agreement": round(float((top16[:, 0] == top32[:, 0]).mean()), 4)}
+        out[kind]["stored_vs_float32"] = {
+            "windows": n,
+            "queries": 50,
+            "max_abs_score_difference": float((s32 - s16).abs().max()),
+            "top10_overlap": round(recall_at(top16, top32), 4),
+            "top1_agreement": round(float((top16[:, 0] == top32[:, 0]).mean()), 4),
+        }
         print(kind, "stored vs float32:", out[kind]["stored_vs_float32"], flush=True)
 
     # ---- latency of one query: shortlist 100 + exact rerank, top 10
     lookup = state_lookup(args.state_windows, 5000)
     for kind, (head, readers) in heads.items():
-        cls = type(head.rerank_state(head.encode_videos(VideoFeatures(
-            torch.randn(1, args.frames, args.dim), torch.ones(1, args.frames),
-            torch.randn(1, 4, args.dim) if kind == "proxy" else None))))
+        cls = type(
+            head.rerank_state(
+                head.encode_videos(
+                    VideoFeatures(
+                        torch.randn(1, args.frames, args.dim),
+                        torch.ones(1, args.frames),
+                        torch.randn(1, 4, args.dim) if kind == "proxy" else None,
+                    )
+                )
+            )
+        )
         lat, parts = [], {"shortlist": [], "gather": [], "score": []}
         for q in queries:
             t = time.perf_counter()
@@ -300,16 +351,23 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
             for name, a, b in (("shortlist", t, t1), ("gather", t1, t2), ("score", t2, t3)):
                 parts[name].append(1000 * (b - a))
             del top
-        out[kind]["query_top10_rerank100"] = {**percentiles(lat),
-                                              **{f"{k}_p50_ms": percentiles(v)["p50_ms"] for k, v in parts.items()}}
+        out[kind]["query_top10_rerank100"] = {
+            **percentiles(lat),
+            **{f"{k}_p50_ms": percentiles(v)["p50_ms"] for k, v in parts.items()},
+        }
         print(kind, "query:", out[kind]["query_top10_rerank100"], flush=True)
 
     # ---- recall@10 of shortlist-100 + exact GARE rerank, against exhaustive GARE over the stored windows
     head, readers = heads["gare"]
-    sub = ann.choose("auto", args.state_windows, args.dim)
-    sub_index = ann.build(sub, np.asarray(gallery[ann.training_rows(args.state_windows, sub)]) if sub.kind == "ivf"
-                          else None, (np.asarray(gallery[a : min(a + 65536, args.state_windows)])
-                                      for a in range(0, args.state_windows, 65536)))
+    sub = ann.choose(args.ann, args.state_windows, args.dim)
+    sub_index = ann.build(
+        sub,
+        np.asarray(gallery[ann.training_rows(args.state_windows, sub)]) if sub.kind == "ivf" else None,
+        (
+            np.asarray(gallery[a : min(a + ann.ADD_BLOCK, args.state_windows)])
+            for a in range(0, args.state_windows, ann.ADD_BLOCK)
+        ),
+    )
     cls = state_class(readers[0].meta["state_class"])
     n_recall = min(args.queries, args.recall_queries)
     found, truth = [], []
@@ -323,9 +381,12 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
         full = torch.cat([head.score_rerank(ts, r.state(np.arange(r.rows), cls))[0] for r in readers])
         truth.append(torch.topk(full, 10).indices.numpy())
     out["gare"]["rerank_recall_at_10_vs_exhaustive"] = {
-        "windows": args.state_windows, "queries": n_recall, "shortlist": sub.to_dict(),
+        "windows": args.state_windows,
+        "queries": n_recall,
+        "shortlist": sub.to_dict(),
         "recall_at_10": round(recall_at(np.array(found), np.array(truth)), 4),
-        "seconds": round(time.perf_counter() - t0, 1)}
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     print("gare rerank recall:", out["gare"]["rerank_recall_at_10_vs_exhaustive"], flush=True)
     out["peak_rss_gib"] = round(rss_gib(), 2)
     return out
@@ -364,18 +425,28 @@ def real_clips_part(args: argparse.Namespace, scratch: Path) -> dict:
     for workers in (1, 2):
         out = scratch / f"real-j{workers}"
         t0 = time.perf_counter()
-        report = build_index(clips, out, encoder, IndexOptions(window=args.window, stride=args.stride,
-                                                               workers=workers, progress=False))
+        report = build_index(
+            clips, out, encoder, IndexOptions(window=args.window, stride=args.stride, workers=workers, progress=False)
+        )
         seconds = time.perf_counter() - t0
-        results[f"j{workers}"] = {"seconds": round(seconds, 2), "windows_per_second": round(windows / seconds, 2),
-                                  "report_decode_seconds": report["decode_seconds"],
-                                  "report_encode_seconds": report["encode_seconds"]}
-    return {"encoder": encoder.stamp().get("name") or encoder.stamp().get("path"), "clips": len(files),
-            "windows": windows, "window": args.window, "stride": args.stride,
-            "model_load_seconds": round(load_seconds, 2),
-            "decode_only_windows_per_second": round(windows / decode_seconds, 2),
-            "encode_only_windows_per_second": round(windows / encode_seconds, 2),
-            "text_query_encode_ms": round(text_ms, 2), "tvr_index": results}
+        results[f"j{workers}"] = {
+            "seconds": round(seconds, 2),
+            "windows_per_second": round(windows / seconds, 2),
+            "report_decode_seconds": report["decode_seconds"],
+            "report_encode_seconds": report["encode_seconds"],
+        }
+    return {
+        "encoder": encoder.stamp().get("name") or encoder.stamp().get("path"),
+        "clips": len(files),
+        "windows": windows,
+        "window": args.window,
+        "stride": args.stride,
+        "model_load_seconds": round(load_seconds, 2),
+        "decode_only_windows_per_second": round(windows / decode_seconds, 2),
+        "encode_only_windows_per_second": round(windows / encode_seconds, 2),
+        "text_query_encode_ms": round(text_ms, 2),
+        "tvr_index": results,
+    }
 
 
 def main() -> None:
@@ -384,10 +455,17 @@ def main() -> None:
     parser.add_argument("--state-windows", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--frames", type=int, default=12)
+    parser.add_argument(
+        "--decay",
+        type=float,
+        default=1.0,
+        help="spectrum of the embeddings: variance ∝ k^-decay (0 = isotropic, the hardest case for any ANN index)",
+    )
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--recall-queries", type=int, default=50)
     parser.add_argument("--state-dtype", default="float16", choices=("float16", "float32"))
-    parser.add_argument("--nprobe", type=int, default=0, help="override the index's default nprobe")
+    parser.add_argument("--ann", default="auto", choices=ann.KINDS, help="the shortlist index (as tvr index --ann)")
+    parser.add_argument("--nprobe", type=int, default=0, help="IVF: override the default nprobe")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--scratch", default=None, help="folder for scratch files (default: a temporary folder)")
     parser.add_argument("--skip-synthetic", action="store_true")
@@ -401,8 +479,11 @@ def main() -> None:
     if args.state_windows % 5000 and args.state_windows > 5000:
         parser.error("--state-windows: a multiple of 5000 (the benchmark's shard size)")
     scratch = Path(tempfile.mkdtemp(prefix="tvr-search-bench-", dir=args.scratch))
-    results: dict = {"command": "python benchmarks/search.py " + " ".join(sys.argv[1:]),
-                     "cpus": len(os.sched_getaffinity(0)), "torch": torch.__version__}
+    results: dict = {
+        "command": "python benchmarks/search.py " + " ".join(sys.argv[1:]),
+        "cpus": len(os.sched_getaffinity(0)),
+        "torch": torch.__version__,
+    }
     try:
         print(f"scratch: {scratch} ({shutil.disk_usage(scratch).free / 2**30:.0f} GiB free)", flush=True)
         if not args.skip_synthetic:

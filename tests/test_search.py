@@ -171,6 +171,10 @@ def test_ann_kinds_agree_on_the_small_index(search_setup, tmp_path: Path) -> Non
         index = open_index(tmp_path / kind, encoder=encoder)
         tops[kind] = [[h.video for h in index.search(c, k=5)] for c, _, _ in VIDEOS.values()]
     assert tops["ivf"] == tops["flat"] == tops["hnsw"]
+    # the graph is built deterministically: building it again gives the same file
+    options = IndexOptions(window=4.0, stride=2.0, workers=1, progress=False, ann_kind="hnsw")
+    build_index(search_setup.videos, tmp_path / "hnsw2", encoder, options)
+    assert (tmp_path / "hnsw2" / ANN_FILE).read_bytes() == (tmp_path / "hnsw" / ANN_FILE).read_bytes()
 
 
 # --------------------------------------------------------------------------------------------- bad files

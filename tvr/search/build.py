@@ -404,7 +404,7 @@ def finalise(index: Path, source: Source, options: IndexOptions, settings: dict[
             return gather_rows(readers, tables["table_shard.npy"][order], tables["table_row.npy"][order])
 
         training = block(ann.training_rows(rows, ann_settings)) if ann_settings.kind == "ivf" else None
-        blocks = (block(np.arange(a, min(rows, a + 65536))) for a in range(0, rows, 65536))
+        blocks = (block(np.arange(a, min(rows, a + ann.ADD_BLOCK))) for a in range(0, rows, ann.ADD_BLOCK))
         ann.save(ann.build(ann_settings, training, blocks), index / ANN_FILE)
     elif (index / ANN_FILE).exists():
         (index / ANN_FILE).unlink()
