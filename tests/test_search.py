@@ -382,3 +382,52 @@ def test_gare_rerank_is_exhaustive_exact_scoring(search_setup, tmp_path: Path) -
         b = half_index.search(caption, k=5)
         assert [h.video for h in a][:1] == [h.video for h in b][:1]
         np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-2)
+
+
+def test_a_config_model_and_a_list_file(search_setup, tmp_path: Path) -> None:
+    """`tvr index LIST --config FILE`: the model a config builds (no checkpoint), stamped by a hash of its weights;
+    a list file names the videos (relative to its folder; comments and blank lines skipped)."""
+    import yaml
+    from search_fixtures import TINY
+
+    videos = tmp_path / "videos"
+    shutil.copytree(search_setup.videos, videos)
+    listing = videos / "list.txt"
+    listing.write_text("# two of them\nred.mp4\n\nsub/yellow.mp4\n")
+    config = tmp_path / "tiny.yaml"
+    values = {
+        "data": {"max_frames": 4, "frame_rate": 1.0, "image_size": 32, "max_words": 16},
+        "model": {"clip": "tiny", "temporal": "meanP", "tiny": TINY},
+        "head": {"name": "clip4clip"},
+    }
+    config.write_text(yaml.safe_dump(values))
+    args = [
+        "index",
+        str(listing),
+        "--out",
+        str(tmp_path / "idx"),
+        "--config",
+        str(config),
+        "--window",
+        "4",
+        "--stride",
+        "2",
+        "-j",
+        "1",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "idx" / MANIFEST).read_text())
+    assert manifest["source"]["kind"] == "list" and [v["video"] for v in manifest["videos"]] == [
+        "red.mp4",
+        "sub/yellow.mp4",
+    ]
+    assert manifest["model"]["encoder"] == "config"
+    index = open_index(tmp_path / "idx")  # the model is rebuilt from the stamp's config and checked against it
+    assert {h.video for h in index.search("anything", k=2)} == {"red.mp4", "sub/yellow.mp4"}
+    result = runner.invoke(app, [*args, "--set", "train.seed=1"])  # other weights: another model
+    assert result.exit_code == 2 and "was built with the model of config" in result.output
+    outside = videos / "bad.txt"
+    outside.write_text("../elsewhere.mp4\n")
+    result = runner.invoke(app, ["index", str(outside), "--out", str(tmp_path / "x"), "--config", str(config)])
+    assert result.exit_code == 2 and "outside the list's folder" in result.output

@@ -139,7 +139,7 @@ def weights_sha256(model: torch.nn.Module, config: dict[str, Any]) -> str:
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
         digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()
 
 
