@@ -200,6 +200,7 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
         "frames": args.frames,
         "queries": args.queries,
         "threads": args.threads,
+        "query_threads": args.query_threads,
         "state_windows": args.state_windows,
         "state_dtype": args.state_dtype,
     }
@@ -322,7 +323,9 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
         }
         print(kind, "stored vs float32:", out[kind]["stored_vs_float32"], flush=True)
 
-    # ---- latency of one query: shortlist 100 + exact rerank, top 10
+    # ---- latency of one query: shortlist 100 + exact rerank, top 10, on --query-threads torch threads (one query's
+    # products are small: a second thread's synchronisation costs more than it saves, badly so on a busy machine)
+    torch.set_num_threads(args.query_threads)
     lookup = state_lookup(args.state_windows, 5000)
     for kind, (head, readers) in heads.items():
         cls = type(
@@ -466,7 +469,8 @@ def main() -> None:
     parser.add_argument("--state-dtype", default="float16", choices=("float16", "float32"))
     parser.add_argument("--ann", default="auto", choices=ann.KINDS, help="the shortlist index (as tvr index --ann)")
     parser.add_argument("--nprobe", type=int, default=0, help="IVF: override the default nprobe")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for building")
+    parser.add_argument("--query-threads", type=int, default=1, help="torch threads for the per-query latency")
     parser.add_argument("--scratch", default=None, help="folder for scratch files (default: a temporary folder)")
     parser.add_argument("--skip-synthetic", action="store_true")
     parser.add_argument("--skip-real", action="store_true")
@@ -482,6 +486,7 @@ def main() -> None:
     results: dict = {
         "command": "python benchmarks/search.py " + " ".join(sys.argv[1:]),
         "cpus": len(os.sched_getaffinity(0)),
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
         "torch": torch.__version__,
     }
     try:
@@ -493,6 +498,7 @@ def main() -> None:
             print("real clips:", results["real_clips"], flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")
