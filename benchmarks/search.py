@@ -176,6 +176,25 @@ def build_state(
     return readers, seconds, size
 
 
+@torch.no_grad()
+def scale_psi(head, synth: Synthetic, gallery: np.ndarray, frames: int, ratio: float) -> dict:
+    """Scale ψ's output layer so that ‖Δ_ij‖ ≈ ratio·‖t_i‖ on average: ψ keeps its random reference
+    initialisation otherwise. A trained GARE's increments are small corrections (its trust-region term bounds them);
+    a random ψ's are not, and would make the exact score unrelated to any shortlist."""
+    from tvr.models.heads.gare_psi import gare_delta
+
+    v = torch.from_numpy(np.asarray(gallery[:64]))
+    video = head.encode_videos(VideoFeatures(frames_for(v, frames, seed=5), torch.ones(64, frames)))
+    text = head.encode_texts(TextFeatures(synth.queries(torch.arange(64)).float()))
+    before = float(gare_delta(head.psi, text, video, head.options).norm(dim=-1).mean())
+    factor = ratio / before  # ‖t‖ = 1
+    head.psi.delta_proj.weight.mul_(factor)
+    head.psi.delta_proj.bias.mul_(factor)
+    after = float(gare_delta(head.psi, text, video, head.options).norm(dim=-1).mean())
+    return {"mean_delta_norm_random_init": round(before, 4), "output_scale": round(factor, 4),
+            "mean_delta_norm": round(after, 4), "mean_text_norm": 1.0}
+
+
 def state_lookup(n_state: int, shard: int):
     def lookup(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mapped = rows % n_state
@@ -291,6 +310,8 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
     for kind in ("gare", "proxy"):
         torch.manual_seed(0)
         head = build_head(HeadConfig(name=kind), args.dim, LN_100).eval()
+        if kind == "gare":
+            out["gare_delta"] = scale_psi(head, synth, gallery, args.frames, args.delta_ratio)
         readers, seconds, size = build_state(head, gallery, args.state_windows, args.frames, scratch / kind, half, kind)
         heads[kind] = (head, readers)
         out[kind] = {
@@ -471,6 +492,7 @@ def main() -> None:
     parser.add_argument("--nprobe", type=int, default=0, help="IVF: override the default nprobe")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for building")
     parser.add_argument("--query-threads", type=int, default=1, help="torch threads for the per-query latency")
+    parser.add_argument("--delta-ratio", type=float, default=0.1, help="GARE: mean ‖Δ‖ / ‖t‖ (ψ's output scaled)")
     parser.add_argument("--scratch", default=None, help="folder for scratch files (default: a temporary folder)")
     parser.add_argument("--skip-synthetic", action="store_true")
     parser.add_argument("--skip-real", action="store_true")

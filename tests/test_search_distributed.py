@@ -42,7 +42,9 @@ def _rank(rank: int, world: int, port: int, videos: str, out: str, checkpoint: s
 
 def test_two_processes_build_the_single_process_index(search_setup, tmp_path: Path) -> None:
     args = (2, _free_port(), str(search_setup.videos), str(tmp_path / "two"), str(search_setup.checkpoint))
-    context = mp.start_processes(_rank, args=args, nprocs=2, join=False, start_method="fork")
+    # spawn, not fork: this test process has run FAISS, and a child forked after OpenMP threads started can hang in
+    # its first parallel region
+    context = mp.start_processes(_rank, args=args, nprocs=2, join=False, start_method="spawn")
     deadline = time.monotonic() + 300
     while not context.join(timeout=2):
         if time.monotonic() > deadline:

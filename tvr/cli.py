@@ -124,8 +124,8 @@ def main(
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of user errors (bad config, files, …)."),
 ) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if debug:
-        _DEBUG["on"] = True
+    # set on every invocation: one in-process call with --debug (a test's CliRunner) must not leak into the next
+    _DEBUG["on"] = debug or os.environ.get("TVR_DEBUG", "") not in ("", "0")
 
 
 @app.command()

@@ -32,9 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 
+import tvr.search.ann as ann
+
 # video files are found as ``tvr prepare`` finds them (the same suffixes, hidden files skipped)
 from tvr.data.prepare import VIDEO_EXTENSIONS, find_videos
-from tvr.search import ann
 from tvr.search.encoders import EncoderMismatchError, SearchEncoder
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, read_meta, write_shard
 from tvr.search.windows import DEFAULT_STRIDE, DEFAULT_WINDOW, FrameSpec, check_window, decode_windows

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tvr.search import ann
+import tvr.search.ann as ann
 from tvr.search.build import ANN_FILE, MANIFEST, SETTINGS, TABLES, embed_video, read_settings
 from tvr.search.encoders import CheckpointEncoder, ConfigEncoder, SearchEncoder
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, gather_state, state_class
