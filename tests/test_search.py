@@ -431,3 +431,35 @@ def test_a_config_model_and_a_list_file(search_setup, tmp_path: Path) -> None:
     outside.write_text("../elsewhere.mp4\n")
     result = runner.invoke(app, ["index", str(outside), "--out", str(tmp_path / "x"), "--config", str(config)])
     assert result.exit_code == 2 and "outside the list's folder" in result.output
+
+
+def test_default_encoder_on_real_clips(shared_data: Path, tmp_path: Path) -> None:
+    """No --checkpoint: the default encoder (two-tower, real offline weights) indexes real footage and finds the
+    described clip; the index reopens with the same model (rebuilt from its stamp) and refuses another one."""
+    videos = tmp_path / "clips"
+    videos.mkdir()
+    for name in ("brown_bear_rock.mp4", "bus_road.mp4", "kitesurfer_sea.mp4"):
+        shutil.copy(shared_data / "real-scenes" / name, videos / name)
+    result = runner.invoke(app, ["index", str(videos), "--out", str(tmp_path / "idx"), "-j", "1"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "idx" / MANIFEST).read_text())
+    assert manifest["model"]["encoder"] == "config" and manifest["model"]["name"] == "two_tower/zero_shot"
+    result = runner.invoke(app, ["search", str(tmp_path / "idx"), "a brown bear walking on the rock", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)[0]["video"] == "brown_bear_rock.mp4"
+    result = runner.invoke(
+        app,
+        [
+            "index",
+            str(videos),
+            "--out",
+            str(tmp_path / "idx"),
+            "--set",
+            "train.seed=3",
+            "--config",
+            "two_tower/zero_shot",
+            "--set",
+            "model.two_tower.conse_top_k=5",
+        ],
+    )
+    assert result.exit_code == 2 and "was built with" in result.output

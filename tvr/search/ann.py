@@ -44,6 +44,10 @@ SEED = 1234
 
 
 def _faiss():
+    import logging
+
+    # the loader logs at INFO which CPU build it tried first (a ModuleNotFoundError that is no error)
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     try:
         import faiss
     except ImportError as exc:  # pragma: no cover - faiss-cpu is a dependency
