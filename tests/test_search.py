@@ -463,3 +463,13 @@ def test_default_encoder_on_real_clips(shared_data: Path, tmp_path: Path) -> Non
         ],
     )
     assert result.exit_code == 2 and "was built with" in result.output
+
+
+def test_a_second_job_on_the_same_index_stops_at_once(search_setup, tmp_path: Path) -> None:
+    from tvr.utils.lock import folder_lock
+
+    out = tmp_path / "idx"
+    with folder_lock(out, "index"):  # another live `tvr index` holding the folder
+        result = runner.invoke(app, index_args(search_setup.videos, out, search_setup.checkpoint))
+    assert result.exit_code == 2 and "in use by another tvr job" in result.output
+    assert not (out / "shards").exists()

@@ -20,6 +20,7 @@ processes: every video's embedding depends on that video alone, and the final or
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -42,6 +43,7 @@ from tvr.search.windows import DEFAULT_STRIDE, DEFAULT_WINDOW, FrameSpec, check_
 from tvr.types import Sliceable
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_json, is_temporary_name, remove_stale_temporaries
+from tvr.utils.lock import folder_lock
 from tvr.utils.parallel import parallel_map
 
 FORMAT = "tvr-search-index"
@@ -448,8 +450,6 @@ def build_index(
     """Build or update the index ``out`` of the videos at ``source_path`` (see the module docstring); returns the
     report (also written to ``out/report.json``). Under torchrun (``world_size`` > 1, a process group joined) every
     rank embeds its share of the videos into its own shards and rank 0 finalises."""
-    from tvr.utils.distributed import all_gather_object, barrier
-
     options = options or IndexOptions()
     options.validate()
     start = time.perf_counter()
@@ -458,6 +458,23 @@ def build_index(
     if index.resolve() == source.root:
         raise IndexSettingsError(f"--out {index} is the indexed folder itself; choose another folder")
     settings = settings_for(encoder, source, options)
+    # rank 0 holds the index folder's lock for the whole job: a second `tvr index` on it stops at once
+    with folder_lock(index, "index") if rank == 0 else contextlib.nullcontext():
+        return _build(index, source, encoder, options, settings, rank, world_size, start)
+
+
+def _build(
+    index: Path,
+    source: Source,
+    encoder: SearchEncoder,
+    options: IndexOptions,
+    settings: dict[str, Any],
+    rank: int,
+    world_size: int,
+    start: float,
+) -> dict[str, Any]:
+    from tvr.utils.distributed import all_gather_object, barrier
+
     if rank == 0:
         index.mkdir(parents=True, exist_ok=True)
         _check_settings(index, settings, encoder)
