@@ -549,6 +549,120 @@ def prepare_frames_cmd(
     _prepare_summary(report, "prepare frames", "frames_report.json")
 
 
+# --------------------------------------------------------------------------------------------- search
+
+
+@app.command("index")
+def index_cmd(
+    videos: Path = typer.Argument(..., help="Folder of videos (searched recursively) or a list file (a path a line)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Index folder; run again to resume or to update it."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", dir_okay=False,
+                                           help="A tvr checkpoint (default: the default encoder)."),
+    config: str | None = typer.Option(None, "--config", "-c",
+                                      help="Index with the model a config builds (no checkpoint), e.g. a local CLIP: "
+                                      + CONFIG_HELP),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override of --config (repeatable)."),
+    window: float = typer.Option(10.0, "--window", help="Window length in seconds."),
+    stride: float = typer.Option(5.0, "--stride", help="Seconds between window starts."),
+    workers: int = typer.Option(0, "--workers", "-j", help="Decoding processes (0 = one per CPU, at most 8)."),
+    ann_kind: str = typer.Option("auto", "--ann", help="auto | flat | ivf | hnsw: the shortlist index."),
+    ann_threshold: int = typer.Option(50_000, "--ann-threshold", help="Windows above which auto builds IVF."),
+    nlist: int = typer.Option(0, "--nlist", help="IVF cells (0 = about 4·√windows)."),
+    state_dtype: str = typer.Option("float32", "--state-dtype", help="float32 | float16: the stored rerank state."),
+    shard_windows: int = typer.Option(4096, "--shard-windows", help="Windows per shard (the unit a kill loses)."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N | auto."),
+) -> None:
+    """Index a folder of videos: timestamped windows, embedded by the model, shortlisted by FAISS, reranked exactly."""
+    from tvr.pipeline.search import run_index
+    from tvr.search.build import IndexOptions
+
+    options = IndexOptions(window=window, stride=stride, workers=workers, ann_kind=ann_kind,
+                           ann_threshold=ann_threshold, nlist=nlist, state_dtype=state_dtype,
+                           shard_windows=shard_windows)
+    report = run_index(videos, out, options, checkpoint=checkpoint, config=config, overrides=set_ or [],
+                       device=device)
+    if not report:  # not rank 0
+        return
+    console.print(
+        f"{out}: {report['indexed']} videos, {report['rows']} windows ({report['embedded']} embedded, "
+        f"{report['reused']} unchanged, {len(report['dropped'])} dropped) in {report['seconds']} s"
+        + (f", {report['ann']['kind']} shortlist" if report["ann"] else "")
+    )
+    for bad in report["bad"][:20]:
+        console.print(f"  [yellow]skipped[/yellow] {bad['video']}: {bad['error']}", highlight=False)
+    if len(report["bad"]) > 20:
+        console.print(f"  … and {len(report['bad']) - 20} more")
+    if report["bad"]:
+        console.print(f"[yellow]{len(report['bad'])} unreadable file(s) skipped[/yellow]; report: {out}/report.json")
+
+
+@app.command("search")
+def search_cmd(
+    index: Path = typer.Argument(..., help="An index folder made by tvr index."),
+    query: str | None = typer.Argument(None, help="The text to search for."),
+    k: int = typer.Option(10, "-k", help="Results to return."),
+    rerank: int | None = typer.Option(None, "--rerank", help="Windows scored exactly (default 100; 0 = none)."),
+    all_windows: bool = typer.Option(False, "--all-windows", help="List windows, not one best window per video."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
+    video: Path | None = typer.Option(None, "--video", dir_okay=False, help="Rank --captions for this clip."),
+    captions: Path | None = typer.Option(None, "--captions", dir_okay=False, help="Captions, one per line."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", dir_okay=False,
+                                           help="Where the index's checkpoint is now (if it moved)."),
+    nprobe: int | None = typer.Option(None, "--nprobe", help="IVF cells probed per query (default: the index's)."),
+) -> None:
+    """Search an index by text (or rank captions for a clip with --video and --captions)."""
+    import json
+
+    from rich.table import Table
+
+    from tvr.search import open_index
+
+    if (video is None) != (captions is None):
+        raise UserError("--video and --captions go together: the clip, and a text file of captions to rank for it")
+    if video is None and not query:
+        raise UserError('give a query: tvr search INDEX "a dog runs on the beach" (or --video FILE --captions FILE)')
+    if video is not None and query:
+        raise UserError("give either a text query or --video/--captions, not both")
+    opened = open_index(index, checkpoint=checkpoint, nprobe=nprobe)
+    if video is not None:
+        rows = [h.to_dict() for h in opened.rank_captions(video, captions.read_text().splitlines())][:k]
+        columns = ("rank", "score", "caption", "start", "end")
+        title = f"captions for {video}"
+    else:
+        rows = [h.to_dict() for h in opened.search(query, k=k, rerank=rerank, all_windows=all_windows)]
+        columns = ("rank", "score", "video", "start", "end")
+        title = f"{query!r} in {index}"
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(f"{row[c]:.4f}" if c == "score" else f"{row[c]:.1f}" if c in ("start", "end")
+                        else str(row[c]) for c in columns))
+    Console().print(table)
+
+
+@app.command("serve")
+def serve_cmd(
+    index: Path = typer.Argument(..., help="An index folder made by tvr index."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, "--port"),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", dir_okay=False,
+                                           help="Where the index's checkpoint is now (if it moved)."),
+) -> None:
+    """Serve a search page and a JSON API (GET /api/search?q=...&k=...; OpenAPI docs at /docs)."""
+    import uvicorn
+
+    from tvr.search import open_index
+    from tvr.search.server import create_app
+
+    app_ = create_app(open_index(index, checkpoint=checkpoint))
+    console.print(f"serving {index} on http://{host}:{port}/ (API docs: /docs)")
+    uvicorn.run(app_, host=host, port=port, log_level="info")
+
+
 def run() -> None:  # pragma: no cover - console entry point helper
     sys.exit(app())
 

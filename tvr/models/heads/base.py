@@ -279,6 +279,20 @@ class RetrievalHead(nn.Module, ABC):
         order = exact.argsort(dim=1, descending=True)
         return indices.cpu().gather(1, order), exact.gather(1, order)
 
+    # ------------------------------------------------------------------ search indexes
+    def rerank_state(self, video_state: Any) -> Any:
+        """What a search index stores per video to score it exactly later without its features: a dataclass of
+        tensors sliceable along dim 0 (``tvr.types.Sliceable``). Default: the video state itself. A head whose exact
+        score builds costly per-video intermediates returns them here, so an index computes them once (GARE: the
+        factorised scorer's ψ state; TV-ProxyNet: the folded keys and values of every round)."""
+        return video_state
+
+    @torch.no_grad()
+    def score_rerank(self, text_state: Any, rerank_state: Any) -> Tensor:
+        """Exact scores [n_t, n_v] of texts against stored :meth:`rerank_state` rows: equal to :meth:`score` of the
+        videos they were made from (up to float rounding). States stored in half precision are scored in float32."""
+        return self.score(text_state, widen_half(rerank_state)).float()
+
     @torch.no_grad()
     def score_two_stage(self, text_state: Any, video_state: Any, k: int) -> Tensor:
         """:meth:`rerank` as a dense [N_t, N_v] matrix: the exact score on each text's shortlist, −inf elsewhere,
@@ -288,6 +302,18 @@ class RetrievalHead(nn.Module, ABC):
 
 
 # --------------------------------------------------------------------------------------------- helpers
+
+
+def widen_half(state: Any) -> Any:
+    """``state`` with its float16 / bfloat16 tensor fields as float32 (other fields untouched)."""
+    if not dataclasses.is_dataclass(state):
+        return state
+    values = {}
+    for f in dataclasses.fields(state):
+        value = getattr(state, f.name)
+        if isinstance(value, Tensor) and value.dtype in (torch.float16, torch.bfloat16):
+            values[f.name] = value.float()
+    return dataclasses.replace(state, **values) if values else state
 
 
 def _emb(head: RetrievalHead, state: Any) -> Tensor:

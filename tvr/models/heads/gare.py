@@ -17,7 +17,14 @@ from torch import Tensor
 from tvr.losses import gare_direction, gare_kl, gare_radius, symmetric_infonce
 from tvr.models.heads.base import RetrievalHead
 from tvr.models.heads.gare_psi import GareOptions, Psi, gare_block, video_mean
-from tvr.models.heads.gare_scoring import fast_path_support, gare_pair_scores, gare_pairwise_scores
+from tvr.models.heads.gare_scoring import (
+    GareRerankState,
+    fast_path_support,
+    gare_pair_scores,
+    gare_pairwise_scores,
+    gare_rerank_scores,
+    gare_rerank_state,
+)
 from tvr.models.heads.registry import register_head
 from tvr.types import TextFeatures, VideoFeatures
 
@@ -111,6 +118,19 @@ class GareHead(RetrievalHead):
         if self.options.context == "frames" and self._use_fast(text_state, video_state):
             return gare_pair_scores(self.psi, text_state, video_state, self.options, text_index, video_index).float()
         return super().score_pairs(text_state, video_state, text_index, video_index)
+
+    def rerank_state(self, video_state: VideoFeatures) -> VideoFeatures | GareRerankState:
+        """Frame context on the factorised path: the per-video ψ state (built once, at index time); otherwise the
+        video features themselves."""
+        if self.options.context == "frames" and self._use_fast(None, video_state):
+            return gare_rerank_state(self.psi, video_state, self.options)
+        return video_state
+
+    @torch.no_grad()
+    def score_rerank(self, text_state: TextFeatures, rerank_state: VideoFeatures | GareRerankState) -> Tensor:
+        if isinstance(rerank_state, GareRerankState):
+            return gare_rerank_scores(self.psi, text_state, rerank_state, self.options)
+        return super().score_rerank(text_state, rerank_state)
 
     def shortlist_texts(self, text_state: TextFeatures) -> Tensor:
         """The shortlist ranks by cos(t_i, v̄_j): normalised EOT features ..."""

@@ -596,6 +596,12 @@ class ProxyVideoState(Sliceable):
     proxies: Tensor
 
 
+@dataclasses.dataclass
+class ProxyRerankState(_VideoFold):
+    """What a search index stores per video for TV-ProxyNet's exact score: the unit-norm video feature and every
+    round's folded keys and values (see :meth:`ProxyHead.rerank_state`)."""
+
+
 @register_head("proxy")
 class ProxyHead(RetrievalHead):
     """TV-ProxyNet (spec §4). Not indexable: the proxy term depends on the pair. Two-stage scoring shortlists by
@@ -681,6 +687,32 @@ class ProxyHead(RetrievalHead):
         proxy = proxy_pair_scores(self.generator, text_state.emb, video_state.emb, video_state.proxies, text_index,
                                   video_index, method=self._method())
         return regular + self.gamma_value * proxy.float().cpu()
+
+    def rerank_state(self, video_state: ProxyVideoState) -> ProxyVideoState | ProxyRerankState:
+        """On the factorised path: every round's folded keys and values per video (the per-video part of the
+        proxy term, ≈ layers·3·M·D² multiply-adds), built once at index time."""
+        if not _use_fast(self.generator, self._method()):
+            return video_state
+        fold = _fold_videos(self.generator, video_state.emb.to(_weights_dtype(self.generator)),
+                            video_state.proxies.to(_weights_dtype(self.generator)))
+        return ProxyRerankState(**{f.name: getattr(fold, f.name) for f in dataclasses.fields(fold)})
+
+    @torch.no_grad()
+    def score_rerank(self, text_state: ProxyTextState, rerank_state: ProxyVideoState | ProxyRerankState) -> Tensor:
+        if not isinstance(rerank_state, ProxyRerankState):
+            return super().score_rerank(text_state, rerank_state)
+        gen = self.generator
+        dtype = _weights_dtype(gen)
+        text = text_state.emb.to(dtype)
+        state = rerank_state.to(text.device, dtype)
+        regular = text @ state.video.t()
+        if self.gamma_value == 0.0:
+            return regular.float()
+        ffns, tf = _fold_ffn(gen), _fold_texts(gen, text)
+        step = max(1, _pair_block(text) // max(1, len(text)))
+        proxy = torch.cat([_proxy_cos_block(gen, ffns, tf, state[b : b + step], grid=True).t()
+                           for b in range(0, len(state), step)], dim=1)
+        return (regular + self.gamma_value * proxy).float()
 
     # ------------------------------------------------------------------ γ, chosen on validation
     @torch.no_grad()
