@@ -175,13 +175,28 @@ def synth(
     num_test: int = typer.Option(30, help="Of which test videos."),
     captions: int = typer.Option(5, help="Paraphrased captions per video."),
     seed: int = typer.Option(0),
+    content: str = typer.Option("shapes", help="shapes | objects (photos shipped with scikit-image / opencv-doc)."),
+    size: int = typer.Option(64, help="Frame width = height in pixels (even)."),
+    seconds: float = typer.Option(3.0, help="Clip length in seconds."),
+    fps: float = typer.Option(8.0, help="Frames per second."),
+    pair_prob: float = typer.Option(0.5, help="Temporal order: share of groups that are twins differing in time only."),
+    shared_attributes: float = typer.Option(
+        0.0, help="False negatives: chance a group repeats an earlier video's caption attributes."
+    ),
+    paraphrase: float = typer.Option(1.0, help="Paraphrase diversity in [0, 1] (1 = every wording)."),
+    distractor_prob: float = typer.Option(0.3, help="Chance a single-object video shows a distractor."),
+    distractor_motion: float = typer.Option(0.0, help="Chance a distractor drifts instead of standing still."),
 ) -> None:
-    """Render a synthetic captioned video set (real mp4 files) in the MSR-VTT annotation format."""
+    """Render a synthetic captioned video set (real mp4 files) in the MSR-VTT annotation format; the dials are
+    recorded in OUT/synth_meta.json."""
     from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset
 
     summary = generate_synthetic_dataset(
         out,
-        SynthConfig(num_videos=num_videos, num_test=num_test, captions_per_video=captions, seed=seed),
+        SynthConfig(num_videos=num_videos, num_test=num_test, captions_per_video=captions, seed=seed,
+                    content=content, size=size, seconds=seconds, fps=fps, pair_prob=pair_prob,
+                    shared_attributes=shared_attributes, paraphrase=paraphrase, distractor_prob=distractor_prob,
+                    distractor_motion=distractor_motion),
         progress=True,
     )
     console.print(summary)
