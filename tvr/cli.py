@@ -1,4 +1,4 @@
-"""``tvr`` command line: train, eval, features, synth, demo, and checkpoint/tokenizer conversion."""
+"""``tvr`` command line: train, eval, features, synth, demo, bench, and checkpoint/tokenizer conversion."""
 
 from __future__ import annotations
 
@@ -220,6 +220,29 @@ def demo(
 
 
 @app.command()
+def bench(
+    config: str = typer.Option(
+        ..., "--config", "-c", help="Bench YAML file or shipped bench config name (default, quick; tvr/configs/bench)."
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="Bench folder; rerun the same command to resume."),
+) -> None:
+    """Methods × seeds on cached features: validation picks checkpoints and inference settings, the test split is
+    evaluated once per run; writes OUT/results.json, OUT/results.md (mean ± 95 % CI, paired differences from the
+    baseline) and plots. Resumable: finished runs are kept."""
+    from tvr.pipeline.bench import load_bench_config, run_bench
+
+    spec = load_bench_config(config)
+    command = f"tvr bench --config {config} --out {out}"
+    results = run_bench(spec, out, command=command, echo=lambda line: console.print(line, highlight=False))
+    from tvr.eval.bench_report import differences_table, results_table
+
+    print(results_table(results))
+    print()
+    print(differences_table(results))
+    console.print(f"report: {out / 'results.md'}")
+
+
+@app.command()
 def heads() -> None:
     """List the method heads (registered in tvr.models.heads or by installed packages) and their options."""
     import dataclasses
@@ -252,6 +275,8 @@ def presets() -> None:
     for name in available_presets():
         print(name)
     console.print(f"[dim]({PRESET_DIR}; a path to your own YAML file works as well)[/dim]")
+    benches = sorted(p.stem for p in (PRESET_DIR / "bench").glob("*.yaml"))
+    console.print(f"[dim]bench configs for tvr bench --config: {', '.join(benches)}[/dim]")
 
 
 @app.command("convert-openai")
