@@ -15,7 +15,7 @@ from tvr.config import Config, HeadConfig, load_config
 from tvr.losses import gare_direction, gare_kl, gare_radius, symmetric_infonce
 from tvr.models.heads import gare as gare_module
 from tvr.models.heads.base import LN_100
-from tvr.models.heads.gare import GareHead, GareOptions, Psi, gare_block, validate_gare_options
+from tvr.models.heads.gare import GareHead, GareOptions, Psi, gare_block
 from tvr.models.heads.registry import resolve_head_config
 from tvr.types import TextFeatures, VideoFeatures
 
@@ -222,7 +222,7 @@ def test_word_context_needs_words() -> None:
 )
 def test_invalid_options_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"head.options.{field}"):
-        validate_gare_options(GareOptions(**{field: value}))
+        GareHead(8, GareOptions(**{field: value}))  # the base constructor checks the options
 
 
 # ----------------------------------------------------------------------------- scoring

@@ -292,6 +292,15 @@ def test_a_head_outside_the_package_trains_and_evaluates_from_the_cli(tmp_path: 
     assert result.exit_code == 0, result.output
     assert json.loads((ev / "metrics.json").read_text())["t2v"] == metrics["t2v"]
 
+    # the checkpoint describes itself: no --config needed, and --set still overrides what it carries
+    ev2 = tmp_path / "eval_self"
+    result = runner.invoke(app, ["eval", "--checkpoint", str(run / "best.pt"), "--out", str(ev2)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((ev2 / "metrics.json").read_text())["t2v"] == metrics["t2v"]
+    result = runner.invoke(app, ["eval", "--checkpoint", str(run / "best.pt"), "--out", str(tmp_path / "ev3"),
+                                 "--set", "head.options.pool=median"])
+    assert result.exit_code == 2 and "head.options.pool = 'median'" in result.output
+
     # reusing the run folder needs --resume or --overwrite, and a bad option value fails at load
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and "--overwrite" in result.output
@@ -308,3 +317,33 @@ def test_the_demo_runs_a_head_by_import_path(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "demo" / "run" / "test_best" / "metrics.json").read_text())
     assert metrics["head"] == TOY
+
+
+def _invalid_value(f: dataclasses.Field) -> object | None:
+    """A value the field's own metadata rules out (None when the field declares no rule)."""
+    if f.metadata.get("choices"):
+        return "not-a-choice"
+    bounds = f.metadata.get("range")
+    if bounds:
+        ge, gt, le, lt = bounds
+        if ge is not None:
+            return ge - 1
+        if gt is not None:
+            return gt - 1
+        if le is not None:
+            return le + 1
+        if lt is not None:
+            return lt + 1
+    return None
+
+
+def test_constructor_checks_options_like_a_config(name: str) -> None:
+    """The base constructor applies the config's rules to options given directly, the same for every head."""
+    cls = registry.head_class(name)
+    ruled = [(f, v) for f in dataclasses.fields(cls.Options) if (v := _invalid_value(f)) is not None]
+    if not ruled:
+        pytest.skip(f"{name} declares no choice/bounded option")
+    for f, value in ruled:
+        bad = dataclasses.replace(cls.Options(), **{f.name: value})
+        with pytest.raises(ConfigError, match=rf"head\.options\.{f.name} = "):
+            cls(D, bad)

@@ -34,8 +34,8 @@ class BilinearHead(RetrievalHead):
     Options = BilinearOptions
     indexable = True
 
-    def __init__(self, dim: int, options: BilinearOptions | None = None, **scale: float) -> None:
-        super().__init__(dim, options, **scale)
+    def build(self) -> None:  # the recipe of docs/architecture.md: the base constructor validated the options
+        dim = self.dim
         self.text_proj = nn.Linear(dim, self.options.proj_dim)
         self.video_proj = nn.Linear(dim, self.options.proj_dim)
 
@@ -85,6 +85,7 @@ class MixtureHead(RetrievalHead):
     Options = MixtureOptions
 
     def __init__(self, dim: int, options: MixtureOptions | None = None, **scale: float) -> None:
+        # a head may still write its own constructor (heads written before build() existed keep working)
         super().__init__(dim, options, **scale)
         self.proj = nn.Linear(dim, dim)
         self.register_buffer("gamma", torch.tensor(float(self.options.gammas[0])))

@@ -66,13 +66,14 @@ app = _Commands(
 )
 
 
-def _load(config: str | Path | None, overrides: list[str] | None):
-    """Load and fully check a run config (core sections first, without importing torch; then the head's options
-    against its own dataclass). A bad value exits with code 2 and one line naming the field and the valid values."""
-    from tvr.config import ConfigError, load_config
+def _checked_config(make: Callable[[], Any]):
+    """Build a run config with ``make`` and fully check it (core sections first, without importing torch; then the
+    head's options against its own dataclass). A bad value exits with code 2 and one line naming the field and the
+    valid values."""
+    from tvr.config import ConfigError
 
     try:
-        cfg = load_config(config, overrides or [])
+        cfg = make()
         from tvr.pipeline import resolve_config
 
         return resolve_config(cfg)
@@ -81,6 +82,28 @@ def _load(config: str | Path | None, overrides: list[str] | None):
             raise
         console.print(f"[red]config error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+
+
+def _load(config: str | Path | None, overrides: list[str] | None):
+    """A preset (file or shipped name) with ``--set`` overrides, checked."""
+    from tvr.config import load_config
+
+    return _checked_config(lambda: load_config(config, overrides or []))
+
+
+def _load_from_checkpoint(checkpoint: Path, overrides: list[str] | None):
+    """The config a checkpoint carries, with ``--set`` overrides applied, checked."""
+    from tvr.config import config_with_overrides
+    from tvr.models.checkpoint import CheckpointError, checkpoint_config_values
+
+    values = checkpoint_config_values(checkpoint)
+    if values is None:
+        raise CheckpointError(
+            f"{checkpoint}: this checkpoint carries no config (written before checkpoints carried one); pass the "
+            "run's config with --config (the run folder's config.yaml)"
+        )
+    source = f"{checkpoint} (the config it carries)"
+    return _checked_config(lambda: config_with_overrides(values, overrides or [], source))
 
 
 def _print_metrics(metrics: dict, title: str) -> None:
@@ -126,13 +149,15 @@ def train(
 
 @app.command("eval")
 def eval_(
-    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     checkpoint: Path = typer.Option(..., "--checkpoint", exists=True, dir_okay=False),
     out: Path = typer.Option(..., "--out", "-o"),
-    set_: list[str] = typer.Option(None, "--set"),
+    config: str | None = typer.Option(
+        None, "--config", "-c", help="Default: the config the checkpoint carries. " + CONFIG_HELP
+    ),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override of the config (repeatable)."),
 ) -> None:
     """Evaluate a checkpoint: writes OUT/metrics.json ({"t2v": ..., "v2t": ...}) and OUT/metrics.md."""
-    cfg = _load(config, set_)
+    cfg = _load(config, set_) if config else _load_from_checkpoint(checkpoint, set_)
     from tvr.pipeline import run_eval
 
     metrics = run_eval(cfg, checkpoint, out)
@@ -338,7 +363,7 @@ def import_checkpoint(
         "import_layout": rep.layout,
         "import_counts": {k: len(v) for k, v in rep.to_dict().items() if isinstance(v, list)},
     }
-    save_checkpoint(out, model, state=state)
+    save_checkpoint(out, model, state=state, config=cfg)
     if report is not None:
         atomic_write_json(report, rep.to_dict())
     colour = "green" if rep.complete else "yellow"

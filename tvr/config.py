@@ -7,6 +7,7 @@ falls back to a default.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -530,6 +531,13 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     if path:
         path = resolve_preset(path)
     values: dict = _read_yaml(Path(path)) if path else {}
+    return config_with_overrides(values, overrides, str(path or "<overrides>"))
+
+
+def config_with_overrides(values: dict, overrides: list[str] | tuple[str, ...] = (), source: str = "config") -> Config:
+    """A :class:`Config` from a nested mapping (a preset's, or the one a checkpoint carries) with dotted overrides
+    applied in order (``head.name`` first, as in :func:`load_config`); errors name ``source``."""
+    values = copy.deepcopy(values)
     parsed = [(text, *parse_override(text)) for text in overrides]
     for _, keys, value in parsed:
         if keys == ["head", "name"]:
@@ -546,7 +554,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     try:
         return config_from_dict(values)
     except ConfigError as exc:
-        raise ConfigError(f"{path or '<overrides>'}: {exc}") from None
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def config_to_dict(config: Any) -> dict:

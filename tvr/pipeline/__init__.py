@@ -249,34 +249,12 @@ def _run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
     return metrics
 
 
-def load_model_for_eval(cfg: Config, checkpoint: str | Path):
-    """Build the model of ``cfg`` and load ``checkpoint`` into it.
+def load_model_for_eval(cfg: Config | None, checkpoint: str | Path):
+    """The model of ``checkpoint`` with its weights (``cfg`` overrides the config the checkpoint carries; see
+    :func:`tvr.models.checkpoint.load_model`)."""
+    from tvr.models.checkpoint import load_model
 
-    A checkpoint trained on a feature cache holds no backbone weights (the backbone was frozen): evaluating it on
-    video files re-attaches the frozen backbone named by ``model.clip``, built from the same seed as the cache.
-    """
-    from tvr.models.build import build_backbone, build_model
-    from tvr.train.checkpoint import load_checkpoint
-    from tvr.train.utils import seed_everything
-
-    cached = bool(cfg.data.features_dir)
-    has_backbone = _has_backbone_weights(checkpoint)
-    seed_everything(cfg.train.seed)
-    model = build_model(cfg, cached=cached or not has_backbone)
-    load_checkpoint(checkpoint, model)
-    if not cached and not has_backbone:
-        seed_everything(cfg.train.seed)
-        model.backbone = build_backbone(cfg.model)
-    return model
-
-
-def _has_backbone_weights(checkpoint: str | Path) -> bool:
-    """Whether the checkpoint holds backbone weights; memory-mapped, so the tensors themselves are not read."""
-    try:
-        model_state = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)["model"]
-    except Exception:  # unreadable or not ours: load_checkpoint reports it with the file named
-        return True
-    return any(key.startswith("backbone.") for key in model_state)
+    return load_model(checkpoint, cfg)[0]
 
 
 def write_eval(out_dir: Path, metrics: dict, extra: dict) -> None:

@@ -16,17 +16,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from tvr.utils.errors import UserError
+from tvr.config import Config, config_to_dict
+from tvr.models.checkpoint import (  # noqa: F401 (CheckpointError, read_checkpoint: this module's API too)
+    FORMAT,
+    VERSION,
+    CheckpointError,
+    load_model_state,
+    read_checkpoint,
+)
 from tvr.utils.io import atomic_torch_save
 
-FORMAT = "tvr-checkpoint"
-VERSION = 1
-
 log = logging.getLogger("tvr.train")
-
-
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint file is missing, unreadable, or does not fit the model/optimizer it is loaded into."""
 
 
 # --------------------------------------------------------------------------------------------- RNG state
@@ -96,17 +96,20 @@ def save_checkpoint(
     scheduler: Any | None = None,
     scaler: Any | None = None,
     state: dict[str, Any] | None = None,
+    config: Config | None = None,
 ) -> Path:
     """Write everything needed to continue training bit for bit, atomically.
 
     ``state`` holds the loop position and bookkeeping (epoch, batch in epoch, global step, data seed, best metric…);
-    the RNG states of this process are added under ``"rng"``.
+    the RNG states of this process are added under ``"rng"``. ``config`` (the resolved run config) makes the file
+    self-describing: :func:`tvr.models.checkpoint.load_model` rebuilds the model from it with no other file.
     """
     model = unwrap_model(model)
     payload: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "model_class": type(model).__name__,
+        "config": config_to_dict(config) if config is not None else None,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
@@ -115,62 +118,6 @@ def save_checkpoint(
         "rng": capture_rng_state(),
     }
     return atomic_torch_save(payload, path)
-
-
-def _why_unreadable(path: Path, exc: Exception) -> str:
-    """What a file that torch.load rejects looks like, so the message says more than the unpickler's opcode."""
-    with open(path, "rb") as handle:
-        head = handle.read(512)
-    if head.startswith(b"PK\x03\x04"):
-        return f"a torch.save archive that cannot be read (truncated or corrupt?): {exc}"
-    if head[:1] == b"\x80":
-        return f"a pickled file that cannot be read as a checkpoint (truncated or corrupt?): {exc}"
-    if not head:
-        return "an empty file, expected a checkpoint written by tvr train (torch.save)"
-    try:
-        head.decode("utf-8")
-        kind = "a text file"
-    except UnicodeDecodeError:
-        kind = "neither a torch.save archive nor a pickle"
-    return f"{kind}, expected a checkpoint written by tvr train (torch.save; first bytes {head[:16]!r})"
-
-
-def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load and validate the raw checkpoint dict (on CPU), or raise :class:`CheckpointError` naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, … for damaged files
-        raise CheckpointError(f"{path}: not a readable checkpoint: {_why_unreadable(path, exc)}") from exc
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a tvr training checkpoint (no '{FORMAT}' marker)")
-    if payload.get("version") != VERSION:
-        raise CheckpointError(f"{path}: checkpoint format version {payload.get('version')}, expected {VERSION}")
-    return payload
-
-
-def _load_model_state(path: Path, model: nn.Module, saved: dict[str, Any], saved_class: str) -> None:
-    own = model.state_dict()
-    missing = sorted(set(own) - set(saved))
-    unexpected = sorted(set(saved) - set(own))
-    mismatched = [
-        f"{k}: checkpoint {tuple(saved[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in sorted(set(own) & set(saved))
-        if isinstance(saved[k], torch.Tensor) and saved[k].shape != own[k].shape
-    ]
-    if missing or unexpected or mismatched:
-
-        def show(items: list[str]) -> str:
-            return ", ".join(items[:20]) + (f", … ({len(items)} in all)" if len(items) > 20 else "") or "none"
-
-        raise CheckpointError(
-            f"{path}: checkpoint (model {saved_class}) does not match this {type(model).__name__}: "
-            f"missing keys [{show(missing)}]; unexpected keys [{show(unexpected)}]; "
-            f"shape mismatches [{show(mismatched)}]"
-        )
-    model.load_state_dict(saved)
 
 
 def load_checkpoint(
@@ -193,7 +140,7 @@ def load_checkpoint(
     path = Path(path)
     payload = read_checkpoint(path)
     target = unwrap_model(model)
-    _load_model_state(path, target, payload["model"], str(payload.get("model_class")))
+    load_model_state(path, target, payload["model"], str(payload.get("model_class")))
     for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
         if obj is None:
             continue

@@ -416,7 +416,7 @@ class Trainer:
             "eval_seconds": round(time.perf_counter() - started, 3),
         }
         if improved and self.is_main:
-            save_checkpoint(self.best_path, self.model, state=self._state())
+            save_checkpoint(self.best_path, self.model, state=self._state(), config=self.cfg)
         self.logger.eval(record)
         log.info("step %d: %s = %.4f%s", self.global_step, self.select_metric, value, " (best)" if improved else "")
 
@@ -458,7 +458,7 @@ class Trainer:
         state = self._state()
         state["rng_per_rank"] = [part["rng"] for part in gathered]
         state["pending_eval"] = pending_eval
-        save_checkpoint(self.last_path, self.model, self.optimizer, self.scheduler, self.scaler, state)
+        save_checkpoint(self.last_path, self.model, self.optimizer, self.scheduler, self.scaler, state, self.cfg)
 
     def _write_skipped(self, merge: bool) -> None:
         """``skipped_videos.json``: every unreadable video met so far (``merge`` gathers all ranks' lists)."""

@@ -5,7 +5,9 @@ through CLIP and on cached frozen features. A head class declares
 
 * ``Options``: a dataclass of its settings (``head.options`` in a config). Fields use ``tvr.config.choice`` /
   ``bounded`` for choices and ranges and may define ``validate()``; the registry checks them when a config loads.
-* ``__init__(dim, options, *, logit_scale_init, logit_scale_max)``: the standard constructor the registry calls.
+* ``build()``: creates the head's modules from ``self.dim`` and ``self.options``. The base class owns the
+  constructor ``__init__(dim, options, *, logit_scale_init, logit_scale_max)`` the registry calls: it validates the
+  options (the same checks a config gets) before ``build`` runs, so no head repeats them.
 * ``encode_texts`` / ``encode_videos``: per-item states, sliceable along dim 0 (see ``tvr.types.Sliceable``).
 * ``score_block(text_state, video_state) -> [n_t, n_v]``: the exact score of every pair of a block.
 * ``loss(TextFeatures, VideoFeatures) -> {"loss": ..., components...}`` on B aligned pairs.
@@ -27,6 +29,8 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+
+from tvr.config import check_field_values
 
 LN_100 = math.log(100.0)
 
@@ -87,6 +91,9 @@ class RetrievalHead(nn.Module, ABC):
         logit_scale_init: float = LN_100,
         logit_scale_max: float = LN_100,
     ) -> None:
+        """The one constructor every head shares: checks ``dim``, builds or checks ``options`` against the head's
+        ``Options`` dataclass (types, ``choice``/``bounded`` fields and its ``validate()``, one rule for every
+        head), sets up CLIP's learnable temperature, then calls :meth:`build` for the head's own modules."""
         super().__init__()
         if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"{type(self).__name__}: dim must be a positive integer, got {dim!r}")
@@ -96,11 +103,17 @@ class RetrievalHead(nn.Module, ABC):
             raise TypeError(
                 f"{type(self).__name__}: options must be a {self.Options.__name__}, got {type(options).__name__}"
             )
+        check_field_values(options, "head.options")
         self.dim = dim
         self.options = options
         # CLIP's learnable temperature, stored as a log; clamped after every optimizer step (spec §1.1)
         self.logit_scale = nn.Parameter(torch.tensor(float(logit_scale_init)))
         self.logit_scale_max = float(logit_scale_max)
+        self.build()
+
+    def build(self) -> None:
+        """Create the head's modules and buffers from ``self.dim`` and the validated ``self.options`` (called once,
+        at the end of the base constructor). A head with no parameters of its own leaves it empty."""
 
     @torch.no_grad()
     def clamp_logit_scale(self) -> None:

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from tvr.config import bounded, choice
 from tvr.losses import symmetric_infonce
-from tvr.models.heads.base import LN_100, RetrievalHead
+from tvr.models.heads.base import RetrievalHead
 from tvr.models.heads.registry import register_head
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
 
@@ -97,20 +97,7 @@ class Clip4ClipHead(RetrievalHead):
 
     Options = Clip4ClipOptions
 
-    def __init__(
-        self,
-        dim: int,
-        options: Clip4ClipOptions | None = None,
-        *,
-        logit_scale_init: float = LN_100,
-        logit_scale_max: float = LN_100,
-    ) -> None:
-        super().__init__(dim, options, logit_scale_init=logit_scale_init, logit_scale_max=logit_scale_max)
-        if self.options.video_pool not in VIDEO_POOLS:
-            raise ValueError(f"head.options.video_pool={self.options.video_pool!r}: expected one of {VIDEO_POOLS}")
-        if not self.options.pool_temperature > 0:
-            raise ValueError(f"head.options.pool_temperature={self.options.pool_temperature}: expected a positive "
-                             "number")
+    def build(self) -> None:
         self.video_pool = self.options.video_pool
         self.pool_temperature = float(self.options.pool_temperature)
         self.indexable = self.video_pool == "mean"

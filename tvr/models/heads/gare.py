@@ -15,13 +15,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tvr.losses import gare_direction, gare_kl, gare_radius, symmetric_infonce
-from tvr.models.heads.base import LN_100, RetrievalHead
-from tvr.models.heads.gare_psi import GareOptions, Psi, gare_block, validate_gare_options, video_mean
+from tvr.models.heads.base import RetrievalHead
+from tvr.models.heads.gare_psi import GareOptions, Psi, gare_block, video_mean
 from tvr.models.heads.gare_scoring import fast_path_support, gare_pair_scores, gare_pairwise_scores
 from tvr.models.heads.registry import register_head
 from tvr.types import TextFeatures, VideoFeatures
 
-__all__ = ["GareHead", "GareOptions", "Psi", "gare_block", "validate_gare_options"]
+__all__ = ["GareHead", "GareOptions", "Psi", "gare_block"]
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +39,8 @@ class GareHead(RetrievalHead):
     default_text_chunk = 64
     default_video_chunk = 256
 
-    def __init__(
-        self,
-        dim: int,
-        options: GareOptions | None = None,
-        *,
-        logit_scale_init: float = LN_100,
-        logit_scale_max: float = LN_100,
-    ) -> None:
-        super().__init__(dim, options, logit_scale_init=logit_scale_init, logit_scale_max=logit_scale_max)
-        validate_gare_options(self.options)
-        self.psi = Psi(dim, dropout=self.options.psi_dropout, init=self.options.psi_init)
+    def build(self) -> None:
+        self.psi = Psi(self.dim, dropout=self.options.psi_dropout, init=self.options.psi_init)
 
     # ------------------------------------------------------------------ states
     def encode_texts(self, text: TextFeatures) -> TextFeatures:

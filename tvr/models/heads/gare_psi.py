@@ -69,13 +69,6 @@ class GareOptions:
             raise ValueError(f"eta = {self.eta!r}: expected +1 or -1 (the sign of the gap)")
 
 
-def validate_gare_options(options: GareOptions) -> None:
-    """Raise a ValueError (a ``tvr.config.ConfigError``) naming the ``head.options`` field that is not allowed."""
-    from tvr.config import check_field_values
-
-    check_field_values(options, "head.options")
-
-
 class Psi(nn.Module):
     """Δ_ij = W_μ · LN3(h + Dropout(W_1 h)),  h = LN2(W_o · Attn(W_q LN1(q_ij), W_k LN1(C_j), W_v LN1(C_j))).
 

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from tvr.config import bounded, choice
 from tvr.losses import SGI_QUALITIES, sgi_align, sgi_align_pairwise, sgi_align_terms, symmetric_infonce
-from tvr.models.heads.base import LN_100, ParamRule, RetrievalHead, _check_pairs
+from tvr.models.heads.base import ParamRule, RetrievalHead, _check_pairs
 from tvr.models.heads.registry import register_head
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
 
@@ -174,17 +174,8 @@ class GraviAlignHead(RetrievalHead):
     # InfoNCE as fast as the CLIP4Clip head while L_SGI still reaches the backbone (docs/methods/gravialign.md)
     demo_options = {"alpha": 0.01, "eps": 1e-2}
 
-    def __init__(
-        self,
-        dim: int,
-        options: GraviAlignOptions | None = None,
-        *,
-        logit_scale_init: float = LN_100,
-        logit_scale_max: float = LN_100,
-    ) -> None:
-        super().__init__(dim, options, logit_scale_init=logit_scale_init, logit_scale_max=logit_scale_max)
-        o = self.options
-        o.validate()
+    def build(self) -> None:
+        o, dim = self.options, self.dim
         self.gauss_text = GaussianEmbedding(dim, o.logvar_init, o.logvar_weight_std)
         self.gauss_video = GaussianEmbedding(dim, o.logvar_init, o.logvar_weight_std)
         # the inference setting and the S_align statistics are buffers: saved with (and restored from) checkpoints

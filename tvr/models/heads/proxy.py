@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from tvr.config import bounded, choice
 from tvr.losses import symmetric_infonce, text_proxy_loss
-from tvr.models.heads.base import LN_100, ParamRule, RetrievalHead, _check_pairs
+from tvr.models.heads.base import ParamRule, RetrievalHead, _check_pairs
 from tvr.models.heads.clip4clip import mean_pooled_video
 from tvr.models.heads.registry import register_head
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
@@ -605,19 +605,8 @@ class ProxyHead(RetrievalHead):
     requires = frozenset({"proxies"})
     default_text_chunk = 1 << 30  # the factorised scorer tiles internally
 
-    def __init__(
-        self,
-        dim: int,
-        options: ProxyOptions | None = None,
-        *,
-        logit_scale_init: float = LN_100,
-        logit_scale_max: float = LN_100,
-    ) -> None:
-        super().__init__(dim, options, logit_scale_init=logit_scale_init, logit_scale_max=logit_scale_max)
-        from tvr.config import check_field_values
-
-        opts = self.options
-        check_field_values(opts, "head.options")
+    def build(self) -> None:
+        opts, dim = self.options, self.dim
         if dim % opts.heads:
             raise ValueError(f"head.options.heads = {opts.heads}: must divide the feature dimension {dim}")
         self.generator = ProxyGenerator(
