@@ -28,6 +28,7 @@ from tvr.pipeline.bench import (
     method_config,
     prepare_data,
     prepare_features,
+    run_bench,
     run_one,
 )
 
@@ -255,3 +256,29 @@ def test_killed_bench_resumes_with_finished_runs_kept(tmp_path: Path) -> None:
     recorded = json.loads((out / "results.json").read_text())
     assert recorded["seeds"] == [0, 1, 2] and recorded["packages"]["torch"] == torch.__version__
     assert recorded["dials"]["clip_length"]["frames"] == 8 and len(recorded["runs"]) == 6
+
+
+def test_transfer_sets_are_evaluated_zero_shot_or_skipped(tmp_path: Path, shared_data: Path) -> None:
+    scenes = shared_data / "real-scenes"
+    if not (scenes / "captions.csv").is_file():
+        pytest.skip(f"{scenes} not found")
+    transfer = [
+        {"name": "real-scenes", "split": "train",
+         "data": {"dataset": "generic", "annotations": str(scenes), "video_dir": str(scenes),
+                  "generic_file": "captions.csv", "video_pattern": "{video_id}", "val_fraction": 0.0}},
+        {"name": "absent", "data": {"dataset": "generic", "annotations": str(tmp_path / "nowhere")}},
+    ]  # fmt: skip
+    methods = [{"name": "clip4clip", "head": {"name": "clip4clip", "logit_scale_init": 2.6592}}]
+    config = _write_bench(tmp_path, epochs=1, methods=methods, transfer=transfer)
+    results = run_bench(load_bench_config(config), tmp_path / "out", progress=False)
+    assert results["transfer"]["absent"] == {"skipped": f"annotation folder {tmp_path / 'nowhere'} not found"}
+    scenes_report = results["transfer"]["real-scenes"]
+    runs = scenes_report["runs"]["clip4clip"]
+    assert [r["seed"] for r in runs] == [0, 1, 2]
+    assert all(r["info"]["num_videos"] == 19 and r["info"]["num_texts"] == 19 for r in runs)
+    recall = [r["t2v"]["R1"] for r in runs]
+    assert scenes_report["summary"]["clip4clip"]["t2v"]["R1"]["mean"] == pytest.approx(sum(recall) / 3)
+    for seed in (0, 1, 2):
+        assert (tmp_path / "out" / "runs" / "clip4clip" / f"seed{seed}" / "transfer_real-scenes.json").is_file()
+    report = (tmp_path / "out" / "results.md").read_text()
+    assert "### Zero-shot transfer: real-scenes" in report and "Skipped: annotation folder" in report

@@ -40,14 +40,38 @@ def _header() -> list[str]:
     return ["| method | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
 
 
-def results_table(results: dict[str, Any]) -> str:
-    """Mean ± 95 % CI half-width over seeds per method."""
+def interval_table(summary: dict[str, Any], baseline: str | None = None) -> str:
+    """Mean ± 95 % CI half-width over seeds per method, from a ``{method: {direction: {metric: interval}}}``."""
     lines = _header()
-    for method in results["summary"]:
-        row = [_cell(results["summary"][method][d][m]) for d in DIRECTIONS for m in METRICS]
-        name = f"{method} (baseline)" if method == results["baseline"] else method
+    for method in summary:
+        row = [_cell(summary[method][d][m]) for d in DIRECTIONS for m in METRICS]
+        name = f"{method} (baseline)" if method == baseline else method
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def results_table(results: dict[str, Any]) -> str:
+    """The test split's table: mean ± 95 % CI half-width over seeds per method."""
+    return interval_table(results["summary"], results["baseline"])
+
+
+def transfer_lines(results: dict[str, Any]) -> list[str]:
+    """Each transfer set: its table, or why it was skipped."""
+    out = []
+    for name, entry in (results.get("transfer") or {}).items():
+        out += [f"### Zero-shot transfer: {name}", ""]
+        if "skipped" in entry:
+            out += [f"Skipped: {entry['skipped']}.", ""]
+            continue
+        folder = entry["data"].get("annotations")
+        out += [
+            f"Every run's validation-selected checkpoint, evaluated without training on `{folder}` (split "
+            f"{entry['split']}); mean ± 95 % interval over seeds.",
+            "",
+            interval_table(entry["summary"]),
+            "",
+        ]
+    return out
 
 
 def differences_table(results: dict[str, Any]) -> str:
@@ -114,7 +138,7 @@ def render_markdown(results: dict[str, Any], figures: dict[str, str] | None = No
             f"![test R@1 with 95 % intervals]({figures['test']})",
             "",
         ]
-    return "\n".join(lines)
+    return "\n".join(lines + transfer_lines(results))
 
 
 def _figure_bytes(fig) -> bytes:
@@ -185,4 +209,11 @@ def plot_test_recall(results: dict[str, Any], path: str | Path, metric: str = "R
     return atomic_write_bytes(path, data)
 
 
-__all__ = ["differences_table", "plot_test_recall", "plot_validation_curves", "render_markdown", "results_table"]
+__all__ = [
+    "differences_table",
+    "interval_table",
+    "plot_test_recall",
+    "plot_validation_curves",
+    "render_markdown",
+    "results_table",
+]

@@ -84,7 +84,8 @@ _FEATURE_DATA_FIELDS = (
     "image_size",
     "sampling",
 )
-_TOP_KEYS = ("name", "description", "synth", "data", "run", "methods", "baseline", "seeds", "epochs")
+_TOP_KEYS = ("name", "description", "synth", "data", "run", "methods", "baseline", "seeds", "epochs", "transfer")
+_TRANSFER_KEYS = ("name", "data", "split")
 _METHOD_KEYS = ("name", "preset", "head", "set")
 
 
@@ -116,6 +117,8 @@ class BenchConfig:
     data: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     raw: dict[str, Any] = field(default_factory=dict)
+    #: other data sets every run's validation-selected checkpoint is evaluated on, zero-shot (no training on them)
+    transfer: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -214,10 +217,28 @@ def load_bench_config(name_or_path: str | os.PathLike) -> BenchConfig:
     epochs = raw.get("epochs", 5)
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
         raise BenchConfigError(f"{where}.epochs: expected a positive integer, got {epochs!r}")
+    transfer = raw.get("transfer") or []
+    if not isinstance(transfer, list):
+        raise BenchConfigError(f"{where}.transfer: expected a list of {{name, data, split}} mappings")
+    for k, entry in enumerate(transfer):
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("name"), str)
+            or not isinstance(entry.get("data"), dict)
+        ):
+            raise BenchConfigError(
+                f"{where}.transfer[{k}]: expected a mapping with name and data (an annotation "
+                f"folder's data fields), got {entry!r}"
+            )
+        unknown = sorted(set(entry) - set(_TRANSFER_KEYS))
+        if unknown:
+            raise BenchConfigError(
+                f"{where}.transfer[{k}]: unknown key(s) {unknown}; valid keys: {list(_TRANSFER_KEYS)}"
+            )
     bench = BenchConfig(
         name=str(raw.get("name", path.stem)), description=str(raw.get("description", "")), methods=methods,
         baseline=baseline, seeds=seeds, epochs=epochs, run=run, synth=synth, data=dict(data), source=str(path),
-        raw=raw,
+        raw=raw, transfer=[dict(t) for t in transfer],
     )  # fmt: skip
     if synth is not None:
         synth_config(bench)  # fails now, naming the field, rather than after a long render
@@ -423,6 +444,103 @@ def summarize(runs: dict[str, list[dict[str, Any]]], baseline: str) -> tuple[dic
     return summary, differences
 
 
+def transfer_config(cfg: Config, entry: dict[str, Any], features_dir: str = "") -> Config:
+    """``cfg`` (a run's config) pointed at a transfer set: its data fields over the run's frame / caption settings."""
+    values = config_to_dict(cfg)
+    values["data"].update(copy.deepcopy(entry["data"]))
+    values["data"]["features_dir"] = features_dir
+    values["data"]["limit_train"] = values["data"]["limit_eval"] = 0
+    values["eval"]["split"] = entry.get("split", "test")
+    from tvr.pipeline import resolve_config
+
+    try:
+        return resolve_config(config_from_dict(values))
+    except ConfigError as exc:
+        raise BenchConfigError(f"transfer set {entry['name']}: {exc}") from None
+
+
+def evaluate_transfer(
+    bench: BenchConfig, runs: dict[str, list[dict[str, Any]]], out_dir: Path, progress: bool, say: ProgressFn
+) -> dict[str, Any]:
+    """Evaluate every run's ``best.pt`` on each transfer set (features cached once per set and backbone); each
+    run's metrics go to ``<run>/transfer_<name>.json`` (kept when the bench resumes). A set whose folder is absent
+    is skipped and reported so."""
+    from tvr.pipeline import SplitEvaluator, load_model_for_eval, torch_threads
+    from tvr.train.utils import to_jsonable
+    from tvr.utils.device import resolve_device
+
+    report: dict[str, Any] = {}
+    for entry in bench.transfer:
+        name, split = entry["name"], entry.get("split", "test")
+        folder = Path(entry["data"].get("annotations", ""))
+        if not folder.is_dir():
+            say(f"transfer {name}: {folder} not found; skipped")
+            report[name] = {"skipped": f"annotation folder {folder} not found"}
+            continue
+        per_method: dict[str, list[dict[str, Any]]] = {}
+        caches: dict[str, Path] = {}
+        for method in bench.methods:
+            for result in runs[method.name]:
+                run_dir = out_dir / "runs" / method.name / f"seed{result['seed']}"
+                path = run_dir / f"transfer_{name}.json"
+                if not path.is_file():
+                    base = method_config(bench, method, result["seed"], out_dir)
+                    key = feature_key(transfer_config(base, entry))
+                    if key not in caches:
+                        caches[key] = _transfer_features(
+                            transfer_config(base, entry), out_dir, name, key, split, progress
+                        )
+                    cfg = transfer_config(base, entry, str(caches[key]))
+                    with torch_threads(cfg):
+                        device = resolve_device(cfg.train.device)
+                        model = load_model_for_eval(cfg, run_dir / "best.pt").to(device)
+                        metrics = SplitEvaluator(cfg, split)(model, device)
+                    atomic_write_json(
+                        path,
+                        to_jsonable(
+                            {
+                                "seed": result["seed"],
+                                "split": split,
+                                **{k: v for k, v in metrics.items() if k != "info"},
+                                "info": metrics.get("info", {}),
+                            }
+                        ),
+                    )
+                per_method.setdefault(method.name, []).append(json.loads(path.read_text()))
+        report[name] = {
+            "split": split,
+            "data": entry["data"],
+            "runs": per_method,
+            "summary": summarize_metrics(per_method),
+        }
+        say(
+            f"transfer {name}: "
+            + ", ".join(f"{m} t2v R@1 {report[name]['summary'][m]['t2v']['R1']['mean']:.1f}" for m in per_method)
+        )
+    return report
+
+
+def _transfer_features(cfg: Config, out_dir: Path, name: str, key: str, split: str, progress: bool) -> Path:
+    from tvr.data.feature_cache import read_manifest
+    from tvr.pipeline import build_feature_cache
+
+    folder = out_dir / "transfer" / name / key
+    if (folder / "manifest.json").is_file() and read_manifest(folder)["splits"].get(split, {}).get("complete"):
+        return folder
+    build_feature_cache(cfg, folder, [split], progress=progress)
+    return folder
+
+
+def summarize_metrics(per_method: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Mean ± CI over seeds of every metric, per method (no pairing)."""
+    from tvr.eval.stats import t_interval
+
+    return {
+        method: {d: {m: t_interval([r[d][m] for r in results]).to_dict() for m in METRICS} for d in DIRECTIONS}
+        for method, results in per_method.items()
+    }
+
+
 ProgressFn = Callable[[str], None]
 
 
@@ -477,6 +595,7 @@ def run_bench(
             )
 
     summary, differences = summarize(runs, bench.baseline)
+    transfer = evaluate_transfer(bench, runs, out_dir, progress, say) if bench.transfer else {}
     results = {
         "format": RESULTS_FORMAT,
         "name": bench.name,
@@ -498,6 +617,7 @@ def run_bench(
         "runs": [r for m in bench.methods for r in runs[m.name]],
         "summary": summary,
         "differences": differences,
+        "transfer": transfer,
         "seconds_this_session": round(time.perf_counter() - started, 1),
         "run_seconds_total": round(sum(r["seconds"] for rs in runs.values() for r in rs), 1),
     }
