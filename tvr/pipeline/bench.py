@@ -188,8 +188,11 @@ def load_bench_config(name_or_path: str | os.PathLike) -> BenchConfig:
         )
     if synth is not None and not isinstance(synth, dict):
         raise BenchConfigError(f"{where}.synth: expected a mapping of SynthConfig fields, got {synth!r}")
-    if not isinstance(data, dict):
-        raise BenchConfigError(f"{where}.data: expected a mapping of data fields, got {data!r}")
+    if not isinstance(data, dict) or (data and not data.get("annotations")):
+        raise BenchConfigError(
+            f"{where}.data: expected a mapping of data fields with at least annotations (the "
+            f"annotation folder), got {data!r}"
+        )
     run = raw.get("run") or {}
     if not isinstance(run, dict) or "head" in run:
         raise BenchConfigError(f"{where}.run: expected a run config mapping without head (methods set the head)")
@@ -254,8 +257,11 @@ def synth_config(bench: BenchConfig):
     unknown = sorted(set(bench.synth or {}) - known)
     if unknown:
         raise BenchConfigError(f"{bench.source}.synth: unknown key(s) {unknown}; valid keys: {sorted(known)}")
-    cfg = SynthConfig(**(bench.synth or {}))
-    cfg.validate()
+    try:
+        cfg = SynthConfig(**(bench.synth or {}))
+        cfg.validate()
+    except (TypeError, ValueError) as exc:
+        raise BenchConfigError(f"{bench.source}.synth: {exc}") from None
     return cfg
 
 
