@@ -115,6 +115,8 @@ def test_shipped_bench_configs_load() -> None:
         ({"methods": [{"name": "x", "head": {"name": "gare", "options": {"no_such_option": 1}}}]}, "no_such_option"),
         ({"methods": [{"name": "x"}]}, "head .* or a preset"),
         ({"synth": {"num_videos": 10, "colour_count": 3}}, "synth: unknown key"),
+        ({"synth": {"num_videos": 10, "size": "big"}}, r"synth: '>=' not supported"),
+        ({"synth": None, "data": {"dataset": "generic"}}, "data: expected .* at least annotations"),
     ],
 )
 def test_bench_config_mistakes_are_named(tmp_path: Path, change: dict, message: str) -> None:
