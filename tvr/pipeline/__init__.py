@@ -140,7 +140,10 @@ def _train_data(cfg: Config, out_dir: Path, tokenizer, rank: int, world_size: in
         from tvr.data.datasets import PairDataset, VideoResolver, collate_pairs
 
         resolver = VideoResolver.from_config(cfg.data)
-        dataset = PairDataset(split.records, tokenizer, resolver, cfg.data, train=True, seed=cfg.train.seed)
+        from tvr.models.build import pixel_norm
+
+        dataset = PairDataset(split.records, tokenizer, resolver, cfg.data, train=True, seed=cfg.train.seed,
+                              norm=pixel_norm(cfg.model))
         collate = collate_pairs
     if len(dataset) < cfg.train.batch_size:
         raise ConfigError(
