@@ -1,4 +1,4 @@
-"""``tvr`` command line: train, eval, features, synth, demo, and checkpoint/tokenizer conversion."""
+"""``tvr`` command line: train, eval, features, synth, demo, bench, and checkpoint/tokenizer conversion."""
 
 from __future__ import annotations
 
@@ -309,14 +309,29 @@ def synth(
     num_test: int = typer.Option(30, help="Of which test videos."),
     captions: int = typer.Option(5, help="Paraphrased captions per video."),
     seed: int = typer.Option(0),
+    content: str = typer.Option("shapes", help="shapes | objects (photos shipped with scikit-image / opencv-doc)."),
+    size: int = typer.Option(64, help="Frame width = height in pixels (even)."),
+    seconds: float = typer.Option(3.0, help="Clip length in seconds."),
+    fps: float = typer.Option(8.0, help="Frames per second."),
+    pair_prob: float = typer.Option(0.5, help="Temporal order: share of groups that are twins differing in time only."),
+    shared_attributes: float = typer.Option(
+        0.0, help="False negatives: chance a group repeats an earlier video's caption attributes."
+    ),
+    paraphrase: float = typer.Option(1.0, help="Paraphrase diversity in [0, 1] (1 = every wording)."),
+    distractor_prob: float = typer.Option(0.3, help="Chance a single-object video shows a distractor."),
+    distractor_motion: float = typer.Option(0.0, help="Chance a distractor drifts instead of standing still."),
 ) -> None:
-    """Render a synthetic captioned video set (real mp4 files) in the MSR-VTT annotation format."""
+    """Render a synthetic captioned video set (real mp4 files) in the MSR-VTT annotation format; the dials are
+    recorded in OUT/synth_meta.json."""
     out_folder(out)
     from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset
 
     summary = generate_synthetic_dataset(
         out,
-        SynthConfig(num_videos=num_videos, num_test=num_test, captions_per_video=captions, seed=seed),
+        SynthConfig(num_videos=num_videos, num_test=num_test, captions_per_video=captions, seed=seed,
+                    content=content, size=size, seconds=seconds, fps=fps, pair_prob=pair_prob,
+                    shared_attributes=shared_attributes, paraphrase=paraphrase, distractor_prob=distractor_prob,
+                    distractor_motion=distractor_motion),
         progress=True,
     )
     console.print(summary)
@@ -338,6 +353,30 @@ def demo(
     for tag, metrics in summary.get("test", {}).items():
         _print_metrics(metrics, f"synthetic test split ({tag} checkpoint)")
     console.print(f"run folder: {escape(str(out / 'run'))}", highlight=False)
+
+
+@app.command()
+def bench(
+    config: str = typer.Option(
+        ..., "--config", "-c", help="Bench YAML file or shipped bench config name (default, quick; tvr/configs/bench)."
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="Bench folder; rerun the same command to resume."),
+) -> None:
+    """Methods × seeds on cached features: validation picks checkpoints and inference settings, the test split is
+    evaluated once per run; writes OUT/results.json, OUT/results.md (mean ± 95 % CI, paired differences from the
+    baseline) and plots. Resumable: finished runs are kept."""
+    from tvr.pipeline.bench import load_bench_config, run_bench
+
+    out_folder(out)
+    spec = load_bench_config(config)
+    command = f"tvr bench --config {config} --out {out}"
+    results = run_bench(spec, out, command=command, echo=lambda line: console.print(line, highlight=False))
+    from tvr.eval.bench_report import differences_table, results_table
+
+    print(results_table(results))
+    print()
+    print(differences_table(results))
+    console.print(f"report: {out / 'results.md'}")
 
 
 @app.command()
@@ -373,6 +412,8 @@ def presets() -> None:
     for name in available_presets():
         print(name)
     console.print(f"[dim]({escape(str(PRESET_DIR))}; a path to your own YAML file works as well)[/dim]")
+    benches = sorted(p.stem for p in (PRESET_DIR / "bench").glob("*.yaml"))
+    console.print(f"[dim]bench configs for tvr bench --config: {', '.join(benches)}[/dim]")
 
 
 @app.command("convert-openai")

@@ -558,9 +558,15 @@ def config_from_dict(values: dict, where: str = "config") -> Config:
 PRESET_DIR = Path(__file__).resolve().parent / "configs"
 
 
+#: ``tvr/configs/bench/`` holds ``tvr bench`` configs (methods × seeds), not run configs
+BENCH_SUBDIR = "bench"
+
+
 def available_presets() -> list[str]:
-    """Names of the presets shipped with tvr (``gare/msrvtt``, ``gare/ablations/delta_only``, ...)."""
-    return sorted(p.relative_to(PRESET_DIR).with_suffix("").as_posix() for p in PRESET_DIR.rglob("*.yaml"))
+    """Names of the presets shipped with tvr (``gare/msrvtt``, ``gare/ablations/delta_only``, ...); the bench
+    configs in ``tvr/configs/bench/`` are not run presets and are left out."""
+    names = (p.relative_to(PRESET_DIR).with_suffix("").as_posix() for p in PRESET_DIR.rglob("*.yaml"))
+    return sorted(n for n in names if not n.startswith(f"{BENCH_SUBDIR}/"))
 
 
 def resolve_preset(name_or_path: str | os.PathLike) -> Path:
