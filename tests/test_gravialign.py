@@ -508,7 +508,7 @@ def encoded_split(n: int = 12, seed: int = 5):  # noqa: ANN201
 @pytest.mark.parametrize("rerank_k", [0, 5])
 def test_every_mode_evaluates_and_names_itself(setting: dict, rerank_k: int) -> None:
     from tvr.eval.protocol import evaluate
-    from tvr.eval.runner import evaluate_encoded
+    from tvr.eval.runner import evaluate_encoded, shortlist_matrix
 
     h = head()
     h.train()
@@ -521,7 +521,10 @@ def test_every_mode_evaluates_and_names_itself(setting: dict, rerank_k: int) -> 
     metrics = evaluate_encoded(model, encoded, cfg, torch.device("cpu"))
     assert metrics["info"]["inference_setting"] == setting
     ts, vs = h.encode_texts(encoded.text), h.encode_videos(encoded.video)
-    sim = h.score_two_stage(ts, vs, 5) if rerank_k and not h.indexable else h.score(ts, vs)
+    if rerank_k and not h.indexable:  # each text's 5 videos; a match outside them ranks last
+        sim = shortlist_matrix(*h.rerank(ts, vs, 5), len(vs), torch.arange(len(ts)), torch.tensor(encoded.text_video))
+    else:
+        sim = h.score(ts, vs)
     assert metrics["t2v"] == evaluate(sim, encoded.text_video, "one_to_one")["t2v"]
     assert metrics["t2v@cos_f"] == evaluate(ts.f @ vs.f.T, encoded.text_video, "one_to_one")["t2v"]
     assert metrics["info"]["indexable"] == (setting["mode"] in ("cos_f", "cos_mu"))

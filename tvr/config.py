@@ -386,11 +386,6 @@ def build_section(cls: type, values: Any, where: str) -> Any:
     return _build(cls, values, where)
 
 
-def _head_name(values: dict) -> Any:
-    head = values.get("head")
-    return head.get("name", HeadConfig.name) if isinstance(head, dict) else HeadConfig.name
-
-
 def _switch_head(values: dict, name: Any) -> None:
     """Set ``head.name``; switching to another head drops the options inherited for the previous one (they belong
     to its options dataclass, not the new head's)."""

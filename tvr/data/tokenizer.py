@@ -34,7 +34,6 @@ EOT_TOKEN = "<|endoftext|>"
 END_OF_WORD = "</w>"
 #: merges CLIP uses: 49,408 = 2·256 byte tokens + 48,894 merges + 2 special tokens
 CLIP_NUM_MERGES = 48894
-CLIP_VOCAB_SIZE = 49408
 MERGES_HEADER = "#version: 0.2"
 
 # CLIP's pre-tokenisation regex (special tokens, English contractions, letter runs, single digits, other runs).

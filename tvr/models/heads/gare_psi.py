@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from tvr.config import bounded, choice
 from tvr.losses import KL_REDUCTIONS
+from tvr.models.heads.common import masked_mean
 from tvr.types import TextFeatures, VideoFeatures
 
 GARE_SIDES = ("text", "video")
@@ -145,8 +146,7 @@ def video_mean(video: VideoFeatures, masked: bool = False) -> Tensor:
     """v̄_j [n_v, D]: plain mean over all F slots (reference), or the mean over real frames (denominator ≥ 1)."""
     if not masked:
         return video.frames.mean(dim=1)
-    m = video.frame_mask.to(video.frames.dtype).unsqueeze(-1)
-    return (video.frames * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)
+    return masked_mean(video.frames, video.frame_mask)
 
 
 def pooled_video(text_eot: Tensor, video: VideoFeatures, options: GareOptions) -> Tensor:

@@ -47,8 +47,8 @@ from torch import Tensor, nn
 
 from tvr.config import bounded, choice
 from tvr.losses import symmetric_infonce, text_proxy_loss
-from tvr.models.heads.base import ParamRule, RetrievalHead, _check_pairs
-from tvr.models.heads.clip4clip import mean_pooled_video
+from tvr.models.heads.base import ParamRule, RetrievalHead
+from tvr.models.heads.common import check_frames, check_pairs, mean_pooled_video
 from tvr.models.heads.registry import register_head
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
 
@@ -255,16 +255,6 @@ class ProxyGenerator(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------- factorised scoring
-
-
-@dataclasses.dataclass
-class _LayerFold:
-    """Per-video state of one round: keys with the query projection and 1/√e folded in [N_v, h·M, D], their bias
-    term b_q·k/√e [N_v, h·M], and values with the output projection (and b_o/h) folded in [N_v, h·M, D]."""
-
-    keys: Tensor
-    key_bias: Tensor
-    values: Tensor
 
 
 @dataclasses.dataclass
@@ -509,7 +499,7 @@ def proxy_pair_scores(
     Each named video's state is folded once; pairs then run in blocks of at most PAIR_BLOCK // 2 with their
     video's state gathered."""
     _check_scoring_inputs(generator, text, video, proxies)
-    text_index, video_index = _check_pairs(text_index, video_index, text.shape[0], video.shape[0])
+    text_index, video_index = check_pairs(text_index, video_index, text.shape[0], video.shape[0])
     dtype = _weights_dtype(generator)
     out = torch.empty(text_index.shape[0], dtype=dtype, device=text.device)
     if text_index.numel() == 0:
@@ -636,9 +626,7 @@ class ProxyHead(RetrievalHead):
                 "and model.clipvip.proxy_projection=true"
             )
         frames, mask = video.frames.float(), video.frame_mask.float()
-        if frames.ndim != 3 or mask.shape != frames.shape[:2]:
-            raise ValueError(f"video features: expected frames [N, F, D] and frame_mask [N, F], got "
-                             f"{tuple(frames.shape)} and {tuple(mask.shape)}")
+        check_frames(frames, mask)
         # CLIP-ViP gives one slot (the projected first proxy); several frames are mean-pooled as clip4clip does
         return ProxyVideoState(mean_pooled_video(frames, mask), video.proxies.float())
 
@@ -671,7 +659,7 @@ class ProxyHead(RetrievalHead):
         """Exact scores of given pairs; the proxy term folds only the named videos (no grid per text group)."""
         if not _use_fast(self.generator, self._method()):
             return super().score_pairs(text_state, video_state, text_index, video_index)
-        text_index, video_index = _check_pairs(text_index, video_index, len(text_state), len(video_state))
+        text_index, video_index = check_pairs(text_index, video_index, len(text_state), len(video_state))
         t = text_state.emb[text_index.to(text_state.emb.device)]
         v = video_state.emb[video_index.to(video_state.emb.device)]
         regular = (t * v).sum(-1).float().cpu()
@@ -680,6 +668,20 @@ class ProxyHead(RetrievalHead):
         proxy = proxy_pair_scores(self.generator, text_state.emb, video_state.emb, video_state.proxies, text_index,
                                   video_index, method=self._method())
         return regular + self.gamma_value * proxy.float().cpu()
+
+    @torch.no_grad()
+    def reference_pair_scores(self, text: TextFeatures, video: VideoFeatures) -> Tensor:
+        """Spec §4.5 for each aligned pair, one at a time: cos(t, v) + γ·cos(t^p, v) with t^p from
+        :meth:`ProxyGenerator.forward` on that one pair (no factorisation)."""
+        dtype = _weights_dtype(self.generator)
+        out = []
+        for p in range(text.eot.shape[0]):
+            t = F.normalize(text.eot[p].to(dtype), dim=-1, eps=_EPS)
+            frames, mask = F.normalize(video.frames[p].to(dtype), dim=-1, eps=_EPS), video.frame_mask[p].to(dtype)
+            v = F.normalize((frames * mask[:, None]).sum(0) / mask.sum().clamp_min(1.0), dim=-1, eps=_EPS)
+            proxy = self.generator(t[None], video.proxies[p : p + 1].to(dtype))[0, 0]
+            out.append(t @ v + self.gamma_value * F.cosine_similarity(proxy, v, dim=0, eps=_EPS))
+        return torch.stack(out).float() if out else torch.zeros(0)
 
     # ------------------------------------------------------------------ γ, chosen on validation
     @torch.no_grad()

@@ -32,7 +32,7 @@ H = TypeVar("H", bound=type[RetrievalHead])
 _HEADS: dict[str, type[RetrievalHead]] = {}
 _DISCOVERED = False
 #: modules of this package that hold no head
-_NOT_HEADS = frozenset({"base", "registry"})
+_NOT_HEADS = frozenset({"base", "common", "registry"})
 ENTRY_POINT_GROUP = "tvr.heads"
 
 
