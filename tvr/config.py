@@ -290,7 +290,8 @@ class EvalConfig:
     query_bank_size: int = bounded(0, ge=0)
     split: str = choice("test", *EVAL_SPLITS)
     #: two-stage scoring for large galleries (our extension, not the papers' protocol): each text shortlists K
-    #: videos by the head's shortlist embedding, only those get the exact score (0 = score every pair exactly)
+    #: videos and each video K texts by the head's shortlist embedding, only those get the exact score, a match
+    #: outside its shortlist ranks last (0 = score every pair exactly)
     rerank_k: int = bounded(0, ge=0)
 
 
