@@ -8,8 +8,9 @@ A head module registers itself with the :func:`register_head` class decorator::
         ...
 
 Heads are found without a hand-kept list: the first lookup imports every module of the ``tvr.models.heads``
-package (except ``base``, ``common``, ``registry`` and ``_*`` modules, which hold no head) and every entry point of the ``tvr.heads`` group (how an installed package contributes heads). A head that
-is neither can still be used by its import path, ``head.name: my_pkg.heads:MyHead``; it needs no registration.
+package (except ``base``, ``common``, ``registry`` and ``_*`` modules, which hold no head) and every entry point
+of the ``tvr.heads`` group (how an installed package contributes heads). A head that is neither can still be used
+by its import path, ``head.name: my_pkg.heads:MyHead``; it needs no registration.
 """
 
 from __future__ import annotations
