@@ -387,12 +387,18 @@ def test_a_head_outside_the_package_trains_and_evaluates_from_the_cli(tmp_path: 
 
 
 def test_the_demo_runs_a_head_by_import_path(tmp_path: Path) -> None:
+    """... and its tables name the inference setting validation chose and the chance level of the test split."""
     from tvr.cli import app
 
-    result = CliRunner().invoke(app, ["demo", "--quick", "--method", TOY, "--out", str(tmp_path / "demo")])
+    result = CliRunner().invoke(app, ["demo", "--quick", "--method", MIXTURE, "--out", str(tmp_path / "demo")])
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "demo" / "run" / "test_best" / "metrics.json").read_text())
-    assert metrics["head"] == TOY
+    assert metrics["head"] == MIXTURE
+    gamma = metrics["inference_setting"]["gamma"]
+    named = f"Inference setting: gamma = {gamma}, as stored in the checkpoint (chosen on the validation split)"
+    chance = "Chance level (a random ranking): t2v R@1 5, R@5 25, R@10 50, MdR 10.5, MnR 10.5 (20 videos)"
+    for text in (result.output, (tmp_path / "demo" / "run" / "test_best" / "metrics.md").read_text()):
+        assert named in text and "rows `…@gamma=0`" in text and chance in text
 
 
 def _invalid_value(f: dataclasses.Field) -> object | None:

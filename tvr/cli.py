@@ -107,10 +107,13 @@ def _load_from_checkpoint(checkpoint: Path, overrides: list[str] | None):
 
 
 def _print_metrics(metrics: dict, title: str) -> None:
-    from tvr.eval.report import metrics_table
+    from tvr.eval.report import metrics_notes, metrics_table
 
     console.print(f"\n[bold]{title}[/bold]")
-    print(metrics_table({k: v for k, v in metrics.items() if k != "info"}))
+    rows = {k: v for k, v in metrics.items() if k != "info"}
+    print(metrics_table(rows))
+    for line in metrics_notes(rows, metrics.get("info", {})):
+        print(line)
     skipped = metrics.get("info", {}).get("skipped_videos") or []
     if skipped:
         console.print(
