@@ -234,27 +234,34 @@ def demo(
 
 @app.command()
 def heads() -> None:
-    """List the method heads (registered in tvr.models.heads or by installed packages) and their options."""
+    """List the method heads (registered in tvr.models.heads or by installed packages), their options (set under
+    head.options) with defaults, allowed values and what each does."""
     import dataclasses
 
     from rich.table import Table
+    from rich.text import Text
 
+    from tvr.config import field_rule_text
     from tvr.models.heads.registry import available_heads, head_class
+    from tvr.utils.fielddoc import field_comments
 
-    table = Table(title="method heads (head.name; options under head.options)")
-    for column in ("name", "indexable (defaults)", "options (default; choices)"):
-        table.add_column(column)
+    out = Console()
     for name in available_heads():
         cls = head_class(name)
-        fields = []
-        for f in dataclasses.fields(cls.Options):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            choices = f.metadata.get("choices")
-            fields.append(f"{f.name}={default!r}" + (f" {list(choices)}" if choices else ""))
         # indexability may depend on the options (CLIP4Clip: mean pooling only); show it for the defaults
         indexable = cls(8, cls.Options()).indexable
-        table.add_row(name, "yes" if indexable else "no", "\n".join(fields) or "-")
-    Console().print(table)
+        table = Table(title=f"head.name: {name} (indexable with its defaults: {'yes' if indexable else 'no'})",
+                      title_justify="left")
+        for column in ("option", "default", "allowed", "description"):
+            table.add_column(column)
+        comments = field_comments(cls.Options)
+        for f in dataclasses.fields(cls.Options):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            # Text cells: option descriptions hold brackets ("[logvar_min, logvar_max]") that are not markup
+            table.add_row(Text(f.name), Text(repr(default)), Text(field_rule_text(f)), Text(comments.get(f.name, "")))
+        if not dataclasses.fields(cls.Options):
+            table.add_row("-", "", "", "(no options)")
+        out.print(table)
 
 
 @app.command()

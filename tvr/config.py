@@ -61,6 +61,19 @@ def _range_text(ge: Any, gt: Any, le: Any, lt: Any) -> str:
     return " and ".join(p for p in (low, high) if p)
 
 
+def field_rule_text(f: dataclasses.Field) -> str:
+    """What a ``choice`` / ``bounded`` field accepts, for listings (``tvr heads``): "mean | max", ">= 0 and < 1 (or
+    0)", or "" for a field with no such rule."""
+    choices = f.metadata.get("choices")
+    if choices:
+        return " | ".join(map(str, choices))
+    bounds = f.metadata.get("range")
+    if not bounds:
+        return ""
+    allow = f.metadata.get("allow") or ()
+    return _range_text(*bounds) + (f" (or {', '.join(map(repr, allow))})" if allow else "")
+
+
 def check_field_values(obj: Any, where: str) -> None:
     """Check every field of dataclass ``obj`` against its ``choice``/``bounded`` metadata (not recursive), then the
     class's own ``validate()`` for rules that span fields (its ValueError message starts with the field name).

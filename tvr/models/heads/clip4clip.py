@@ -45,6 +45,7 @@ class Clip4ClipOptions:
 
     #: mean (masked mean of normalised frames; indexable) | text_softmax (text-conditioned frame pooling)
     video_pool: str = choice("mean", *VIDEO_POOLS)
+    #: temperature of the text_softmax pooling's softmax over frames (GARE's released code: 3)
     pool_temperature: float = bounded(3.0, gt=0.0)
 
 
