@@ -147,6 +147,28 @@ def test_proxy_guided_tower_equals_masked_full_attention(m: int, t: int) -> None
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
 
 
+def test_attention_dropout_acts_in_training_only() -> None:
+    """With attention dropout > 0 (a tiny config with dropout on, unlike the pretrained 0): eval mode is
+    deterministic and equal to the tower without dropout; training mode drops attention weights."""
+    bb = _backbone(num_proxies=2)
+    pixels = _pixels(2, 3)
+    mask = torch.ones(2, 3, dtype=torch.long)
+    with torch.no_grad():
+        clean = bb.video_hidden_states(pixels, mask)
+        for layer in bb.clip.vision_model.encoder.layers:
+            layer.self_attn.dropout = 0.5
+        torch.manual_seed(0)
+        first = bb.video_hidden_states(pixels, mask)
+        torch.manual_seed(1)
+        second = bb.video_hidden_states(pixels, mask)
+        bb.train()
+        torch.manual_seed(0)
+        dropped = bb.video_hidden_states(pixels, mask)
+    torch.testing.assert_close(first, clean, rtol=0, atol=0)
+    torch.testing.assert_close(second, clean, rtol=0, atol=0)
+    assert not torch.allclose(dropped, clean)
+
+
 def test_the_mask_matters() -> None:
     """Guard against a vacuous comparison: the HF layer's own full attention gives a different result, and with a
     single frame (where the pattern is full attention) the same one."""

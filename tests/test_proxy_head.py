@@ -337,6 +337,10 @@ def test_gamma_grid_setting_and_errors() -> None:
     assert fixed.inference_candidates() == [] and fixed.inference_setting() == {"gamma": 0.8}
     coarse = ProxyOptions(gamma_max=1.0, gamma_step=0.25)
     assert coarse.gamma_grid() == [0.0, 0.25, 0.5, 0.75, 1.0]
+    # 0.3 / 0.1 = 2.9999999999999996 and 0.7 / 0.1 = 6.999999999999999 in floating point: the grid still ends at
+    # gamma_max
+    assert ProxyOptions(gamma_max=0.3, gamma_step=0.1).gamma_grid() == [0.0, 0.1, 0.2, 0.3]
+    assert ProxyOptions(gamma_max=0.7, gamma_step=0.1).gamma_grid()[-1] == 0.7
 
 
 def test_options_are_checked_with_the_field_names() -> None:
@@ -421,6 +425,17 @@ def build_run(path: Path, overrides: list[str]):  # noqa: ANN201
     torch.manual_seed(0)
     model = build_model(cfg)
     return cfg, model, build_optimizer(model, cfg.train)
+
+
+@pytest.mark.parametrize("lr_groups", ["intended", "reference"])
+def test_proxy_lr_falls_back_to_the_coefficient(lr_groups: str) -> None:
+    """proxy_lr: 0 means proxy_lr_coef × train.lr (here 3 × 1e-4), never train.lr itself."""
+    head = ProxyHead(D, ProxyOptions(ffn_dim=24, proxy_lr=0.0, proxy_lr_coef=3.0, lr_groups=lr_groups))
+    rules = {rule.group: rule for rule in head.param_rules(1e-4, 1e-7)}
+    proxy_group = "proxy" if lr_groups == "intended" else "proxy-constant"
+    assert rules[proxy_group].lr == pytest.approx(3e-4)
+    explicit = ProxyHead(D, ProxyOptions(ffn_dim=24, proxy_lr=5e-6, proxy_lr_coef=3.0, lr_groups=lr_groups))
+    assert {rule.group: rule for rule in explicit.param_rules(1e-4, 1e-7)}[proxy_group].lr == pytest.approx(5e-6)
 
 
 def test_lr_groups_intended_and_reference() -> None:

@@ -49,6 +49,20 @@ def test_paths_escaping_the_folder_are_refused(layout: dict[str, Path], video_id
     assert type(again) is VideoOutsideDirError and again.reason == err.reason and str(again) == str(err)
 
 
+def test_a_sibling_folder_sharing_the_name_prefix_is_outside(layout: dict[str, Path]) -> None:
+    """videos_evil/ next to videos/ starts with the same characters but is another folder: confinement compares
+    path components, not string prefixes."""
+    evil = layout["root"] / "videos_evil"
+    evil.mkdir()
+    write_test_video(evil / "x.mp4", 4, 2.0, size=(32, 24))
+    (layout["videos"] / "evil_link.mp4").symlink_to(evil / "x.mp4")
+    resolver = VideoResolver(layout["videos"], "{video_id}")
+    for video_id in ("../videos_evil/x.mp4", str(evil / "x.mp4"), "evil_link.mp4"):
+        with pytest.raises(VideoOutsideDirError):
+            resolver(video_id)
+    assert resolver("inside.mp4") == layout["videos"] / "inside.mp4"
+
+
 def test_missing_file_outside_is_reported_as_outside(layout: dict[str, Path]) -> None:
     resolver = VideoResolver(layout["videos"], "{video_id}.mp4")
     with pytest.raises(VideoOutsideDirError):
