@@ -235,7 +235,8 @@ def test_dataloader_with_workers(video_dir: Path) -> None:
 
 
 def _frame_cache(videos: Path, cache: Path, cfg: DataConfig) -> Path:
-    from tvr.data.prepare import FrameSettings, extract_frames
+    from tvr.data.frame_cache import FrameSettings
+    from tvr.data.prepare import extract_frames
 
     settings = FrameSettings(cfg.max_frames, cfg.frame_rate, cfg.image_size, cfg.sampling)
     report = extract_frames(videos, cache, settings, workers=0, progress=False)

@@ -21,16 +21,14 @@ from typer.testing import CliRunner
 from videos import identify_frames, write_test_video
 
 from tvr.cli import app
+from tvr.data.frame_cache import FrameSettings, load_cached_clip, read_frame_settings
 from tvr.data.prepare import (
     EncodeSettings,
-    FrameSettings,
     PrepareError,
     encode_video,
     extract_frames,
-    load_cached_clip,
     output_size,
     prepare_videos,
-    read_frame_settings,
 )
 from tvr.data.video import decode_frames, load_clip, probe_video
 from tvr.utils.io import is_temporary_name

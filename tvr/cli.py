@@ -441,7 +441,8 @@ def prepare_frames_cmd(
     flat: bool = typer.Option(False, "--flat", help="Write every .npy directly into DST (no sub-folders)."),
 ) -> None:
     """Decode once the frames every clip reads and store them as uint8 .npy files (a frame cache)."""
-    from tvr.data.prepare import FrameSettings, PrepareError, extract_frames
+    from tvr.data.frame_cache import FrameSettings
+    from tvr.data.prepare import PrepareError, extract_frames
 
     if config is not None:
         data = _load(config, []).data

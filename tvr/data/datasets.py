@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 
 from tvr.config import ConfigError, DataConfig
 from tvr.data.augment import VideoRandAugment
-from tvr.data.prepare import FrameCacheReader, FrameSettings
+from tvr.data.frame_cache import FrameCacheReader, FrameSettings
 from tvr.data.video import VideoDecodeError, load_clip
 
 logger = logging.getLogger(__name__)
