@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from tvr.config import Config
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_text
 
@@ -429,3 +430,48 @@ class ClipTokenizer:
 
     def __len__(self) -> int:
         return self.vocab_size
+
+
+# --------------------------------------------------------------------------------------------- a run's tokenizer
+
+
+def resolve_tokenizer_source(cfg: Config) -> str:
+    """Where the tokenizer files come from: ``model.tokenizer`` if set, else the checkpoint directory."""
+    if cfg.model.tokenizer:
+        return cfg.model.tokenizer
+    clip = cfg.model.clip
+    if clip != "tiny" and Path(clip).is_dir():
+        return clip
+    return ""
+
+
+def build_tokenizer(cfg: Config, work_dir: str | os.PathLike) -> ClipTokenizer:
+    """Load the tokenizer for ``cfg``.
+
+    * ``model.tokenizer`` may name a folder with vocab.json + merges.txt, or CLIP's ``bpe_simple_vocab_16e6.txt.gz``
+      (the full 49,408-token vocabulary is rebuilt from it into ``work_dir/tokenizer``).
+    * A local CLIP checkpoint folder carries its own tokenizer files.
+    * The tiny random model gets a small tokenizer built locally into ``work_dir/tokenizer`` (no download).
+    """
+    source = resolve_tokenizer_source(cfg)
+    target = Path(work_dir) / "tokenizer"
+    if source.endswith(".gz") or source.endswith(".txt"):
+        if not (target / "vocab.json").is_file():
+            build_clip_tokenizer_files(source, target)
+        return ClipTokenizer.from_dir(target)
+    if source:
+        path = Path(source)
+        if not (path / "vocab.json").is_file() and not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(
+                f"tokenizer folder {path} has no vocab.json/merges.txt; pass model.tokenizer=<folder or "
+                f"bpe_simple_vocab_16e6.txt.gz>"
+            )
+        return ClipTokenizer.from_dir(path)
+    if cfg.model.clip != "tiny":
+        raise FileNotFoundError(
+            f"no tokenizer for model.clip={cfg.model.clip!r}: set model.tokenizer to a folder with "
+            f"vocab.json + merges.txt or to CLIP's bpe_simple_vocab_16e6.txt.gz"
+        )
+    if not (target / "vocab.json").is_file():
+        build_tiny_tokenizer_files(target)
+    return ClipTokenizer.from_dir(target)

@@ -175,7 +175,8 @@ def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool)
 
 
 def _train_and_test(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool, dist: DistInfo) -> dict[str, Any]:
-    from tvr.models.build import build_model, build_tokenizer
+    from tvr.data.tokenizer import build_tokenizer
+    from tvr.models.build import build_model
     from tvr.train.checkpoint import load_checkpoint
     from tvr.train.trainer import Trainer, seed_everything
     from tvr.train.utils import to_jsonable
@@ -233,7 +234,7 @@ def run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
 
 
 def _run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
-    from tvr.models.build import build_tokenizer
+    from tvr.data.tokenizer import build_tokenizer
 
     device = resolve_device(cfg.train.device)  # first: a device this machine lacks fails before out_dir is written
     out_dir = Path(out_dir)

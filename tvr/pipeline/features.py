@@ -14,7 +14,8 @@ from tvr.config import Config, config_to_dict
 from tvr.data.annotations import load_split
 from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
 from tvr.data.feature_cache import CACHE_FORMAT, MANIFEST, check_cache_matches, read_manifest
-from tvr.models.build import build_backbone, build_tokenizer
+from tvr.data.tokenizer import build_tokenizer
+from tvr.models.build import build_backbone
 from tvr.train.utils import seed_everything
 from tvr.utils.device import resolve_device
 from tvr.utils.io import atomic_torch_save, atomic_write_json
