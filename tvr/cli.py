@@ -315,27 +315,15 @@ def import_checkpoint(
     report: Path | None = typer.Option(None, "--report", help="Also write the full key report (JSON) here."),
 ) -> None:
     """Import a CLIP4Clip / GARE release checkpoint into the tvr model of --config and save it as a tvr checkpoint."""
-    from tvr.models.import_checkpoint import CheckpointImportError, import_release_checkpoint
-    from tvr.train.checkpoint import save_checkpoint
-    from tvr.utils.io import atomic_write_json
+    from tvr.models.import_checkpoint import CheckpointImportError
+    from tvr.pipeline.release import import_checkpoint as run_import
 
     cfg = _load(config, set_)
-    if out.is_dir():
-        console.print(f"[red]error:[/red] --out {out} is a folder; expected a checkpoint file such as {out}/best.pt")
-        raise typer.Exit(2)
     try:
-        model, rep = import_release_checkpoint(src, cfg, partial=partial)
+        rep = run_import(src, cfg, out, partial=partial, report_path=report)
     except CheckpointImportError as exc:
         console.print(f"[red]import failed:[/red] {exc}")
         raise typer.Exit(2) from None
-    state = {
-        "imported_from": str(src),
-        "import_layout": rep.layout,
-        "import_counts": {k: len(v) for k, v in rep.to_dict().items() if isinstance(v, list)},
-    }
-    save_checkpoint(out, model, state=state, config=cfg)
-    if report is not None:
-        atomic_write_json(report, rep.to_dict())
     colour = "green" if rep.complete else "yellow"
     console.print(
         f"[{colour}]{rep.layout}: {len(rep.mapped)} tensors mapped, {len(rep.missing)} missing, "
