@@ -71,6 +71,7 @@ def _checked_config(make: Callable[[], Any]):
     head's options against its own dataclass). A bad value exits with code 2 and one line naming the field and the
     valid values."""
     from tvr.config import ConfigError
+    from tvr.models.heads import registry  # noqa: F401 (registers the migration of configs older than head.options)
 
     try:
         cfg = make()

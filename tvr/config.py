@@ -15,6 +15,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -457,40 +458,28 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, value
 
 
-#: head option sections of configs written before ``head.options`` existed (migrated with a warning on load)
-_LEGACY_HEAD_SECTIONS = ("clip4clip", "gare")
+#: functions that rewrite a raw config mapping written by an older tvr into today's layout, applied in order by
+#: :func:`config_from_dict`. The layer that owned an old layout registers its own (the head registry: the per-head
+#: sections of configs written before ``head.options`` existed), so this module names no head.
+_MIGRATIONS: list[Callable[[dict], dict]] = []
 
 
-def _migrate_legacy(values: dict) -> dict:
-    """Accept a run config written before heads declared their own options: ``head.<name>`` → ``head.options``
-    (other heads' sections dropped) and ``head.gare.rerank_k`` → ``eval.rerank_k``."""
-    head = values.get("head")
-    if not isinstance(head, dict) or not any(k in head for k in _LEGACY_HEAD_SECTIONS):
-        return values
-    values, head = dict(values), dict(head)
-    name = head.get("name", HeadConfig.name)
-    legacy = {k: head.pop(k) for k in _LEGACY_HEAD_SECTIONS if k in head}
-    options = legacy.get(name)
-    if isinstance(options, dict):
-        options = dict(options)
-        rerank = options.pop("rerank_k", None)
-        if rerank:
-            values["eval"] = {**(values.get("eval") or {}), "rerank_k": rerank}
-        if "options" in head:
-            raise ConfigError(f"head: both head.options and the old head.{name} section are set; keep head.options")
-        head["options"] = options
-    log.warning("config: head.%s sections are the old layout; head options now live under head.options",
-                "/".join(legacy))
-    values["head"] = head
-    return values
+def register_migration(migrate: Callable[[dict], dict]) -> Callable[[dict], dict]:
+    """Apply ``migrate`` (raw mapping in, raw mapping out; return the input unchanged when it does not apply) to
+    every config mapping loaded from now on. Registering the same function again is a no-op."""
+    if migrate not in _MIGRATIONS:
+        _MIGRATIONS.append(migrate)
+    return migrate
 
 
 def config_from_dict(values: dict, where: str = "config") -> Config:
     """A :class:`Config` from a nested mapping; every section is checked (the head's options are checked when the
-    run config is resolved against the head registry)."""
+    run config is resolved against the head registry). Registered migrations rewrite an older layout first."""
     if not isinstance(values, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__}")
-    return _build(Config, _migrate_legacy(values), "" if where == "config" else where)
+    for migrate in _MIGRATIONS:
+        values = migrate(values)
+    return _build(Config, values, "" if where == "config" else where)
 
 
 #: the presets that ship inside the package (``tvr/configs/<method>/<name>.yaml``), addressed as ``<method>/<name>``
