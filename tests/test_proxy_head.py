@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from tvr.config import ConfigError, HeadConfig, load_config
 from tvr.losses import text_proxy_loss
-from tvr.models.heads import proxy as proxy_module
+from tvr.models.heads import proxy_scoring as proxy_module
 from tvr.models.heads.base import LN_100
 from tvr.models.heads.clip4clip import Clip4ClipHead
 from tvr.models.heads.proxy import (
