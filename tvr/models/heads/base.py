@@ -52,8 +52,10 @@ class ParamRule:
     ``lr``: absolute learning rate (None: the default, train.lr or train.lr × backbone_lr_coef for the backbone);
     ``schedule``: None follows ``train.schedule``, ``"constant"`` keeps the lr fixed (no warm-up, no decay);
     ``decay``: force weight decay on/off (None: the default name rule — no decay on biases, norms, embeddings);
-    ``applies_to``: ``"all"``, or only the parameters the default rule puts in the ``"decay"`` / ``"nodecay"`` set.
-    Parameters matched by a rule form the optimizer groups ``<group>`` and ``<group>-nodecay``."""
+    ``applies_to``: ``"all"``, or only the parameters the default rule puts in the ``"decay"`` / ``"nodecay"`` set;
+    ``contains``: only parameters whose full name contains this substring (how released code often splits its
+    groups, e.g. ``"bias"``). Parameters matched by a rule form the optimizer groups ``<group>`` and
+    ``<group>-nodecay``."""
 
     prefix: str
     group: str
@@ -61,6 +63,7 @@ class ParamRule:
     schedule: str | None = None
     decay: bool | None = None
     applies_to: str = "all"
+    contains: str | None = None
 
     def __post_init__(self) -> None:
         if self.applies_to not in ("all", "decay", "nodecay"):

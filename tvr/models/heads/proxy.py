@@ -51,8 +51,12 @@ __all__ = [
 ]
 
 #: intended = the proxy module on its own peak lr (``proxy_lr``) and the run's schedule; reference = the released
-#: code's optimizer-group bug (spec §4.4), for parity runs
+#: code's optimizer groups exactly, its scheduler bug included (spec §4.4), for parity runs
 LR_GROUPS = ("intended", "reference")
+#: paper = ½ per direction pair (spec §4.3 ★); release = the released code's sum over both directions (2×)
+LOSS_SCALES = ("paper", "release")
+#: the released code's no-decay test: a parameter whose name contains this is not decayed (spec §4.4)
+RELEASE_NO_DECAY = "bias"
 _EPS = 1e-12
 
 
@@ -90,9 +94,13 @@ class ProxyOptions:
     proxy_lr: float = bounded(0.0, ge=0.0)
     #: proxy lr relative to train.lr when proxy_lr is 0 (2: the ratio of every released config)
     proxy_lr_coef: float = bounded(2.0, gt=0.0)
-    #: intended (proxy module on proxy_lr with the run's schedule) | reference (the released code's group bug:
-    #: proxy weights at the backbone's peak lr and schedule, every no-decay parameter at a constant lr; spec §4.4)
+    #: intended (proxy module on proxy_lr with the run's schedule) | reference (the released code's groups exactly:
+    #: no decay only on names containing "bias" and the logit scale, proxy weights at the backbone's peak lr and
+    #: schedule, every no-decay group at a constant lr; spec §4.4, for parity runs)
     lr_groups: str = choice("intended", *LR_GROUPS)
+    #: paper (½ per direction pair, spec §4.3 ★) | release (the released code sums both directions: 2× the loss and
+    #: its gradients; for parity runs comparing loss values or relying on the scale under a non-Adam optimizer)
+    loss_scale: str = choice("paper", *LOSS_SCALES)
     #: auto | fast | block: the test-time pairwise scorer (auto = factorised wherever it is exact)
     scorer: str = choice("auto", *SCORERS)
 
@@ -272,14 +280,19 @@ class ProxyHead(RetrievalHead):
         proxy_lr = opts.proxy_lr if opts.proxy_lr > 0 else opts.proxy_lr_coef * lr
         if opts.lr_groups == "intended":
             return [ParamRule("head.generator.", "proxy", lr=proxy_lr)]
-        # the released code's groups: its scheduler rewrites only the first four groups with the CLIP schedule,
-        # so the proxy weights (decay group) run at the CLIP peak lr and schedule, and every no-decay group (the
-        # proxy module's and CLIP's, logit scale included) keeps its initial lr for the whole run
+        # The released code's groups, exactly (spec §4.4): [top-decay, top-nodecay, clip-decay, proxy-decay,
+        # clip-nodecay, proxy-nodecay], its no-decay test a substring match on "bias" (its "LayerNorm.weight" never
+        # matches HF / TP names, so LayerNorm weights, embeddings and θ decay), the logit scale no-decay. Its
+        # scheduler rewrites only groups 0-3 with the CLIP schedule: the proxy weights run at the CLIP peak lr and
+        # schedule, and the no-decay groups keep their initial lr (CLIP's, the proxy module's) for the whole run.
         return [
-            ParamRule("head.generator.", "proxy", lr=backbone_lr, applies_to="decay"),
-            ParamRule("head.generator.", "proxy-constant", lr=proxy_lr, schedule="constant", applies_to="nodecay"),
-            ParamRule("head.logit_scale", "logit-scale-constant", lr=backbone_lr, schedule="constant"),
-            ParamRule("backbone.", "backbone-constant", lr=backbone_lr, schedule="constant", applies_to="nodecay"),
+            ParamRule("head.generator.", "proxy-constant", lr=proxy_lr, schedule="constant", decay=False,
+                      contains=RELEASE_NO_DECAY),
+            ParamRule("head.generator.", "proxy", lr=backbone_lr, decay=True),
+            ParamRule("head.logit_scale", "logit-scale-constant", lr=backbone_lr, schedule="constant", decay=False),
+            ParamRule("backbone.", "backbone-constant", lr=backbone_lr, schedule="constant", decay=False,
+                      contains=RELEASE_NO_DECAY),
+            ParamRule("backbone.", "backbone", lr=backbone_lr, decay=True),
         ]
 
     # ------------------------------------------------------------------ training
@@ -297,6 +310,8 @@ class ProxyHead(RetrievalHead):
         sim_pos = positive @ v.t()
         opts = self.options
         loss = text_proxy_loss(sim_r, sim_p, sim_pos, self.logit_scale, alpha=opts.alpha, beta=opts.beta)
+        if opts.loss_scale == "release":
+            loss = 2.0 * loss  # the released code sums the two directions of each term instead of averaging them
         scale = self.logit_scale.exp().detach()
         with torch.no_grad():
             parts = {name: symmetric_infonce(scale * sim) for name, sim in
