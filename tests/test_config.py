@@ -162,3 +162,26 @@ def test_the_cli_reads_an_old_run_config_in_a_fresh_process(tmp_path: Path) -> N
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "-1.0"
+
+
+def _chain_comments(path: Path) -> str:
+    """The comment lines of a preset and of every preset its ``base:`` chain names."""
+    text = path.read_text()
+    comments = "\n".join(line for line in text.splitlines() if line.lstrip().startswith("#"))
+    base = (yaml.safe_load(text) or {}).get("base")
+    return comments + ("\n" + _chain_comments(path.parent / base) if base else "")
+
+
+def test_every_preset_notes_the_frame_rate_its_paper_used() -> None:
+    """The frame rate of the video files is not a config value (it is how the files were prepared), so each preset
+    says it: 3 fps for CLIP4Clip / GARE / TV-ProxyNet's MSR-VTT, 24 fps for TV-ProxyNet's DiDeMo, and so on."""
+    import re
+
+    presets = [p for p in CONFIGS.rglob("*.yaml") if "ablations" not in p.parts]
+    assert len(presets) > 20
+    for path in presets:
+        comments = _chain_comments(path)
+        assert re.search(r"\b\d+ fps\b", comments), f"{path.relative_to(CONFIGS)}: no frame rate noted"
+    assert "24 fps" in _chain_comments(CONFIGS / "proxy" / "didemo.yaml")
+    assert "3 fps" in _chain_comments(CONFIGS / "gravialign" / "msrvtt.yaml")
+    assert "3 fps" in _chain_comments(CONFIGS / "gare" / "msvd.yaml")

@@ -235,7 +235,7 @@ def test_release_loss_scale_doubles_the_loss_and_its_gradients() -> None:
         torch.testing.assert_close(outs["release"][key], outs["paper"][key], rtol=0, atol=0)
     for release, paper in zip(grads["release"], grads["paper"], strict=True):
         torch.testing.assert_close(release, 2 * paper, rtol=1e-6, atol=0)
-    with pytest.raises(ConfigError, match=r"head.options.loss_scale = 'double': expected one of \['paper', 'release'\]"):
+    with pytest.raises(ConfigError, match=r"loss_scale = 'double': expected one of \['paper', 'release'\]"):
         head_options("proxy", {"loss_scale": "double"})
 
 
