@@ -125,3 +125,21 @@ def test_a_match_outside_the_shortlist_ranks_last() -> None:
 
     for tie_mode in ("optimistic", "reference"):
         assert retrieval_metrics(dense, [3], tie_mode)["MnR"] == 5.0
+
+
+def test_the_analysis_ranks_what_the_evaluator_ranks_under_two_stage_scoring() -> None:
+    """tvr analyze reads the same two matrices (score_matrices): its v2t ranks are the evaluator's, not those of the
+    text-shortlisted matrix."""
+    from tvr.analysis.similarity import protocol_ranks, recall_at
+    from tvr.eval.runner import score_matrices
+
+    encoded = split(20, 1, seed=1)
+    cfg = Config()
+    cfg.eval.rerank_k = 2
+    model = RetrievalModel(None, torch.nn.Identity(), ExactShortlistHead(D))
+    t2v, v2t = score_matrices(model, encoded, cfg, torch.device("cpu"))
+    assert v2t is not None
+    ranks = protocol_ranks(t2v, encoded.text_video, encoded.protocol, v2t)
+    metrics = run(encoded, 2)
+    for direction in ("t2v", "v2t"):
+        assert recall_at(ranks[direction]) == pytest.approx(metrics[direction])

@@ -169,6 +169,42 @@ def eval_(
 
 
 @app.command()
+def analyze(
+    checkpoint: Path = typer.Option(..., "--checkpoint", exists=True, dir_okay=False, help="A tvr checkpoint."),
+    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for the figures (PNG + JSON each, analysis.json)."),
+    split: str = typer.Option("val", "--split", help="Split to analyse: val (default) | test | test_multi | train."),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override, e.g. --set train.device=cpu (repeatable)."),
+) -> None:
+    """The papers' analyses of a checkpoint's head on one split (docs/analysis.md): score distributions and ranks for
+    every head; gradient tension and Δ geometry (GARE), the γ sweep and proxy space (TV-ProxyNet), uncertainty
+    (GraviAlign)."""
+    cfg = _load(config, set_)
+    from tvr.pipeline.analyze import run_analyze
+
+    manifest = run_analyze(cfg, checkpoint, out, split=split)
+    console.print(f"{len(manifest['figures'])} figures of {manifest['head']} on the {manifest['split_label']}:")
+    for figure in manifest["figures"]:
+        console.print(f"  {out / figure['png']}  {figure['title']}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def plot(
+    run_dirs: list[Path] = typer.Argument(..., help="Run folders written by tvr train (several: overlaid)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for the figures (PNG + JSON + CSV each)."),
+) -> None:
+    """Training curves of run folders: every logged loss component, learning rates, validation R@1/5/10 and the
+    chosen inference setting against the step (epochs on a second axis)."""
+    from tvr.analysis import plot_runs
+
+    manifest = plot_runs(run_dirs, out)
+    for figure in manifest["figures"]:
+        console.print(f"{out / figure['png']}  {figure['title']}", highlight=False, soft_wrap=True)
+    if manifest["skipped"]:
+        console.print(f"[dim]nothing to plot for: {', '.join(manifest['skipped'])}[/dim]")
+
+
+@app.command()
 def features(
     config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Cache folder; rerun to resume."),

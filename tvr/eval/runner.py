@@ -123,6 +123,22 @@ def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, devic
                         len(split.videos))
 
 
+@torch.no_grad()
+def score_matrices(model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device
+                   ) -> tuple[Tensor, Tensor | None]:
+    """(the [N_t, N_v] matrix text queries rank, the one video queries rank or None when it is the same) for an
+    encoded split with the head's current inference setting, as :func:`evaluate_encoded` ranks them (under
+    ``eval.rerank_k`` each direction has its own shortlists, :func:`shortlist_matrix`)."""
+    head = model.head
+    head.eval()
+    return _score_states(head, *_states(head, encoded, device), cfg, encoded.text_video)
+
+
+def score_encoded(model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device) -> Tensor:
+    """The [N_t, N_v] matrix text queries rank (:func:`score_matrices`' first)."""
+    return score_matrices(model, encoded, cfg, device)[0]
+
+
 def _states(head: Any, encoded: EncodedSplit, device: torch.device) -> tuple[Any, Any]:
     return head.encode_texts(encoded.text.to(device)), head.encode_videos(encoded.video.to(device))
 

@@ -98,15 +98,20 @@ class SplitEvaluator:
 
             self.cached = load_cached_split(cfg.data.features_dir, split_name)
 
+    def encode(self, model, device: torch.device):
+        """Every caption and (readable) video of the split through ``model`` (eval mode): an ``EncodedSplit``."""
+        from tvr.eval.runner import encode_split_cached, encode_split_raw
+
+        if self.cached is not None:
+            return encode_split_cached(model, self.split, self.cached, self.cfg, device)
+        return encode_split_raw(model, self.split, self.tokenizer, self.cfg, device)
+
     def __call__(self, model, device: torch.device | None = None) -> dict:
-        from tvr.eval.runner import encode_split_cached, encode_split_raw, evaluate_encoded, training_query_bank
+        from tvr.eval.runner import evaluate_encoded, training_query_bank
 
         device = device or next(model.parameters()).device
         was_training = model.training
-        if self.cached is not None:
-            encoded = encode_split_cached(model, self.split, self.cached, self.cfg, device)
-        else:
-            encoded = encode_split_raw(model, self.split, self.tokenizer, self.cfg, device)
+        encoded = self.encode(model, device)
         # QB-Norm / inverted softmax: training captions encoded by this model (re-encoded: the model changes)
         bank = training_query_bank(model, self.cfg, device, self.tokenizer)
         metrics = evaluate_encoded(

@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tvr.utils.io import atomic_write_text
+from tvr.utils.io import atomic_write_text, read_jsonl
+
+__all__ = ["RunLogger", "TrainProgress", "flatten", "read_jsonl"]
 
 log = logging.getLogger("tvr.train")
 
@@ -34,25 +36,6 @@ def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a JSONL log; a torn last line (crash while appending) is ignored."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    lines = path.read_text().splitlines()
-    for k, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if k == len(lines) - 1:
-                break
-            raise ValueError(f"{path}:{k + 1}: not valid JSON") from None
-    return records
 
 
 class RunLogger:

@@ -124,6 +124,26 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Pat
     return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False) + "\n")
 
 
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a JSONL log (an append-only run log); a torn last line (crash while appending) is ignored,
+    a bad line elsewhere is an error naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    lines = path.read_text().splitlines()
+    for k, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if k == len(lines) - 1:
+                break
+            raise ValueError(f"{path}:{k + 1}: not valid JSON") from None
+    return records
+
+
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     import torch
 

@@ -219,3 +219,33 @@ def gare_block(psi: Psi, text: TextFeatures, video: VideoFeatures, options: Gare
     else:
         scores = _cosine(t, vpool + delta)
     return scores, delta
+
+
+def gare_pair_features(
+    psi: Psi, text: TextFeatures, video: VideoFeatures, options: GareOptions
+) -> tuple[Tensor, Tensor]:
+    """Δ_k and the score's video vector v^pool_k of the aligned pairs (text k, video k): ([P, D], [P, D]).
+
+    The diagonal of :func:`gare_delta` and :func:`pooled_video` on a P × P block, at the cost of P pairs: ψ batches
+    its context along the query's second axis, so the P pair queries go in as one row [1, P, D] against the P
+    contexts (frames of video k, or words of text k)."""
+    if len(text) != len(video):
+        raise ValueError(f"gare_pair_features needs aligned pairs, got {len(text)} texts and {len(video)} videos")
+    t = text.eot
+    vbar = video_mean(video, options.mask_frames)
+    query = options.eta * (vbar - t) if options.gap_query else t
+    if options.context == "frames":
+        mask = _attend_mask(video.frame_mask) if options.mask_frames else None
+        delta = psi(query.unsqueeze(0), video.frames, mask)[0]
+    else:
+        if text.words is None:
+            raise ValueError("head.options.context = 'words' needs TextFeatures.words (projected word features)")
+        mask = _attend_mask(text.word_mask) if options.mask_frames and text.word_mask is not None else None
+        delta = psi(query.unsqueeze(0), text.words, mask)[0]
+    if not options.gap_query:
+        delta = options.eta * (vbar - delta)
+    if options.video_pool == "mean":
+        return delta, vbar
+    logits = torch.einsum("pd,pfd->pf", t, video.frames) / options.pool_temperature
+    weights = logits.softmax(dim=-1) * video.frame_mask.to(logits.dtype)
+    return delta, torch.einsum("pf,pfd->pd", weights, video.frames)
