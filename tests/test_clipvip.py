@@ -486,12 +486,16 @@ PRESETS = Path(__file__).resolve().parents[1] / "tvr" / "configs" / "clipvip"
      ("didemo", 12, 50, 2e-6, "all_pairs"), ("activitynet", 32, 70, 2e-6, "all_pairs")],
 )
 def test_presets_load_with_the_clipvip_recipe(name: str, frames: int, words: int, lr: float, captions: str) -> None:
-    cfg = load_config(PRESETS / f"{name}.yaml")
+    from tvr.pipeline import resolve_config
+
+    raw = load_config(PRESETS / f"{name}.yaml")
+    assert raw.data.sampling is None and raw.data.image_size is None  # left to the backbone
+    cfg = resolve_config(raw)  # offline: the hub id's input size is known without its files
     assert cfg.model.backbone == "clipvip" and cfg.model.temporal == "none"
     assert cfg.model.clipvip.num_proxies == 4 and cfg.model.clipvip.temporal_slots == 12
     assert cfg.data.sampling == "clipvip" and cfg.data.caption_sampling == captions
     assert (cfg.data.max_frames, cfg.data.max_words, cfg.data.image_size) == (frames, words, 224)
-    assert cfg.head.name == "clip4clip" and cfg.head.options["video_pool"] == "mean"
+    assert cfg.head.name == "clip4clip" and cfg.head.options.video_pool == "mean"
     assert cfg.head.logit_scale_max == pytest.approx(math.log(200))
     assert cfg.train.lr == pytest.approx(lr) and cfg.train.backbone_lr_coef == 1.0
     assert cfg.train.betas == (0.9, 0.98) and cfg.train.weight_decay == pytest.approx(0.2)

@@ -27,6 +27,7 @@ from tvr.models.heads.proxy import (
     proxy_scores,
 )
 from tvr.models.heads.registry import build_head, head_options, resolve_head_config
+from tvr.pipeline import resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
 REPO = Path(__file__).resolve().parents[1]
@@ -561,7 +562,7 @@ def test_presets_exist_and_follow_the_paper() -> None:
     }
     for name, (alpha, beta, dash, delta, eta, proxy_lr, lr, frames) in expected.items():
         cfg = load_config(REPO / "tvr" / "configs" / "proxy" / f"{name}.yaml")
-        resolve_head_config(cfg.head)
+        resolve_config(cfg)  # head options checked; CLIP-ViP's sampling from the backbone
         o = cfg.head.options
         assert cfg.head.name == "proxy" and cfg.model.backbone == "clipvip" and cfg.model.clipvip.proxy_projection
         assert (o.alpha, o.beta, o.dash, o.delta, o.eta) == (alpha, beta, dash, delta, eta), name

@@ -29,7 +29,7 @@ def layout(tmp_path: Path) -> dict[str, Path]:
 def _cfg(layout: dict[str, Path], **kw) -> DataConfig:
     base = dict(
         dataset="generic", annotations=str(layout["root"]), generic_file="captions.csv",
-        video_dir=str(layout["videos"]), video_pattern="{video_id}", max_frames=2, image_size=16,
+        video_dir=str(layout["videos"]), video_pattern="{video_id}", max_frames=2, image_size=16, sampling="clip4clip",
     )
     base.update(kw)
     return DataConfig(**base)

@@ -36,11 +36,12 @@ class ConfigError(UserError, ValueError):
 # the same way when it is loaded: a bad value fails at once with the field's dotted name and the valid values.
 
 
-def choice(default: str, *values: str) -> Any:
-    """A string field restricted to ``values`` (``default`` must be one of them)."""
-    if default not in values:
+def choice(default: str | None, *values: str) -> Any:
+    """A string field restricted to ``values`` (``default`` must be one of them, or None: a field left unset, which
+    something else fills in, e.g. ``data.sampling`` from the backbone)."""
+    if default is not None and default not in values:
         raise ValueError(f"choice default {default!r} is not among {values}")
-    return field(default=default, metadata={"choices": tuple(values)})
+    return field(default=default, metadata={"choices": tuple(values), "allow": (None,) if default is None else ()})
 
 
 def bounded(
@@ -67,7 +68,7 @@ def field_rule_text(f: dataclasses.Field) -> str:
     0)", or "" for a field with no such rule."""
     choices = f.metadata.get("choices")
     if choices:
-        return " | ".join(map(str, choices))
+        return " | ".join(map(str, choices)) + (" (or null)" if None in f.metadata.get("allow", ()) else "")
     bounds = f.metadata.get("range")
     if not bounds:
         return ""
@@ -83,8 +84,9 @@ def check_field_values(obj: Any, where: str) -> None:
         value = getattr(obj, f.name)
         name = f"{where}.{f.name}" if where else f.name
         choices = f.metadata.get("choices")
-        if choices is not None and value not in choices:
-            raise ConfigError(f"{name} = {value!r}: expected one of {list(choices)}")
+        if choices is not None and value not in choices and value not in f.metadata.get("allow", ()):
+            unset = " (or null)" if None in f.metadata.get("allow", ()) else ""
+            raise ConfigError(f"{name} = {value!r}: expected one of {list(choices)}{unset}")
         bounds = f.metadata.get("range")
         if bounds is not None and value is not None and value not in f.metadata.get("allow", ()):
             ge, gt, le, lt = bounds
@@ -144,9 +146,14 @@ class DataConfig:
     max_frames: int = bounded(12, ge=1)
     #: candidate frames per second before uniform sub-sampling to ``max_frames`` (CLIP4Clip: 1)
     frame_rate: float = bounded(1.0, gt=0.0)
-    image_size: int = bounded(224, ge=1)
-    #: clip4clip (1-fps candidates, uniform pick, zero padding) | clipvip (linspace over decoded frames)
-    sampling: str = choice("clip4clip", *SAMPLINGS)
+    #: frame side in pixels; unset (null) = the backbone's input size (a CLIP's vision tower: 224 for ViT-B/32 and
+    #: B/16; tiny: model.tiny.image_size), filled in when the run config is resolved, as open_clip's model configs
+    #: carry their preprocessing
+    image_size: int | None = bounded(None, ge=1)
+    #: clip4clip (1-fps candidates, uniform pick, zero padding; short-side resize + centre crop) | clipvip
+    #: (linspace over decoded frames; square resize); unset (null) = the backbone's (clip → clip4clip, clipvip →
+    #: clipvip)
+    sampling: str | None = choice(None, *SAMPLINGS)
     #: training pairs per epoch: all_pairs (every caption once, CLIP4Clip) | one_per_video (one caption drawn per
     #: video per epoch, CLIP-ViP's MSR-VTT recipe: an epoch = #videos items; the draw is a pure function of
     #: (train.seed, epoch, video), so a resumed run sees the same captions). Datasets with one text per video

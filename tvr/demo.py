@@ -18,6 +18,7 @@ import yaml
 from tvr.config import Config, config_from_dict
 from tvr.data.synthetic import SynthConfig
 from tvr.models.heads.registry import head_class
+from tvr.models.preprocess import resolve_preprocess
 from tvr.utils.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ DEMO_CONFIG: dict[str, Any] = {
         "max_words": 24,
         "max_frames": 8,
         "frame_rate": 4.0,
-        "image_size": 32,
+        # image_size and sampling: the backbone's (the tiny CLIP's 32 px; clip4clip, or clipvip on the CLIP-ViP tower)
         "val_fraction": 0.1,
         # decode the next batch in a worker process while the main process trains
         "num_workers": 1,
@@ -85,14 +86,15 @@ def demo_config(data_dir: Path, quick: bool = False, method: str = "clip4clip") 
     values["head"]["options"] = dict(head.demo_options)
     if "proxies" in head.requires:
         # a head that reads per-video proxies runs on the CLIP-ViP tower (same tiny CLIP), which pools the video
-        # itself: CLIP-ViP's frame sampling, no temporal module
+        # itself (no temporal module) and brings CLIP-ViP's frame sampling with it
         values["model"].update({"backbone": "clipvip", "temporal": "none",
                                 "clipvip": {"num_proxies": 4, "temporal_slots": 12, "proxy_projection": True}})
-        values["data"]["sampling"] = "clipvip"
     if quick:
         for section, entries in QUICK_OVERRIDES.items():
             values[section].update(entries)
-    return config_from_dict(values)
+    cfg = config_from_dict(values)
+    resolve_preprocess(cfg)
+    return cfg
 
 
 def demo_synth_config(quick: bool) -> SynthConfig:

@@ -171,10 +171,29 @@ def build_augment(data_cfg: DataConfig) -> VideoRandAugment | None:
                             magnitude_std=0.5, increasing=True)
 
 
+def check_pixel_settings(data_cfg: DataConfig, image_size: bool = True) -> None:
+    """``data.image_size`` and ``data.sampling`` are set: left unset, they are the backbone's, filled in when the run
+    config is resolved (:func:`tvr.models.preprocess.resolve_preprocess`; every CLI job and ``tvr.pipeline`` do
+    it), so reading clips from an unresolved config is a mistake of the caller. ``image_size=False``: only the
+    sampling is needed (``tvr check-data`` counts sampled frames but makes no pixels)."""
+    if data_cfg.sampling is None:
+        raise ConfigError(
+            "data.sampling (and data.image_size) not resolved: they default to the backbone's; call "
+            "tvr.models.preprocess.resolve_preprocess(cfg) (or tvr.pipeline.resolve_config) first, or set them"
+        )
+    if image_size and data_cfg.image_size is None:
+        raise ConfigError(
+            "data.image_size is unset and the backbone's input size cannot be read without downloading model.clip "
+            "(a path that does not exist yet, or a hub model that is not in the local cache); set data.image_size "
+            "(224 for CLIP ViT-B/32 and B/16)"
+        )
+
+
 def frame_cache_reader(data_cfg: DataConfig) -> FrameCacheReader | None:
     """The reader of ``data.frame_cache`` (checked against the run's frame settings), or None when unset."""
     if not data_cfg.frame_cache:
         return None
+    check_pixel_settings(data_cfg)
     settings = FrameSettings(data_cfg.max_frames, data_cfg.frame_rate, data_cfg.image_size, data_cfg.sampling)
     return FrameCacheReader(data_cfg.frame_cache, data_cfg.video_dir, settings)
 
@@ -241,6 +260,7 @@ class PairDataset(Dataset):
         self.records = list(records)
         self.tokenizer = tokenizer
         self.resolver = resolver
+        check_pixel_settings(data_cfg)
         self.cfg = data_cfg
         self.train = train
         self.seed = seed
@@ -318,6 +338,7 @@ class VideoDataset(Dataset):
         if len(self.spans) != len(self.video_ids):
             raise ValueError(f"{len(self.video_ids)} video ids but {len(self.spans)} spans")
         self.resolver = resolver
+        check_pixel_settings(data_cfg)
         self.cfg = data_cfg
         self.allow_partial = allow_partial
         self.frame_cache = frame_cache_reader(data_cfg)

@@ -17,6 +17,7 @@ import torch
 
 from tvr.config import Config, ConfigError, save_config
 from tvr.models.heads.registry import resolve_head_config
+from tvr.models.preprocess import resolve_preprocess
 from tvr.pipeline.features import build_feature_cache
 from tvr.pipeline.preflight import PreflightError, preflight
 from tvr.utils.device import resolve_device
@@ -49,8 +50,10 @@ class RunFolderError(ConfigError):
 
 def resolve_config(cfg: Config) -> Config:
     """Check what the config layer cannot check alone (the head name and its options) and return ``cfg`` with
-    ``head.options`` as the head's options dataclass. Idempotent; raises ConfigError naming the field."""
+    ``head.options`` as the head's options dataclass and the preprocessing the config leaves to the backbone
+    (``data.image_size``, ``data.sampling``) filled in. Idempotent; raises ConfigError naming the field."""
     resolve_head_config(cfg.head)
+    resolve_preprocess(cfg)
     return cfg
 
 

@@ -16,6 +16,8 @@ from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
 from tvr.data.feature_cache import CACHE_FORMAT, MANIFEST, check_cache_matches, read_manifest
 from tvr.data.tokenizer import build_tokenizer
 from tvr.models.build import build_backbone
+from tvr.models.heads.registry import resolve_head_config
+from tvr.models.preprocess import resolve_preprocess
 from tvr.train.utils import seed_everything
 from tvr.utils.device import resolve_device
 from tvr.utils.io import atomic_torch_save, atomic_write_json
@@ -32,6 +34,8 @@ def build_feature_cache(
     progress: bool = True,
 ) -> dict:
     """Encode every video and caption of ``splits`` with the frozen CLIP of ``cfg`` and write shards."""
+    resolve_head_config(cfg.head)
+    resolve_preprocess(cfg)  # the frames the backbone expects (tvr.pipeline.resolve_config, which imports this module)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / MANIFEST
