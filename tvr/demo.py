@@ -122,7 +122,7 @@ def prepare_demo_data(data_dir: Path, synth: SynthConfig) -> None:
     wanted = dataclasses.asdict(synth)
     recorded = _recorded_synth(data_dir)
     if recorded == wanted and (data_dir / "MSRVTT_data.json").is_file():
-        log.info("demo: reusing the synthetic set in %s (%d videos)", data_dir, synth.num_videos)
+        log.info("reusing the synthetic set in %s (%d videos)", data_dir, synth.num_videos)
         return
     if data_dir.exists():
         if recorded is None and not _interrupted_demo_set(data_dir):
@@ -134,7 +134,7 @@ def prepare_demo_data(data_dir: Path, synth: SynthConfig) -> None:
         else:
             changed = [f"{k} {recorded.get(k)!r} → {v!r}" for k, v in wanted.items() if recorded.get(k) != v]
             what = f"a set generated with other settings ({', '.join(changed)})"
-        log.warning("demo: regenerating the synthetic set in %s: it held %s", data_dir, what)
+        log.warning("regenerating the synthetic set in %s: it held %s", data_dir, what)
         shutil.rmtree(data_dir)
     generate_synthetic_dataset(data_dir, synth, progress=True)
 
@@ -173,5 +173,5 @@ def run_demo(out_dir: str | Path = "demo_out", quick: bool = False, method: str 
     run_dir = out_dir / "run"
     if any((run_dir / name).exists() for name in ("config.yaml", "last.pt", "best.pt")):
         # the demo always starts over; say which run's files go
-        log.warning("demo: replacing the previous demo run in %s (%s)", run_dir, _describe_run(run_dir))
+        log.warning("replacing the previous demo run in %s (%s)", run_dir, _describe_run(run_dir))
     return run_train(cfg, run_dir, overwrite=True)
