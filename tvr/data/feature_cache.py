@@ -13,6 +13,7 @@ This module holds the format and the reader; encoding a cache is a pipeline job 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -116,6 +117,18 @@ def check_cache_matches(cfg: Config, manifest: dict) -> None:
                 f"feature cache was made with {section}.{key}={made[section].get(key, default)!r} but the run asks for "
                 f"{getattr(getattr(cfg, section), key)!r}; rebuild the cache or change the config"
             )
+    if cfg.model.backbone == "two_tower":
+        # the cache holds tower features: the towers must be the run's; the bridge may differ (it runs on them)
+        made_towers = made["model"].get("two_tower", {})
+        towers = cfg.model.two_tower
+        tiny = "tiny" in (str(towers.text_model).strip(), str(towers.image_model).strip())
+        for key in ("text_model", "image_model", "image_weights", *(("tiny",) if tiny else ())):
+            wanted = dataclasses.asdict(cfg.model.two_tower)[key]
+            if made_towers.get(key) != wanted:
+                raise FeatureCacheError(
+                    f"feature cache was made with model.two_tower.{key}={made_towers.get(key)!r} but the run asks for "
+                    f"{wanted!r}; rebuild the cache or change the config"
+                )
 
 
 class CachedPairDataset(torch.utils.data.Dataset):

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from tvr.data.transforms import CLIP_NORM, PixelNorm
+
 FRAMES_MANIFEST = "frames_manifest.json"
 
 
@@ -52,6 +54,7 @@ def load_cached_clip(
     resize: str = "short_side",
     augment: Callable[..., Any] | None = None,
     rng: np.random.Generator | None = None,
+    norm: PixelNorm = CLIP_NORM,
 ) -> tuple[Any, Any]:
     """(pixels float32 [max_frames, 3, S, S], mask long [max_frames]) from a cached ``.npy`` — the same tensors
     ``load_clip`` gives for the source video with the cache's settings (zero padding, mask 0 on padding)."""
@@ -60,7 +63,7 @@ def load_cached_clip(
     frames = np.load(path, mmap_mode="r")
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
         raise ValueError(f"{path}: expected uint8 frames [n, H, W, 3], got {frames.dtype} {frames.shape}")
-    return frames_to_clip(np.array(frames), image_size, max_frames, resize, augment, rng)
+    return frames_to_clip(np.array(frames), image_size, max_frames, resize, augment, rng, norm)
 
 
 class FrameCacheReader:
@@ -115,12 +118,12 @@ class FrameCacheReader:
         path = self.cache_dir / rel.with_suffix(".npy")
         return path if path.is_file() else None
 
-    def load(self, path: Path, augment: Callable[..., Any] | None, rng: np.random.Generator | None
-             ) -> tuple[Any, Any] | None:
+    def load(self, path: Path, augment: Callable[..., Any] | None, rng: np.random.Generator | None,
+             norm: PixelNorm = CLIP_NORM) -> tuple[Any, Any] | None:
         """The clip's tensors from the cached ``path``; None (decode instead) when the file is damaged."""
         try:
             return load_cached_clip(path, self.settings.max_frames, self.settings.image_size,
-                                    resize=self.settings.resize, augment=augment, rng=rng)
+                                    resize=self.settings.resize, augment=augment, rng=rng, norm=norm)
         except (OSError, ValueError) as exc:
             import logging
 

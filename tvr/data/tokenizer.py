@@ -445,14 +445,20 @@ def resolve_tokenizer_source(cfg: Config) -> str:
     return ""
 
 
-def build_tokenizer(cfg: Config, work_dir: str | os.PathLike) -> ClipTokenizer:
-    """Load the tokenizer for ``cfg``.
+def build_tokenizer(cfg: Config, work_dir: str | os.PathLike):
+    """Load the tokenizer for ``cfg`` (a callable ``(texts, max_words) -> (ids, mask)``).
 
     * ``model.tokenizer`` may name a folder with vocab.json + merges.txt, or CLIP's ``bpe_simple_vocab_16e6.txt.gz``
       (the full 49,408-token vocabulary is rebuilt from it into ``work_dir/tokenizer``).
     * A local CLIP checkpoint folder carries its own tokenizer files.
     * The tiny random model gets a small tokenizer built locally into ``work_dir/tokenizer`` (no download).
+    * ``model.backbone: two_tower``: the text model's own tokenizer
+      (:class:`~tvr.data.sentence_tokenizer.SentenceTokenizer`, same call signature).
     """
+    if cfg.model.backbone == "two_tower":
+        from tvr.data.sentence_tokenizer import SentenceTokenizer
+
+        return SentenceTokenizer.for_model(cfg.model.two_tower.text_model, work_dir)
     source = resolve_tokenizer_source(cfg)
     target = Path(work_dir) / "tokenizer"
     if source.endswith(".gz") or source.endswith(".txt"):

@@ -8,6 +8,7 @@ PIL's bicubic filter.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -17,6 +18,24 @@ from torch import Tensor
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 RESIZE_MODES = ("short_side", "square")
+
+
+@dataclass(frozen=True)
+class PixelNorm:
+    """Per-channel (x − mean) / std of RGB values in [0, 1]. A backbone declares the one its image tower was trained
+    with (``tvr.models.preprocess.backbone_norm``); a resolved config carries it as ``data.pixel_mean`` /
+    ``data.pixel_std`` and the data pipeline applies it."""
+
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    def __post_init__(self) -> None:
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise ValueError(f"PixelNorm: expected 3 means and 3 positive stds, got {self.mean} and {self.std}")
+
+
+#: CLIP's normalisation (the default everywhere: CLIP and CLIP-ViP backbones)
+CLIP_NORM = PixelNorm(CLIP_MEAN, CLIP_STD)
 
 
 def _check_frames(x: Tensor, name: str = "frames") -> None:
@@ -74,12 +93,12 @@ def center_crop(x: Tensor, size: int) -> Tensor:
     return x[..., top : top + size, left : left + size]
 
 
-def normalize(x: Tensor) -> Tensor:
-    """CLIP normalisation of [..., 3, H, W] images with values in [0, 1]."""
+def normalize(x: Tensor, norm: PixelNorm = CLIP_NORM) -> Tensor:
+    """Normalisation of [..., 3, H, W] images with values in [0, 1] (CLIP's unless ``norm`` says otherwise)."""
     if x.shape[-3] != 3:
         raise ValueError(f"normalize expects 3 channels at dim -3, got shape {tuple(x.shape)}")
-    mean = torch.tensor(CLIP_MEAN, dtype=x.dtype, device=x.device).view(3, 1, 1)
-    std = torch.tensor(CLIP_STD, dtype=x.dtype, device=x.device).view(3, 1, 1)
+    mean = torch.tensor(norm.mean, dtype=x.dtype, device=x.device).view(3, 1, 1)
+    std = torch.tensor(norm.std, dtype=x.dtype, device=x.device).view(3, 1, 1)
     return (x - mean) / std
 
 
@@ -97,8 +116,10 @@ def clip_preprocess(
     mode: str = "short_side",
     augment: Callable[..., Tensor] | None = None,
     generator: torch.Generator | None = None,
+    norm: PixelNorm = CLIP_NORM,
 ) -> Tensor:
-    """uint8 RGB frames [n, H, W, 3] → CLIP-normalised float32 [n, 3, size, size].
+    """uint8 RGB frames [n, H, W, 3] → normalised float32 [n, 3, size, size] (``norm``: CLIP's by default; the
+    two-tower backbone declares EfficientNet-Lite's).
 
     ``short_side``: bicubic resize of the shorter side to ``size``, then centre crop (CLIP4Clip/GARE).
     ``square``: bicubic resize to exactly size × size (CLIP-ViP).
@@ -115,4 +136,4 @@ def clip_preprocess(
     if augment is not None:
         x = augment(x, generator=generator)
     x = center_crop(x, size)
-    return normalize(x.float() / 255.0)
+    return normalize(x.float() / 255.0, norm)

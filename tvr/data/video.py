@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tvr.data.transforms import clip_preprocess
+from tvr.data.transforms import CLIP_NORM, PixelNorm, clip_preprocess
 
 SAMPLING_MODES = ("clip4clip", "clipvip")
 
@@ -311,6 +311,7 @@ def load_clip(
     augment: Callable[..., Tensor] | None = None,
     allow_partial: bool = False,
     resize: str | None = None,
+    norm: PixelNorm = CLIP_NORM,
 ) -> tuple[Tensor, Tensor]:
     """Decode, sample and preprocess one clip: returns (pixels float32 [max_frames, 3, S, S], mask long [max_frames]).
 
@@ -324,6 +325,7 @@ def load_clip(
     (with ``rng=None`` the augmentation draws from torch's global RNG).
     ``allow_partial``: when the file is shorter than its header says (truncated), sample again over the frames that
     did decode instead of raising.
+    ``norm``: the pixel normalisation of the backbone that reads the clip (CLIP's by default).
     """
     path = Path(path)
     if sampling not in SAMPLING_MODES:
@@ -346,7 +348,7 @@ def load_clip(
         info = dataclasses.replace(info, num_frames=exc.decoded)
         indices = sample_indices(info, max_frames, frame_rate, sampling, start, end, train, rng)
         frames = decode_frames(path, indices)
-    return frames_to_clip(frames, image_size, max_frames, resize, augment, rng)
+    return frames_to_clip(frames, image_size, max_frames, resize, augment, rng, norm)
 
 
 def frames_to_clip(
@@ -356,13 +358,14 @@ def frames_to_clip(
     resize: str,
     augment: Callable[..., Tensor] | None = None,
     rng: np.random.Generator | None = None,
+    norm: PixelNorm = CLIP_NORM,
 ) -> tuple[Tensor, Tensor]:
     """Sampled uint8 RGB frames [n, H, W, 3] → (pixels [max_frames, 3, S, S], mask [max_frames]): the transform
     (augmentation seeded from ``rng``, as in :func:`load_clip`), then zero padding with mask 0 on the padding."""
     generator = None
     if augment is not None and rng is not None:
         generator = torch.Generator().manual_seed(int(rng.integers(0, 2**63 - 1)))
-    pixels = clip_preprocess(frames, image_size, mode=resize, augment=augment, generator=generator)
+    pixels = clip_preprocess(frames, image_size, mode=resize, augment=augment, generator=generator, norm=norm)
     out = torch.zeros((max_frames, 3, image_size, image_size), dtype=torch.float32)
     mask = torch.zeros(max_frames, dtype=torch.long)
     n = min(len(pixels), max_frames)

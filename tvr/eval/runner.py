@@ -94,6 +94,25 @@ def encode_split_raw(model: RetrievalModel, split, tokenizer, cfg: Config, devic
 
 
 @torch.no_grad()
+def cached_text_features(model: RetrievalModel, cached, rows: list[int], cfg: Config, device: torch.device
+                         ) -> TextFeatures:
+    """Cached caption features of ``rows`` as the model sees them: through its bridge when it has one (a two-tower
+    cache holds tower features), else as stored."""
+    if model.bridge is None:
+        return TextFeatures(cached.eot[rows].float(), cached.words[rows].float(), cached.word_mask[rows])
+    parts = []
+    for start in range(0, len(rows), cfg.eval.batch_size):
+        part = rows[start : start + cfg.eval.batch_size]
+        batch = {"text_eot": cached.eot[part].float().to(device), "text_words": cached.words[part].float().to(device),
+                 "text_word_mask": cached.word_mask[part].to(device)}
+        parts.append(model.text_features(batch).to("cpu", torch.float32))
+    if not parts:
+        return model.text_features({"text_eot": cached.eot[:0].float().to(device), "text_words": None,
+                                    "text_word_mask": None}).to("cpu", torch.float32)
+    return TextFeatures.cat(parts)
+
+
+@torch.no_grad()
 def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, device: torch.device) -> EncodedSplit:
     """Encode a split from a feature cache (only the temporal module runs)."""
     model.eval()
@@ -115,7 +134,7 @@ def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, devic
             batch["video_proxies"] = cached.proxies[rows].float().to(device)
         videos.append(model.video_features(batch).to("cpu", torch.float32))
     rows, targets = _filter(split.videos, split.text_video, kept)
-    text = TextFeatures(cached.eot[rows].float(), cached.words[rows].float(), cached.word_mask[rows])
+    text = cached_text_features(model, cached, rows, cfg, device)
     skipped = [
         {"id": v, "error": "unreadable when the cache was built"} for v in split.videos if v not in kept_video_rows
     ]
@@ -257,7 +276,7 @@ def training_query_bank(model: RetrievalModel, cfg: Config, device: torch.device
 
         cached = load_cached_split(cfg.data.features_dir, "train")
         rows = select_query_bank(len(cached.texts), cfg.eval.query_bank_size)
-        return TextFeatures(cached.eot[rows].float(), cached.words[rows].float(), cached.word_mask[rows])
+        return cached_text_features(model, cached, rows, cfg, device)
     from tvr.data.annotations import load_split
 
     if tokenizer is None:

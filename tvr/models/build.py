@@ -1,26 +1,50 @@
-"""Build a RetrievalModel (backbone + temporal module + head) from a Config (the tokenizer: ``tvr.data.tokenizer``)."""
+"""Build a RetrievalModel (backbone + bridge + temporal module + head) from a Config (the tokenizer:
+``tvr.data.tokenizer``; the pixels the backbone expects: ``tvr.models.preprocess``)."""
 
 from __future__ import annotations
 
 import logging
 
+from torch import nn
+
 from tvr.config import Config, ConfigError, ModelConfig
 from tvr.models.clip_backbone import ClipBackbone
 from tvr.models.clipvip import ClipVipBackbone
-from tvr.models.heads.registry import build_head, head_class
+from tvr.models.heads.registry import build_head, head_class, head_options
 from tvr.models.model import RetrievalModel
 from tvr.models.temporal import build_temporal
 
 log = logging.getLogger(__name__)
 
 #: ``model.backbone`` values
-BACKBONES = ("clip", "clipvip")
+BACKBONES = ("clip", "clipvip", "two_tower")
 #: temporal modules allowed on top of a backbone that pools the video itself (both are the identity on one slot)
 CLIPVIP_TEMPORAL = ("none", "meanP")
 
 
-def build_backbone(model_cfg: ModelConfig) -> ClipBackbone:
-    """The video/text backbone named by ``model.backbone`` (a :class:`~tvr.models.clip_backbone.ClipBackbone`)."""
+def check_data_fits_backbone(cfg: Config) -> None:
+    """Frame size and caption length the data pipeline makes are ones the backbone takes (two_tower: the image
+    architecture's resolution; checked before any weights load)."""
+    if cfg.model.backbone != "two_tower":
+        return
+    from tvr.models.image_tower import native_image_size
+
+    size = native_image_size(cfg.model.two_tower)
+    if cfg.data.image_size is not None and cfg.data.image_size != size:  # unset: resolution gives it the native size
+        raise ConfigError(f"data.image_size = {cfg.data.image_size}: the two-tower image tower "
+                          f"{cfg.model.two_tower.image_model!r} takes {size}-pixel frames; set data.image_size={size}")
+
+
+def proxies_to_derive(cfg: Config) -> int:
+    """M proxies the two-tower bridge derives (``head.options.num_proxies`` for a head that reads proxies, else 0)."""
+    if cfg.model.backbone != "two_tower" or "proxies" not in head_class(cfg.head.name).requires:
+        return 0
+    return int(head_options(cfg.head.name, cfg.head.options).num_proxies)
+
+
+def build_backbone(model_cfg: ModelConfig) -> nn.Module:
+    """The video/text backbone named by ``model.backbone``: a :class:`~tvr.models.clip_backbone.ClipBackbone`, a
+    :class:`~tvr.models.clipvip.ClipVipBackbone` or a :class:`~tvr.models.two_tower.TwoTowerBackbone`."""
     kind = model_cfg.backbone
     if kind == "clip":
         return ClipBackbone.from_config(model_cfg)
@@ -31,6 +55,10 @@ def build_backbone(model_cfg: ModelConfig) -> ClipBackbone:
                 f"itself into one slot, so there is no frame sequence to aggregate; set model.temporal=none"
             )
         return ClipVipBackbone.from_config(model_cfg)
+    if kind == "two_tower":
+        from tvr.models.two_tower import TwoTowerBackbone
+
+        return TwoTowerBackbone.from_config(model_cfg)
     raise ConfigError(f"model.backbone={kind!r}: expected one of {list(BACKBONES)}")
 
 
@@ -39,10 +67,12 @@ def check_backbone_provides(cfg: Config) -> None:
     parameters would get no gradient, which DDP treats as an error)."""
     needs_proxies = "proxies" in head_class(cfg.head.name).requires
     has_proxies = cfg.model.backbone == "clipvip" and cfg.model.clipvip.proxy_projection
+    if needs_proxies and cfg.model.backbone == "two_tower":
+        return  # the two-tower bridge derives them (temporal segment means, tvr.models.bridge)
     if needs_proxies and not has_proxies:
         raise ConfigError(
             f"head {cfg.head.name!r} reads per-video proxies: set model.backbone=clipvip and "
-            "model.clipvip.proxy_projection=true"
+            "model.clipvip.proxy_projection=true, or model.backbone=two_tower (which derives them)"
         )
     if has_proxies and not needs_proxies:
         raise ConfigError(
@@ -56,16 +86,28 @@ def build_model(cfg: Config, cached: bool = False) -> RetrievalModel:
 
     ``cached=True`` (training/eval on a ``tvr features`` cache) keeps no backbone: the CLIP weights are still
     loaded once so that seqTransf is initialised from CLIP's text blocks and the head gets CLIP's logit scale,
-    exactly as in end-to-end training.
+    exactly as in end-to-end training. A two-tower model keeps its bridge (the cache holds tower features).
     """
     check_backbone_provides(cfg)
+    check_data_fits_backbone(cfg)
     backbone = build_backbone(cfg.model)
-    dim = backbone.embed_dim
-    temporal = build_temporal(cfg.model.temporal, backbone, dim, cfg.model.temporal_layers)
+    bridge = None
+    if cfg.model.backbone == "two_tower":
+        from tvr.models.text_tower import check_max_words
+        from tvr.models.two_tower import build_two_tower_bridge
+
+        check_max_words(backbone.text_tower, cfg.data.max_words)
+        bridge = build_two_tower_bridge(backbone, cfg.model.two_tower, proxies_to_derive(cfg))
+        dim = bridge.embed_dim
+        # no CLIP text blocks to copy: seqTransf starts from its random init
+        temporal = build_temporal(cfg.model.temporal, None, dim, cfg.model.temporal_layers)
+    else:
+        dim = backbone.embed_dim
+        temporal = build_temporal(cfg.model.temporal, backbone, dim, cfg.model.temporal_layers)
     head = build_head(cfg.head, dim, backbone.logit_scale_value)
     if cached:
         backbone = None
     elif cfg.model.freeze_backbone:
         for param in backbone.parameters():
             param.requires_grad_(False)
-    return RetrievalModel(backbone, temporal, head)
+    return RetrievalModel(backbone, temporal, head, bridge)

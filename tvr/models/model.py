@@ -1,7 +1,9 @@
-"""RetrievalModel = optional CLIP backbone + temporal module + method head.
+"""RetrievalModel = optional backbone + optional bridge + temporal module + method head.
 
 Batches are dicts. A *raw* batch carries tokens and pixels; a *cached* batch (``tvr features``) carries
-backbone outputs, so the backbone is skipped and only the temporal module and the head train.
+backbone outputs, so the backbone is skipped and only the bridge (if any), the temporal module and the head train.
+The bridge (two-tower backbone: learned projections or ConSE, :mod:`tvr.models.bridge`) maps backbone features into
+the space the head compares in; it runs on raw and cached batches alike.
 
 Raw keys:    text_ids [B, L] long, text_mask [B, L], video [B, F, 3, S, S] float, video_mask [B, F]
 Cached keys: text_eot [B, D], text_words [B, L, D], text_word_mask [B, L], frame_feats [B, F, D], video_mask [B, F]
@@ -29,27 +31,34 @@ def _is_no_decay(name: str, param: nn.Parameter) -> bool:
 
 
 class RetrievalModel(nn.Module):
-    def __init__(self, backbone: nn.Module | None, temporal: nn.Module, head: RetrievalHead) -> None:
+    def __init__(self, backbone: nn.Module | None, temporal: nn.Module, head: RetrievalHead,
+                 bridge: nn.Module | None = None) -> None:
         super().__init__()
         self.backbone = backbone
+        self.bridge = bridge
         self.temporal = temporal
         self.head = head
 
     # ------------------------------------------------------------------ features
     def text_features(self, batch: dict[str, Any]) -> TextFeatures:
+        """Text features in the head's space (backbone, then the bridge if any)."""
         if "text_eot" in batch:
-            return TextFeatures(batch["text_eot"], batch.get("text_words"), batch.get("text_word_mask"))
-        if self.backbone is None:
+            feats = TextFeatures(batch["text_eot"], batch.get("text_words"), batch.get("text_word_mask"))
+        elif self.backbone is None:
             raise ValueError("batch has raw tokens but the model was built without a backbone (cached mode)")
-        return self.backbone.encode_text(batch["text_ids"], batch["text_mask"])
+        else:
+            feats = self.backbone.encode_text(batch["text_ids"], batch["text_mask"])
+        return feats if self.bridge is None else self.bridge.text(feats)
 
     def frame_features(self, batch: dict[str, Any]) -> VideoFeatures:
-        """Backbone frame features before the temporal module."""
+        """Frame features in the head's space (backbone, then the bridge if any), before the temporal module."""
         if "frame_feats" in batch:
-            return VideoFeatures(batch["frame_feats"], batch["video_mask"], batch.get("video_proxies"))
-        if self.backbone is None:
+            feats = VideoFeatures(batch["frame_feats"], batch["video_mask"], batch.get("video_proxies"))
+        elif self.backbone is None:
             raise ValueError("batch has raw pixels but the model was built without a backbone (cached mode)")
-        return self.backbone.encode_video(batch["video"], batch["video_mask"])
+        else:
+            feats = self.backbone.encode_video(batch["video"], batch["video_mask"])
+        return feats if self.bridge is None else self.bridge.video(feats)
 
     def video_features(self, batch: dict[str, Any]) -> VideoFeatures:
         frames = self.frame_features(batch)

@@ -3,9 +3,11 @@ its frame sampling (and with it the resize: CLIP4Clip's short side + centre crop
 normalisation. The data pipeline takes these from the backbone unless the config sets them.
 
 :func:`backbone_preprocess` reads them from the model config alone, without building the backbone or loading
-weights (a HF folder's ``config.json``, the tiny config, an OpenAI checkpoint's tensor shapes), so a run config can
-be resolved before anything heavy runs; :func:`resolve_preprocess` fills ``data.image_size`` / ``data.sampling``
-where the config leaves them unset (every job resolves its config first, ``tvr.pipeline.resolve_config``).
+weights (a HF folder's ``config.json``, the tiny config, an OpenAI checkpoint's tensor shapes, the EfficientNet
+variant), so a run config can be resolved before anything heavy runs; :func:`resolve_preprocess` fills
+``data.image_size`` / ``data.sampling`` / ``data.pixel_mean`` / ``data.pixel_std`` where the config leaves them
+unset (every job resolves its config first, ``tvr.pipeline.resolve_config``), so a run's config.yaml and its
+checkpoints record the preprocessing used.
 """
 
 from __future__ import annotations
@@ -17,44 +19,64 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tvr.config import Config, ConfigError, ModelConfig
+from tvr.data.transforms import CLIP_NORM, PixelNorm
 
-__all__ = ["HUB_IMAGE_SIZES", "Preprocess", "backbone_preprocess", "clip_image_size", "resolve_preprocess"]
+__all__ = ["HUB_IMAGE_SIZES", "Preprocess", "backbone_norm", "backbone_preprocess", "clip_image_size",
+           "resolve_preprocess"]
 
 
 @dataclass(frozen=True)
 class Preprocess:
     """A backbone's preprocessing defaults: ``image_size`` (frame side in pixels; None when the backbone cannot tell
-    without a download) and ``sampling`` (``clip4clip`` or ``clipvip``, which also picks the resize). Both CLIP
-    backbones normalise with CLIP's mean and std (``tvr.data.transforms.CLIP_MEAN`` / ``CLIP_STD``)."""
+    without a download), ``sampling`` (``clip4clip`` or ``clipvip``, which also picks the resize) and ``norm``
+    (the per-channel normalisation its image tower was trained with)."""
 
     image_size: int | None
     sampling: str
+    norm: PixelNorm = CLIP_NORM
 
 
 def backbone_preprocess(model_cfg: ModelConfig) -> Preprocess:
     """The preprocessing ``model.backbone`` expects: CLIP's normalisation and its vision tower's image size for both
-    CLIP backbones; CLIP4Clip's 1-fps sampling for ``clip``, CLIP-ViP's linspace sampling and square resize for
-    ``clipvip`` (spec §2.1, §2.2)."""
+    CLIP backbones, CLIP4Clip's 1-fps sampling for ``clip`` and CLIP-ViP's linspace sampling and square resize for
+    ``clipvip`` (spec §2.1, §2.2); for ``two_tower`` the EfficientNet-Lite variant's resolution and normalisation
+    with CLIP4Clip's sampling."""
     kind = model_cfg.backbone
     if kind == "clip":
-        return Preprocess(clip_image_size(model_cfg), "clip4clip")
+        return Preprocess(clip_image_size(model_cfg), "clip4clip", CLIP_NORM)
     if kind == "clipvip":
-        return Preprocess(clip_image_size(model_cfg), "clipvip")
+        return Preprocess(clip_image_size(model_cfg), "clipvip", CLIP_NORM)
+    if kind == "two_tower":
+        from tvr.models.image_tower import native_image_size
+
+        return Preprocess(native_image_size(model_cfg.two_tower), "clip4clip", backbone_norm(model_cfg))
     raise ConfigError(f"model.backbone = {kind!r}: no preprocessing defaults known for it")
 
 
+def backbone_norm(model_cfg: ModelConfig) -> PixelNorm:
+    """The pixel normalisation ``model.backbone``'s image tower was trained with (no I/O)."""
+    if model_cfg.backbone == "two_tower":
+        from tvr.models.image_tower import EFFICIENTNET_LITE_NORM
+
+        return EFFICIENTNET_LITE_NORM
+    return CLIP_NORM
+
+
 def resolve_preprocess(cfg: Config) -> Preprocess:
-    """Fill ``data.image_size`` and ``data.sampling`` left unset with the backbone's (in place) and return what the
-    data pipeline will use. Values the config sets win. Idempotent."""
+    """Fill ``data.image_size``, ``data.sampling``, ``data.pixel_mean`` and ``data.pixel_std`` left unset with the
+    backbone's (in place) and return what the data pipeline will use. Values the config sets win. Idempotent."""
     data = cfg.data
-    if data.image_size is not None and data.sampling is not None:
-        return Preprocess(data.image_size, data.sampling)
-    defaults = backbone_preprocess(cfg.model)
-    if data.image_size is None:
-        data.image_size = defaults.image_size  # None still when the backbone cannot tell without a download
-    if data.sampling is None:
-        data.sampling = defaults.sampling
-    return Preprocess(data.image_size, data.sampling)
+    if data.pixel_mean is None or data.pixel_std is None:
+        norm = backbone_norm(cfg.model)
+        data.pixel_mean = data.pixel_mean if data.pixel_mean is not None else tuple(norm.mean)
+        data.pixel_std = data.pixel_std if data.pixel_std is not None else tuple(norm.std)
+    if data.image_size is None or data.sampling is None:
+        defaults = backbone_preprocess(cfg.model)
+        if data.image_size is None:
+            data.image_size = defaults.image_size  # None still when the backbone cannot tell without a download
+        if data.sampling is None:
+            data.sampling = defaults.sampling
+    return Preprocess(data.image_size, data.sampling, PixelNorm(tuple(data.pixel_mean), tuple(data.pixel_std)))
 
 
 #: input sizes of the hub's OpenAI CLIP checkpoints (their config.json's vision_config.image_size), so a preset naming

@@ -143,6 +143,7 @@ def _train_data(cfg: Config, out_dir: Path, tokenizer, rank: int, world_size: in
         from tvr.data.datasets import PairDataset, VideoResolver, collate_pairs
 
         resolver = VideoResolver.from_config(cfg.data)
+        # pixels as the backbone expects them: the resolved data config carries its size, sampling and normalisation
         dataset = PairDataset(split.records, tokenizer, resolver, cfg.data, train=True, seed=cfg.train.seed)
         collate = collate_pairs
     if len(dataset) < cfg.train.batch_size:

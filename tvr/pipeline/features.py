@@ -15,7 +15,7 @@ from tvr.data.annotations import load_split
 from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
 from tvr.data.feature_cache import CACHE_FORMAT, MANIFEST, check_cache_matches, read_manifest
 from tvr.data.tokenizer import build_tokenizer
-from tvr.models.build import build_backbone
+from tvr.models.build import build_backbone, check_data_fits_backbone
 from tvr.models.heads.registry import resolve_head_config
 from tvr.models.preprocess import resolve_preprocess
 from tvr.train.utils import seed_everything
@@ -33,7 +33,8 @@ def build_feature_cache(
     dtype: torch.dtype = torch.float16,
     progress: bool = True,
 ) -> dict:
-    """Encode every video and caption of ``splits`` with the frozen CLIP of ``cfg`` and write shards."""
+    """Encode every video and caption of ``splits`` with the frozen backbone of ``cfg`` and write shards (a
+    two-tower backbone stores tower features: the bridge runs on them at training time)."""
     resolve_head_config(cfg.head)
     resolve_preprocess(cfg)  # the frames the backbone expects (tvr.pipeline.resolve_config, which imports this module)
     out_dir = Path(out_dir)
@@ -44,12 +45,16 @@ def build_feature_cache(
         check_cache_matches(cfg, manifest)
     else:
         manifest = {"format": CACHE_FORMAT, "config": config_to_dict(cfg), "splits": {}}
+    check_data_fits_backbone(cfg)
     device = resolve_device(cfg.train.device)
     # seeded like training, so a randomly initialised ("tiny") backbone is the same one a run would build
     seed_everything(cfg.train.seed)
     backbone = build_backbone(cfg.model).to(device).eval()
     backbone.maybe_half(device)
     manifest["embed_dim"] = backbone.embed_dim
+    # a two-tower backbone's frame features are image-tower features (their own width; the bridge maps them)
+    frame_dim = getattr(backbone, "image_width", backbone.embed_dim)
+    manifest["frame_dim"] = frame_dim
     tokenizer = build_tokenizer(cfg, out_dir)
     resolver = VideoResolver.from_config(cfg.data)
 
@@ -100,7 +105,7 @@ def build_feature_cache(
                     "ids": kept,
                     "frames": torch.cat(frames)
                     if frames
-                    else torch.zeros(0, cfg.data.max_frames, backbone.embed_dim, dtype=dtype),
+                    else torch.zeros(0, cfg.data.max_frames, frame_dim, dtype=dtype),
                     "mask": torch.cat(masks) if masks else torch.zeros(0, cfg.data.max_frames, dtype=torch.long),
                     "skipped": skipped,
                 }

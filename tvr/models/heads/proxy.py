@@ -73,7 +73,8 @@ class ProxyOptions:
     #: theta (scalar exp(θ·mean_m S_ijm), MSR-VTT) | linear (exp(W S_ij + b) ∈ R^D, DiDeMo / ActivityNet)
     dash: str = choice("theta", *DASHES)
     #: M video proxies read by the leader and the dash; must equal model.clipvip.num_proxies (spec §4.2 ★: all 4
-    #: for both, fixing the released DiDeMo/ActivityNet configs' shape error)
+    #: for both, fixing the released DiDeMo/ActivityNet configs' shape error); with model.backbone: two_tower, the
+    #: number of temporal-segment proxies the backbone's bridge derives (docs/methods/two_tower.md)
     num_proxies: int = bounded(4, ge=1)
     #: director d = δ·t − η·l (B/32: δ = η = 1; B/16: δ = η = −1)
     delta: float = 1.0
@@ -176,7 +177,7 @@ class ProxyHead(RetrievalHead):
         if video.proxies is None:
             raise ValueError(
                 "TV-ProxyNet reads per-video proxies (VideoFeatures.proxies), got None: set model.backbone=clipvip "
-                "and model.clipvip.proxy_projection=true"
+                "and model.clipvip.proxy_projection=true, or model.backbone=two_tower (derived proxies)"
             )
         frames, mask = video.frames.float(), video.frame_mask.float()
         check_frames(frames, mask)
