@@ -59,7 +59,8 @@ def video_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cfg(**overrides) -> DataConfig:
-    base = dict(max_frames=4, frame_rate=1.0, image_size=16, max_words=8, sampling="clip4clip", augment=False)
+    base = dict(max_frames=4, frame_rate=1.0, image_size=16, max_words=8, sampling="clip4clip", augment=False,
+                pixel_mean=CLIP_MEAN, pixel_std=CLIP_STD)
     base.update(overrides)
     return DataConfig(**base)
 

@@ -11,6 +11,7 @@ from videos import write_test_video
 from tvr.config import DataConfig
 from tvr.data.annotations import load_split
 from tvr.data.datasets import VideoDataset, VideoNotFoundError, VideoOutsideDirError, VideoResolver, collate_videos
+from tvr.data.transforms import CLIP_MEAN, CLIP_STD
 from tvr.data.video import VideoDecodeError
 
 
@@ -30,6 +31,7 @@ def _cfg(layout: dict[str, Path], **kw) -> DataConfig:
     base = dict(
         dataset="generic", annotations=str(layout["root"]), generic_file="captions.csv",
         video_dir=str(layout["videos"]), video_pattern="{video_id}", max_frames=2, image_size=16, sampling="clip4clip",
+        pixel_mean=CLIP_MEAN, pixel_std=CLIP_STD,
     )
     base.update(kw)
     return DataConfig(**base)
