@@ -174,6 +174,10 @@ class GraviAlignHead(RetrievalHead):
     # L_SGI's trivial maximiser); α = 0.01 (the low end of the spec's sweep) with A bounded by 10·G/T trains the
     # InfoNCE as fast as the CLIP4Clip head while L_SGI still reaches the backbone (docs/methods/gravialign.md)
     demo_options = {"alpha": 0.01, "eps": 1e-2}
+    # sgi_align_pairwise tiles a block itself with bounded working memory: whole-gallery blocks keep its thread
+    # stripes busy (the base class's default 256 × 256 blocks suit heads whose score_block does not tile)
+    default_text_chunk = 1024
+    default_video_chunk = 1 << 30
 
     def build(self) -> None:
         o, dim = self.options, self.dim
