@@ -73,8 +73,7 @@ def test_input_sizes_are_read_without_building_or_downloading(tmp_path: Path) ->
     assert clip_image_size(ModelConfig(clip=str(tmp_path / "not_yet.pt"))) is None
     assert clip_image_size(ModelConfig(clip="someone/unknown-clip-xyz")) is None
     (folder / "config.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="set data.image_size"):
-        clip_image_size(ModelConfig(clip=str(folder)))
+    assert clip_image_size(ModelConfig(clip=str(folder))) is None  # loading the model reports the damage
 
 
 def test_an_unknown_size_is_named_when_pixels_are_needed(tmp_path: Path) -> None:

@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 
 from tvr.data.transforms import CLIP_NORM, PixelNorm
+from tvr.utils.errors import UserError
 
 FRAMES_MANIFEST = "frames_manifest.json"
 
 
-class FrameCacheError(ValueError):
+class FrameCacheError(UserError, ValueError):
     """A folder is not a frame cache (no manifest)."""
 
 
@@ -43,8 +44,12 @@ def read_frame_settings(cache_dir: str | os.PathLike) -> FrameSettings:
     path = Path(cache_dir) / FRAMES_MANIFEST
     if not path.is_file():
         raise FrameCacheError(f"{path}: not a frame cache (build one with `tvr prepare frames SRC DST`)")
-    saved = json.loads(path.read_text())["settings"]
-    return FrameSettings(**{f.name: saved[f.name] for f in dataclasses.fields(FrameSettings)})
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))["settings"]
+        return FrameSettings(**{f.name: saved[f.name] for f in dataclasses.fields(FrameSettings)})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise FrameCacheError(f"{path}: damaged ({type(exc).__name__}: {exc}); rebuild the frame cache "
+                              "(tvr prepare frames)") from None
 
 
 def load_cached_clip(
@@ -98,7 +103,7 @@ class FrameCacheReader:
                 "rebuild it with `tvr prepare frames VIDEOS CACHE --config FILE` or unset data.frame_cache"
             )
         self.settings = settings
-        manifest = json.loads((self.cache_dir / FRAMES_MANIFEST).read_text())["settings"]
+        manifest = json.loads((self.cache_dir / FRAMES_MANIFEST).read_text())["settings"]  # read just above
         self.flat = bool(manifest.get("flat", False))
         # the resolver's paths are data.video_dir joined with the file name, not resolved (the folder may be a link)
         self.video_root = Path(video_dir).absolute()

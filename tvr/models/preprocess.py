@@ -13,13 +13,13 @@ checkpoints record the preprocessing used.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from tvr.config import Config, ConfigError, ModelConfig
 from tvr.data.transforms import CLIP_NORM, PixelNorm
+from tvr.models.clip_backbone import backbone_image_size
 
 __all__ = ["HUB_IMAGE_SIZES", "Preprocess", "backbone_norm", "backbone_preprocess", "clip_image_size",
            "resolve_preprocess"]
@@ -91,45 +91,21 @@ HUB_IMAGE_SIZES = {
 
 def clip_image_size(model_cfg: ModelConfig) -> int | None:
     """The input size of ``model.clip``'s vision tower, read from its description only: ``model.tiny.image_size``,
-    a HF folder's ``config.json``, an OpenAI checkpoint's positional embedding (patch × grid), a known hub id, or a
-    hub id's cached config. None when nothing describes it without a download (a path that does not exist yet, a
-    hub model that is not cached): the data pipeline then asks for ``data.image_size``."""
+    a HF folder's or the hub cache's ``config.json`` (:func:`tvr.models.clip_backbone.backbone_image_size`), an
+    OpenAI checkpoint's positional embedding (patch × grid), or a known hub id. None when nothing describes it
+    without a download (a path that does not exist yet, a hub model that is not cached, a damaged config.json that
+    loading will report): the data pipeline then asks for ``data.image_size``."""
     spec = str(model_cfg.clip).strip()
-    if spec == "tiny":
-        return int(model_cfg.tiny.image_size)
     path = Path(os.path.expanduser(spec))
     if spec.endswith((".pt", ".pth")):
         if not path.is_file():
             return None
         stat = path.stat()
         return _openai_image_size(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-    if path.is_dir():
-        return _hf_folder_image_size(path)
-    if spec in HUB_IMAGE_SIZES:
-        return HUB_IMAGE_SIZES[spec]
-    return _cached_hub_image_size(spec)
-
-
-def _hf_folder_image_size(path: Path) -> int:
-    config = path / "config.json"
-    try:
-        values = json.loads(config.read_text())
-        size = (values.get("vision_config") or {}).get("image_size", 224)
-    except (OSError, ValueError, AttributeError) as exc:
-        raise ConfigError(f"model.clip = {str(path)!r}: cannot read the vision tower's image size from {config} "
-                          f"({exc}); set data.image_size") from None
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"{config}: vision_config.image_size = {size!r} is not a positive integer")
-    return size
-
-
-def _cached_hub_image_size(spec: str) -> int | None:
-    from transformers import CLIPConfig
-
-    try:  # the local cache only: resolving a config must not wait on the network
-        return int(CLIPConfig.from_pretrained(spec, local_files_only=True).vision_config.image_size)
-    except (OSError, ValueError):
-        return None
+    known = backbone_image_size(model_cfg)
+    if known is not None:
+        return known[0]
+    return HUB_IMAGE_SIZES.get(spec)
 
 
 @functools.lru_cache(maxsize=8)
