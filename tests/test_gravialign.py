@@ -686,6 +686,25 @@ def test_a_training_step_lowers_the_loss_and_tracks_statistics() -> None:
     assert int(h.s_align_batches) == 10
 
 
+@pytest.mark.parametrize("momentum", [0.1, 0.8])
+def test_running_statistics_move_by_the_momentum(momentum: float) -> None:
+    """statistic ← (1 − m)·statistic + m·batch value: m is the weight of the new batch (checked at m ≠ 0.5, where
+    m and 1 − m differ)."""
+    h = head(stats_momentum=momentum)
+    h.train()
+    h.loss(*features(8, 8, seed=1))  # the first batch sets the statistics
+    prev_mean, prev_var = float(h.s_align_mean), float(h.s_align_var)
+    text, video = features(8, 8, seed=2)
+    with torch.no_grad():
+        ts, vs = h.encode_texts(text), h.encode_videos(video)
+        batch = sgi_align_pairwise(vs.mu, vs.logvar, ts.mu, ts.logvar, **h.sgi_kwargs()).double()
+    h.loss(text, video)
+    assert abs(float(batch.mean()) - prev_mean) > 1e-3  # the batches differ, so the weight shows
+    assert float(h.s_align_mean) == pytest.approx((1 - momentum) * prev_mean + momentum * float(batch.mean()),
+                                                  rel=1e-5)
+    assert float(h.s_align_var) == pytest.approx((1 - momentum) * prev_var + momentum * float(batch.var()), rel=1e-4)
+
+
 SETTINGS = [{"mode": "cos_f"}, {"mode": "cos_mu"}, {"mode": "s_align"}, {"mode": "mixed", "w": 0.7}]
 
 
@@ -817,7 +836,7 @@ def encoded_split(n: int = 12, seed: int = 5):  # noqa: ANN201
 @pytest.mark.parametrize("rerank_k", [0, 5])
 def test_every_mode_evaluates_and_names_itself(setting: dict, rerank_k: int) -> None:
     from tvr.eval.protocol import evaluate
-    from tvr.eval.runner import evaluate_encoded
+    from tvr.eval.runner import evaluate_encoded, shortlist_matrix
 
     h = head()
     h.train()
@@ -830,7 +849,10 @@ def test_every_mode_evaluates_and_names_itself(setting: dict, rerank_k: int) -> 
     metrics = evaluate_encoded(model, encoded, cfg, torch.device("cpu"))
     assert metrics["info"]["inference_setting"] == setting
     ts, vs = h.encode_texts(encoded.text), h.encode_videos(encoded.video)
-    sim = h.score_two_stage(ts, vs, 5) if rerank_k and not h.indexable else h.score(ts, vs)
+    if rerank_k and not h.indexable:  # each text's 5 videos; a match outside them ranks last
+        sim = shortlist_matrix(*h.rerank(ts, vs, 5), len(vs), torch.arange(len(ts)), torch.tensor(encoded.text_video))
+    else:
+        sim = h.score(ts, vs)
     assert metrics["t2v"] == evaluate(sim, encoded.text_video, "one_to_one")["t2v"]
     assert metrics["t2v@cos_f"] == evaluate(ts.f @ vs.f.T, encoded.text_video, "one_to_one")["t2v"]
     assert metrics["info"]["indexable"] == (setting["mode"] in ("cos_f", "cos_mu"))

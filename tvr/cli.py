@@ -111,6 +111,7 @@ def _checked_config(make: Callable[[], Any], overrides: list[str] | None = None)
     head's options against its own dataclass). A bad value exits with code 2 and one line naming the field and the
     valid values (and the ``--set`` that gave it)."""
     from tvr.config import ConfigError, blame_overrides
+    from tvr.models.heads import registry  # noqa: F401 (registers the migration of configs older than head.options)
 
     try:
         cfg = make()
@@ -150,10 +151,13 @@ def _load_from_checkpoint(checkpoint: Path, overrides: list[str] | None):
 
 
 def _print_metrics(metrics: dict, title: str) -> None:
-    from tvr.eval.report import metrics_table
+    from tvr.eval.report import metrics_notes, metrics_table
 
     console.print(f"\n[bold]{escape(title)}[/bold]")
-    print(metrics_table({k: v for k, v in metrics.items() if k != "info"}))
+    rows = {k: v for k, v in metrics.items() if k != "info"}
+    print(metrics_table(rows))
+    for line in metrics_notes(rows, metrics.get("info", {})):
+        print(line)
     skipped = metrics.get("info", {}).get("skipped_videos") or []
     if skipped:
         say(f"{len(skipped)} unreadable video(s) left out", ", ".join(str(s["id"]) for s in skipped[:10])
@@ -381,27 +385,34 @@ def bench(
 
 @app.command()
 def heads() -> None:
-    """List the method heads (registered in tvr.models.heads or by installed packages) and their options."""
+    """List the method heads (registered in tvr.models.heads or by installed packages), their options (set under
+    head.options) with defaults, allowed values and what each does."""
     import dataclasses
 
     from rich.table import Table
+    from rich.text import Text
 
+    from tvr.config import field_rule_text
     from tvr.models.heads.registry import available_heads, head_class
+    from tvr.utils.fielddoc import field_comments
 
-    table = Table(title="method heads (head.name; options under head.options)")
-    for column in ("name", "indexable (defaults)", "options (default; choices)"):
-        table.add_column(column)
+    out = Console()
     for name in available_heads():
         cls = head_class(name)
-        fields = []
-        for f in dataclasses.fields(cls.Options):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            choices = f.metadata.get("choices")
-            fields.append(f"{f.name}={default!r}" + (f" {list(choices)}" if choices else ""))
         # indexability may depend on the options (CLIP4Clip: mean pooling only); show it for the defaults
         indexable = cls(8, cls.Options()).indexable
-        table.add_row(name, "yes" if indexable else "no", "\n".join(fields) or "-")
-    Console().print(table)
+        table = Table(title=f"head.name: {name} (indexable with its defaults: {'yes' if indexable else 'no'})",
+                      title_justify="left")
+        for column in ("option", "default", "allowed", "description"):
+            table.add_column(column)
+        comments = field_comments(cls.Options)
+        for f in dataclasses.fields(cls.Options):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            # Text cells: option descriptions hold brackets ("[logvar_min, logvar_max]") that are not markup
+            table.add_row(Text(f.name), Text(repr(default)), Text(field_rule_text(f)), Text(comments.get(f.name, "")))
+        if not dataclasses.fields(cls.Options):
+            table.add_row("-", "", "", "(no options)")
+        out.print(table)
 
 
 @app.command()
@@ -457,27 +468,18 @@ def import_checkpoint(
     report: Path | None = typer.Option(None, "--report", help="Also write the full key report (JSON) here."),
 ) -> None:
     """Import a CLIP4Clip / GARE release checkpoint into the tvr model of --config and save it as a tvr checkpoint."""
-    from tvr.models.import_checkpoint import CheckpointImportError, import_release_checkpoint
-    from tvr.train.checkpoint import save_checkpoint
-    from tvr.utils.io import atomic_write_json
+    from tvr.models.import_checkpoint import CheckpointImportError
+    from tvr.pipeline.release import import_checkpoint as run_import
 
     out_file(out)
     cfg = _load(config, set_)
     try:
-        model, rep = import_release_checkpoint(src, cfg, partial=partial)
+        rep = run_import(src, cfg, out, partial=partial, report_path=report)
     except CheckpointImportError as exc:
         if _DEBUG["on"]:
             raise
         say("import failed", str(exc))
         raise typer.Exit(2) from None
-    state = {
-        "imported_from": str(src),
-        "import_layout": rep.layout,
-        "import_counts": {k: len(v) for k, v in rep.to_dict().items() if isinstance(v, list)},
-    }
-    save_checkpoint(out, model, state=state, config=cfg)
-    if report is not None:
-        atomic_write_json(report, rep.to_dict())
     colour = "green" if rep.complete else "yellow"
     console.print(
         f"[{colour}]{rep.layout}: {len(rep.mapped)} tensors mapped, {len(rep.missing)} missing, "
@@ -577,7 +579,8 @@ def prepare_frames_cmd(
     flat: bool = typer.Option(False, "--flat", help="Write every .npy directly into DST (no sub-folders)."),
 ) -> None:
     """Decode once the frames every clip reads and store them as uint8 .npy files (a frame cache)."""
-    from tvr.data.prepare import FrameSettings, extract_frames
+    from tvr.data.frame_cache import FrameSettings
+    from tvr.data.prepare import extract_frames
 
     out_folder(dst, "DST")
     if set_ and config is None:

@@ -140,6 +140,14 @@ class GareHead(RetrievalHead):
         """... against normalised mean frames (masked mean with ``mask_frames``)."""
         return F.normalize(video_mean(video_state, self.options.mask_frames).float(), dim=-1)
 
+    @torch.no_grad()
+    def reference_pair_scores(self, text: TextFeatures, video: VideoFeatures) -> Tensor:
+        """Spec §3.1 for each aligned pair, one at a time: ψ's Δ and the corrected cosine of the direct path
+        (:func:`gare_block` on a 1 × 1 block), never the factorised scorer."""
+        ts, vs = self.encode_texts(text), self.encode_videos(video)
+        scores = [gare_block(self.psi, ts[p : p + 1], vs[p : p + 1], self.options)[0][0, 0] for p in range(len(ts))]
+        return torch.stack(scores).float() if scores else torch.zeros(0)
+
     # ------------------------------------------------------------------ training
     def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
         """L = InfoNCE(exp(logit_scale)·S) + β·L_IB + λ_dir·L_dir + λ_ε·L_ε on the full B×B block (spec §3.4).

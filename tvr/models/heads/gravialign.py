@@ -40,7 +40,8 @@ from tvr.losses import (
     sgi_nce_scale,
     symmetric_infonce,
 )
-from tvr.models.heads.base import ParamRule, RetrievalHead, _check_pairs
+from tvr.models.heads.base import ParamRule, RetrievalHead
+from tvr.models.heads.common import check_pairs
 from tvr.models.heads.gravialign_scoring import s_align_scores
 from tvr.models.heads.registry import register_head
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
@@ -213,6 +214,10 @@ class GraviAlignHead(RetrievalHead):
     # L_SGI's trivial maximiser); α = 0.01 (the low end of the spec's sweep) with A bounded by 10·G/T trains the
     # InfoNCE as fast as the CLIP4Clip head while L_SGI still reaches the backbone (docs/methods/gravialign.md)
     demo_options = {"alpha": 0.01, "eps": 1e-2}
+    # sgi_align_pairwise tiles a block itself with bounded working memory: whole-gallery blocks keep its thread
+    # stripes busy (the base class's default 256 × 256 blocks suit heads whose score_block does not tile)
+    default_text_chunk = 1024
+    default_video_chunk = 1 << 30
 
     def build(self) -> None:
         o, dim = self.options, self.dim
@@ -334,7 +339,7 @@ class GraviAlignHead(RetrievalHead):
         """Exact scores of given pairs straight from ``sgi_align`` on the gathered pairs (no grids)."""
         if self.indexable:
             return super().score_pairs(text_state, video_state, text_index, video_index)
-        text_index, video_index = _check_pairs(text_index, video_index, len(text_state), len(video_state))
+        text_index, video_index = check_pairs(text_index, video_index, len(text_state), len(video_state))
         out = torch.empty(text_index.shape[0], dtype=torch.float32)
         device = text_state.mu.device
         for a in range(0, text_index.shape[0], PAIR_CHUNK):
@@ -417,6 +422,24 @@ class GraviAlignHead(RetrievalHead):
             raise ValueError(f"GraviAlign: the {mode} score needs the 's_align' component")
         return self._combine(mode, float(setting.get("w", self._current()[1])), components.get("cos_f"),
                              components.get("cos_mu"), components.get("s_align"))
+
+    @torch.no_grad()
+    def reference_pair_scores(self, text: TextFeatures, video: VideoFeatures) -> Tensor:
+        """Spec §5 for each aligned pair, one at a time, in the stored mode: cos(f_t, f_v), cos(μ_t, μ_v), S_align
+        from ``tvr.losses.sgi_align`` on that one pair, or cos_f + w·(S_align − mean)/std."""
+        mode, w = self._current()
+        out = []
+        for p in range(text.eot.shape[0]):
+            f_t = text.eot[p : p + 1].float()
+            f_v = pooled_video(video[p : p + 1])
+            mu_t, logvar_t = self._gaussian(self.gauss_text, f_t)
+            mu_v, logvar_v = self._gaussian(self.gauss_video, f_v)
+            cos_f = F.cosine_similarity(f_t, f_v, eps=_EPS)[0]
+            s_align = sgi_align(mu_v, logvar_v, mu_t, logvar_t, **self.sgi_kwargs())[0]
+            scores = {"cos_f": cos_f, "cos_mu": (mu_t * mu_v).sum(), "s_align": s_align,
+                      "mixed": cos_f + w * (s_align - self.s_align_mean) / self.s_align_var.clamp_min(_EPS).sqrt()}
+            out.append(scores[mode])
+        return torch.stack(out).float() if out else torch.zeros(0)
 
     # ------------------------------------------------------------------ training
     @torch.no_grad()
