@@ -129,7 +129,7 @@ def test_ids_that_cannot_name_a_file_are_skipped_everywhere(tmp_path: Path) -> N
     from tvr.config import config_from_dict
     from tvr.data.check import check_data
     from tvr.data.datasets import VideoNameError
-    from tvr.pipeline import run_train
+    from tvr.pipeline import resolve_config, run_train
 
     root = tmp_path / "data"
     (root / "videos").mkdir(parents=True)
@@ -147,7 +147,7 @@ def test_ids_that_cannot_name_a_file_are_skipped_everywhere(tmp_path: Path) -> N
     values = tiny_config("generic", root, generic_file="captions.jsonl", video_pattern="{video_id}",
                          val_fraction=0.2)
     values["train"]["batch_size"] = 2
-    cfg = config_from_dict(values)
+    cfg = resolve_config(config_from_dict(values))  # the backbone's frame settings, as every job resolves them
 
     resolver = VideoResolver(root / "videos", "{video_id}")
     for vid, what in bad.items():

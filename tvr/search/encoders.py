@@ -123,16 +123,6 @@ def _pixels(crops: Tensor, mask: Tensor, norm: Any = None) -> Tensor:
     return x * mask.to(x.dtype)[:, :, None, None, None]
 
 
-def _pixel_norm(cfg: Any) -> Any:
-    """The pixel normalisation the configured backbone expects (None: CLIP's, for a tvr without per-backbone
-    normalisation)."""
-    try:
-        from tvr.models.build import pixel_norm
-    except ImportError:
-        return None
-    return pixel_norm(cfg.model)
-
-
 def weights_sha256(model: torch.nn.Module, config: dict[str, Any]) -> str:
     """A content hash of a model: its resolved config and every tensor of its state dict (names, shapes, bytes)."""
     digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
@@ -155,6 +145,8 @@ class ModelEncoder(SearchEncoder):
         self.cfg = cfg
         self.head = self.model.head
         self.batch_size = batch_size
+        from tvr.data.datasets import data_pixel_norm
+
         data = cfg.data
         self.spec = FrameSpec(
             data.max_frames,
@@ -163,13 +155,13 @@ class ModelEncoder(SearchEncoder):
             data.sampling,
             "square" if data.sampling == "clipvip" else "short_side",
         )
-        self.norm = _pixel_norm(cfg)
+        self.norm = data_pixel_norm(data)
         self._tokenizer = None
         self._tokenizer_dir: tempfile.TemporaryDirectory | None = None
 
     def tokenizer(self):
         if self._tokenizer is None:
-            from tvr.models.build import build_tokenizer
+            from tvr.data.tokenizer import build_tokenizer
 
             # a tiny model's tokenizer is built locally into a private folder (read-only index folders stay so)
             self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="tvr-tokenizer-")
@@ -219,9 +211,11 @@ class ConfigEncoder(ModelEncoder):
         from tvr.config import config_to_dict
         from tvr.models.build import build_model
         from tvr.models.heads.registry import resolve_head_config
+        from tvr.models.preprocess import resolve_preprocess
         from tvr.utils.seeding import seed_everything
 
         resolve_head_config(cfg.head)
+        resolve_preprocess(cfg)  # the backbone's image size, sampling and normalisation where the config leaves them
         seed_everything(cfg.train.seed)
         model = build_model(cfg)
         self.name = name
