@@ -219,7 +219,11 @@ def _gather_all(items: Sequence[Any]) -> tuple[list[Any], list[int]]:
     and the item count of each rank (the first tensor's dim 0)."""
     world = get_world_size()
     described = [_fields(x) for x in items]
-    flat = [(k, name, value) for k, (names, values) in enumerate(described) for name, value in zip(names, values, strict=True)]
+    flat = [
+        (k, name, value)
+        for k, (names, values) in enumerate(described)
+        for name, value in zip(names, values, strict=True)
+    ]
     tensors = [v for _, _, v in flat if isinstance(v, Tensor)]
     if not tensors:
         raise ValueError(f"gather_features: {', '.join(type(x).__name__ for x in items)} holds no tensor")
@@ -246,7 +250,10 @@ def _gather_all(items: Sequence[Any]) -> tuple[list[Any], list[int]]:
         sizes = [s[0] for s in shapes]  # type: ignore[index]
         counts = counts if counts is not None else sizes
         gathered[k][name] = all_gather_rows(value, sizes)
-    out = [g["tensor"] if isinstance(x, Tensor) else dataclasses.replace(x, **g) for x, g in zip(items, gathered, strict=True)]
+    out = [
+        g["tensor"] if isinstance(x, Tensor) else dataclasses.replace(x, **g)
+        for x, g in zip(items, gathered, strict=True)
+    ]
     return out, counts  # type: ignore[return-value]
 
 
