@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from tvr.models.heads.base import RetrievalHead
 from tvr.types import TextFeatures, VideoFeatures
-from tvr.utils.distributed import LossShard, gather_batch
+from tvr.utils.distributed import RowShard, gather_batch
 
 NO_DECAY_MARKERS = ("bias", "norm", "ln_", "layer_norm", "layernorm", "embedding", "logit_scale")
 
@@ -73,7 +73,7 @@ class RetrievalModel(nn.Module):
 
         This is ``forward`` so that DistributedDataParallel's hooks see the training step. Under torchrun the
         per-rank features are all-gathered first and the head gets the global batch with this rank's
-        :class:`~tvr.utils.distributed.LossShard` (a head whose ``loss`` takes ``shard`` computes its pairwise work
+        :class:`~tvr.utils.distributed.RowShard` (a head whose ``loss`` takes ``shard`` computes its pairwise work
         for its own rows only); every rank ends with the same global loss (see :mod:`tvr.train.distributed` for
         the gradient convention).
         """
@@ -127,7 +127,7 @@ class RetrievalModel(nn.Module):
         return out
 
 
-def head_loss(head: RetrievalHead, text: TextFeatures, video: VideoFeatures, shard: LossShard) -> dict[str, Tensor]:
+def head_loss(head: RetrievalHead, text: TextFeatures, video: VideoFeatures, shard: RowShard) -> dict[str, Tensor]:
     """``head.loss`` of the gathered batch, given this rank's shard when the head's ``loss`` takes one. A head
     without a ``shard`` parameter computes the whole loss on every rank (the same gradient, without the speed-up)."""
     if _takes_shard(type(head)):

@@ -4,7 +4,7 @@ the per-rank shard of a deterministic epoch order. The process-group primitives 
 
 Gradient convention. With ``W`` ranks, rank ``r`` encodes its own ``B_r`` items; the features are all-gathered
 (:func:`tvr.utils.distributed.gather_batch`) and the head's loss gets the gathered batch of ``B = Σ B_r`` items with
-rank ``r``'s :class:`~tvr.utils.distributed.LossShard`. Every rank ends with the *same* value ``L``, the loss one
+rank ``r``'s :class:`~tvr.utils.distributed.RowShard`. Every rank ends with the *same* value ``L``, the loss one
 process computes on the whole batch (spec §1.4), but a head that takes the shard does only part of the work: the
 pairwise part (GARE's ψ, TV-ProxyNet's proxy generator, GraviAlign's all-pairs S_align) for its own texts against
 every gathered video, ``B_r × B`` pairs; the pieces are combined by differentiable collectives (the B × B logits

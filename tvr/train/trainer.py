@@ -72,8 +72,9 @@ class Trainer:
 
     ``model(batch)`` must return a dict with a ``"loss"`` entry (:meth:`RetrievalModel.forward`).
     ``evaluate_fn(model) -> metrics`` (nested dict, e.g. ``{"t2v": {"R1": ...}}``) is called with the unwrapped model
-    on ranks that have one; ``cfg.train.select_metric`` (a ``/`` path) picks ``best.pt``. Pass ``evaluate_fn=None`` on
-    non-main ranks. ``find_unused_parameters`` is passed to DistributedDataParallel (see
+    on ranks that have one; ``cfg.train.select_metric`` (a ``/`` path) picks ``best.pt``. Under torchrun give every
+    rank a sharded evaluator (``SplitEvaluator(..., distributed=True)``, every rank gets the same metrics), or pass
+    ``evaluate_fn=None`` on non-main ranks to validate on rank 0 alone. ``find_unused_parameters`` is passed to DistributedDataParallel (see
     :mod:`tvr.train.distributed`); leave it off unless a trainable parameter takes no part in the loss.
 
     ``self.model`` is the unwrapped module; ``self.train_model`` is what the training step calls (the DDP wrapper

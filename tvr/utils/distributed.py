@@ -1,9 +1,9 @@
 """Process-group primitives that any layer may use: rank and world size, small collectives, the differentiable
-all-gather and all-reduce behind the training loss, and :class:`LossShard`, one rank's share of a gathered batch.
+all-gather and all-reduce behind the training loss, and :class:`RowShard`, one rank's share of a gathered batch.
 Imports nothing from tvr, so models can gather without depending on the training package. Every helper is a no-op
 (or the identity) in a single process.
 
-Differentiable collectives. :func:`gather_features`, :meth:`LossShard.gather` and :meth:`LossShard.sum` run on torch's
+Differentiable collectives. :func:`gather_features`, :meth:`RowShard.gather` and :meth:`RowShard.sum` run on torch's
 functional collectives (``torch.distributed._functional_collectives``): torch 2.13 deprecates the autograd
 collectives of ``torch.distributed.nn.functional`` in their favour (its FutureWarning names them). Their backward
 passes are the exact adjoints of the forward: the gradient of an all-gather is the reduce-scatter (sum over ranks)
@@ -121,19 +121,23 @@ def all_reduce_sum(x: Tensor) -> Tensor:
 
 
 @dataclasses.dataclass(frozen=True)
-class LossShard:
-    """This rank's share of a gathered training batch: rank ``rank`` of ``len(sizes)`` holds ``sizes[r]`` items per
-    rank r, and its own items are the rows :attr:`rows` of the gathered batch (rank order).
+class RowShard:
+    """This rank's rows of a set of items spread over the ranks: rank ``rank`` of ``len(sizes)`` holds ``sizes[r]``
+    items per rank r, and its own items are the rows :attr:`rows` of the gathered set (rank order).
 
-    A head's ``loss(text, video, shard=...)`` uses it to split its pairwise work by rows: this rank computes the
-    expensive per-pair work only for its own texts against every gathered video (``sizes[rank] × total`` pairs, a
-    1/W share), assembles what the loss needs on the whole batch with :meth:`gather` (e.g. the B × B logits from each
-    rank's rows) or :meth:`sum` (a sum over pairs from each rank's partial sum), and evaluates the rest of the
-    loss identically on every rank. Every rank then holds the same global loss value, and the exact-adjoint backward
-    of both collectives makes the DDP-averaged gradient that of one process on the whole batch
-    (:mod:`tvr.train.distributed`). Every rank must call the same collectives in the same order.
+    Training: a head's ``loss(text, video, shard=...)`` gets the shard of the gathered batch and splits its pairwise
+    work by rows: this rank computes the expensive per-pair work only for its own texts against every gathered video
+    (``sizes[rank] × total`` pairs, a 1/W share), assembles what the loss needs on the whole batch with
+    :meth:`gather` (e.g. the B × B logits from each rank's rows) or :meth:`sum` (a sum over pairs from each rank's
+    partial sum), and evaluates the rest of the loss identically on every rank. Every rank then holds the same
+    global loss value, and the exact-adjoint backward of both collectives makes the DDP-averaged gradient that of
+    one process on the whole batch (:mod:`tvr.train.distributed`). Every rank must call the same collectives in
+    the same order.
 
-    In a single process (:meth:`whole`) the shard is every row and both collectives are the identity, so a head
+    Evaluation: :meth:`split` shares out the texts (or videos) of a split evenly; each rank scores its rows and
+    :meth:`gather` assembles the whole score matrix on every rank.
+
+    In a single process (:meth:`whole`) the shard is every row and both collectives are the identity, so a caller
     has one code path.
     """
 
@@ -142,12 +146,18 @@ class LossShard:
 
     def __post_init__(self) -> None:
         if not self.sizes or any(n < 0 for n in self.sizes) or not 0 <= self.rank < len(self.sizes):
-            raise ValueError(f"LossShard: rank {self.rank} with item counts {self.sizes}")
+            raise ValueError(f"RowShard: rank {self.rank} with item counts {self.sizes}")
 
     @classmethod
-    def whole(cls, n: int) -> LossShard:
+    def whole(cls, n: int) -> RowShard:
         """The shard of a single process: every one of the ``n`` items."""
         return cls(0, (int(n),))
+
+    @classmethod
+    def split(cls, n: int, rank: int, world_size: int) -> RowShard:
+        """``n`` items shared out in rank order as evenly as possible (counts differ by at most one)."""
+        base, extra = divmod(int(n), int(world_size))
+        return cls(int(rank), tuple(base + (1 if r < extra else 0) for r in range(int(world_size))))
 
     @property
     def world_size(self) -> int:
@@ -270,11 +280,11 @@ def gather_features(x: T) -> T:
     return _gather_all([x])[0][0]
 
 
-def gather_batch(text: T, video: Any) -> tuple[T, Any, LossShard]:
+def gather_batch(text: T, video: Any) -> tuple[T, Any, RowShard]:
     """:func:`gather_features` of a batch's text and video features (one shape exchange for both) and this rank's
-    :class:`LossShard` of the gathered batch. Single process: the inputs and :meth:`LossShard.whole`."""
+    :class:`RowShard` of the gathered batch. Single process: the inputs and :meth:`RowShard.whole`."""
     world = get_world_size()
     if world == 1:
-        return text, video, LossShard.whole(len(text))  # type: ignore[arg-type]
+        return text, video, RowShard.whole(len(text))  # type: ignore[arg-type]
     (text, video), counts = _gather_all([text, video])
-    return text, video, LossShard(get_rank(), tuple(counts))
+    return text, video, RowShard(get_rank(), tuple(counts))
