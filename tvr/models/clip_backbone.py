@@ -125,6 +125,8 @@ class ClipBackbone(nn.Module):
         clip.logit_scale.requires_grad_(False)
         self.frame_chunk = int(frame_chunk)
         self.fp16_on_cuda = bool(fp16_on_cuda)
+        #: set by :meth:`enable_gradient_checkpointing`
+        self.gradient_checkpointing = False
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -152,6 +154,17 @@ class ClipBackbone(nn.Module):
         """Unconditional fp16 cast (used by ``maybe_half``; public so CPU tests can exercise the fp16 path)."""
         self.clip.half()
         self.clip.logit_scale.data = self.clip.logit_scale.data.float()
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute every transformer layer of both CLIP towers in the backward pass instead of keeping its
+        activations (HF's activation checkpointing, non-reentrant; only while training with autograd on): the
+        per-layer activations of a step are no longer held, at the cost of one more forward of each layer."""
+        enable = getattr(self.clip, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:  # transformers before activation_checkpointing_enable
+            self.clip.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.gradient_checkpointing = True
 
     # ------------------------------------------------------------------ properties
     @property

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from transformers import CLIPModel
 
 from tvr.config import ModelConfig
@@ -413,8 +414,13 @@ class ClipVipBackbone(ClipBackbone):
             real = (frame_mask != 0).to(x.device).repeat_interleave(per_frame, dim=1)  # [N, T·L]
             keep = torch.cat([real.new_ones(n, self.num_proxies), real], dim=1)  # [N, M + T·L]
             key_mask = keep[:, None, None, :]
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for layer in vision.encoder.layers:
-            x = proxy_guided_layer(layer, x, self.num_proxies, t, key_mask)
+            if recompute:
+                # the proxy-guided layer calls the HF layer's parts, not its checkpointed forward: checkpoint it here
+                x = checkpoint(proxy_guided_layer, layer, x, self.num_proxies, t, key_mask, use_reentrant=False)
+            else:
+                x = proxy_guided_layer(layer, x, self.num_proxies, t, key_mask)
         return x
 
     def encode_frames(self, pixels: Tensor) -> Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,8 +75,9 @@ class Trainer:
     ``evaluate_fn(model) -> metrics`` (nested dict, e.g. ``{"t2v": {"R1": ...}}``) is called with the unwrapped model
     on ranks that have one; ``cfg.train.select_metric`` (a ``/`` path) picks ``best.pt``. Under torchrun give every
     rank a sharded evaluator (``SplitEvaluator(..., distributed=True)``, every rank gets the same metrics), or pass
-    ``evaluate_fn=None`` on non-main ranks to validate on rank 0 alone. ``find_unused_parameters`` is passed to DistributedDataParallel (see
-    :mod:`tvr.train.distributed`); leave it off unless a trainable parameter takes no part in the loss.
+    ``evaluate_fn=None`` on non-main ranks to validate on rank 0 alone. ``find_unused_parameters`` is passed to
+    DistributedDataParallel (see :mod:`tvr.train.distributed`); leave it off unless a trainable parameter takes no
+    part in the loss.
 
     ``self.model`` is the unwrapped module; ``self.train_model`` is what the training step calls (the DDP wrapper
     under torchrun, the module itself otherwise).
@@ -318,7 +320,12 @@ class Trainer:
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # an fp16 step the scaler skipped (inf/NaN gradients while it finds its scale) still advances the
+            # schedule, as in torch's AMP recipe; the scheduler's "step() before optimizer.step()" warning then
+            # misreads the skipped step as a wrong call order
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+            self.scheduler.step()
         self.model.after_optimizer_step()
         return {k: v.detach() for k, v in out.items() if isinstance(v, Tensor)}, grad_norm
 
