@@ -194,3 +194,21 @@ def test_gradient_checkpointing_keeps_gradients_and_saves_memory(
     for name, grad in plain.items():
         torch.testing.assert_close(checkpointed[name], grad, rtol=1e-5, atol=1e-7, msg=lambda m, n=name: f"{n}: {m}")
     assert checkpointed_bytes < 0.6 * plain_bytes, (checkpointed_bytes, plain_bytes)
+
+
+def test_fp16_clip_keeps_the_reference_precision_under_bf16_autocast() -> None:
+    """A frozen CLIP in fp16 (the reference's convert_weights) encodes in fp16 even inside a bf16 training step."""
+    values = _raw_values("clip")
+    torch.manual_seed(0)
+    backbone = build_model(resolve_config(config_from_dict(values))).backbone.eval()
+    backbone.half_weights()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 1000, (2, 12), generator=g)
+    ids[:, -1] = TINY_CLIP_EOT
+    mask, pixels = torch.ones(2, 12, dtype=torch.long), torch.randn(2, 3, 3, 32, 32, generator=g)
+    with torch.no_grad():
+        plain = backbone.encode_text(ids, mask).eot, backbone.encode_frames(pixels)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            inside = backbone.encode_text(ids, mask).eot, backbone.encode_frames(pixels)
+    for a, b in zip(plain, inside, strict=True):
+        assert torch.equal(a, b)  # fp16 arithmetic both times, not bf16

@@ -17,6 +17,7 @@ Real tokens are unaffected by padding either way (causality hides the padding, w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -200,6 +201,16 @@ class ClipBackbone(nn.Module):
     def _dtype(self) -> torch.dtype:
         return self.clip.text_projection.weight.dtype
 
+    def reference_precision(self) -> contextlib.AbstractContextManager:
+        """While the weights are fp16 (:meth:`maybe_half`, the reference's ``convert_weights``), the encoders run in
+        fp16 as the reference's CLIP does, with autocast suspended: under a training run's bf16 autocast the fp16
+        weights would otherwise be recast to bf16 (3 fewer mantissa bits) and the features would differ from the
+        reference's and from a ``tvr features`` cache. float32 weights follow the surrounding autocast."""
+        if self._dtype != torch.float16:
+            return contextlib.nullcontext()
+        device = self.clip.text_projection.weight.device
+        return torch.autocast(device_type=device.type, enabled=False)
+
     # ------------------------------------------------------------------ encoders
     def encode_text(self, input_ids: Tensor, attention_mask: Tensor) -> TextFeatures:
         """Tokens [N, L] → TextFeatures(eot [N, D], words [N, L, D], word_mask [N, L]); nothing is normalised.
@@ -217,8 +228,9 @@ class ClipBackbone(nn.Module):
                 f"{self.context_length}; lower data.max_words"
             )
         # transformers 5.x combines the causal mask with this key-padding mask (see module docstring)
-        hidden = self.clip.text_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        words = self.clip.text_projection(hidden).float()  # final_layer_norm is applied inside text_model
+        with self.reference_precision():
+            hidden = self.clip.text_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            words = self.clip.text_projection(hidden).float()  # final_layer_norm is applied inside text_model
         rows = torch.arange(words.shape[0], device=words.device)
         eot = words[rows, input_ids.argmax(dim=-1).to(words.device)]
         return TextFeatures(eot=eot, words=words, word_mask=attention_mask)
@@ -233,8 +245,9 @@ class ClipBackbone(nn.Module):
         outs = []
         for start in range(0, flat.shape[0], step):
             # pooler_output = post_layernorm(CLS); the projection is CLIP's visual proj
-            cls_token = self.clip.vision_model(pixel_values=flat[start : start + step]).pooler_output
-            outs.append(self.clip.visual_projection(cls_token).float())
+            with self.reference_precision():
+                cls_token = self.clip.vision_model(pixel_values=flat[start : start + step]).pooler_output
+                outs.append(self.clip.visual_projection(cls_token).float())
         if not outs:
             return pixels.new_zeros(n, f, self.embed_dim, dtype=torch.float32)
         return torch.cat(outs).reshape(n, f, -1)

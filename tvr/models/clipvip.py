@@ -449,10 +449,11 @@ class ClipVipBackbone(ClipBackbone):
         pooled, proxies = [], []
         vision = self.clip.vision_model
         for start in range(0, n, step):
-            hidden = self.video_hidden_states(pixels[start : start + step], frame_mask[start : start + step])
-            pooled.append(self.clip.visual_projection(vision.post_layernorm(hidden[:, 0])).float())
-            if self.visual_projection_patch is not None:
-                proxies.append(self.visual_projection_patch(hidden[:, : self.num_proxies]).float())
+            with self.reference_precision():
+                hidden = self.video_hidden_states(pixels[start : start + step], frame_mask[start : start + step])
+                pooled.append(self.clip.visual_projection(vision.post_layernorm(hidden[:, 0])).float())
+                if self.visual_projection_patch is not None:
+                    proxies.append(self.visual_projection_patch(hidden[:, : self.num_proxies]).float())
         return VideoFeatures(
             torch.cat(pooled).unsqueeze(1), out_mask, torch.cat(proxies) if proxies else None
         )
