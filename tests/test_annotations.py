@@ -22,6 +22,7 @@ from tvr.config import DataConfig
 from tvr.data.annotations import (
     AnnotationError,
     CaptionRecord,
+    clear_cache,
     describe_split_source,
     held_out_videos,
     load_split,
@@ -267,6 +268,26 @@ def test_msvd_refuses_pickles_that_import_code(tmp_path):
     (tmp_path / "raw-captions.pkl").write_bytes(pickle.dumps({"a": [["x"]], "obj": Path("/")}))
     with pytest.raises(AnnotationError, match="raw-captions.pkl.*refusing"):
         load_split(_cfg("msvd", tmp_path), "train")
+
+
+def test_msvd_decompression_bombs_are_refused_in_a_line(tmp_path):
+    """A few kB of pickle can reference one list or one long word millions of times (24 GB of captions once
+    joined): shared lists are refused, and the text a file may expand to is bounded, before anything is joined."""
+    write_msvd(tmp_path, ["a"], ["b"], ["c"])
+    words = ["word"] * 50
+    caption = list(words)
+    shared_lists = {f"v{k}": [caption] * 200 for k in range(200)} | {"a": [["x"]], "b": [["y"]], "c": [["z"]]}
+    long_word = "w" * 100_000
+    shared_word = {f"v{k}": [[long_word] * 100] for k in range(500)} | {"a": [["x"]], "b": [["y"]], "c": [["z"]]}
+    long_caption = {"a": [["x"] * 5000], "b": [["y"]], "c": [["z"]]}
+    for bomb, message in ((shared_lists, "referenced twice"), (shared_word, "more than .* characters of text"),
+                          (long_caption, "a caption of 5000 words")):
+        data = pickle.dumps(bomb)
+        assert len(data) < 300_000  # small on disk
+        (tmp_path / "raw-captions.pkl").write_bytes(data)
+        clear_cache()
+        with pytest.raises(AnnotationError, match=f"raw-captions.pkl.*{message}"):
+            load_split(_cfg("msvd", tmp_path), "train")
 
 
 @pytest.mark.parametrize("layout", ["original", "jsonl"])

@@ -199,3 +199,21 @@ def test_real_annotation_files_without_videos(shared_data: Path, tmp_path: Path)
     report = check_data(cfg, progress=False)
     assert any("video folder not found" in e for e in report["errors"])
     assert report["videos"]["by_reason"] == {"missing": 8394 + 1065 + 1002}
+
+
+def test_a_caption_with_a_huge_word_is_reported_not_tokenized(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    (root / "videos").mkdir(parents=True)
+    for k in range(4):
+        write_test_video(root / "videos" / f"v{k}.mp4", 4, 2.0, size=(32, 24))
+    word = "qwertyuiop" * 100_000  # 1 MB without a space: CLIP's BPE is quadratic in it
+    rows = [("v0.mp4", "a dog runs", "train"), ("v1.mp4", "a cat sits", "train"), ("v2.mp4", f"look {word}", "train"),
+            ("v3.mp4", "a car", "test")]
+    (root / "captions.jsonl").write_text("".join(json.dumps({"video": v, "caption": c, "split": s}) + "\n"
+                                                 for v, c, s in rows))
+    report = check_data(_cfg(root, generic_file="captions.jsonl"), workers=1, progress=False)
+    assert report["splits"]["train"]["status"] == "ok", report["errors"]
+    assert report["splits"]["train"]["long_word_captions"] == 1
+    assert any("1 caption(s) hold a word longer than 20,000 bytes (e.g. on video 'v2.mp4'" in w
+               for w in report["warnings"])
+    assert report["splits"]["train"]["caption_tokens"]["max"] >= 1_000_000 // 32

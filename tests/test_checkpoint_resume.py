@@ -274,6 +274,33 @@ def test_failed_epoch_end_validation_keeps_the_finished_training(full_run, tmp_p
     assert read_checkpoint(tmp_path / "last.pt")["state"]["pending_eval"] is False
 
 
+def test_kill_between_a_validation_record_and_its_checkpoint_logs_it_once(full_run, tmp_path) -> None:
+    """The epoch-end validation is logged, then the run dies before the checkpoint that records it: the resume
+    runs that validation again, and its record appears once, as in the uninterrupted run."""
+    full_out, full_model, _ = full_run
+    trainer = make_trainer(tmp_path)
+    log_eval = trainer.logger.eval
+
+    def log_then_die(record: dict) -> None:
+        log_eval(record)
+        if record["step"] == 12:  # the epoch-end validation of epoch 2
+            raise StopError("killed after the log line")
+
+    trainer.logger.eval = log_then_die
+    with pytest.raises(StopError):
+        trainer.fit()
+    assert read_checkpoint(tmp_path / "last.pt")["state"]["pending_eval"] is True
+    assert [e["step"] for e in read_jsonl(tmp_path / "val_log.jsonl")] == [5, 6, 10, 12]
+
+    resumed = make_trainer(tmp_path, model=make_model(seed=99))
+    resumed.fit(resume=True)
+    assert_same_params(resumed.model, full_model)
+    assert [e["step"] for e in read_jsonl(tmp_path / "val_log.jsonl")] == [5, 6, 10, 12, 15, 18]
+    assert train_records(tmp_path) == train_records(full_out)
+    evals = [(r["step"], r["metrics"]) for r in read_jsonl(tmp_path / "train_log.jsonl") if r["kind"] == "eval"]
+    assert evals == [(r["step"], r["metrics"]) for r in read_jsonl(full_out / "train_log.jsonl") if r["kind"] == "eval"]
+
+
 def _child(out_dir: str, kill_step: int, threads: int) -> None:
     """Entry point of the subprocess in :func:`test_resume_after_sigkill_is_bit_exact`."""
     torch.set_num_threads(threads)

@@ -23,9 +23,11 @@ from tvr.models.clipvip import (
     CKPT_TEMPORAL,
     TOKENS_FILE,
     ClipVipBackbone,
+    ClipVipCheckpointError,
     interpolate_temporal,
     proxy_guided_layer,
 )
+from tvr.utils.errors import UserError
 
 TINY = TinyClipConfig(
     embed_dim=12, text_width=16, text_layers=1, text_heads=2, vision_width=16, vision_layers=2, vision_heads=2,
@@ -406,8 +408,9 @@ def test_checkpoint_errors_leave_weights_untouched(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="model.clipvip.checkpoint"):
         bb.load_clipvip_checkpoint(tmp_path / "absent.pt")
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="cannot read"):
+    with pytest.raises(ClipVipCheckpointError, match="not a torch checkpoint: a text file"):
         bb.load_clipvip_checkpoint(tmp_path / "junk.pt")
+    assert issubclass(ClipVipCheckpointError, UserError)  # one line from the CLI, no traceback
 
 
 def test_config_checkpoint_and_save_roundtrips(tmp_path: Path) -> None:

@@ -64,10 +64,23 @@ def test_temporary_dir_honours_the_umask(tmp_path: Path, umask022) -> None:
 
 def test_temporary_names_have_the_documented_shape(tmp_path: Path) -> None:
     name = temporary_path(tmp_path / "last.pt").name
-    assert name.startswith(".last.pt.") and name.endswith(".tmp") and len(name) == len(".last.pt.") + 8 + 4
+    assert name.startswith(".last.pt.tvr-") and name.endswith(".tmp") and len(name) == len(".last.pt.tvr-") + 8 + 4
     assert is_temporary_name(name)
-    for other in ("last.pt", ".last.pt", ".last.pt.tmp", ".last.pt.abc.tmp", ".last.pt.ABCDEFGH.tmp", "x.abcdefgh.tmp"):
+    for other in ("last.pt", ".last.pt", ".last.pt.tmp", ".last.pt.abc.tmp", ".last.pt.ABCDEFGH.tmp", "x.abcdefgh.tmp",
+                  ".last.pt.tvr-abc.tmp"):
         assert not is_temporary_name(other), other
+
+
+def test_the_sweep_spares_temporaries_tvr_did_not_name(tmp_path: Path) -> None:
+    """Another program's temporary of tempfile's shape (``.x.abcdefgh.tmp``) is data, not a leftover of ours."""
+    theirs = [tmp_path / ".x.abcdefgh.tmp", tmp_path / "sub" / ".report.pdf.k2j4l5m6.tmp"]
+    for path in theirs:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("someone else's")
+    fd, ours = create_temporary(tmp_path / "sub" / "metrics.json")
+    os.close(fd)
+    assert remove_stale_temporaries(tmp_path, recursive=True) == [ours]
+    assert all(path.exists() for path in theirs)
 
 
 def test_failed_write_leaves_nothing(tmp_path: Path) -> None:

@@ -176,7 +176,9 @@ def test_failures_are_reported_or_copied(tmp_path: Path) -> None:
     assert entry["status"] == "copied" and "error" in entry
     assert (tmp_path / "copied" / "broken.avi").read_bytes() == (src / "broken.avi").read_bytes()
     again = prepare_videos(src, tmp_path / "copied", copy_on_failure=True, workers=1, progress=False)
-    assert next(e for e in again["files"] if e["source"] == "broken.avi")["status"] == "skipped"
+    rerun = next(e for e in again["files"] if e["source"] == "broken.avi")
+    assert rerun["status"] == "copied" and "earlier run" in rerun["error"]  # a copy, still: not "skipped"
+    assert next(e for e in again["files"] if e["source"] == "good.mp4")["status"] == "skipped"
 
     with pytest.raises(PrepareError, match="source folder"):
         prepare_videos(src, src, progress=False)
@@ -213,3 +215,101 @@ def test_frame_cache_reproduces_load_clip(tmp_path: Path, sampling: str) -> None
     assert again["summary"]["skipped"] == 2
     with pytest.raises(PrepareError, match="other settings"):
         extract_frames(src, tmp_path / "cache", FrameSettings(max_frames=8, sampling=sampling), progress=False)
+
+
+def test_a_copied_mp4_is_reported_as_copied_on_rerun(tmp_path: Path) -> None:
+    """A broken .mp4 copied unchanged lands under the very name an encoded output would have: the rerun must
+    still call it a copy."""
+    src = tmp_path / "raw"
+    src.mkdir()
+    write_test_video(src / "good.mp4", 10, 10.0, size=(64, 48))
+    (src / "broken.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + os.urandom(3000))
+    result = CliRunner().invoke(app, ["prepare", "videos", str(src), str(tmp_path / "out"), "-j", "1",
+                                      "--copy-on-failure"])
+    assert "1 file(s) could not be re-encoded and were copied unchanged" in result.output
+    result = CliRunner().invoke(app, ["prepare", "videos", str(src), str(tmp_path / "out"), "-j", "1",
+                                      "--copy-on-failure"])
+    assert "1 copied" in result.output and "1 skipped" in result.output
+    assert "1 file(s) could not be re-encoded and were copied unchanged" in result.output
+
+
+def test_a_truncated_source_is_reported_not_encoded_shorter(tmp_path: Path) -> None:
+    src = tmp_path / "raw"
+    src.mkdir()
+    write_test_video(src / "whole.mp4", 60, 10.0, size=(64, 48))
+    data = (src / "whole.mp4").read_bytes()
+    (src / "cut.mp4").write_bytes(data[: int(len(data) * 0.6)])  # index at the front: it opens and decodes
+    report = prepare_videos(src, tmp_path / "out", workers=1, progress=False)
+    entries = {e["source"]: e for e in report["files"]}
+    assert entries["whole.mp4"]["status"] == "encoded"
+    assert entries["cut.mp4"]["status"] == "failed"
+    assert "truncated" in entries["cut.mp4"]["error"] and "of the 60 frames" in entries["cut.mp4"]["error"]
+    assert not (tmp_path / "out" / "cut.mp4").exists()
+
+
+def test_symlinked_folders_are_walked_and_loops_reported(tmp_path: Path) -> None:
+    src = tmp_path / "raw"
+    (src / "real").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    write_test_video(src / "real" / "a.mp4", 6, 10.0, size=(64, 48))
+    write_test_video(elsewhere / "b.mp4", 6, 10.0, size=(64, 48))
+    (src / "linked").symlink_to(elsewhere, target_is_directory=True)
+    (src / "real" / "loop").symlink_to(src, target_is_directory=True)
+    report = prepare_videos(src, tmp_path / "out", workers=1, progress=False)
+    status = {e["source"]: e["status"] for e in report["files"]}
+    assert status == {"linked/b.mp4": "encoded", "real/a.mp4": "encoded", "real/loop": "ignored"}
+    assert "symlink loop" in next(e["error"] for e in report["files"] if e["source"] == "real/loop")
+    assert (tmp_path / "out" / "linked" / "b.mp4").is_file()
+
+
+def test_a_fifo_is_reported_and_never_opened(tmp_path: Path) -> None:
+    src = tmp_path / "raw"
+    src.mkdir()
+    write_test_video(src / "good.mp4", 6, 10.0, size=(64, 48))
+    os.mkfifo(src / "pipe.mp4")  # opening it for reading would block forever
+    (src / "dangling.mp4").symlink_to(tmp_path / "nowhere.mp4")
+    report = prepare_videos(src, tmp_path / "out", workers=1, progress=False)
+    errors = {e["source"]: e.get("error") for e in report["files"] if e["status"] == "failed"}
+    assert set(errors) == {"pipe.mp4", "dangling.mp4"}
+    assert "a FIFO, not a regular file" in errors["pipe.mp4"] and "broken" in errors["dangling.mp4"]
+
+
+def test_empty_source_bad_preset_and_damaged_manifest_are_errors_before_writing(tmp_path: Path) -> None:
+    runner = CliRunner()
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    (empty / "notes.txt").write_text("no videos here")
+    result = runner.invoke(app, ["prepare", "videos", str(empty), str(tmp_path / "out")])
+    assert result.exit_code == 2 and "no video files under" in result.output
+    assert not (tmp_path / "out").exists()
+
+    src = tmp_path / "raw"
+    src.mkdir()
+    write_test_video(src / "good.mp4", 6, 10.0, size=(64, 48))
+    result = runner.invoke(app, ["prepare", "videos", str(src), str(tmp_path / "out"), "--preset", "bogus"])
+    assert result.exit_code == 2 and "preset 'bogus': expected one of" in result.output
+    assert not (tmp_path / "out").exists()
+    result = runner.invoke(app, ["prepare", "videos", str(src), str(tmp_path / "out"), "--preset", "ultrafast"])
+    assert result.exit_code == 0, result.output
+
+    (tmp_path / "out" / "prepare_manifest.json").write_text("[1, 2")
+    result = runner.invoke(app, ["prepare", "videos", str(src), str(tmp_path / "out")])
+    assert result.exit_code == 2 and "prepare_manifest.json: damaged" in result.output
+    assert "Traceback" not in result.output
+    (tmp_path / "frames").mkdir()
+    (tmp_path / "frames" / "frames_manifest.json").write_text('{"settings": {"max_frames": 4}}')
+    with pytest.raises(PrepareError, match=r"frames_manifest.json: damaged \(KeyError"):
+        read_frame_settings(tmp_path / "frames")
+
+
+def test_a_second_job_on_the_destination_is_refused(tmp_path: Path) -> None:
+    from tvr.utils.lock import FolderBusyError, folder_lock
+
+    src = tmp_path / "raw"
+    src.mkdir()
+    write_test_video(src / "good.mp4", 6, 10.0, size=(64, 48))
+    with folder_lock(tmp_path / "out"), pytest.raises(FolderBusyError, match="prepare destination .* in use"):
+        prepare_videos(src, tmp_path / "out", workers=1, progress=False)
+    with folder_lock(tmp_path / "frames"), pytest.raises(FolderBusyError, match="frame cache .* in use"):
+        extract_frames(src, tmp_path / "frames", workers=1, progress=False)

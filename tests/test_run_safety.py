@@ -79,15 +79,17 @@ def test_stale_temporaries_are_removed_when_a_run_resumes(tmp_path: Path) -> Non
     out = tmp_path / "run"
     run_train(cfg, out, final_test=False)
     # what a kill -9 inside atomic writes leaves behind, in the run folder and below it
-    stale = [out / ".last.pt.a1b2c3d4.tmp", out / "test_last" / ".metrics.json.0f0f0f0f.tmp"]
+    stale = [out / ".last.pt.tvr-a1b2c3d4.tmp", out / "test_last" / ".metrics.json.tvr-0f0f0f0f.tmp"]
     for path in stale:
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(b"half")
-    keep = out / "notes.tmp"  # not one of ours
-    keep.write_text("user file")
+    # not ours: a plain name, and another program's temporary of tempfile's shape
+    keep = [out / "notes.tmp", out / ".notes.a1b2c3d4.tmp", out / "test_last" / ".x.abcdefgh.tmp"]
+    for path in keep:
+        path.write_text("user file")
     cfg.train.max_steps = 2
     run_train(cfg, out, resume=True, final_test=False)
-    assert not any(p.exists() for p in stale) and keep.exists()
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in keep)
 
 
 def test_written_files_honour_the_umask(tmp_path: Path) -> None:
@@ -136,7 +138,7 @@ def test_user_errors_are_short_and_exit_2(tmp_path: Path) -> None:
     out_file = tmp_path / "a_file"
     out_file.write_text("x")
     result = runner.invoke(app, ["train", "-c", str(cfg_path), "-o", str(out_file)])
-    _short_error(result, "is a file; expected a run folder")
+    _short_error(result, "is a file; expected a folder (existing or new)")
 
     text_ckpt = tmp_path / "notes.pt"
     text_ckpt.write_text("hello")

@@ -227,3 +227,60 @@ def test_bad_files(tmp_path):
     (folder / "vocab.json").write_text('{\n"a": 1,\n')
     with pytest.raises(TokenizerError, match=r"vocab\.json line 3: not valid JSON"):
         ClipTokenizer.from_dir(folder)
+
+
+def _simple_bpe(parts: list[str], ranks: dict) -> list[str]:
+    """CLIP's loop, as written in its SimpleTokenizer: merge every occurrence of the lowest-ranked pair, repeat."""
+    word = list(parts)
+    while len(word) > 1:
+        pairs = [p for p in zip(word, word[1:], strict=False) if p in ranks]
+        if not pairs:
+            break
+        first, second = min(pairs, key=ranks.__getitem__)
+        merged, i = [], 0
+        while i < len(word):
+            if i + 1 < len(word) and word[i] == first and word[i + 1] == second:
+                merged.append(first + second)
+                i += 2
+            else:
+                merged.append(word[i])
+                i += 1
+        word = merged
+    return word
+
+
+def test_long_word_merging_equals_clips_loop() -> None:
+    from tvr.data.tokenizer import _merge_long_word, learn_bpe_merges
+
+    rng = __import__("random").Random(0)
+    words = ["".join(rng.choice("aab") for _ in range(rng.randint(1, 12))) for _ in range(300)]
+    merges = learn_bpe_merges(words, 40)
+    ranks = {pair: r for r, pair in enumerate(merges)}
+    # arbitrary rank orders too (a later merge ranked below the one that makes its part)
+    shuffled = dict(zip(list(ranks), rng.sample(range(len(ranks)), len(ranks)), strict=True))
+    for table in (ranks, shuffled):
+        for length in (2, 3, 5, 65, 200, 700):
+            for _ in range(20):
+                word = [rng.choice("ab") for _ in range(length)] if length < 700 else ["a"] * length
+                word[-1] += "</w>"
+                assert _merge_long_word(word, table) == _simple_bpe(word, table), (length, word[:20])
+
+
+def test_check_data_bounds_the_work_on_a_megabyte_word(monkeypatch) -> None:
+    from tvr.data import tokenizer as tokenizer_module
+
+    tok = ClipTokenizer.from_dir(build_tiny_tokenizer_files(Path(__import__("tempfile").mkdtemp())),
+                                 backend="python")
+    huge = "a" + "bcdefghij" * 120_000  # one 1 MB "word"
+    seen: list[int] = []
+    word_ids = tok._python._word_ids
+    monkeypatch.setattr(tok._python, "_word_ids", lambda w: seen.append(len(w)) or word_ids(w))
+    counts, bounded = tok.count_tokens_checked(["a dog runs", f"x {huge} y", "the cat"])
+    assert bounded == [1]
+    assert max(seen) <= tokenizer_module.MAX_COUNTED_WORD_BYTES  # BPE never ran on the 1 MB word
+    longest = max(len(t.removesuffix("</w>")) for t in tok.vocab)
+    assert counts[0] == len(tok.encode("a dog runs")) and counts[2] == len(tok.encode("the cat"))
+    assert counts[1] == 2 + -(-len(huge) // longest)
+    # the exact path for long words (below the bound) agrees with encode
+    word = "bcdefghij" * 500
+    assert tok.count_tokens([word]) == [len(tok.encode(word))]

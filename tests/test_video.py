@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+import tracemalloc
 from pathlib import Path
 
 import av
@@ -17,6 +19,7 @@ from tvr.data.video import (
     clip4clip_indices,
     clipvip_indices,
     decode_frames,
+    frame_window,
     load_clip,
     probe_video,
     sample_indices,
@@ -321,3 +324,46 @@ def test_real_portrait_clip(shared_data: Path) -> None:
     assert pixels.shape == (12, 3, 224, 224) and mask.tolist() == [1] * 8 + [0] * 4
     assert torch.isfinite(pixels).all() and pixels[:8].std() > 0.1
     assert torch.count_nonzero(pixels[8:]) == 0
+
+
+def test_clip4clip_indices_equal_the_materialised_candidates() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        num, fps = int(rng.integers(1, 3000)), float(rng.choice([2.5, 3.0, 10.0, 25.0, 29.97, 30.0, 60.0]))
+        max_frames, rate = int(rng.integers(1, 40)), float(rng.choice([0.5, 1.0, 2.0, 3.0]))
+        start = None if rng.random() < 0.5 else float(rng.uniform(0, num / fps))
+        end = None if start is None else start + float(rng.uniform(0, 30))
+        f_start, f_end = frame_window(num, fps, start, end)
+        candidates = np.arange(f_start, f_end + 1, max(1, int(round(fps / rate))), dtype=np.int64)
+        if len(candidates) > max_frames:
+            candidates = candidates[np.linspace(0, len(candidates) - 1, max_frames).astype(int)]
+        got = clip4clip_indices(num, fps, max_frames, rate, start, end)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, candidates)
+
+
+def _avi_claiming(path: Path, frames: int, claimed: int) -> None:
+    """An AVI of ``frames`` real frames whose headers (avih dwTotalFrames, strh dwLength) claim ``claimed``."""
+    write_test_video(path.with_suffix(".tmp.avi"), frames, 10.0, size=(32, 32))
+    data = bytearray(path.with_suffix(".tmp.avi").read_bytes())
+    path.with_suffix(".tmp.avi").unlink()
+    avih, strh = data.find(b"avih"), data.find(b"strh")
+    struct.pack_into("<I", data, avih + 8 + 16, claimed)
+    struct.pack_into("<I", data, strh + 8 + 32, claimed)
+    path.write_bytes(bytes(data))
+
+
+def test_a_header_claiming_two_billion_frames_allocates_nothing_large(tmp_path: Path) -> None:
+    path = tmp_path / "huge.avi"
+    _avi_claiming(path, 10, 2**31)
+    assert probe_video(path).num_frames == 2**31  # the container's claim, as read
+    tracemalloc.start()
+    try:
+        with pytest.raises(VideoDecodeError, match="truncated"):
+            load_clip(path, max_frames=4, frame_rate=10.0, image_size=16)
+        pixels, mask = load_clip(path, max_frames=4, frame_rate=10.0, image_size=16, allow_partial=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20  # the candidates were never materialised (2^31 int64 would be 16 GiB)
+    assert int(mask.sum()) == 4 and pixels.shape == (4, 3, 16, 16)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -102,3 +103,48 @@ def test_video_stem_pattern(layout: dict[str, Path]) -> None:
         resolver("../secret.avi")
     with pytest.raises(ValueError, match="video_stem"):
         VideoResolver(layout["videos"], "clip.mp4")
+
+
+def test_ids_that_cannot_name_a_file_are_skipped_everywhere(tmp_path: Path) -> None:
+    """A NUL byte, a name over 255 bytes and a symlink loop: check-data names each, training skips them."""
+    from annotation_fixtures import write_generic
+    from test_end_to_end import tiny_config
+
+    from tvr.config import config_from_dict
+    from tvr.data.check import check_data
+    from tvr.data.datasets import VideoNameError
+    from tvr.pipeline import run_train
+
+    root = tmp_path / "data"
+    (root / "videos").mkdir(parents=True)
+    rows = []
+    for k in range(10):
+        write_test_video(root / "videos" / f"clip{k}.mp4", 5, 4.0, size=(32, 32))
+        rows.append({"video": f"clip{k}.mp4", "caption": f"clip {k} shows thing {k % 3}",
+                     "split": "test" if k >= 8 else "train"})
+    (root / "videos" / "loop_a.mp4").symlink_to(root / "videos" / "loop_b.mp4")
+    (root / "videos" / "loop_b.mp4").symlink_to(root / "videos" / "loop_a.mp4")
+    bad = {"nul\x00byte.mp4": "NUL byte", "x" * 300 + ".mp4": "longer than the file system allows",
+           "loop_a.mp4": "symbolic link loop"}
+    rows += [{"video": vid, "caption": f"bad video {k}", "split": "train"} for k, vid in enumerate(bad)]
+    write_generic(root, rows, fmt="jsonl")
+    values = tiny_config("generic", root, generic_file="captions.jsonl", video_pattern="{video_id}",
+                         val_fraction=0.2)
+    values["train"]["batch_size"] = 2
+    cfg = config_from_dict(values)
+
+    resolver = VideoResolver(root / "videos", "{video_id}")
+    for vid, what in bad.items():
+        with pytest.raises(VideoNameError, match=what) as info:
+            resolver(vid)
+        assert info.value.reason == "invalid name" and pickle.loads(pickle.dumps(info.value)).reason == "invalid name"
+
+    report = check_data(cfg, workers=1, progress=False)
+    problems = {p["id"]: p for p in report["videos"]["problems"]}
+    assert {vid for vid, p in problems.items() if p["reason"] == "invalid name"} == set(bad)
+
+    held_out = set(load_split(cfg.data, "val").videos)
+    summary = run_train(cfg, tmp_path / "run", final_test=False)
+    assert summary["steps"] >= 1
+    skipped = {v["id"] for v in json.loads((tmp_path / "run" / "skipped_videos.json").read_text())["videos"]}
+    assert skipped == set(bad) - held_out

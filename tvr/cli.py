@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -12,6 +13,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tvr.utils.errors import UserError
 
@@ -23,32 +25,70 @@ _PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirec
 CONFIG_HELP = "YAML file or shipped preset name, e.g. gare/msrvtt (`tvr presets` lists them)."
 
 
+#: a full disk (or quota): the machine's state, not a bug; every file is written whole or not at all
+_DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+#: what a command interrupted by Ctrl-C leaves, when it says nothing more specific
+INTERRUPTED = ("interrupted: everything finished so far is kept (every file is written whole or not at all); "
+               "rerun the same command to continue")
+
+
+def say(label: str, text: str, style: str = "red") -> None:
+    """Print ``label: text`` on stderr as one logical line. ``text`` is the user's or an exception's text, never
+    console markup: it is escaped, so ``[...]`` (ranges, key lists, paths) prints as written."""
+    # soft_wrap: one logical line (the terminal may still fold it), so paths stay copyable
+    console.print(f"[{style}]{label}:[/{style}] {escape(text)}", highlight=False, soft_wrap=True)
+
+
 def _is_user_error(exc: BaseException) -> bool:
-    return isinstance(exc, (UserError, *_PATH_ERRORS))
+    return isinstance(exc, (UserError, *_PATH_ERRORS)) or (isinstance(exc, OSError) and exc.errno in _DISK_FULL)
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+        where = f" writing {exc.filename}" if exc.filename else ""
+        return (f"no space left on the device{where} ({exc.strerror or exc}); nothing already written was lost (every "
+                "file is written whole or not at all, a half-written one is removed): free some space and rerun "
+                "(tvr train: with --resume)")
     if isinstance(exc, OSError) and not isinstance(exc, UserError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror or exc}"
     return str(exc)
 
 
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a command; a user error prints one or two lines and exits with code 2 (bugs keep their traceback)."""
+    """Run a command; a user error prints one or two lines and exits with code 2 (bugs keep their traceback);
+    Ctrl-C says what was kept and exits with code 130."""
 
     @functools.wraps(fn)
     def run_command(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            if _DEBUG["on"]:
+                raise
+            say("interrupted", INTERRUPTED.removeprefix("interrupted: "), "yellow")
+            raise typer.Exit(130) from None
         except Exception as exc:
             if _DEBUG["on"] or not _is_user_error(exc):
                 raise
-            # soft_wrap: one logical line (the terminal may still fold it), so paths stay copyable
-            console.print(f"[red]error:[/red] {_describe(exc)}", highlight=False, soft_wrap=True)
+            say("error", _describe(exc))
             console.print("[dim](--debug or TVR_DEBUG=1 shows the traceback)[/dim]")
             raise typer.Exit(2) from None
 
     return run_command
+
+
+def out_folder(path: Path, flag: str = "--out") -> Path:
+    """``path`` must be a folder or not exist yet: the one wording of every command's folder argument."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path}: is a file; expected a folder (existing or new)")
+    return path
+
+
+def out_file(path: Path, flag: str = "--out") -> Path:
+    """``path`` must be a file or not exist yet."""
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a folder; expected a file (existing or new)")
+    return path
 
 
 class _Commands(typer.Typer):
@@ -66,21 +106,24 @@ app = _Commands(
 )
 
 
-def _checked_config(make: Callable[[], Any]):
+def _checked_config(make: Callable[[], Any], overrides: list[str] | None = None):
     """Build a run config with ``make`` and fully check it (core sections first, without importing torch; then the
     head's options against its own dataclass). A bad value exits with code 2 and one line naming the field and the
-    valid values."""
-    from tvr.config import ConfigError
+    valid values (and the ``--set`` that gave it)."""
+    from tvr.config import ConfigError, blame_overrides
 
     try:
         cfg = make()
         from tvr.pipeline import resolve_config
 
-        return resolve_config(cfg)
+        try:
+            return resolve_config(cfg)
+        except ConfigError as exc:  # a head option: name the --set that gave it
+            raise blame_overrides(exc, overrides or []) or exc from None
     except ConfigError as exc:
         if _DEBUG["on"]:
             raise
-        console.print(f"[red]config error:[/red] {exc}", highlight=False, soft_wrap=True)
+        say("config error", str(exc))
         raise typer.Exit(2) from None
 
 
@@ -88,7 +131,7 @@ def _load(config: str | Path | None, overrides: list[str] | None):
     """A preset (file or shipped name) with ``--set`` overrides, checked."""
     from tvr.config import load_config
 
-    return _checked_config(lambda: load_config(config, overrides or []))
+    return _checked_config(lambda: load_config(config, overrides or []), overrides)
 
 
 def _load_from_checkpoint(checkpoint: Path, overrides: list[str] | None):
@@ -103,19 +146,18 @@ def _load_from_checkpoint(checkpoint: Path, overrides: list[str] | None):
             "run's config with --config (the run folder's config.yaml)"
         )
     source = f"{checkpoint} (the config it carries)"
-    return _checked_config(lambda: config_with_overrides(values, overrides or [], source))
+    return _checked_config(lambda: config_with_overrides(values, overrides or [], source), overrides)
 
 
 def _print_metrics(metrics: dict, title: str) -> None:
     from tvr.eval.report import metrics_table
 
-    console.print(f"\n[bold]{title}[/bold]")
+    console.print(f"\n[bold]{escape(title)}[/bold]")
     print(metrics_table({k: v for k, v in metrics.items() if k != "info"}))
     skipped = metrics.get("info", {}).get("skipped_videos") or []
     if skipped:
-        console.print(
-            f"[yellow]{len(skipped)} unreadable video(s) left out: {[s['id'] for s in skipped][:10]}[/yellow]"
-        )
+        say(f"{len(skipped)} unreadable video(s) left out", ", ".join(str(s["id"]) for s in skipped[:10])
+            + (f", … ({len(skipped)} in all)" if len(skipped) > 10 else ""), "yellow")
 
 
 @app.callback()
@@ -124,8 +166,8 @@ def main(
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of user errors (bad config, files, …)."),
 ) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    # set on every invocation: a process that runs several commands (tests, notebooks) must not keep an earlier --debug
-    _DEBUG["on"] = debug
+    # decided per invocation (an app invoked twice in one process must not keep the first one's --debug)
+    _DEBUG["on"] = debug or os.environ.get("TVR_DEBUG", "") not in ("", "0")
 
 
 @app.command()
@@ -138,13 +180,37 @@ def train(
     no_test: bool = typer.Option(False, "--no-test", help="Skip the final test-split evaluation."),
 ) -> None:
     """Train a method; select on validation; evaluate the test split once at the end."""
+    out_folder(out)
     cfg = _load(config, set_)
     from tvr.pipeline import run_train
 
-    summary = run_train(cfg, out, resume=resume, final_test=not no_test, overwrite=overwrite)
+    try:
+        summary = run_train(cfg, out, resume=resume, final_test=not no_test, overwrite=overwrite)
+    except KeyboardInterrupt:
+        if _DEBUG["on"]:
+            raise
+        say("interrupted", _train_interrupted(out), "yellow")
+        raise typer.Exit(130) from None
     for tag, metrics in summary.get("test", {}).items():
         _print_metrics(metrics, f"test ({tag} checkpoint)")
-    console.print(f"run folder: {out}")
+    console.print(f"run folder: {escape(str(out))}", highlight=False)
+
+
+def _train_interrupted(out: Path) -> str:
+    """What an interrupted ``tvr train`` left, and how to continue it."""
+    last = out / "last.pt"
+    try:
+        import torch
+
+        state = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["state"]
+        where = f"step {state['global_step']}, epoch {state['epoch'] + 1} batch {state['batch_in_epoch']}"
+    except FileNotFoundError:
+        return (f"stopped before the first checkpoint: {out} holds no last.pt, so there is nothing to resume; rerun "
+                "the command to start again")
+    except Exception:  # noqa: BLE001 - only for the message
+        where = "its position unreadable"
+    return (f"{last} ({where}) is kept, with the logs up to it; the same command with --resume continues from it "
+            "exactly where it stopped")
 
 
 @app.command("eval")
@@ -156,7 +222,9 @@ def eval_(
     ),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override of the config (repeatable)."),
 ) -> None:
-    """Evaluate a checkpoint: writes OUT/metrics.json ({"t2v": ..., "v2t": ...}) and OUT/metrics.md."""
+    """Evaluate a checkpoint: writes OUT/metrics.json ({"t2v": ..., "v2t": ...}), OUT/metrics.md and the config it
+    ran with, OUT/eval_config.yaml (OUT may be the run folder: its config.yaml is never touched)."""
+    out_folder(out)
     cfg = _load(config, set_) if config else _load_from_checkpoint(checkpoint, set_)
     from tvr.pipeline import run_eval
 
@@ -175,13 +243,14 @@ def analyze(
     """The papers' analyses of a checkpoint's head on one split (docs/analysis.md): score distributions and ranks for
     every head; gradient tension and Δ geometry (GARE), the γ sweep and proxy space (TV-ProxyNet), uncertainty
     (GraviAlign)."""
+    out_folder(out)
     cfg = _load(config, set_)
     from tvr.pipeline.analyze import run_analyze
 
     manifest = run_analyze(cfg, checkpoint, out, split=split)
     console.print(f"{len(manifest['figures'])} figures of {manifest['head']} on the {manifest['split_label']}:")
     for figure in manifest["figures"]:
-        console.print(f"  {out / figure['png']}  {figure['title']}", highlight=False, soft_wrap=True)
+        console.print(escape(f"  {out / figure['png']}  {figure['title']}"), highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -193,11 +262,12 @@ def plot(
     chosen inference setting against the step (epochs on a second axis)."""
     from tvr.analysis import plot_runs
 
+    out_folder(out)
     manifest = plot_runs(run_dirs, out)
     for figure in manifest["figures"]:
-        console.print(f"{out / figure['png']}  {figure['title']}", highlight=False, soft_wrap=True)
+        console.print(escape(f"{out / figure['png']}  {figure['title']}"), highlight=False, soft_wrap=True)
     if manifest["skipped"]:
-        console.print(f"[dim]nothing to plot for: {', '.join(manifest['skipped'])}[/dim]")
+        console.print(f"[dim]nothing to plot for: {escape(', '.join(map(str, manifest['skipped'])))}[/dim]")
 
 
 @app.command()
@@ -208,8 +278,10 @@ def features(
     set_: list[str] = typer.Option(None, "--set"),
     shard_size: int = typer.Option(1024, help="Items per shard file."),
     fp32: bool = typer.Option(False, "--fp32", help="Store float32 instead of float16."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Rebuild a cache started with other settings."),
 ) -> None:
     """Cache frozen-backbone frame and caption features; train on them with --set data.features_dir=OUT."""
+    out_folder(out)
     cfg = _load(config, set_)
     import torch
 
@@ -221,6 +293,7 @@ def features(
         [s.strip() for s in splits.split(",") if s.strip()],
         shard_size,
         torch.float32 if fp32 else torch.float16,
+        overwrite=overwrite,
     )
     for name, info in manifest["splits"].items():
         console.print(
@@ -238,6 +311,7 @@ def synth(
     seed: int = typer.Option(0),
 ) -> None:
     """Render a synthetic captioned video set (real mp4 files) in the MSR-VTT annotation format."""
+    out_folder(out)
     from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset
 
     summary = generate_synthetic_dataset(
@@ -257,12 +331,13 @@ def demo(
     ),
 ) -> None:
     """Synthesise a dataset, train a small randomly initialised model on CPU, evaluate, print metrics."""
+    out_folder(out)
     from tvr.demo import run_demo
 
     summary = run_demo(out, quick=quick, method=method)
     for tag, metrics in summary.get("test", {}).items():
         _print_metrics(metrics, f"synthetic test split ({tag} checkpoint)")
-    console.print(f"run folder: {out / 'run'}")
+    console.print(f"run folder: {escape(str(out / 'run'))}", highlight=False)
 
 
 @app.command()
@@ -297,7 +372,7 @@ def presets() -> None:
 
     for name in available_presets():
         print(name)
-    console.print(f"[dim]({PRESET_DIR}; a path to your own YAML file works as well)[/dim]")
+    console.print(f"[dim]({escape(str(PRESET_DIR))}; a path to your own YAML file works as well)[/dim]")
 
 
 @app.command("convert-openai")
@@ -305,16 +380,15 @@ def convert_openai(
     checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False, help="OpenAI ViT-B-32.pt / ViT-B-16.pt"),
     out: Path = typer.Argument(..., help="Folder for the HF CLIP checkpoint"),
     bpe: Path | None = typer.Option(None, help="bpe_simple_vocab_16e6.txt.gz: also write the tokenizer files"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing OUT folder."),
 ) -> None:
-    """Convert an OpenAI CLIP checkpoint into a HF CLIPModel folder usable as model.clip."""
+    """Convert an OpenAI CLIP checkpoint into a HF CLIPModel folder usable as model.clip. The file's tensors are
+    read as data: nothing in it runs (docs/security.md)."""
     from tvr.models.convert_openai import convert_openai_checkpoint
 
-    convert_openai_checkpoint(checkpoint, out)
-    if bpe is not None:
-        from tvr.data.tokenizer import build_clip_tokenizer_files
-
-        build_clip_tokenizer_files(bpe, out)
-    console.print(f"wrote {out}")
+    out_folder(out, "OUT")
+    convert_openai_checkpoint(checkpoint, out, overwrite=overwrite, bpe=bpe)
+    console.print(f"wrote {escape(str(out))}", highlight=False)
 
 
 @app.command()
@@ -325,8 +399,9 @@ def tokenizer(
     """Build CLIP's 49,408-token tokenizer files (vocab.json + merges.txt) from the BPE merges file, offline."""
     from tvr.data.tokenizer import build_clip_tokenizer_files
 
+    out_folder(out, "OUT")
     build_clip_tokenizer_files(bpe, out)
-    console.print(f"wrote {out}")
+    console.print(f"wrote {escape(str(out))}", highlight=False)
 
 
 @app.command("import-checkpoint")
@@ -345,14 +420,14 @@ def import_checkpoint(
     from tvr.train.checkpoint import save_checkpoint
     from tvr.utils.io import atomic_write_json
 
+    out_file(out)
     cfg = _load(config, set_)
-    if out.is_dir():
-        console.print(f"[red]error:[/red] --out {out} is a folder; expected a checkpoint file such as {out}/best.pt")
-        raise typer.Exit(2)
     try:
         model, rep = import_release_checkpoint(src, cfg, partial=partial)
     except CheckpointImportError as exc:
-        console.print(f"[red]import failed:[/red] {exc}")
+        if _DEBUG["on"]:
+            raise
+        say("import failed", str(exc))
         raise typer.Exit(2) from None
     state = {
         "imported_from": str(src),
@@ -369,8 +444,8 @@ def import_checkpoint(
     )
     for title, items in (("missing", rep.missing), ("unexpected", rep.unexpected), ("mismatched", rep.mismatched)):
         if items:
-            console.print(f"  {title}: {', '.join(items[:10])}" + (f", … ({len(items)})" if len(items) > 10 else ""))
-    console.print(f"wrote {out}")
+            say(f"  {title}", ", ".join(items[:10]) + (f", … ({len(items)})" if len(items) > 10 else ""), "yellow")
+    console.print(f"wrote {escape(str(out))}", highlight=False)
 
 
 @app.command("check-data")
@@ -387,19 +462,15 @@ def check_data(
     """Check every split, video and caption a run would read; exit 1 when a run would trip, naming each problem."""
     from tvr.data.check import check_data as run_check
     from tvr.data.check import render_report
-    from tvr.data.tokenizer import TokenizerError
     from tvr.utils.io import atomic_write_json
 
+    if json_path is not None:
+        out_file(json_path, "--json")
     cfg = _load(config, set_)
-    try:
-        report = run_check(cfg, full=full, workers=workers, tokenizer=tokenizer, progress=True)
-    except (TokenizerError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-    render_report(report, Console())
+    report = run_check(cfg, full=full, workers=workers, tokenizer=tokenizer, progress=True)
     if json_path is not None:
         atomic_write_json(json_path, report)
-        console.print(f"report: {json_path}")
+    render_report(report, Console(), json_path=json_path)
     raise typer.Exit(0 if report["ok"] else 1)
 
 
@@ -411,16 +482,17 @@ def _prepare_summary(report: dict, what: str, report_name: str) -> None:
     summary = report["summary"]
     counts = ", ".join(f"{v} {k}" for k, v in summary.items() if k not in ("total", "seconds"))
     console.print(f"{what}: {summary['total']} files ({counts or 'nothing to do'}) in {summary['seconds']} s")
-    failed = [e for e in report["files"] if e["status"] == "failed"]
-    for entry in failed[:20]:
-        console.print(f"  [red]failed[/red] {entry['source']}: {entry['error']}")
-    if len(failed) > 20:
-        console.print(f"  … and {len(failed) - 20} more")
+    for status, style in (("failed", "red"), ("ignored", "yellow")):
+        entries = [e for e in report["files"] if e["status"] == status]
+        for entry in entries[:20]:
+            say(f"  {status}", f"{entry['source']}: {entry['error']}", style)
+        if len(entries) > 20:
+            console.print(f"  … and {len(entries) - 20} more {status}")
     copied = [e for e in report["files"] if e["status"] == "copied"]
     if copied:
         console.print(f"[yellow]{len(copied)} file(s) could not be re-encoded and were copied unchanged[/yellow]")
-    console.print(f"report: {Path(report['destination']) / report_name}")
-    if failed:
+    console.print(f"report: {escape(str(Path(report['destination']) / report_name))}", highlight=False)
+    if any(e["status"] == "failed" for e in report["files"]):
         raise typer.Exit(1)
 
 
@@ -440,15 +512,11 @@ def prepare_videos_cmd(
     flat: bool = typer.Option(False, "--flat", help="Write every output directly into DST (no sub-folders)."),
 ) -> None:
     """Re-encode every video under SRC to the training form (3 fps, shorter side 224, H.264, no audio)."""
-    from tvr.data.prepare import EncodeSettings, PrepareError, prepare_videos
+    from tvr.data.prepare import EncodeSettings, prepare_videos
 
-    try:
-        report = prepare_videos(src, dst, EncodeSettings(fps=fps, short_side=size, codec=codec, crf=crf,
-                                                         preset=preset),
-                                workers=workers, copy_on_failure=copy_on_failure, progress=True, flat=flat)
-    except PrepareError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    out_folder(dst, "DST")
+    report = prepare_videos(src, dst, EncodeSettings(fps=fps, short_side=size, codec=codec, crf=crf, preset=preset),
+                            workers=workers, copy_on_failure=copy_on_failure, progress=True, flat=flat)
     _prepare_summary(report, "prepare videos", "prepare_report.json")
 
 
@@ -459,6 +527,7 @@ def prepare_frames_cmd(
     config: str | None = typer.Option(None, "--config", "-c",
                                       help="YAML file or preset name: take max_frames / frame_rate / image_size / "
                                       "sampling from data.*"),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override of --config, e.g. --set data.max_frames=8."),
     max_frames: int = typer.Option(12, help="Frames per clip (data.max_frames)."),
     frame_rate: float = typer.Option(1.0, help="Candidate frames per second (data.frame_rate)."),
     image_size: int = typer.Option(224, help="Crop size the frames are resized for (data.image_size)."),
@@ -467,17 +536,16 @@ def prepare_frames_cmd(
     flat: bool = typer.Option(False, "--flat", help="Write every .npy directly into DST (no sub-folders)."),
 ) -> None:
     """Decode once the frames every clip reads and store them as uint8 .npy files (a frame cache)."""
-    from tvr.data.prepare import FrameSettings, PrepareError, extract_frames
+    from tvr.data.prepare import FrameSettings, extract_frames
 
+    out_folder(dst, "DST")
+    if set_ and config is None:
+        raise UserError("--set changes a config: pass --config as well (or the frame options themselves)")
     if config is not None:
-        data = _load(config, []).data
+        data = _load(config, set_).data
         max_frames, frame_rate, image_size, sampling = data.max_frames, data.frame_rate, data.image_size, data.sampling
-    try:
-        report = extract_frames(src, dst, FrameSettings(max_frames, frame_rate, image_size, sampling),
-                                workers=workers, progress=True, flat=flat)
-    except PrepareError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    report = extract_frames(src, dst, FrameSettings(max_frames, frame_rate, image_size, sampling),
+                            workers=workers, progress=True, flat=flat)
     _prepare_summary(report, "prepare frames", "frames_report.json")
 
 

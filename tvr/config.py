@@ -591,12 +591,64 @@ def resolve_preset(name_or_path: str | os.PathLike) -> Path:
     raise ConfigError(f"config {name_or_path}: no such file and no shipped preset of that name{hint}")
 
 
+def _field_type(keys: list[str]) -> Any:
+    """The annotation of the config field at dotted ``keys`` (None when it is not a schema field, e.g. a head
+    option: those are typed by the head's own dataclass)."""
+    cls: Any = Config
+    for key in keys[:-1]:
+        if not dataclasses.is_dataclass(cls):
+            return None
+        cls = typing.get_type_hints(cls).get(key)
+    return typing.get_type_hints(cls).get(keys[-1]) if dataclasses.is_dataclass(cls) else None
+
+
+def _is_text_field(annotation: Any) -> bool:
+    if annotation is str:
+        return True
+    args = typing.get_args(annotation)
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and str in args and len(
+        [a for a in args if a is not type(None)]) == 1
+
+
+def _parse_override_for_field(text: str) -> tuple[list[str], Any]:
+    """:func:`parse_override`, except that a text field takes the value as written when YAML would read a mapping
+    or a list, or nothing valid at all: ``data.video_pattern={video_id}.mp4`` is a pattern, not YAML."""
+    if "=" in text and _is_text_field(_field_type([p for p in text.split("=", 1)[0].strip().split(".") if p])):
+        raw = text.split("=", 1)[1]
+        try:
+            keys, value = parse_override(text)
+        except ConfigError:
+            return [p for p in text.split("=", 1)[0].strip().split(".") if p], raw.strip()
+        return keys, raw.strip() if isinstance(value, (dict, list)) else value
+    return parse_override(text)
+
+
+def blame_overrides(exc: ConfigError, overrides: list[str] | tuple[str, ...]) -> ConfigError | None:
+    """``exc`` re-worded to name the ``--set`` override(s) that caused it (a field or unknown key they set is named in
+    the message), or None when none did."""
+    message = str(exc)
+    culprits = []
+    for text in overrides:
+        keys = [p for p in text.split("=", 1)[0].strip().split(".") if p]
+        if not keys:
+            continue
+        dotted = ".".join(keys)
+        parent = ".".join(keys[:-1])
+        unknown_key = f"'{keys[-1]}'" in message and (not parent or message.startswith(parent))
+        if re.search(rf"(^|[\s'\[(]){re.escape(dotted)}([\s:=\[\]'.,]|$)", message) or unknown_key:
+            culprits.append(text)
+    if not culprits:
+        return None
+    return ConfigError(f"--set {' --set '.join(culprits)}: {message}")
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load a preset (a file path or a shipped preset's name, with its ``base`` chain) and apply dotted overrides
     in order.
 
     ``head.name`` overrides apply first; switching the head drops the preset's options for the previous head, so
-    ``--set head.name=clip4clip --set head.options.video_pool=mean`` works on a GARE preset in either order."""
+    ``--set head.name=clip4clip --set head.options.video_pool=mean`` works on a GARE preset in either order. A bad
+    value is blamed on the ``--set`` that gave it, else on the file."""
     if path:
         path = resolve_preset(path)
     values: dict = _read_yaml(Path(path)) if path else {}
@@ -605,9 +657,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
 
 def config_with_overrides(values: dict, overrides: list[str] | tuple[str, ...] = (), source: str = "config") -> Config:
     """A :class:`Config` from a nested mapping (a preset's, or the one a checkpoint carries) with dotted overrides
-    applied in order (``head.name`` first, as in :func:`load_config`); errors name ``source``."""
+    applied in order (``head.name`` first, as in :func:`load_config`); errors name the ``--set`` that caused them,
+    else ``source``."""
     values = copy.deepcopy(values)
-    parsed = [(text, *parse_override(text)) for text in overrides]
+    parsed = [(text, *_parse_override_for_field(text)) for text in overrides]
     for _, keys, value in parsed:
         if keys == ["head", "name"]:
             _switch_head(values, value)
@@ -623,7 +676,8 @@ def config_with_overrides(values: dict, overrides: list[str] | tuple[str, ...] =
     try:
         return config_from_dict(values)
     except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+        blamed = blame_overrides(exc, list(overrides))
+        raise (blamed or ConfigError(f"{source}: {exc}")) from None
 
 
 def config_to_dict(config: Any) -> dict:

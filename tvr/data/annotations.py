@@ -545,6 +545,14 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
 
 
+#: raw-captions.pkl bounds: a pickle can reference one object many times, so a few kB can stand for gigabytes of
+#: captions once the words are joined. Real MSVD captions have at most a few dozen words, the file ~3 MB of text.
+MSVD_MAX_WORDS_PER_CAPTION = 1_000
+MSVD_MAX_TEXT_BYTES = 256 << 20
+#: captions may hold at most this many times the file's size in text (word strings are shared by the pickle memo)
+MSVD_MAX_EXPANSION = 64
+
+
 def _load_msvd_captions(path: Path) -> dict[str, list[str]]:
     expected = "a pickled dict video_id -> list of captions, each a list of words (CLIP4Clip raw-captions.pkl)"
 
@@ -558,19 +566,36 @@ def _load_msvd_captions(path: Path) -> dict[str, list[str]]:
             raise _fail(path, f"cannot unpickle ({exc}); expected {expected}") from exc
         if not isinstance(obj, dict) or not obj:
             raise _fail(path, f"expected {expected}, got {type(obj).__name__}")
+        budget = min(MSVD_MAX_TEXT_BYTES, MSVD_MAX_EXPANSION * len(data))
+        total = 0
+        seen_lists: set[int] = set()  # a caption list or word list met twice is a shared reference
         out: dict[str, list[str]] = {}
         for vid, caps in obj.items():
             key = f"[{vid!r}]"
             if not isinstance(vid, str) or not isinstance(caps, (list, tuple)) or not caps:
                 raise _fail(path, f"expected a non-empty list of captions ({expected})", field_path=key)
             texts = []
-            for k, words in enumerate(caps):
+            for k, words in enumerate([caps, *caps]):
+                where = key if k == 0 else f"{key}[{k - 1}]"
+                if isinstance(words, (list, tuple)):
+                    if id(words) in seen_lists:
+                        raise _fail(path, "the same list is referenced twice (a pickle's shared reference, as a "
+                                    "decompression bomb uses); every caption must be its own list", field_path=where)
+                    seen_lists.add(id(words))
+                if k == 0:
+                    continue
                 if isinstance(words, str):
                     words = words.split()
                 if not isinstance(words, (list, tuple)) or not words or not all(isinstance(w, str) for w in words):
-                    raise _fail(
-                        path, f"expected a non-empty list of word strings ({expected})", field_path=f"{key}[{k}]"
-                    )
+                    raise _fail(path, f"expected a non-empty list of word strings ({expected})", field_path=where)
+                if len(words) > MSVD_MAX_WORDS_PER_CAPTION:
+                    raise _fail(path, f"a caption of {len(words)} words; captions have at most "
+                                f"{MSVD_MAX_WORDS_PER_CAPTION}", field_path=where)
+                total += sum(len(w) + 1 for w in words)
+                if total > budget:
+                    raise _fail(path, f"the captions hold more than {budget:,} characters of text, more than a "
+                                f"{len(data):,}-byte file can honestly hold (shared references to long words?)",
+                                field_path=where)
                 texts.append(" ".join(words))
             out[vid] = texts
         return out

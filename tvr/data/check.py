@@ -31,6 +31,7 @@ from tvr.utils.parallel import parallel_map
 REASONS = (
     "missing",
     "outside video_dir",
+    "invalid name",
     "empty",
     "unreadable",
     "no video stream",
@@ -138,8 +139,9 @@ def probe_files(paths: Sequence[str], full: bool = False, workers: int = 0, prog
 
 
 def caption_token_counter(cfg: Config, tokenizer: str | os.PathLike | None = None
-                          ) -> tuple[Callable[[list[str]], list[int]] | None, str]:
-    """A function counting CLIP BPE tokens per caption, and where its vocabulary came from.
+                          ) -> tuple[Callable[[list[str]], tuple[list[int], list[int]]] | None, str]:
+    """A function counting CLIP BPE tokens per caption (:meth:`ClipTokenizer.count_tokens_checked`: counts, and the
+    positions of captions whose count is a lower bound), and where its vocabulary came from.
 
     ``tokenizer`` (or ``model.tokenizer``, or a HF CLIP folder in ``model.clip``): a folder with vocab.json +
     merges.txt, or CLIP's ``bpe_simple_vocab_16e6.txt.gz``. ``model.clip: tiny`` uses the tiny model's own
@@ -163,11 +165,11 @@ def caption_token_counter(cfg: Config, tokenizer: str | os.PathLike | None = Non
             merges = read_clip_merges(path)
             tok = ClipTokenizer({t: i for i, t in enumerate(vocabulary_from_merges(merges))}, merges,
                                 backend="python")
-        return tok.count_tokens, str(path)
+        return tok.count_tokens_checked, str(path)
     if clip == "tiny":
         with tempfile.TemporaryDirectory() as folder:
             tok = ClipTokenizer.from_dir(build_tiny_tokenizer_files(folder), backend="python")
-        return tok.count_tokens, "the tiny model's tokenizer (model.clip: tiny)"
+        return tok.count_tokens_checked, "the tiny model's tokenizer (model.clip: tiny)"
     return None, (f"no CLIP tokenizer configured for model.clip={clip!r}: pass --tokenizer "
                   "bpe_simple_vocab_16e6.txt.gz (or set model.tokenizer) to check caption lengths")
 
@@ -210,7 +212,7 @@ def check_data(
     """Check the dataset of ``cfg`` (see the module docstring); returns the JSON-ready report."""
     from tvr.data.annotations import SPLITS, AnnotationError, load_split
     from tvr.data.datasets import VideoNotFoundError, VideoOutsideDirError, VideoResolver
-    from tvr.data.video import clip4clip_indices
+    from tvr.data.video import VideoDecodeError, clip4clip_indices
 
     data = cfg.data
     errors: list[str] = []
@@ -264,6 +266,9 @@ def check_data(
             except VideoNotFoundError as exc:
                 problems.append({"id": vid, "splits": video_splits[vid], "reason": "missing",
                                  "detail": _tried(exc.tried), "path": None})
+            except VideoDecodeError as exc:  # an id that cannot name a file (NUL byte, too long, symlink loop)
+                problems.append({"id": vid, "splits": video_splits[vid], "reason": exc.reason, "detail": exc.detail,
+                                 "path": None})
 
     # 3. probe the files that exist ------------------------------------------------------------------------
     probed_ids = list(paths)
@@ -346,7 +351,17 @@ def check_data(
                                 f"truth is ambiguous, e.g. {_excerpt(text, 60)!r} on "
                                 f"{sorted(split.videos[v] for v in vs)[:3]}")
         if counter is not None:
-            lengths = counter(split.texts)
+            lengths, bounded = counter(split.texts)
+            if bounded:
+                from tvr.data.tokenizer import MAX_COUNTED_WORD_BYTES
+
+                first = bounded[0]
+                example = split.videos[split.text_video[first]]
+                warnings.append(f"{name} split: {len(bounded)} caption(s) hold a word longer than "
+                                f"{MAX_COUNTED_WORD_BYTES:,} bytes (e.g. on video {example!r}, "
+                                f"{len(split.texts[first]):,} characters): not tokenized, their token counts are "
+                                "lower bounds; a run truncates them to data.max_words")
+            entry["long_word_captions"] = len(bounded)
             limit = data.max_words - 2  # SOT and EOT take two places
             cut = [(split.videos[v], t, n) for v, t, n in zip(split.text_video, split.texts, lengths, strict=True)
                    if n > limit]
@@ -374,12 +389,17 @@ def check_data(
 # --------------------------------------------------------------------------------------------- rendering
 
 
-def render_report(report: dict[str, Any], console: Any) -> None:
+def render_report(report: dict[str, Any], console: Any, json_path: str | os.PathLike | None = None) -> None:
     """Print the report as rich tables: splits, unusable videos by reason (with examples), video statistics, and
-    the error / warning lines."""
+    the error / warning lines. ``json_path``: where the full JSON report was written (None: it was not, and the
+    text says how to get it). Every text from the data is escaped: ``[...]`` prints as written, never as markup."""
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"{report['dataset']}: splits", title_justify="left")
+    full = (f"every one is in the JSON report {json_path}" if json_path is not None
+            else "pass --json FILE for the full report, every one listed")
+
+    table = Table(title=f"{escape(report['dataset'])}: splits", title_justify="left")
     for col in ("split", "status", "protocol", "texts", "videos", "usable videos", "truncated captions",
                 "tokens (median / max)"):
         table.add_column(col, justify="left" if col in ("split", "status", "protocol") else "right")
@@ -389,7 +409,7 @@ def render_report(report: dict[str, Any], console: Any) -> None:
             continue
         tokens = entry.get("caption_tokens")
         table.add_row(
-            name, "ok", entry["protocol"], str(entry["num_texts"]), str(entry["num_videos"]),
+            name, "ok", escape(entry["protocol"]), str(entry["num_texts"]), str(entry["num_videos"]),
             str(entry.get("usable_videos", "")), str(entry.get("truncated_captions", "–")),
             f"{tokens['median']:g} / {tokens['max']:g}" if tokens else "–",
         )
@@ -407,9 +427,9 @@ def render_report(report: dict[str, Any], console: Any) -> None:
             grouped[p["reason"]].append(p)
         shown = len(videos["problems"]) if len(videos["problems"]) <= LIST_ALL else EXAMPLES
         for reason, items in grouped.items():
-            examples = "\n".join(f"{p['id']}: {_excerpt(p['detail'], 160)}" for p in items[:shown])
+            examples = "\n".join(escape(f"{p['id']}: {_excerpt(p['detail'], 160)}") for p in items[:shown])
             if len(items) > shown:
-                examples += f"\n… and {len(items) - shown} more (every one is in the JSON report)"
+                examples += f"\n… and {len(items) - shown} more ({escape(full)})"
             bad.add_row(reason, str(len(items)), examples)
         console.print(bad)
     else:
@@ -428,8 +448,10 @@ def render_report(report: dict[str, Any], console: Any) -> None:
             console.print(f"{stats['padded_videos']} usable video(s) give fewer sampled frames than data.max_frames "
                           "(zero-padded, masked)")
     for line in report["warnings"]:
-        console.print(f"[yellow]warning:[/yellow] {line}")
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True)
     for line in report["errors"]:
-        console.print(f"[red]error:[/red] {line}")
+        console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
+    details = (f"details in the JSON report {json_path}" if json_path is not None
+               else "for every detail, rerun with --json FILE")
     console.print("[green]OK: a run would not trip over this data[/green]" if report["ok"]
-                  else "[red]NOT OK: fix the errors above (details in the JSON report)[/red]")
+                  else f"[red]NOT OK: fix the errors above ({escape(details)})[/red]", soft_wrap=True)

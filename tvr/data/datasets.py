@@ -15,6 +15,7 @@ them: use non-persistent workers.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -90,6 +91,30 @@ class VideoOutsideDirError(VideoDecodeError):
         return (type(self), (self.video_id, self.path, self.real, self.video_dir))
 
 
+class VideoNameError(VideoDecodeError):
+    """A video id that cannot name a file here: a NUL byte, a name longer than the file system allows, a symbolic
+    link loop. Reason code ``"invalid name"``; datasets turn it into a skip marker like any unreadable video."""
+
+    REASON = "invalid name"
+
+    def __init__(self, video_id: str, path: str | os.PathLike, detail: str) -> None:
+        self.video_id = video_id
+        super().__init__(path, self.REASON, detail)
+
+    def __reduce__(self):
+        return (type(self), (self.video_id, self.path, self.detail))
+
+
+def _name_problem(exc: BaseException) -> str:
+    if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP:
+        return f"a symbolic link loop ({exc})"
+    if getattr(exc, "errno", None) == errno.ENAMETOOLONG:
+        return "the file name is longer than the file system allows"
+    if isinstance(exc, ValueError) and "null" in str(exc):
+        return "the id holds a NUL byte, which no file name can"
+    return f"cannot be looked up ({type(exc).__name__}: {exc})"
+
+
 class VideoResolver:
     """Map a video id to its file: ``video_dir / pattern.replace("{video_id}", id)``. ``{video_stem}`` stands for
     the id without its extension, for ids that name the raw file (DiDeMo's ``…_d8b58466fa.mov``) when the folder
@@ -140,12 +165,17 @@ class VideoResolver:
 
     def __call__(self, video_id: str) -> Path:
         tried = self.candidates(video_id)
-        for path in tried:
-            if path.is_file():
-                self.check_inside(video_id, path)
-                return path
-        # a missing file whose name already points outside is reported as outside: fixing the file would not help
-        self.check_inside(video_id, tried[0])
+        try:
+            for path in tried:
+                if path.is_file():
+                    self.check_inside(video_id, path)
+                    return path
+            # a missing file whose name already points outside is reported as outside: fixing the file would not help
+            self.check_inside(video_id, tried[0])
+        except (ValueError, OSError, RuntimeError) as exc:  # NUL byte, over-long name, symlink loop
+            if isinstance(exc, VideoDecodeError):
+                raise
+            raise VideoNameError(video_id, repr(str(tried[0])), _name_problem(exc)) from None
         raise VideoNotFoundError(video_id, tried)
 
 

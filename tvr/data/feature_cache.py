@@ -32,7 +32,52 @@ MANIFEST = "manifest.json"
 class FeatureCacheError(UserError, ValueError):
     """A feature cache folder is missing, damaged, or was made with other settings than the run asks for."""
 
+
 CACHE_FORMAT = 1
+#: the settings that decide what a cache holds: its manifest records them before the first shard is written, and
+#: ``tvr features`` resumes a cache only with the same values (else shards of two models or two shardings mix)
+FEATURE_SETTINGS = (
+    "model.clip", "model.tiny", "model.backbone", "model.clipvip", "model.two_tower", "model.tokenizer",
+    "model.clip_fp16_on_cuda",
+    "data.dataset", "data.annotations", "data.video_dir", "data.video_pattern", "data.allow_outside_video_dir",
+    "data.train_split", "data.generic_file", "data.val_fraction", "data.val_seed", "data.max_words",
+    "data.max_frames", "data.frame_rate", "data.image_size", "data.sampling", "data.limit_train", "data.limit_eval",
+)
+
+
+def cache_settings(cfg: Config, shard_size: int, dtype: torch.dtype) -> dict[str, Any]:
+    """What a cache built by ``cfg`` with this sharding and storage type holds, as plain values (JSON)."""
+    from tvr.config import config_to_dict
+
+    values = config_to_dict(cfg)
+    settings: dict[str, Any] = {"shard_size": int(shard_size), "dtype": str(dtype).removeprefix("torch.")}
+    for name in FEATURE_SETTINGS:
+        section, key = name.split(".")
+        settings[name] = values[section][key]
+    # a randomly initialised backbone (tiny CLIP, CLIP-ViP's new tokens without a checkpoint) depends on the seed
+    if cfg.model.clip == "tiny" or cfg.model.backbone == "two_tower" or (
+        cfg.model.backbone == "clipvip" and not cfg.model.clipvip.checkpoint
+    ):
+        settings["train.seed"] = cfg.train.seed
+    return settings
+
+
+def check_cache_settings(cache_dir: str | Path, manifest: dict, wanted: dict[str, Any]) -> None:
+    """Refuse to add to a cache that was started with other settings (:func:`cache_settings`)."""
+    made = manifest.get("settings")
+    if not isinstance(made, dict):
+        raise FeatureCacheError(
+            f"{Path(cache_dir) / MANIFEST} does not record the settings the cache was built with (an older tvr?), so "
+            "shards of another model or sharding cannot be told apart: pass --overwrite to rebuild it, or use "
+            "another --out"
+        )
+    differ = [f"{k}: {made.get(k)!r} in the cache, {v!r} now" for k, v in wanted.items() if made.get(k) != v]
+    if differ:
+        shown = "; ".join(differ[:6]) + (f"; … ({len(differ)} in all)" if len(differ) > 6 else "")
+        raise FeatureCacheError(
+            f"feature cache {cache_dir} was started with other settings ({shown}); resuming would mix them: use the "
+            "same settings, pass --overwrite to rebuild it, or use another --out"
+        )
 
 
 @dataclass
@@ -63,7 +108,17 @@ def read_manifest(cache_dir: str | Path) -> dict:
     path = Path(cache_dir) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not a tvr feature cache (run `tvr features --config ... --out {cache_dir}`)")
-    manifest = json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:
+        raise FeatureCacheError(
+            f"{path}: damaged ({exc}); rebuild the cache (tvr features ... --overwrite)"
+        ) from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict) or not isinstance(
+        manifest.get("config"), dict
+    ):
+        raise FeatureCacheError(f"{path}: not a feature cache manifest (no splits / config); rebuild the cache "
+                                "(tvr features ... --overwrite)")
     if manifest.get("format") != CACHE_FORMAT:
         raise FeatureCacheError(f"{path}: cache format {manifest.get('format')!r}, expected {CACHE_FORMAT}")
     return manifest
@@ -80,6 +135,14 @@ def load_cached_split(cache_dir: str | Path, split: str) -> CachedSplit:
         )
     video_parts = list(_shards([cache_dir / p for p in info["video_shards"]]))
     text_parts = list(_shards([cache_dir / p for p in info["text_shards"]]))
+    no_videos = not any(len(p["ids"]) for p in video_parts)
+    if no_videos or not any(len(p["texts"]) for p in text_parts):
+        skipped = info.get("skipped") or []
+        why = f" (all {len(skipped)} of its videos were unreadable when it was built)" if no_videos and skipped else ""
+        raise FeatureCacheError(
+            f"{cache_dir}: split {split!r} holds no {'video' if no_videos else 'caption'} features{why}; "
+            "check the data (tvr check-data) and rebuild the cache"
+        )
     # a shard whose videos were all unreadable holds no rows (and its placeholder shape need not match)
     filled = [p for p in video_parts if len(p["ids"])] or video_parts[:1]
     with_proxies = [p for p in filled if "proxies" in p]

@@ -11,15 +11,19 @@ ffmpeg's ``-r`` bookkeeping may pick the neighbouring frame at a slot boundary. 
 holds every output directly (two sources with the same name are then reported as a clash).
 
 Resumable and crash-safe: each output is encoded into a temporary file in its destination folder
-(``.<name>.<random>.tmp``, see :mod:`tvr.utils.io`), fsynced and renamed into place. A file under its final name is
+(``.<name>.tvr-<random>.tmp``, see :mod:`tvr.utils.io`), fsynced and renamed into place. A file under its final name is
 therefore always complete, and *that* is how a resumed run knows which outputs are finished: it skips them, removes
 the temporaries a killed run left, and encodes the rest. The settings are recorded in ``DST/prepare_manifest.json``
 and a resume with different settings is refused (mixed outputs would be silent damage).
 
 Nothing is lost silently: a file that fails to decode or encode is listed with its error in
-``DST/prepare_report.json`` and in the summary; ``copy_on_failure`` copies such a file unchanged instead, as the
-reference's ``compress_video.py`` does (off by default: a raw copy keeps the original frame rate and size, so the
-folder is then no longer uniform — the report says which files were copied).
+``DST/prepare_report.json`` and in the summary — so is a truncated source (fewer frames, or a shorter time, than its
+container announces) and a file with a video suffix that is not a regular file (a FIFO would block the decoder
+forever); ``copy_on_failure`` copies such a file unchanged instead, as the reference's ``compress_video.py`` does
+(off by default: a raw copy keeps the original frame rate and size, so the folder is then no longer uniform — the
+report says which files were copied, and ``DST/prepare_copies.jsonl`` keeps saying so on reruns). Symlinked folders
+of SRC are walked; a folder reached twice (a loop) is walked once and reported as ``ignored``. One job per
+destination at a time (:mod:`tvr.utils.lock`).
 
 Encoding is deterministic (x264 with one thread per file; files are spread over worker processes), so a killed and
 resumed run produces byte-identical files to an uninterrupted one.
@@ -38,6 +42,7 @@ import functools
 import json
 import os
 import platform
+import stat
 import time
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -47,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from tvr.data.transforms import CLIP_NORM, PixelNorm
+from tvr.utils.errors import UserError
 from tvr.utils.io import (
     atomic_copy,
     atomic_output,
@@ -55,18 +61,26 @@ from tvr.utils.io import (
     is_temporary_name,
     remove_stale_temporaries,
 )
+from tvr.utils.lock import folder_lock
 from tvr.utils.parallel import parallel_map
 
 #: file suffixes treated as videos when walking SRC (case-insensitive)
 VIDEO_EXTENSIONS = (".mp4", ".avi", ".mkv", ".webm", ".mov", ".m4v", ".mpg", ".mpeg", ".flv", ".wmv", ".3gp", ".ts")
 MANIFEST = "prepare_manifest.json"
 REPORT = "prepare_report.json"
+#: one line per file copied unchanged (``copy_on_failure``), so a rerun reports it as copied, not as encoded
+COPIES = "prepare_copies.jsonl"
 FRAMES_MANIFEST = "frames_manifest.json"
 FRAMES_REPORT = "frames_report.json"
 
 
-class PrepareError(ValueError):
-    """Bad arguments, or a destination prepared with other settings."""
+class PrepareError(UserError, ValueError):
+    """Bad arguments, an empty source, a damaged manifest, or a destination prepared with other settings."""
+
+
+#: libx264's presets (``--preset``), checked before anything is written
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow",
+                "placebo")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +104,8 @@ class EncodeSettings:
 
         if self.codec not in av.codecs_available:
             raise PrepareError(f"codec {self.codec!r} is not in this PyAV build; e.g. libx264, mpeg4")
+        if self.codec == "libx264" and self.preset not in X264_PRESETS:
+            raise PrepareError(f"preset {self.preset!r}: expected one of {', '.join(X264_PRESETS)}")
 
 
 def output_size(width: int, height: int, short_side: int) -> tuple[int, int]:
@@ -180,36 +196,94 @@ def encode_video(src: str | os.PathLike, dst: str | os.PathLike, settings: Encod
                         sink.mux(out.encode(frame))
                         frames_out += 1
 
+                last_end = 0.0
                 for frame in source.decode(stream):
                     frames_in += 1
+                    if frame.time is not None:
+                        last_end = max(last_end, float(frame.time))
                     graph.push(frame)
                     drain()
                 if frames_in == 0:
                     raise ValueError("the video stream decodes to no frame")
+                _check_complete(stream, frames_in, last_end)
                 graph.push(None)
                 drain()
                 sink.mux(out.encode(None))
     return {"frames_in": frames_in, "frames_out": frames_out, "size": [out_w, out_h], "fps": float(rate)}
 
 
+def _check_complete(stream: Any, decoded: int, last_time: float) -> None:
+    """Raise when the source decoded to fewer frames (or a shorter time) than its container announces: a truncated
+    download must not become a clean, shorter output. The rule for counts is ``check-data --full``'s."""
+    announced = int(stream.frames or 0)
+    if announced and decoded < announced:
+        raise ValueError(f"truncated: {decoded} of the {announced} frames the container announces decode")
+    # no frame count (mkv, webm): the video stream's own duration, never the container's (an audio track may run
+    # longer than the video without anything being cut)
+    if announced or stream.duration is None or stream.time_base is None:
+        return
+    duration = float(stream.duration * stream.time_base)
+    rate = float(stream.average_rate or stream.guessed_rate or 0) or 25.0
+    # the last frame starts one frame before the end; allow a second (or 5%) of slack for rounding and edits
+    if duration - (last_time + 1.0 / rate) > max(1.0, 0.05 * duration):
+        raise ValueError(f"truncated: the frames decode to {last_time + 1.0 / rate:.2f} s of the {duration:.2f} s "
+                         "the container announces")
+
+
 # --------------------------------------------------------------------------------------------- walking SRC
 
 
-def find_videos(src: Path, exclude: Path | None = None, extensions: Sequence[str] = VIDEO_EXTENSIONS) -> list[Path]:
-    """Video files under ``src`` (recursively, sorted, hidden files and our temporaries skipped), as paths
-    relative to ``src``; ``exclude`` (a folder inside ``src``, e.g. the destination) is not entered."""
+def find_videos(src: Path, exclude: Path | None = None, extensions: Sequence[str] = VIDEO_EXTENSIONS,
+                problems: list[dict[str, Any]] | None = None) -> list[Path]:
+    """Video files under ``src`` (recursively, symlinked folders followed, sorted, hidden files and our temporaries
+    skipped), as paths relative to ``src``; ``exclude`` (a folder inside ``src``, e.g. the destination) is not
+    entered. Every file with a video suffix is listed, so a FIFO or a broken link is reported, not skipped in
+    silence. A folder reached a second time (a symlink loop, or two links to one folder) is not walked again; it
+    is added to ``problems`` (when given) as an ``ignored`` entry naming the first path."""
     found = []
     wanted = {e.lower() for e in extensions}
     exclude = exclude.resolve() if exclude is not None else None
-    for root, dirs, files in os.walk(src):
+    walked: dict[Path, Path] = {src.resolve(): Path(".")}
+    for root, dirs, files in os.walk(src, followlinks=True):
         here = Path(root)
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and (here / d).resolve() != exclude)
+        kept = []
+        for d in sorted(dirs):
+            path = here / d
+            if d.startswith(".") or path.resolve() == exclude:
+                continue
+            real = path.resolve()
+            if real in walked:
+                if problems is not None:
+                    here_real = here.resolve()
+                    loop = real == here_real or real in here_real.parents
+                    what = "a symlink loop" if loop else "a second link to one folder"
+                    problems.append({"source": str(path.relative_to(src)), "status": "ignored",
+                                     "error": f"{what}: the same folder as {walked[real]} (walked once)"})
+                continue
+            walked[real] = path.relative_to(src)
+            kept.append(d)
+        dirs[:] = kept
         for name in sorted(files):
             if name.startswith(".") or is_temporary_name(name):
                 continue
             if Path(name).suffix.lower() in wanted:
                 found.append((here / name).relative_to(src))
     return found
+
+
+def _not_a_regular_file(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a video file (a FIFO would block a reader forever), or None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if os.path.islink(path):
+            return f"a broken or looping symbolic link ({exc.strerror})"
+        return f"cannot stat it ({exc.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    return f"{kind}, not a regular file; only regular files are read"
 
 
 def _plan(src: Path, dst: Path, suffix: str, flat: bool = False
@@ -224,7 +298,11 @@ def _plan(src: Path, dst: Path, suffix: str, flat: bool = False
     plan: list[tuple[Path, Path]] = []
     clashes: list[dict[str, Any]] = []
     owner: dict[Path, Path] = {}
-    for rel in find_videos(src, exclude=dst if inside else None):
+    for rel in find_videos(src, exclude=dst if inside else None, problems=clashes):
+        unreadable = _not_a_regular_file(src / rel)
+        if unreadable is not None:
+            clashes.append({"source": str(rel), "status": "failed", "error": unreadable})
+            continue
         target = Path(rel.name).with_suffix(suffix) if flat else rel.with_suffix(suffix)
         if target in owner:
             clashes.append({"source": str(rel), "status": "failed",
@@ -232,18 +310,26 @@ def _plan(src: Path, dst: Path, suffix: str, flat: bool = False
             continue
         owner[target] = rel
         plan.append((src / rel, dst / target))
+    if not plan and not any(e["status"] == "failed" for e in clashes):
+        raise PrepareError(f"no video files under {src} (looked for {', '.join(VIDEO_EXTENSIONS)}, in sub-folders "
+                           "too); check the folder")
     return plan, clashes
 
 
-def _check_manifest(dst: Path, name: str, settings: dict[str, Any]) -> None:
+def _check_manifest(dst: Path, name: str, settings: dict[str, Any], outputs: Sequence[Path]) -> None:
+    """Record ``settings`` in ``dst/name``; refuse when the destination already holds outputs made with other
+    settings (mixed outputs would be silent damage). A manifest whose settings made no output yet is replaced."""
     path = dst / name
     if path.is_file():
         try:
-            saved = json.loads(path.read_text())["settings"]
+            saved = json.loads(path.read_text(encoding="utf-8"))["settings"]
+            if not isinstance(saved, dict):
+                raise TypeError(f"settings is a {type(saved).__name__}, not a mapping")
         except (ValueError, KeyError, TypeError) as exc:
-            raise PrepareError(f"{path}: unreadable ({exc}); delete it to start over") from exc
+            raise PrepareError(f"{path}: damaged ({exc}), so the settings of the outputs in {dst} are unknown; "
+                               "delete it and those outputs to start over, or use another destination") from None
         differ = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
-        if differ:
+        if differ and any(output.is_file() for output in outputs):
             shown = ", ".join(f"{k}: {a!r} before, {b!r} now" for k, (a, b) in differ.items())
             raise PrepareError(
                 f"{dst} was prepared with other settings ({shown}); use the same settings to resume, or another "
@@ -267,8 +353,8 @@ def _summarise(entries: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- videos
 
 
-def _encode_task(item: tuple[str, str, str, EncodeSettings, bool]) -> dict[str, Any]:
-    src, dst, rel, settings, copy_on_failure = item
+def _encode_task(item: tuple[str, str, str, EncodeSettings, bool, str]) -> dict[str, Any]:
+    src, dst, rel, settings, copy_on_failure, journal = item
     start = time.perf_counter()
     try:
         info = encode_video(src, dst, settings)
@@ -279,11 +365,32 @@ def _encode_task(item: tuple[str, str, str, EncodeSettings, bool]) -> dict[str, 
         if copy_on_failure:
             copy = Path(dst).with_suffix(Path(src).suffix)
             try:
+                # on record before the copy lands, so a rerun can tell a copy from an encoded output of that name
+                _journal_copy(Path(journal), rel, copy, entry["error"])
                 atomic_copy(src, copy)
                 entry.update(status="copied", output=str(copy))
             except OSError as copy_exc:
                 entry["error"] += f"; copying the raw file failed too: {copy_exc}"
         return entry
+
+
+def _journal_copy(journal: Path, rel: str, copy: Path, error: str) -> None:
+    line = json.dumps({"source": rel, "output": str(copy), "error": error}) + "\n"
+    with open(journal, "a", encoding="utf-8") as handle:  # one append per line: whole lines from every worker
+        handle.write(line)
+
+
+def _read_copies(journal: Path) -> dict[str, dict[str, Any]]:
+    """Source → journal entry of every file an earlier run copied unchanged (a torn last line is ignored)."""
+    copies: dict[str, dict[str, Any]] = {}
+    if journal.is_file():
+        for line in journal.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+                copies[str(entry["source"])] = entry
+            except (ValueError, KeyError, TypeError):
+                continue
+    return copies
 
 
 def prepare_videos(
@@ -303,20 +410,24 @@ def prepare_videos(
     src, dst = Path(src), Path(dst)
     start = time.perf_counter()
     plan, entries = _plan(src, dst, ".mp4", flat)
-    dst.mkdir(parents=True, exist_ok=True)
-    _check_manifest(dst, MANIFEST, {**dataclasses.asdict(settings), "container": "mp4", "pix_fmt": "yuv420p",
-                                    "flat": flat})
-    stale = remove_stale_temporaries(dst, recursive=True)
-    todo = []
-    for source, output in plan:
-        rel = str(source.relative_to(src))
-        if output.is_file():
-            entries.append({"source": rel, "output": str(output), "status": "skipped"})
-        elif copy_on_failure and output.with_suffix(source.suffix).is_file() and source.suffix.lower() != ".mp4":
-            entries.append({"source": rel, "output": str(output.with_suffix(source.suffix)), "status": "skipped"})
-        else:
-            todo.append((str(source), str(output), rel, settings, copy_on_failure))
-    entries += _run_pool(_encode_task, todo, workers, progress, "encoding videos")
+    with folder_lock(dst, "prepare destination"):
+        _check_manifest(dst, MANIFEST, {**dataclasses.asdict(settings), "container": "mp4", "pix_fmt": "yuv420p",
+                                        "flat": flat}, [output for _, output in plan])
+        stale = remove_stale_temporaries(dst, recursive=True)
+        journal = dst / COPIES
+        copies = _read_copies(journal)
+        todo = []
+        for source, output in plan:
+            rel = str(source.relative_to(src))
+            copy = output.with_suffix(source.suffix)
+            if rel in copies and copy.is_file():
+                entries.append({"source": rel, "output": str(copy), "status": "copied",
+                                "error": f"copied unchanged by an earlier run: {copies[rel].get('error', '')}"})
+            elif output.is_file():
+                entries.append({"source": rel, "output": str(output), "status": "skipped"})
+            else:
+                todo.append((str(source), str(output), rel, settings, copy_on_failure, str(journal)))
+        entries += _run_pool(_encode_task, todo, workers, progress, "encoding videos")
     entries.sort(key=lambda e: e["source"])
     report = {
         "source": str(src),
@@ -402,17 +513,18 @@ def extract_frames(
     src, dst = Path(src), Path(dst)
     start = time.perf_counter()
     plan, entries = _plan(src, dst, ".npy", flat)
-    dst.mkdir(parents=True, exist_ok=True)
-    _check_manifest(dst, FRAMES_MANIFEST, {**dataclasses.asdict(settings), "resize": settings.resize, "flat": flat})
-    remove_stale_temporaries(dst, recursive=True)
-    todo = []
-    for source, output in plan:
-        rel = str(source.relative_to(src))
-        if output.is_file():
-            entries.append({"source": rel, "output": str(output), "status": "skipped"})
-        else:
-            todo.append((str(source), str(output), rel, settings))
-    entries += _run_pool(_frames_task, todo, workers, progress, "extracting frames")
+    with folder_lock(dst, "frame cache"):
+        _check_manifest(dst, FRAMES_MANIFEST, {**dataclasses.asdict(settings), "resize": settings.resize,
+                                               "flat": flat}, [output for _, output in plan])
+        remove_stale_temporaries(dst, recursive=True)
+        todo = []
+        for source, output in plan:
+            rel = str(source.relative_to(src))
+            if output.is_file():
+                entries.append({"source": rel, "output": str(output), "status": "skipped"})
+            else:
+                todo.append((str(source), str(output), rel, settings))
+        entries += _run_pool(_frames_task, todo, workers, progress, "extracting frames")
     entries.sort(key=lambda e: e["source"])
     report = {"source": str(src), "destination": str(dst), "settings": dataclasses.asdict(settings),
               "summary": _summarise(entries, time.perf_counter() - start), "files": entries}
@@ -425,8 +537,12 @@ def read_frame_settings(cache_dir: str | os.PathLike) -> FrameSettings:
     path = Path(cache_dir) / FRAMES_MANIFEST
     if not path.is_file():
         raise PrepareError(f"{path}: not a frame cache (build one with `tvr prepare frames SRC DST`)")
-    saved = json.loads(path.read_text())["settings"]
-    return FrameSettings(**{f.name: saved[f.name] for f in dataclasses.fields(FrameSettings)})
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))["settings"]
+        return FrameSettings(**{f.name: saved[f.name] for f in dataclasses.fields(FrameSettings)})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PrepareError(f"{path}: damaged ({type(exc).__name__}: {exc}); rebuild the frame cache "
+                           "(tvr prepare frames)") from None
 
 
 def load_cached_clip(
@@ -480,7 +596,7 @@ class FrameCacheReader:
                 "rebuild it with `tvr prepare frames VIDEOS CACHE --config FILE` or unset data.frame_cache"
             )
         self.settings = settings
-        manifest = json.loads((self.cache_dir / FRAMES_MANIFEST).read_text())["settings"]
+        manifest = json.loads((self.cache_dir / FRAMES_MANIFEST).read_text())["settings"]  # read just above
         self.flat = bool(manifest.get("flat", False))
         # the resolver's paths are data.video_dir joined with the file name, not resolved (the folder may be a link)
         self.video_root = Path(video_dir).absolute()

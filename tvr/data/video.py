@@ -182,10 +182,14 @@ def clip4clip_indices(
     f_start, f_end = frame_window(num_frames, fps, start, end)
     # Python's round (ties to even) as in the reference
     stride = max(1, int(round(float(fps) / frame_rate)))
-    candidates = np.arange(f_start, f_end + 1, stride, dtype=np.int64)
-    if len(candidates) > max_frames:
-        candidates = candidates[np.linspace(0, len(candidates) - 1, max_frames).astype(int)]
-    return candidates
+    # the candidates are f_start + stride·k; pick among them by position, never materialising all of them: the
+    # frame count comes from the container, and a header claiming 2^31 frames must not allocate gigabytes
+    count = (f_end - f_start) // stride + 1
+    if count > max_frames:
+        picked = np.linspace(0, count - 1, max_frames).astype(int).astype(np.int64)
+    else:
+        picked = np.arange(count, dtype=np.int64)
+    return f_start + stride * picked
 
 
 def clipvip_indices(

@@ -9,7 +9,7 @@ from torch import nn
 
 from tvr.config import Config, ConfigError, ModelConfig
 from tvr.data.transforms import CLIP_NORM, PixelNorm
-from tvr.models.clip_backbone import ClipBackbone
+from tvr.models.clip_backbone import ClipBackbone, backbone_image_size
 from tvr.models.clipvip import ClipVipBackbone
 from tvr.models.heads.registry import build_head, head_class, head_options
 from tvr.models.model import RetrievalModel
@@ -88,6 +88,21 @@ def check_backbone_provides(cfg: Config) -> None:
         raise ConfigError(
             f"model.clipvip.proxy_projection=true but head {cfg.head.name!r} does not read video proxies: its "
             "parameters would never train; set it to false"
+        )
+
+
+def check_image_size(cfg: Config) -> None:
+    """The backbone takes ``data.image_size`` images: CLIP's patch grid and position table are fixed at its input
+    size, so another crop would fail at the first forward pass, after set-up. Raises ConfigError naming both
+    settings (unknowable sizes, e.g. an OpenAI .pt file, are left to loading)."""
+    if cfg.model.backbone not in ("clip", "clipvip"):  # the two-tower image tower: check_data_fits_backbone
+        return
+    known = backbone_image_size(cfg.model)
+    if known is not None and known[0] != cfg.data.image_size:
+        size, source = known
+        raise ConfigError(
+            f"data.image_size = {cfg.data.image_size} but the backbone takes {size}×{size} images ({source}): set "
+            f"data.image_size={size}, or use a backbone whose input size is {cfg.data.image_size}"
         )
 
 

@@ -18,8 +18,10 @@ Real tokens are unaffected by padding either way (causality hides the padding, w
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import socket
 from pathlib import Path
 
 import torch
@@ -83,7 +85,14 @@ def load_clip_model(spec: str) -> CLIPModel:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model.clip: {path} is a folder but has no config.json (not a HF CLIP folder)")
-        return CLIPModel.from_pretrained(str(path), dtype=torch.float32)
+        try:
+            return CLIPModel.from_pretrained(str(path), dtype=torch.float32)
+        except Exception as exc:  # noqa: BLE001 - a broken config.json or truncated weights raise many types
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(
+                f"model.clip: {path}: not a loadable HF CLIP folder ({type(exc).__name__}: {first}); a damaged "
+                "config.json or truncated weights? Convert or download it again"
+            ) from exc
     if path.exists():
         raise ConfigError(f"model.clip: {path} is a file but not an OpenAI .pt/.pth checkpoint; expected a HF folder")
     looks_like_path = spec.startswith(("/", ".", "~")) or os.sep + os.sep in spec or spec.count("/") > 1
@@ -92,13 +101,81 @@ def load_clip_model(spec: str) -> CLIPModel:
             f"model.clip: path not found: {path} (expected 'tiny', a HF CLIP folder, an OpenAI "
             f".pt file or a hub id like 'openai/clip-vit-base-patch32')"
         )
+    return _load_hub_model(spec)
+
+
+def _offline_requested() -> bool:
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached from here (no name resolution, no route, …), or None when a
+    connection opens (or a proxy is configured, which this check cannot see through)."""
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        return f"{host}: {exc.strerror or exc}"
+    return None
+
+
+def _load_hub_model(spec: str) -> CLIPModel:
+    """A hub model from the local cache without touching the network; online only when the hub answers. Offline,
+    this fails in seconds with what to do, instead of retrying for a minute."""
+    advice = ("download it once online (it is cached then), or set model.clip to a local HF CLIP folder or an "
+              "OpenAI .pt file (tvr convert-openai)")
+    try:
+        return CLIPModel.from_pretrained(spec, dtype=torch.float32, local_files_only=True)
+    except OSError as cached_miss:
+        if _offline_requested():
+            raise ConfigError(f"model.clip: hub model {spec!r} is not in the local Hugging Face cache and offline mode "
+                              f"is on (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE): {advice}") from cached_miss
+    unreachable = hub_unreachable()
+    if unreachable is not None:
+        raise ConfigError(f"model.clip: hub model {spec!r} is not in the local Hugging Face cache and the hub cannot "
+                          f"be reached ({unreachable}); offline? {advice}")
     try:
         return CLIPModel.from_pretrained(spec, dtype=torch.float32)
     except OSError as exc:
         raise ConfigError(
             f"model.clip: could not load hub model {spec!r} (no local folder of that name, and the hub "
-            f"was unreachable or has no such model): {exc}"
+            f"has no such model or refused it): {exc}"
         ) from exc
+
+
+def backbone_image_size(model_cfg: ModelConfig) -> tuple[int, str] | None:
+    """(the image size ``model.clip`` takes, where that number comes from), read without loading any weights: the
+    tiny config, a HF folder's or the local hub cache's ``config.json``. None when it cannot be known cheaply (an
+    OpenAI ``.pt`` file, a model not cached yet); loading the model then reports a mismatch itself."""
+    spec = str(model_cfg.clip).strip()
+    if spec == "tiny":
+        return model_cfg.tiny.image_size, "model.tiny.image_size"
+    path = Path(os.path.expanduser(spec))
+    config_file: Path | None = path / "config.json" if path.is_dir() else None
+    if config_file is None and not path.exists() and _HUB_ID.match(spec) and not spec.endswith((".pt", ".pth")):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(spec, "config.json")
+            config_file = Path(cached) if isinstance(cached, str) else None
+        except Exception:  # noqa: BLE001 - only a pre-flight hint
+            config_file = None
+    if config_file is None or not config_file.is_file():
+        return None
+    try:
+        size = json.loads(config_file.read_text(encoding="utf-8"))["vision_config"]["image_size"]
+    except (ValueError, KeyError, TypeError, OSError):
+        return None  # a damaged config.json is reported when the model loads
+    return (int(size), f"model.clip = {spec!r} (its config.json vision_config.image_size)") if isinstance(
+        size, int) else None
 
 
 def clip_from_config(model_cfg: ModelConfig) -> CLIPModel:

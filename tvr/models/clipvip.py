@@ -44,6 +44,8 @@ from tvr.config import ModelConfig
 from tvr.models.clip_backbone import ClipBackbone, clip_from_config
 from tvr.models.clip_files import save_clip_atomic
 from tvr.types import VideoFeatures
+from tvr.utils.errors import UserError
+from tvr.utils.io import describe_file_start
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +159,10 @@ class CheckpointReport:
         return "\n".join(lines)
 
 
+class ClipVipCheckpointError(UserError, ValueError):
+    """``model.clipvip.checkpoint`` is not a CLIP-ViP checkpoint, or does not fit the backbone."""
+
+
 def _unwrap_state(obj: Any, where: str) -> dict[str, Tensor]:
     """The flat tensor dict of a checkpoint: CLIP-ViP's ``ModelSaver`` file, or its restorer's ``model_state_dict``."""
     if isinstance(obj, dict):
@@ -165,10 +171,13 @@ def _unwrap_state(obj: Any, where: str) -> dict[str, Tensor]:
                 obj = obj[key]
                 break
     if not isinstance(obj, dict) or not obj:
-        raise ValueError(f"{where}: expected a CLIP-ViP state dict (a mapping of tensor names to tensors)")
+        raise ClipVipCheckpointError(f"model.clipvip.checkpoint {where}: holds a {type(obj).__name__}"
+                                     f"{' (empty)' if isinstance(obj, dict) else ''}; expected a CLIP-ViP state dict "
+                                     "(a mapping of tensor names to tensors)")
     bad = [k for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
     if bad:
-        raise ValueError(f"{where}: expected a flat mapping of names to tensors; entry {bad[0]!r} is not one")
+        raise ClipVipCheckpointError(f"model.clipvip.checkpoint {where}: expected a flat mapping of names to tensors; "
+                                     f"entry {bad[0]!r} is not one")
     return obj
 
 
@@ -313,8 +322,11 @@ class ClipVipBackbone(ClipBackbone):
                 raise FileNotFoundError(f"model.clipvip.checkpoint: file not found: {path}")
             try:
                 raw = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as exc:
-                raise ValueError(f"model.clipvip.checkpoint: cannot read {path} as a torch checkpoint: {exc}") from exc
+            except Exception as exc:  # noqa: BLE001 - torch raises many types for files that are not checkpoints
+                raise ClipVipCheckpointError(
+                    f"model.clipvip.checkpoint {path}: not a torch checkpoint: {describe_file_start(path)}; expected "
+                    "CLIP-ViP's pretrain_clipvip_base_32.pt layout"
+                ) from exc
             state = _unwrap_state(raw, where)
         names = {k[len("module."):] if k.startswith("module.") else k: k for k in state}
         prefixed = any(k.startswith(CKPT_PREFIX) for k in names)
@@ -338,7 +350,7 @@ class ClipVipBackbone(ClipBackbone):
             if key == "temporal_embedding" and value.ndim == 3 and value.shape[0] == 1:
                 value = value[0]  # CLIP-ViP stores [1, S, W]
             if tuple(value.shape) != tuple(tensor.shape):
-                raise ValueError(
+                raise ClipVipCheckpointError(
                     f"model.clipvip.checkpoint {where}: {original} has shape {tuple(stored.shape)} but "
                     f"{key} here is {tuple(tensor.shape)} (check that model.clip is the same ViT as the checkpoint, "
                     f"and model.clipvip.num_proxies / temporal_slots)"
@@ -349,7 +361,7 @@ class ClipVipBackbone(ClipBackbone):
             tensor.data.copy_(value.to(dtype=tensor.dtype))
         mapped = {original: key for original, key, _, _ in planned}
         if not mapped:
-            raise ValueError(
+            raise ClipVipCheckpointError(
                 f"model.clipvip.checkpoint {where}: no tensor matches a CLIP-ViP name (expected keys like "
                 f"'{CKPT_PREFIX}{CKPT_TEMPORAL}'); first keys: {list(state)[:5]}"
             )

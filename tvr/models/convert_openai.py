@@ -1,9 +1,11 @@
 """Convert an OpenAI CLIP checkpoint (``ViT-B-32.pt``, ``ViT-B-16.pt``, …) into a Hugging Face ``CLIPModel``.
 
-The OpenAI files are TorchScript archives whose weights are fp16; a plain ``torch.save``-d state dict with the
-same key names is accepted too. The architecture is read off the tensor shapes (as OpenAI's own ``build_model``
-does), every key is mapped explicitly, and the conversion refuses to finish if any target parameter was left
-unfilled or any source tensor was left unused, so a layout surprise can never produce a half-random model.
+The OpenAI files are TorchScript archives whose weights are fp16; their tensors are read from the zip as data,
+never by ``torch.jit.load`` (which runs code from the file: :mod:`tvr.models.torchscript_reader`). A plain
+``torch.save``-d state dict with the same key names is accepted too (weights only). The architecture is read off
+the tensor shapes (as OpenAI's own ``build_model`` does), every key is mapped explicitly, and the conversion refuses
+to finish if any target parameter was left unfilled or any source tensor was left unused, so a layout surprise can
+never produce a half-random model.
 
 Usage: ``python -m tvr.models.convert_openai ViT-B-32.pt out/clip-vit-b32``.
 """
@@ -13,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +23,9 @@ from torch import Tensor
 from transformers import CLIPConfig, CLIPModel
 
 from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
+from tvr.models.torchscript_reader import TorchScriptArchiveError, is_torchscript_archive, read_torchscript_state_dict
 from tvr.utils.errors import UserError
+from tvr.utils.io import describe_file_start
 
 #: scalars stored next to the weights in OpenAI's TorchScript archives; checked, not converted
 METADATA_KEYS = ("input_resolution", "context_length", "vocab_size")
@@ -69,26 +72,35 @@ class ConversionError(UserError, ValueError):
 
 
 def load_openai_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
-    """Read a TorchScript OpenAI archive, or fall back to a plain state dict saved with ``torch.save``."""
+    """The tensors of an OpenAI TorchScript archive, read as data (never run: see
+    :mod:`tvr.models.torchscript_reader`), or of a plain state dict saved with ``torch.save`` (weights only)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"OpenAI CLIP checkpoint not found: {path}")
-    try:
-        with warnings.catch_warnings():
-            # TorchScript is deprecated in torch 2.x, but it is the format OpenAI published CLIP in
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return dict(torch.jit.load(str(path), map_location="cpu").state_dict())
-    except Exception as jit_error:  # not a TorchScript archive: try a plain state dict
+    if is_torchscript_archive(path):
         try:
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
-        except Exception as load_error:
-            raise ConversionError(
-                f"{path}: neither a TorchScript archive ({jit_error}) nor a torch.save state dict ({load_error})"
-            ) from load_error
+            return read_torchscript_state_dict(path)
+        except TorchScriptArchiveError as exc:
+            raise ConversionError(str(exc)) from None
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for files that are not checkpoints
+        raise ConversionError(
+            f"{path}: not an OpenAI CLIP checkpoint: {describe_file_start(path)}; expected OpenAI's TorchScript .pt "
+            "file (ViT-B-32.pt, …) or a torch.save-d CLIP state dict"
+        ) from exc
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         obj = obj["state_dict"]
-    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
-        raise ConversionError(f"{path}: expected a dict of tensors (a CLIP state dict), got {type(obj).__name__}")
+    if not isinstance(obj, dict):
+        raise ConversionError(f"{path}: holds a {type(obj).__name__}; expected a CLIP state dict (name -> tensor)")
+    if not obj:
+        raise ConversionError(f"{path}: holds an empty dict; expected a CLIP state dict (name -> tensor)")
+    other = next(((k, v) for k, v in obj.items() if not isinstance(v, Tensor)), None)
+    if other is not None:
+        raise ConversionError(
+            f"{path}: entry {other[0]!r} is a {type(other[1]).__name__}, not a tensor; expected a CLIP state dict "
+            "(name -> tensor)"
+        )
     return dict(obj)
 
 
@@ -264,10 +276,24 @@ def load_openai_clip(
         raise ConversionError(f"{path}: {exc}") from None
 
 
-def convert_openai_checkpoint(src: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Convert ``src`` and write a HF CLIP folder (config.json + weights) to ``out_dir`` atomically."""
+def convert_openai_checkpoint(
+    src: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    overwrite: bool = False,
+    bpe: str | os.PathLike | None = None,
+) -> Path:
+    """Convert ``src`` and write a HF CLIP folder (config.json + weights, and with ``bpe`` — CLIP's
+    ``bpe_simple_vocab_16e6.txt.gz`` — the tokenizer files) to ``out_dir`` atomically: every input is read and
+    checked first, and the folder appears complete or not at all."""
+    from tvr.data.tokenizer import read_clip_merges, write_tokenizer_files
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise FileExistsError(f"output folder already exists: {out_dir} (pass --overwrite to replace it)")
+    merges = read_clip_merges(bpe) if bpe is not None else None
     model = load_openai_clip(src)
-    return save_clip_atomic(model, out_dir, overwrite=overwrite)
+    extra = None if merges is None else (lambda folder: write_tokenizer_files(folder, merges))
+    return save_clip_atomic(model, out_dir, overwrite=overwrite, extra=extra)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -275,8 +301,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("src", help="OpenAI checkpoint, e.g. ViT-B-32.pt")
     parser.add_argument("out_dir", help="output folder (must not exist unless --overwrite)")
     parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--bpe", help="bpe_simple_vocab_16e6.txt.gz: also write the tokenizer files")
     args = parser.parse_args(argv)
-    print(convert_openai_checkpoint(args.src, args.out_dir, overwrite=args.overwrite))
+    print(convert_openai_checkpoint(args.src, args.out_dir, overwrite=args.overwrite, bpe=args.bpe))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ from torch import Tensor
 from tvr.config import Config
 from tvr.models.convert_openai import METADATA_KEYS, ConversionError, count_blocks, map_residual_block, map_state_dict
 from tvr.models.model import RetrievalModel
+from tvr.utils.errors import UserError
+from tvr.utils.io import describe_file_start
 
 LAYOUTS = ("clip4clip", "gare")
 #: prefixes under which a GARE release stores ψ (``GARE.agent.psi`` and its alias ``GARE.psi``)
@@ -72,7 +74,7 @@ _IGNORED = re.compile(
 _WRAPPERS = ("state_dict", "model_state_dict", "model")
 
 
-class CheckpointImportError(ValueError):
+class CheckpointImportError(UserError, ValueError):
     """A release checkpoint cannot be read or does not fit the model the config describes."""
 
 
@@ -129,23 +131,29 @@ def load_release_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointImportError(f"checkpoint not found: {path}")
+    expected = "a torch.save-d state dict such as CLIP4Clip's pytorch_model.bin or GARE's best.pth"
     try:
         obj: Any = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for files that are not checkpoints
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for files that are not checkpoints
         raise CheckpointImportError(
-            f"{path}: not a readable PyTorch checkpoint (expected a torch.save-d state dict such as CLIP4Clip's "
-            f"pytorch_model.bin or GARE's best.pth): {exc}"
+            f"{path}: not a readable PyTorch checkpoint: {describe_file_start(path)}; expected {expected}"
         ) from exc
     for _ in range(2):  # {"state_dict": {...}} and similar wrappers, possibly nested once
         if isinstance(obj, dict) and not any(isinstance(v, Tensor) for v in obj.values()):
             inner = next((obj[k] for k in _WRAPPERS if isinstance(obj.get(k), dict)), None)
             if inner is not None:
                 obj = inner
-    if not isinstance(obj, dict) or not obj:
-        raise CheckpointImportError(f"{path}: expected a state dict (key → tensor), got {type(obj).__name__}")
+    if not isinstance(obj, dict):
+        raise CheckpointImportError(f"{path}: holds a {type(obj).__name__}; expected {expected} (name -> tensor)")
+    if not obj:
+        raise CheckpointImportError(f"{path}: holds an empty dict; expected {expected} (name -> tensor)")
     state = {str(k): v for k, v in obj.items() if isinstance(v, Tensor)}
     if not state:
-        raise CheckpointImportError(f"{path}: holds no tensors (expected a state dict)")
+        kinds = sorted({type(v).__name__ for v in obj.values()})
+        raise CheckpointImportError(
+            f"{path}: a dict of {len(obj)} entries but no tensor among them (entries are {', '.join(kinds)}; first "
+            f"keys {sorted(map(str, obj))[:5]}); expected {expected} (name -> tensor)"
+        )
     if all(k.startswith("module.") for k in state):  # saved from a DistributedDataParallel wrapper
         state = {k[len("module.") :]: v for k, v in state.items()}
     return state
@@ -300,7 +308,8 @@ def import_release_checkpoint(
         if report.mismatched:
             hints.append("shapes differ: model.clip must name the CLIP the checkpoint was trained from")
         raise CheckpointImportError(
-            report.summary() + (" — " + "; ".join(hints) if hints else "") + " (use partial import to load anyway)"
+            report.summary() + (" — " + "; ".join(hints) if hints else "") + " (pass --partial to load what fits and "
+            "keep the built model's values elsewhere)"
         )
     with torch.no_grad():
         for key, value in tensors.items():

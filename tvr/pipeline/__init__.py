@@ -16,12 +16,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tvr.config import Config, ConfigError, save_config
+from tvr.models.build import check_image_size
 from tvr.models.heads.registry import resolve_head_config
 from tvr.pipeline.features import build_feature_cache
 from tvr.pipeline.preflight import PreflightError, preflight
+from tvr.pipeline.run_folder import (
+    RunFolderError,
+    check_run_folder,
+    clear_run_state,
+    record_config,
+    resume_changes,
+    sweep_temporaries,
+)
 from tvr.utils.device import resolve_device
 from tvr.utils.distributed import barrier, is_main_process
-from tvr.utils.io import atomic_write_json, remove_stale_temporaries
+from tvr.utils.errors import UserError
+from tvr.utils.io import atomic_write_json
+from tvr.utils.lock import folder_lock
 
 if TYPE_CHECKING:
     from tvr.train.distributed import DistInfo
@@ -40,33 +51,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: files whose presence means a run folder holds an earlier run's training
-RUN_CHECKPOINTS = ("last.pt", "best.pt")
-
-
-class RunFolderError(ConfigError):
-    """The run folder holds an earlier run and neither resume nor overwrite was asked for."""
-
+#: the config an evaluation ran with, written into its ``--out`` folder
+EVAL_CONFIG = "eval_config.yaml"
 
 def resolve_config(cfg: Config) -> Config:
     """Check what the config layer cannot check alone (the head name and its options) and return ``cfg`` with
     ``head.options`` as the head's options dataclass. Idempotent; raises ConfigError naming the field."""
     resolve_head_config(cfg.head)
     return cfg
-
-
-def check_run_folder(out_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse to start a fresh run over an earlier run's checkpoints unless ``overwrite`` (``resume`` continues)."""
-    if resume and overwrite:
-        raise RunFolderError("--resume and --overwrite exclude each other")
-    if resume or overwrite:
-        return
-    found = [name for name in RUN_CHECKPOINTS if (out_dir / name).exists()]
-    if found:
-        raise RunFolderError(
-            f"run folder {out_dir} holds checkpoints of an earlier run ({', '.join(found)}); pass --resume to "
-            "continue it or --overwrite to start over"
-        )
 
 
 @contextlib.contextmanager
@@ -180,34 +172,68 @@ def run_train(
     resolve_config(cfg)
     check_run_folder(Path(out_dir), resume, overwrite)
     with torch_threads(cfg):
-        return _run_train(cfg, out_dir, resume, final_test)
+        return _run_train(cfg, out_dir, resume, final_test, overwrite)
 
 
-def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool) -> dict[str, Any]:
+def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool, overwrite: bool) -> dict[str, Any]:
     from tvr.train.distributed import distributed_job
+    from tvr.utils.distributed import all_gather_object, is_main_process
 
     # first: a device this machine lacks fails before the run folder exists. Under torchrun the job has returned
     # (its model and DDP wrapper freed) before the process group it joined is destroyed.
     with distributed_job(cfg.train.device) as dist:
-        return _train_and_test(cfg, out_dir, resume, final_test, dist)
+        out_dir = Path(out_dir)
+        # every split parsed, the video folder and the validation videos checked: fail in seconds, not after training
+        checked = preflight(cfg, out_dir, final_test=final_test, progress=is_main_process())
+        out_dir.mkdir(parents=True, exist_ok=True)
+        # one job per run folder: the main process holds the lock for all ranks of a torchrun job, and every rank
+        # learns whether it got the folder (else the other ranks would wait for it in the first collective)
+        with contextlib.ExitStack() as held:
+            refusal: BaseException | None = None
+            if is_main_process():
+                try:
+                    held.enter_context(folder_lock(out_dir, "run folder"))
+                    _prepare_run_folder(cfg, out_dir, resume, overwrite)
+                except (UserError, OSError) as exc:
+                    refusal = exc
+            refusals = all_gather_object(None if refusal is None else str(refusal))
+            if refusal is not None:
+                raise refusal
+            if refusals[0] is not None:
+                raise RunFolderError(f"the main process could not take the run folder: {refusals[0]}")
+            return _train_and_test(cfg, out_dir, resume, final_test, dist, checked)
 
 
-def _train_and_test(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool, dist: DistInfo) -> dict[str, Any]:
+def _prepare_run_folder(cfg: Config, out_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Under the folder's lock, before anything of this run is written: check again what the folder holds, clear
+    an earlier run's state for ``overwrite``, check a resume against the folder's record, then write the record."""
+    check_run_folder(out_dir, resume, overwrite)
+    changes = resume_changes(cfg, out_dir) if resume else {}
+    if overwrite:
+        removed = clear_run_state(out_dir)
+        if removed:
+            log.info("--overwrite: removed the earlier run's %s from %s", ", ".join(removed), out_dir)
+    # temporaries of a run killed mid-write (nothing of this run is being written yet)
+    for leftover in sweep_temporaries(out_dir):
+        log.info("removed a leftover temporary of an interrupted run: %s", leftover)
+    record_config(cfg, out_dir, changes, _checkpoint_step(out_dir / "last.pt") if changes else None)
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    try:
+        return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["state"]["global_step"])
+    except Exception:  # noqa: BLE001 - only for the record; the resume itself reports an unreadable checkpoint
+        return None
+
+
+def _train_and_test(cfg: Config, out_dir: Path, resume: bool, final_test: bool, dist: DistInfo, checked: Any
+                    ) -> dict[str, Any]:
     from tvr.models.build import build_model, build_tokenizer
     from tvr.train.checkpoint import load_checkpoint
     from tvr.train.trainer import Trainer, seed_everything
     from tvr.train.utils import to_jsonable
 
-    out_dir = Path(out_dir)
-    # every split parsed, the video folder and the validation videos checked: fail in seconds, not after training
-    checked = preflight(cfg, out_dir, final_test=final_test, progress=is_main_process())
-    out_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.train.seed)
-    if is_main_process():
-        # temporaries of a run killed mid-write (this folder's own; nothing of this run is being written yet)
-        for leftover in remove_stale_temporaries(out_dir, recursive=True):
-            log.info("removed a leftover temporary of an interrupted run: %s", leftover)
-        save_config(cfg, out_dir / "config.yaml")
     if cfg.data.features_dir:
         from tvr.data.feature_cache import check_cache_matches, read_manifest
 
@@ -250,6 +276,8 @@ def run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
 
     resolve_config(cfg)
     resolve_device(cfg.train.device)  # first: a device this machine lacks fails before out_dir is written
+    if not cfg.data.features_dir:
+        check_image_size(cfg)
     with torch_threads(cfg), distributed_job(cfg.train.device) as dist:
         return _run_eval(cfg, checkpoint, out_dir, dist)
 
@@ -261,7 +289,8 @@ def _run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path, dist: Di
     out_dir = Path(out_dir)
     if dist.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, out_dir / "config.yaml")
+        # its own record, never a run's config.yaml: --out may well be the run folder the checkpoint came from
+        save_config(cfg, out_dir / EVAL_CONFIG)
     tokenizer = None if cfg.data.features_dir else build_tokenizer(cfg, Path(checkpoint).parent)
     model = load_model_for_eval(cfg, checkpoint)
     model.to(device)

@@ -6,22 +6,42 @@ tokenizer), so it sits with the other pipeline jobs.
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 
 import torch
 
 from tvr.config import Config, config_to_dict
-from tvr.data.annotations import load_split
+from tvr.data.annotations import EXTRA_SPLITS, SPLITS, load_split
 from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
-from tvr.data.feature_cache import CACHE_FORMAT, MANIFEST, check_cache_matches, read_manifest
-from tvr.models.build import build_backbone, build_tokenizer, check_data_fits_backbone, pixel_norm
+from tvr.data.feature_cache import (
+    CACHE_FORMAT,
+    MANIFEST,
+    FeatureCacheError,
+    cache_settings,
+    check_cache_settings,
+    read_manifest,
+)
+from tvr.models.build import (
+    build_backbone,
+    build_tokenizer,
+    check_data_fits_backbone,
+    check_image_size,
+    pixel_norm,
+)
 from tvr.train.utils import seed_everything
 from tvr.utils.device import resolve_device
-from tvr.utils.io import atomic_torch_save, atomic_write_json
+from tvr.utils.io import atomic_torch_save, atomic_write_json, remove_stale_temporaries
+from tvr.utils.lock import folder_lock
 from tvr.utils.progress import progress_bar
 
+log = logging.getLogger(__name__)
 
-@torch.no_grad()
+#: the shard files of one split: ``<split>/videos-00000.pt``, ``<split>/texts-00000.pt``
+_SHARD = re.compile(r"^(videos|texts)-\d{5}\.pt$")
+
+
 def build_feature_cache(
     cfg: Config,
     out_dir: str | Path,
@@ -29,18 +49,65 @@ def build_feature_cache(
     shard_size: int = 1024,
     dtype: torch.dtype = torch.float16,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> dict:
     """Encode every video and caption of ``splits`` with the frozen backbone of ``cfg`` and write shards (a
-    two-tower backbone stores tower features: the bridge runs on them at training time)."""
+    two-tower backbone stores tower features: the bridge runs on them at training time).
+
+    The manifest, holding every setting that decides what the cache holds (:func:`cache_settings`), is written
+    before the first shard; rerunning resumes an interrupted cache only with the same settings. ``overwrite``
+    removes an earlier cache's manifest and shards first. One job per cache folder (a lock)."""
+    if shard_size < 1:
+        raise FeatureCacheError(f"--shard-size {shard_size}: expected a positive number of items per shard")
+    unknown = [s for s in splits if s not in SPLITS + EXTRA_SPLITS]
+    if unknown or not splits:
+        raise FeatureCacheError(f"--splits {','.join(splits)}: expected some of {', '.join(SPLITS + EXTRA_SPLITS)}")
+    check_image_size(cfg)
+    check_data_fits_backbone(cfg)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out_dir, "feature cache"):
+        return _build(cfg, out_dir, splits, shard_size, dtype, progress, overwrite)
+
+
+def _shard_files(out_dir: Path) -> list[Path]:
+    folders = [out_dir / split for split in SPLITS + EXTRA_SPLITS if (out_dir / split).is_dir()]
+    return [p for folder in folders for p in sorted(folder.iterdir()) if _SHARD.match(p.name)]
+
+
+def _earlier_shard(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a damaged shard is encoded again
+        log.warning("feature shard %s is unreadable (%s); encoding it again", path, exc)
+        return None
+
+
+@torch.no_grad()
+def _build(cfg: Config, out_dir: Path, splits: list[str], shard_size: int, dtype: torch.dtype, progress: bool,
+           overwrite: bool) -> dict:
     manifest_path = out_dir / MANIFEST
+    if overwrite:
+        for path in [manifest_path, *_shard_files(out_dir)]:
+            path.unlink(missing_ok=True)
+    for folder in [out_dir, *(out_dir / split for split in SPLITS + EXTRA_SPLITS)]:
+        remove_stale_temporaries(folder)  # writes of a killed run
+    settings = cache_settings(cfg, shard_size, dtype)
     if manifest_path.is_file():
         manifest = read_manifest(out_dir)
-        check_cache_matches(cfg, manifest)
+        check_cache_settings(out_dir, manifest, settings)
+    elif _shard_files(out_dir):
+        raise FeatureCacheError(
+            f"{out_dir} holds feature shards but no {MANIFEST}, so what made them is unknown: pass --overwrite to "
+            "rebuild the cache, or use another --out"
+        )
     else:
-        manifest = {"format": CACHE_FORMAT, "config": config_to_dict(cfg), "splits": {}}
-    check_data_fits_backbone(cfg)
+        manifest = {"format": CACHE_FORMAT, "config": config_to_dict(cfg), "settings": settings, "splits": {}}
+    for split in splits:  # a split being (re)built is incomplete until its last shard is written
+        if split in manifest["splits"]:
+            manifest["splits"][split]["complete"] = False
+    atomic_write_json(manifest_path, manifest)  # first: every shard written from here on has its settings on record
     device = resolve_device(cfg.train.device)
     # seeded like training, so a randomly initialised ("tiny") backbone is the same one a run would build
     seed_everything(cfg.train.seed)
@@ -74,9 +141,8 @@ def build_feature_cache(
         ):
             name = f"{split}/videos-{start // shard_size:05d}.pt"
             path = out_dir / name
-            if path.is_file():  # written by an earlier, interrupted run
-                shard = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-            else:
+            shard = _earlier_shard(path)  # written by an earlier, interrupted run (same settings: checked above)
+            if shard is None:
                 ids = data.videos[start : start + shard_size]
                 spans = data.video_spans[start : start + shard_size]
                 dataset = VideoDataset(ids, spans, resolver, cfg.data, norm=pixel_norm(cfg.model))

@@ -18,6 +18,7 @@ from tvr.data.annotations import AnnotationError, RetrievalSplit, load_split
 from tvr.data.check import SMALL_VAL, probe_files
 from tvr.data.datasets import VideoResolver, frame_cache_reader
 from tvr.data.video import VideoDecodeError
+from tvr.models.build import check_data_fits_backbone, check_image_size
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +40,16 @@ class Preflight:
 
 def check_run_folder_path(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
-        raise PreflightError(f"--out {out_dir}: is a file; expected a run folder (existing or new)")
+        raise PreflightError(f"--out {out_dir}: is a file; expected a folder (existing or new)")
 
 
 def preflight(cfg: Config, out_dir: str | Path, final_test: bool = True, progress: bool = True) -> Preflight:
     """Parse and resolve everything the run will need; raise :class:`PreflightError` / ``AnnotationError`` naming
     the file, field or video when something would stop the run later."""
     check_run_folder_path(Path(out_dir))
+    if not cfg.data.features_dir:  # cached features were encoded already; the crop no longer reaches the backbone
+        check_image_size(cfg)
+        check_data_fits_backbone(cfg)
     names = ["train", "val"] + (["test"] if final_test else [])
     splits: dict[str, RetrievalSplit] = {}
     for name in names:

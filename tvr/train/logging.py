@@ -58,13 +58,20 @@ class RunLogger:
             path.unlink(missing_ok=True)
         self._csv_columns = None
 
-    def truncate_after(self, step: int) -> None:
-        """Drop records newer than ``step`` (written after the checkpoint a run resumes from)."""
+    def truncate_after(self, step: int, eval_pending: bool = False) -> None:
+        """Drop records newer than ``step`` (written after the checkpoint a run resumes from). ``eval_pending``: the
+        checkpoint was written before its step's validation, which the resume runs again, so a validation record
+        of ``step`` (logged before a kill that came ahead of the next checkpoint) goes too."""
         if not self.enabled:
             return
+
+        def keep(record: dict[str, Any], validation: bool) -> bool:
+            at = int(record.get("step", 0))
+            return at < step or (at == step and not (eval_pending and validation))
+
         for path in (self.train_jsonl, self.val_jsonl):
             if path.is_file():
-                kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= step]
+                kept = [r for r in read_jsonl(path) if keep(r, path == self.val_jsonl or r.get("kind") == "eval")]
                 atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
         if self.train_csv.is_file():
             with open(self.train_csv, newline="") as handle:

@@ -251,7 +251,7 @@ class Trainer:
         self._pending_eval = bool(state.get("pending_eval", False))
         if self._pending_eval:
             self._last_eval_step = -1
-        self.logger.truncate_after(self.global_step)
+        self.logger.truncate_after(self.global_step, eval_pending=self._pending_eval)
         log.info(
             "resumed from %s at epoch %d, batch %d, step %d", path, self.epoch, self.batch_in_epoch, self.global_step
         )

@@ -2,8 +2,10 @@
 so a crash never leaves a half-written file behind.
 
 A process killed mid-write (``kill -9``, power loss) can still leave its *temporary* behind. Temporaries are
-always named ``.<target name>.<8 random characters>.tmp`` in the target's folder (:func:`temporary_path`), so
-:func:`remove_stale_temporaries` can find and delete them when a job starts or resumes, and nothing else.
+always named ``.<target name>.tvr-<8 random characters>.tmp`` in the target's folder (:func:`temporary_path`), so
+:func:`remove_stale_temporaries` can find and delete them when a job starts or resumes, and nothing else: the
+``tvr-`` marker keeps other programs' temporaries (``tempfile``'s ``.<name>.<8 random>.tmp`` shape included) out of
+the sweep.
 
 Files are created with mode ``0o666`` filtered by the process umask (0644 under the usual umask 022), like any
 file ``open(path, "w")`` creates; ``tempfile.mkstemp`` would give 0600, which the rename would then carry over to
@@ -24,11 +26,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-#: the random part of a temporary name: the alphabet and length ``tempfile`` uses, so names made by older
-#: versions (``tempfile.mkstemp``/``mkdtemp`` with the same prefix and suffix) match the same pattern
+#: the random part of a temporary name (the alphabet and length ``tempfile`` uses)
 _RANDOM_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789_"
 _RANDOM_LENGTH = 8
-_TEMP_PATTERN = re.compile(rf"^\.(?P<name>.+)\.[{_RANDOM_ALPHABET}]{{{_RANDOM_LENGTH}}}\.tmp$")
+#: what marks a temporary as tvr's own: the sweep never touches a name without it
+TEMP_MARKER = "tvr-"
+_TEMP_PATTERN = re.compile(
+    rf"^\.(?P<name>.+)\.{re.escape(TEMP_MARKER)}[{_RANDOM_ALPHABET}]{{{_RANDOM_LENGTH}}}\.tmp$"
+)
 
 
 def _random_part() -> str:
@@ -36,14 +41,16 @@ def _random_part() -> str:
 
 
 def temporary_path(path: str | os.PathLike) -> Path:
-    """A fresh (not yet existing) temporary name for ``path``: ``<folder>/.<name>.<random>.tmp``."""
+    """A fresh (not yet existing) temporary name for ``path``: ``<folder>/.<name>.tvr-<random>.tmp``."""
     path = Path(path)
-    return path.parent / f".{path.name}.{_random_part()}.tmp"
+    return path.parent / f".{path.name}.{TEMP_MARKER}{_random_part()}.tmp"
 
 
-def is_temporary_name(name: str) -> bool:
-    """Whether a file name has the shape of this module's temporaries (``.<name>.<random>.tmp``)."""
-    return _TEMP_PATTERN.match(name) is not None
+def is_temporary_name(name: str, target: str | None = None) -> bool:
+    """Whether a file name has the shape of this module's temporaries (``.<name>.tvr-<random>.tmp``), and when
+    ``target`` is given, is a temporary of the file or folder named ``target``."""
+    match = _TEMP_PATTERN.match(name)
+    return match is not None and (target is None or match.group("name") == target)
 
 
 def create_temporary(path: str | os.PathLike) -> tuple[int, Path]:
@@ -75,6 +82,13 @@ def create_temporary_dir(path: str | os.PathLike) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, f"no free temporary name for {path} after 100 tries")
+
+
+def default_file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: 0o666 filtered by the process umask (0644 under 022)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def fsync_path(path: str | os.PathLike) -> None:
@@ -171,7 +185,7 @@ def _walk_temporaries(folder: Path, recursive: bool) -> Iterator[Path]:
 def remove_stale_temporaries(
     folder: str | os.PathLike, recursive: bool = False, min_age_seconds: float = 0.0
 ) -> list[Path]:
-    """Delete the temporaries (``.<name>.<random>.tmp`` files, and folders of that name) left in ``folder`` by
+    """Delete the temporaries (``.<name>.tvr-<random>.tmp`` files, and folders of that name) left in ``folder`` by
     writes that never finished; returns what was removed.
 
     Call it when a job that owns ``folder`` starts or resumes: at that point no write of the job is in flight, so
@@ -193,3 +207,21 @@ def remove_stale_temporaries(
             continue
         removed.append(tmp)
     return removed
+
+
+def describe_file_start(path: str | os.PathLike) -> str:
+    """What a file that a loader rejected looks like, from its first bytes (an empty file, a zip archive, a pickle,
+    text, …), so an error can say more than the loader's internal code."""
+    with open(path, "rb") as handle:
+        head = handle.read(64)
+    if not head:
+        return "an empty file"
+    if head.startswith(b"PK\x03\x04"):
+        return "a zip archive that cannot be read as a checkpoint (truncated or corrupt?)"
+    if head[:1] == b"\x80":
+        return "a pickle that cannot be read as weights only (truncated, or it holds objects other than tensors)"
+    try:
+        head.decode("utf-8")
+        return f"a text file (starting {head[:24]!r})"
+    except UnicodeDecodeError:
+        return f"neither a zip archive nor a pickle (first bytes {head[:12]!r})"

@@ -1,0 +1,139 @@
+"""The run folder's record describes what ran: a resume with other settings is refused before anything is written
+(or, for settings that may change, recorded as a change); ``--overwrite`` removes the earlier run before the new
+one starts; one job per folder (a lock, released by a crash as well)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from test_end_to_end import make_msrvtt
+
+from tvr.config import config_from_dict
+from tvr.pipeline import RunFolderError, run_train
+from tvr.train.checkpoint import CheckpointError, read_checkpoint
+from tvr.utils.lock import LOCK_NAME, FolderBusyError, folder_lock
+
+
+@pytest.fixture(scope="module")
+def data_values(tmp_path_factory) -> dict:
+    values = make_msrvtt(tmp_path_factory.mktemp("data"))
+    values["train"]["max_steps"] = 1
+    return values
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_resume_with_another_learning_rate_is_refused_and_writes_nothing(data_values, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run_train(config_from_dict(data_values), out, final_test=False)
+    before = _snapshot(out)
+    changed = json.loads(json.dumps(data_values))
+    changed["train"]["lr"] = 0.5
+    changed["train"]["max_steps"] = 2
+    with pytest.raises(RunFolderError, match=r"train\.lr: 0\.001 in the run, 0\.5 now") as info:
+        run_train(config_from_dict(changed), out, resume=True, final_test=False)
+    assert "--config" in str(info.value) and "config.yaml" in str(info.value)
+    assert _snapshot(out) == before  # config.yaml still records the run's own settings
+
+
+def test_resume_may_change_how_long_and_how_it_runs_and_records_it(data_values, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run_train(config_from_dict(data_values), out, final_test=False)
+    longer = json.loads(json.dumps(data_values))
+    longer["train"]["max_steps"] = 2
+    longer["eval"]["batch_size"] = 2
+    summary = run_train(config_from_dict(longer), out, resume=True, final_test=False)
+    assert summary["steps"] == 2
+    record = yaml.safe_load((out / "config.yaml").read_text())
+    assert record["train"]["max_steps"] == 2 and record["eval"]["batch_size"] == 2
+    (entry,) = [json.loads(line) for line in (out / "config_changes.jsonl").read_text().splitlines()]
+    assert entry["resumed_at_step"] == 1
+    assert entry["changes"] == {"eval.batch_size": {"before": 8, "after": 2},
+                                "train.max_steps": {"before": 1, "after": 2}}
+
+
+def test_overwrite_removes_the_earlier_run_before_the_new_one_starts(data_values, tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    out = tmp_path / "run"
+    run_train(config_from_dict(data_values), out)  # with its test results
+    assert (out / "last.pt").is_file() and (out / "test_last" / "metrics.json").is_file()
+    (out / "notes.txt").write_text("mine")
+
+    import tvr.train.trainer as trainer_module
+
+    def killed(self, resume=False):  # the new run dies before its first checkpoint
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer_module.Trainer, "fit", killed)
+    other = json.loads(json.dumps(data_values))
+    other["train"]["lr"] = 0.5
+    with pytest.raises(KeyboardInterrupt):
+        run_train(config_from_dict(other), out, overwrite=True)
+    left = sorted(p.name for p in out.iterdir())
+    assert "last.pt" not in left and "best.pt" not in left and "test_last" not in left and "summary.json" not in left
+    assert "notes.txt" in left and LOCK_NAME not in left  # the user's file stays; the lock went with the job
+    assert yaml.safe_load((out / "config.yaml").read_text())["train"]["lr"] == 0.5
+    monkeypatch.undo()
+    # nothing of the old run is left to continue under the new config
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        run_train(config_from_dict(other), out, resume=True, final_test=False)
+
+
+def test_a_second_job_on_the_same_folder_is_refused(data_values, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with folder_lock(out, "run folder"):
+        busy = rf"run folder .*run is in use by another tvr job \(pid {os.getpid()}"
+        with pytest.raises(FolderBusyError, match=busy):
+            run_train(config_from_dict(data_values), out, final_test=False)
+    assert not (out / "last.pt").exists()
+    run_train(config_from_dict(data_values), out, final_test=False)  # free again once the holder is done
+    assert (out / "last.pt").is_file() and not (out / LOCK_NAME).exists()
+
+
+def test_a_killed_holder_leaves_no_lock_behind(tmp_path: Path, caplog) -> None:
+    folder = tmp_path / "dst"
+    script = textwrap.dedent(
+        f"""
+        import time
+        from tvr.utils.lock import folder_lock
+        with folder_lock({str(folder)!r}):
+            print("LOCKED", flush=True)
+            time.sleep(120)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        assert proc.stdout.readline().strip() == "LOCKED"
+        with pytest.raises(FolderBusyError, match=rf"pid {proc.pid}"):
+            with folder_lock(folder):
+                pass
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert (folder / LOCK_NAME).exists()  # the crashed holder's file stays, but no process holds it
+    with caplog.at_level("WARNING"), folder_lock(folder):
+        pass
+    assert f"pid {proc.pid}" in caplog.text and "never released" in caplog.text
+    assert not (folder / LOCK_NAME).exists()
+
+
+def test_a_resume_reads_the_checkpoint_it_recorded(data_values, tmp_path: Path) -> None:
+    """A resume without changes leaves no change record."""
+    out = tmp_path / "run"
+    run_train(config_from_dict(data_values), out, final_test=False)
+    same = json.loads(json.dumps(data_values))
+    same["train"]["max_steps"] = 1
+    run_train(config_from_dict(same), out, resume=True, final_test=False)
+    assert not (out / "config_changes.jsonl").exists()
+    assert read_checkpoint(out / "last.pt")["state"]["global_step"] == 1

@@ -1,0 +1,112 @@
+"""An exclusive lock on a folder a job writes (a run folder, a ``prepare`` or ``features`` destination).
+
+Two jobs writing one folder corrupt each other quietly: two ``train`` on one ``--out`` interleave their logs, or
+one deletes the other's checkpoint mid-write. :func:`folder_lock` holds an OS lock (``flock``) on
+``<folder>/.tvr.lock`` for the life of the job, so a second job stops at once with a message naming the holder.
+
+The OS drops the lock when its process dies, however it dies (``kill -9`` included), so a crash never leaves the
+folder locked; the lock file of a crashed job is left behind, and the next job, finding it unlocked, takes it over
+and logs that the earlier holder ended without releasing it. A job that ends normally removes the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from tvr.utils.errors import UserError
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".tvr.lock"
+
+
+class FolderBusyError(UserError):
+    """Another live process holds the folder's lock."""
+
+
+def _try_lock(fd: int) -> bool:
+    """Take the exclusive lock on the open file ``fd`` without waiting; False when another process holds it."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        import msvcrt
+
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            return True
+        except OSError:
+            return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _read_holder(fd: int) -> dict:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        text = os.read(fd, 4096).decode("utf-8", errors="replace")
+        holder = json.loads(text) if text.strip() else {}
+        return holder if isinstance(holder, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _describe(holder: dict) -> str:
+    if not holder:
+        return "a process that did not say who it is"
+    started = holder.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
+    return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {when}: {holder.get('command', '?')}"
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike, what: str = "folder") -> Iterator[Path]:
+    """Hold an exclusive lock on ``folder`` (created if missing) inside the block; raises :class:`FolderBusyError`
+    naming the holder when another live process holds it. ``what`` names the folder in messages (``run folder``)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        if not _try_lock(fd):
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise FolderBusyError(
+                f"{what} {folder} is in use by another tvr job ({_describe(holder)}); wait for it to finish or "
+                "use another folder"
+            )
+        # a job that was releasing may have removed the file after we opened it: lock the file that is there now
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            os.close(fd)
+            continue
+        mine = os.fstat(fd)
+        if (mine.st_ino, mine.st_dev) == (current.st_ino, current.st_dev):
+            break
+        os.close(fd)
+    try:
+        previous = _read_holder(fd)
+        if previous:
+            log.warning("%s %s: the lock of an earlier job (%s) was never released (it crashed or was killed); "
+                        "taking it over", what, folder, _describe(previous))
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+              "command": " ".join(sys.argv)[:500]}
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, json.dumps(me).encode("utf-8"))
+        yield folder
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while still holding the lock, so no one else can be using this file
+        os.close(fd)
