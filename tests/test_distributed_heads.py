@@ -28,7 +28,7 @@ D, FRAMES, WORDS, PROXIES = 16, 4, 5, 4
 SIZES = (4, 3)
 TOY = "toy_heads:BilinearHead"
 #: heads whose loss takes the shard (pairwise work split by rows)
-SHARDED_HEADS: set[str] = set()
+SHARDED_HEADS = {"clip4clip", "gare"}
 
 #: every registered head with its defaults, plus the option variants that change what the loss computes
 VARIANTS: list[tuple[str, dict[str, Any]]] = [(name, {}) for name in registry.available_heads()] + [
