@@ -32,7 +32,7 @@ from tvr.train.distributed import (
 )
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.device import resolve_device
-from tvr.utils.distributed import all_reduce_mean, gather_features
+from tvr.utils.distributed import RowShard, all_reduce_mean, gather_features
 
 D, F_SLOTS = 5, 3
 
@@ -187,8 +187,10 @@ class _Head(RetrievalHead):
     def score_block(self, t, v):
         return t @ v.t()
 
-    def loss(self, text, video):
-        scores = self.score_block(self.encode_texts(text), self.encode_videos(video))
+    def loss(self, text, video, shard=None):
+        # the per-rank loss: this rank's texts against every video, the logits all-gathered
+        shard = shard or RowShard.whole(len(text))
+        scores = shard.gather(self.score_block(self.encode_texts(shard.local(text)), self.encode_videos(video)))
         return {"loss": symmetric_infonce(self.logit_scale.exp() * scores)}
 
 
