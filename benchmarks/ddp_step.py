@@ -12,8 +12,13 @@ with DDP's gradient all-reduce, and an AdamW step. Three set-ups per head, each 
 * ``2 processes, replicated``: the same, but each rank computes the whole loss on the gathered batch (what tvr did
   before the per-rank loss; the speed-up it leaves is the non-pairwise part's).
 
-A step's time is the slowest rank's (every rank starts a step at a barrier); the minimum over the timed steps is
-kept, after warm-up steps. The gradient of all three is the same (tests/test_distributed_heads.py).
+A step's time is the slowest rank's (every rank starts a step at a barrier); the set-ups alternate over
+``--rounds`` and the minimum over all timed steps is kept, after a warm-up step. Beside the wall time, the busiest
+rank's CPU time per step (its threads' user + system time): on a shared, loaded machine the scheduler gives a
+2-process job twice the CPU share of a 1-process one, so wall-time ratios there say little, while the CPU time of
+the busiest rank is its own work (it bounds the speed-up on a machine with a free core per process; the
+communication's waiting is not in it). The gradient of all three set-ups is the same
+(tests/test_distributed_heads.py).
 
     .venv/bin/python benchmarks/ddp_step.py             # writes benchmarks/results/ddp_step.json
     .venv/bin/python benchmarks/ddp_step.py --quick     # smoke run (D = 64, batch 16, one timed step)
@@ -110,18 +115,21 @@ def worker(
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     local = batch_size // world
     batch = {k: v[rank * local : (rank + 1) * local] for k, v in global_batch(head, batch_size, dim).items()}
-    times = []
+    times, cpu_times = [], []
     for _ in range(warmup + steps):
         barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         loss = train_model(batch)["loss"]
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        times.append(float(all_reduce_max(elapsed)))
+        elapsed = torch.tensor([time.perf_counter() - start, time.process_time() - cpu_start], dtype=torch.float64)
+        slowest = all_reduce_max(elapsed)
+        times.append(float(slowest[0]))
+        cpu_times.append(float(slowest[1]))
     if rank == 0:
-        Path(out).write_text(json.dumps({"step_seconds": times[warmup:], "loss": float(loss.detach())}))
+        record = {"step_seconds": times[warmup:], "cpu_seconds": cpu_times[warmup:], "loss": float(loss.detach())}
+        Path(out).write_text(json.dumps(record))
     del train_model
     if world > 1:
         import gc
@@ -131,21 +139,32 @@ def worker(
 
 
 def run(head: str, world: int, replicated: bool, args: argparse.Namespace) -> dict:
+    """One set-up in fresh processes: rank 0's record of the slowest rank's wall and CPU seconds per step."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result.json")
         worker_args = (world, _free_port(), head, args.batch, args.dim, args.warmup, args.steps, replicated, out)
         mp.start_processes(worker, args=worker_args, nprocs=world, join=True, start_method="spawn")
-        record = json.loads(Path(out).read_text())
-    best = min(record["step_seconds"])
+        return json.loads(Path(out).read_text())
+
+
+def summarize(world: int, replicated: bool, records: list[dict]) -> dict:
+    steps = [t for r in records for t in r["step_seconds"]]
+    cpu = [t for r in records for t in r["cpu_seconds"]]
+    best = min(steps)
     return {
         "world_size": world,
         "replicated": replicated,
         "step_seconds_min": round(best, 4),
-        "step_seconds_all": [round(t, 4) for t in record["step_seconds"]],
+        "step_seconds_all": [round(t, 4) for t in steps],
         "steps_per_second": round(1 / best, 3),
+        "cpu_seconds_min": round(min(cpu), 4),
+        "cpu_seconds_all": [round(t, 4) for t in cpu],
     }
+
+
+SETUPS = [(1, False), (2, False), (2, True)]
 
 
 def main() -> None:
@@ -154,46 +173,56 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128, help="global batch")
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the three set-ups")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
     if args.quick:
-        args.batch, args.dim, args.warmup, args.steps = 16, 64, 1, 1
+        args.batch, args.dim, args.warmup, args.steps, args.rounds = 16, 64, 1, 1, 1
         if args.out == DEFAULT_OUT:
             args.out = DEFAULT_OUT.with_name("ddp_step_quick.json")
+    load_before = os.getloadavg()
     results = {}
     for head in args.heads.split(","):
-        rows = [run(head, 1, False, args), run(head, 2, False, args), run(head, 2, True, args)]
-        one = rows[0]["step_seconds_min"]
+        records: dict[tuple[int, bool], list[dict]] = {setup: [] for setup in SETUPS}
+        for _ in range(args.rounds):  # the set-ups alternate, so a change in the machine's load hits them all
+            for world, replicated in SETUPS:
+                records[(world, replicated)].append(run(head, world, replicated, args))
+        rows = [summarize(world, replicated, records[(world, replicated)]) for world, replicated in SETUPS]
+        one, one_cpu = rows[0]["step_seconds_min"], rows[0]["cpu_seconds_min"]
         for row in rows:
             row["speedup_vs_1_process"] = round(one / row["step_seconds_min"], 3)
+            # the busiest rank's own work: the speed-up a machine with a free core per process allows
+            row["cpu_speedup_vs_1_process"] = round(one_cpu / row["cpu_seconds_min"], 3)
         results[head] = {"preset": PRESETS[head], "rows": rows}
         for row in rows:
             mode = (
                 "1 process"
                 if row["world_size"] == 1
-                else ("2 processes, replicated" if row["replicated"] else "2 processes, per-rank loss")
+                else "2 processes, " + ("replicated" if row["replicated"] else "per-rank loss")
             )
             print(
-                f"{head:6s} {mode:28s} {row['step_seconds_min']:8.3f} s/step  "
-                f"{row['steps_per_second']:6.3f} steps/s  ×{row['speedup_vs_1_process']:.2f}",
+                f"{head:6s} {mode:28s} {row['step_seconds_min']:8.3f} s/step ×{row['speedup_vs_1_process']:.2f}"
+                f"   busiest rank's CPU {row['cpu_seconds_min']:8.3f} s/step ×{row['cpu_speedup_vs_1_process']:.2f}",
                 flush=True,
             )
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
     record = {
         "benchmark": "ddp_step",
-        "command": "benchmarks/ddp_step.py" + (" --quick" if args.quick else ""),
+        "command": " ".join(["benchmarks/ddp_step.py", *sys.argv[1:]]),
         "global_batch": args.batch,
         "dim": args.dim,
         "warmup": args.warmup,
         "steps": args.steps,
+        "rounds": args.rounds,
         "threads_per_process": 1,
         "backend": "gloo",
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average": load},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+        },
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
