@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tvr.data.prepare import FrameSettings, extract_frames, load_cached_clip, prepare_videos  # noqa: E402
+from tvr.data.frame_cache import FrameSettings, load_cached_clip  # noqa: E402
+from tvr.data.prepare import extract_frames, prepare_videos  # noqa: E402
 from tvr.data.video import load_clip  # noqa: E402
 from tvr.utils.io import atomic_write_json  # noqa: E402
 

@@ -160,7 +160,7 @@ def rerank_part(args: argparse.Namespace) -> dict:
     import torch.nn.functional as F
     from rerank_recall import gt_recalls, make_eval_set
 
-    from tvr.models.heads.base import top_k_by_dot
+    from tvr.models.heads.common import top_k_by_dot
     from tvr.models.heads.proxy import ProxyHead, ProxyOptions
     from tvr.types import TextFeatures, VideoFeatures
 

@@ -41,9 +41,11 @@ if str(REPO) not in sys.path:
 from tvr.config import load_config  # noqa: E402
 from tvr.data.annotations import load_split  # noqa: E402
 from tvr.data.datasets import VideoResolver  # noqa: E402
+from tvr.data.tokenizer import build_tokenizer  # noqa: E402
 from tvr.data.video import load_clip  # noqa: E402
 from tvr.eval.runner import EncodedSplit, evaluate_encoded  # noqa: E402
-from tvr.models.build import build_model, build_tokenizer, pixel_norm  # noqa: E402
+from tvr.models.build import build_model  # noqa: E402
+from tvr.models.preprocess import backbone_norm  # noqa: E402
 from tvr.models.two_tower import build_two_tower_bridge  # noqa: E402
 from tvr.pipeline import resolve_config  # noqa: E402
 from tvr.types import TextFeatures, VideoFeatures  # noqa: E402
@@ -74,7 +76,7 @@ def real_scenes_config(clips: Path, overrides: list[str] = ()):
 def decode_clips(cfg, split) -> tuple[torch.Tensor, torch.Tensor, float, int]:
     """(pixels [N, F, 3, S, S], mask [N, F], seconds, decoded frames) for every clip of ``split``."""
     resolver = VideoResolver.from_config(cfg.data)
-    norm = pixel_norm(cfg.model)
+    norm = backbone_norm(cfg.model)
     start = time.perf_counter()
     clips = [
         load_clip(

@@ -22,3 +22,16 @@ def shared_data() -> Path:
 @pytest.fixture(autouse=True)
 def _seed_everything() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def search_setup(tmp_path_factory: pytest.TempPathFactory):
+    """Five small distinct colour videos and a tiny checkpoint trained to tell them apart (tests/search_fixtures.py),
+    built once per session: ``.videos`` (folder), ``.checkpoint`` (last.pt), ``.root`` (scratch)."""
+    from types import SimpleNamespace
+
+    from search_fixtures import train_checkpoint, write_videos
+
+    root = tmp_path_factory.mktemp("search")
+    videos = write_videos(root / "videos")
+    return SimpleNamespace(root=root, videos=videos, checkpoint=train_checkpoint(root / "work", videos, steps=40))

@@ -14,6 +14,7 @@ from videos import write_test_video
 
 from tvr.config import DataConfig, config_from_dict
 from tvr.data.datasets import PairDataset, VideoResolver, caption_rng, collate_pairs, item_rng
+from tvr.data.transforms import CLIP_MEAN, CLIP_STD
 from tvr.data.video import load_clip
 from tvr.train.data import DatasetTrainData
 
@@ -51,7 +52,8 @@ CAPTIONS = [["a0", "a1", "a2"], ["b0"], ["c0", "c1"], ["d-early"], ["d-late"]]
 
 
 def _cfg(**overrides) -> DataConfig:
-    base = dict(max_frames=3, image_size=16, max_words=8, sampling="clipvip", caption_sampling="one_per_video")
+    base = dict(max_frames=3, image_size=16, max_words=8, sampling="clipvip", caption_sampling="one_per_video",
+                pixel_mean=CLIP_MEAN, pixel_std=CLIP_STD)
     base.update(overrides)
     return DataConfig(**base)
 

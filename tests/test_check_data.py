@@ -19,6 +19,7 @@ from tvr.cli import app
 from tvr.config import Config, config_from_dict
 from tvr.data.check import check_data, probe_file
 from tvr.data.tokenizer import ClipTokenizer, build_tiny_tokenizer_files, read_clip_merges, vocabulary_from_merges
+from tvr.pipeline import resolve_config
 
 
 def _zero_frame_mkv(path: Path) -> None:
@@ -67,7 +68,7 @@ def _cfg(root: Path, **data) -> Config:
     values = {"dataset": "generic", "annotations": str(root), "video_dir": str(root / "videos"),
               "video_pattern": "{video_id}", "val_fraction": 0.25, "max_words": 8, "max_frames": 4}
     values.update(data)
-    return config_from_dict({"data": values, "train": {"batch_size": 2}})
+    return resolve_config(config_from_dict({"data": values, "train": {"batch_size": 2}}))
 
 
 def test_every_unusable_video_is_named_with_its_reason(bad_set: Path) -> None:
@@ -187,15 +188,15 @@ def test_real_annotation_files_without_videos(shared_data: Path, tmp_path: Path)
     assert report["splits"]["train"]["truncated_captions"] > 0
 
     for dataset, referenced in (("didemo", 8394 + 1065 + 1002), ("activitynet", 10006 + 4917)):
-        cfg = config_from_dict({"data": {"dataset": dataset, "annotations": str(shared_data / dataset),
-                                         "video_dir": str(videos), "max_words": 64}})
+        cfg = resolve_config(config_from_dict({"data": {"dataset": dataset, "annotations": str(shared_data / dataset),
+                                                        "video_dir": str(videos), "max_words": 64}}))
         report = check_data(cfg, tokenizer=bpe, progress=False)
         assert report["videos"]["referenced"] == referenced
         assert report["videos"]["by_reason"] == {"missing": referenced} and not report["ok"]
         assert all(report["splits"][s]["status"] == "ok" for s in ("train", "val", "test"))
 
-    cfg = config_from_dict({"data": {"dataset": "didemo", "annotations": str(shared_data / "didemo"),
-                                     "video_dir": str(tmp_path / "not_there")}})
+    cfg = resolve_config(config_from_dict({"data": {"dataset": "didemo", "annotations": str(shared_data / "didemo"),
+                                                    "video_dir": str(tmp_path / "not_there")}}))
     report = check_data(cfg, progress=False)
     assert any("video folder not found" in e for e in report["errors"])
     assert report["videos"]["by_reason"] == {"missing": 8394 + 1065 + 1002}

@@ -149,6 +149,28 @@ def test_proxy_guided_tower_equals_masked_full_attention(m: int, t: int) -> None
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
 
 
+def test_attention_dropout_acts_in_training_only() -> None:
+    """With attention dropout > 0 (a tiny config with dropout on, unlike the pretrained 0): eval mode is
+    deterministic and equal to the tower without dropout; training mode drops attention weights."""
+    bb = _backbone(num_proxies=2)
+    pixels = _pixels(2, 3)
+    mask = torch.ones(2, 3, dtype=torch.long)
+    with torch.no_grad():
+        clean = bb.video_hidden_states(pixels, mask)
+        for layer in bb.clip.vision_model.encoder.layers:
+            layer.self_attn.dropout = 0.5
+        torch.manual_seed(0)
+        first = bb.video_hidden_states(pixels, mask)
+        torch.manual_seed(1)
+        second = bb.video_hidden_states(pixels, mask)
+        bb.train()
+        torch.manual_seed(0)
+        dropped = bb.video_hidden_states(pixels, mask)
+    torch.testing.assert_close(first, clean, rtol=0, atol=0)
+    torch.testing.assert_close(second, clean, rtol=0, atol=0)
+    assert not torch.allclose(dropped, clean)
+
+
 def test_the_mask_matters() -> None:
     """Guard against a vacuous comparison: the HF layer's own full attention gives a different result, and with a
     single frame (where the pattern is full attention) the same one."""
@@ -467,12 +489,16 @@ PRESETS = Path(__file__).resolve().parents[1] / "tvr" / "configs" / "clipvip"
      ("didemo", 12, 50, 2e-6, "all_pairs"), ("activitynet", 32, 70, 2e-6, "all_pairs")],
 )
 def test_presets_load_with_the_clipvip_recipe(name: str, frames: int, words: int, lr: float, captions: str) -> None:
-    cfg = load_config(PRESETS / f"{name}.yaml")
+    from tvr.pipeline import resolve_config
+
+    raw = load_config(PRESETS / f"{name}.yaml")
+    assert raw.data.sampling is None and raw.data.image_size is None  # left to the backbone
+    cfg = resolve_config(raw)  # offline: the hub id's input size is known without its files
     assert cfg.model.backbone == "clipvip" and cfg.model.temporal == "none"
     assert cfg.model.clipvip.num_proxies == 4 and cfg.model.clipvip.temporal_slots == 12
     assert cfg.data.sampling == "clipvip" and cfg.data.caption_sampling == captions
     assert (cfg.data.max_frames, cfg.data.max_words, cfg.data.image_size) == (frames, words, 224)
-    assert cfg.head.name == "clip4clip" and cfg.head.options["video_pool"] == "mean"
+    assert cfg.head.name == "clip4clip" and cfg.head.options.video_pool == "mean"
     assert cfg.head.logit_scale_max == pytest.approx(math.log(200))
     assert cfg.train.lr == pytest.approx(lr) and cfg.train.backbone_lr_coef == 1.0
     assert cfg.train.betas == (0.9, 0.98) and cfg.train.weight_decay == pytest.approx(0.2)

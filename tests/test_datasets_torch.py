@@ -59,7 +59,8 @@ def video_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cfg(**overrides) -> DataConfig:
-    base = dict(max_frames=4, frame_rate=1.0, image_size=16, max_words=8, sampling="clip4clip", augment=False)
+    base = dict(max_frames=4, frame_rate=1.0, image_size=16, max_words=8, sampling="clip4clip", augment=False,
+                pixel_mean=CLIP_MEAN, pixel_std=CLIP_STD)
     base.update(overrides)
     return DataConfig(**base)
 
@@ -235,7 +236,8 @@ def test_dataloader_with_workers(video_dir: Path) -> None:
 
 
 def _frame_cache(videos: Path, cache: Path, cfg: DataConfig) -> Path:
-    from tvr.data.prepare import FrameSettings, extract_frames
+    from tvr.data.frame_cache import FrameSettings
+    from tvr.data.prepare import extract_frames
 
     settings = FrameSettings(cfg.max_frames, cfg.frame_rate, cfg.image_size, cfg.sampling)
     report = extract_frames(videos, cache, settings, workers=0, progress=False)

@@ -16,14 +16,15 @@ import torch.nn.functional as F
 from tvr.config import Config, ConfigError, load_config
 from tvr.losses import (
     sgi_align,
+    sgi_align_nce,
     sgi_align_pairwise,
     sgi_align_terms,
-    sgi_product_group,
     sgi_quality,
     symmetric_infonce,
 )
 from tvr.models.heads.base import LN_100, top_k_by_dot
-from tvr.models.heads.gravialign import MODES, GraviAlignHead, GraviAlignOptions, pooled_video
+from tvr.models.heads.gravialign import MODES, GraviAlignHead, GraviAlignOptions, pooled_video, soft_clamp
+from tvr.models.heads.gravialign_scoring import s_align_scores, scoring_pool, sgi_product_group
 from tvr.models.heads.registry import head_options, resolve_head_config
 from tvr.models.model import RetrievalModel
 from tvr.types import TextFeatures, VideoFeatures
@@ -190,31 +191,182 @@ def test_gradients_are_finite_at_the_clamps_and_at_zero_distance() -> None:
     assert torch.isfinite(s).all() and torch.isfinite(mu_v.grad).all() and torch.isfinite(lv.grad).all()
 
 
+def test_term_a_grows_with_the_variance() -> None:
+    """docs: term A rewards uncertainty. At the defaults (per-dimension means, softplus quality, λ = G = T = 1,
+    ε = 1e-6), for a pair at ‖δ‖² = 0.285 with both sides at one log σ², A goes 1.06 → 51.7 as log σ² goes
+    −8 → +2: at fixed δ, A ∝ m_v·m_t·√s (up to ε), and √s grows faster than the quality falls."""
+    dim = 512
+    cos = 1.0 - 0.285 / 2.0
+    mu_v = torch.zeros(1, dim, dtype=torch.float64)
+    mu_v[0, 0] = 1.0
+    mu_t = torch.zeros(1, dim, dtype=torch.float64)
+    mu_t[0, 0], mu_t[0, 1] = cos, math.sqrt(1.0 - cos**2)
+    a = []
+    for level in (-8.0, -6.0, -4.0, -2.0, 0.0, 2.0):
+        lv = torch.full((1, dim), level, dtype=torch.float64)
+        a.append(float(sgi_align_terms(mu_v, lv, mu_t, lv, G=1.0, T=1.0, lam=1.0)["A"][0]))
+    assert a[0] == pytest.approx(1.06, abs=0.005) and a[-1] == pytest.approx(51.7, abs=0.05)
+    assert all(x < y for x, y in zip(a, a[1:], strict=False))
+
+    def mass(level: float) -> float:
+        h = math.log1p(math.exp(level / 2.0))
+        return math.exp(-h / (1.0 + h))
+
+    def q(level: float) -> float:  # per-dimension Mahalanobis term of this pair
+        return 0.285 / (2.0 * math.exp(level)) / dim
+
+    ratio = (mass(2.0) / mass(-8.0)) ** 2 * math.sqrt((q(-8.0) + 1e-6) / (q(2.0) + 1e-6))
+    assert a[-1] / a[0] == pytest.approx(ratio, rel=1e-9)
+    # the expected-distance form is bounded by G/T whatever the variances
+    for level in (-8.0, 2.0, 5.0):
+        lv = torch.full((1, dim), level, dtype=torch.float64)
+        soft = sgi_align_terms(mu_v, lv, mu_t, lv, G=1.0, T=1.0, lam=1.0, a_distance="expected")["A"]
+        assert 0.0 < float(soft[0]) < 1.0
+
+
+def test_the_expected_whitened_sample_distance_is_q_plus_d() -> None:
+    """x ~ N(μ_v, Σ_v), y ~ N(μ_t, Σ_t): E‖(Σ_v + Σ_t)^−½(x − y)‖² = q + D with q = Σ_k δ_k²/s_k (by sampling), the
+    distance of ``a_distance: expected``; A = (G/T)·m_v·m_t/√(q/D + 1) per dimension, /√(q + D) with sums."""
+    dim, n = 5, 400_000
+    g = torch.Generator().manual_seed(21)
+    mu_v, mu_t = torch.randn(dim, dtype=torch.float64, generator=g), torch.randn(dim, dtype=torch.float64, generator=g)
+    lv_v, lv_t = torch.randn(dim, dtype=torch.float64, generator=g), torch.randn(dim, dtype=torch.float64, generator=g)
+    s = lv_v.exp() + lv_t.exp()
+    x = mu_v + lv_v.exp().sqrt() * torch.randn(n, dim, dtype=torch.float64, generator=g)
+    y = mu_t + lv_t.exp().sqrt() * torch.randn(n, dim, dtype=torch.float64, generator=g)
+    whitened = ((x - y).square() / s).sum(dim=-1)
+    q = float(((mu_v - mu_t).square() / s).sum())
+    standard_error = float(whitened.std()) / math.sqrt(n)
+    assert abs(float(whitened.mean()) - (q + dim)) < 4.0 * standard_error
+    kw = {"G": 1.7, "T": 0.6, "lam": 0.8}
+    for per_dim_mean, d in ((True, math.sqrt(q / dim + 1.0)), (False, math.sqrt(q + dim))):
+        terms = sgi_align_terms(mu_v[None], lv_v[None], mu_t[None], lv_t[None], per_dim_mean=per_dim_mean,
+                                a_distance="expected", **kw)
+        m_v = float(sgi_quality(lv_v[None], lam=0.8, per_dim_mean=per_dim_mean))
+        m_t = float(sgi_quality(lv_t[None], lam=0.8, per_dim_mean=per_dim_mean))
+        assert float(terms["A"][0]) == pytest.approx(1.7 / 0.6 * m_v * m_t / d, rel=1e-12)
+    # per dimension, δ = 0 gives the bound itself, (G/T)·m_v·m_t ≤ G/T
+    at_zero = sgi_align_terms(mu_v[None], lv_v[None], mu_v[None], lv_t[None], a_distance="expected", **kw)["A"]
+    m_v = float(sgi_quality(lv_v[None], lam=0.8))
+    assert float(at_zero[0]) == pytest.approx(1.7 / 0.6 * m_v * float(sgi_quality(lv_t[None], lam=0.8)), rel=1e-12)
+
+
+def contrastive_reference(mu_v, lv_v, mu_t, lv_t, tau: float, **kw) -> torch.Tensor:  # noqa: ANN001, ANN003
+    """½[CE_rows + CE_cols] of κ·S/τ, S from ``sgi_align`` pair by pair, in float64, written out by hand."""
+    n, dim = mu_v.shape
+    kappa = dim if kw.get("per_dim_mean", True) else 1
+    scores = torch.stack([sgi_align(mu_v, lv_v, mu_t[i : i + 1].expand(n, -1), lv_t[i : i + 1].expand(n, -1), **kw)
+                          for i in range(n)]) * kappa / tau
+    rows = -(scores.diagonal() - scores.logsumexp(dim=1)).mean()
+    cols = -(scores.diagonal() - scores.logsumexp(dim=0)).mean()
+    return 0.5 * (rows + cols)
+
+
+@pytest.mark.parametrize("per_dim_mean,terms,a_distance", [(True, "ABC", "centre"), (False, "BC", "centre"),
+                                                             (True, "ABC", "expected")])
+def test_the_contrastive_objective_is_an_infonce_over_every_pair(per_dim_mean: bool, terms: str,
+                                                                 a_distance: str) -> None:
+    mu_v, lv_v = gaussians(6, 8, seed=12, centre=-1.0)
+    mu_t, lv_t = gaussians(6, 8, seed=13, centre=-1.0)
+    kw = {"G": 1.2, "T": 0.9, "lam": 0.7, "per_dim_mean": per_dim_mean, "eps": 1e-2, "terms": terms,
+          "a_distance": a_distance}
+    ours = sgi_align_nce(mu_v, lv_v, mu_t, lv_t, tau=0.4, **kw)
+    assert float(ours) == pytest.approx(float(contrastive_reference(mu_v, lv_v, mu_t, lv_t, 0.4, **kw)), rel=1e-12)
+    # its gradient (through the chunked backward) is the reference's
+    grads = []
+    for fn in (lambda *x: sgi_align_nce(*x, tau=0.4, **kw), lambda *x: contrastive_reference(*x, 0.4, **kw)):
+        inputs = [x.clone().requires_grad_(True) for x in (mu_v, lv_v, mu_t, lv_t)]
+        fn(*inputs).backward()
+        grads.append([x.grad for x in inputs])
+    for ours_grad, reference in zip(*grads, strict=True):
+        torch.testing.assert_close(ours_grad, reference, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="tau = 0"):
+        sgi_align_nce(mu_v, lv_v, mu_t, lv_t, tau=0.0, **kw)
+
+
+def test_the_contrastive_objective_is_clips_infonce_for_isotropic_variances() -> None:
+    """With A off, S_ij is the log expected-likelihood kernel; for isotropic variances σ²I,
+    S_ij = cos_ij/s_ij − 1/s_ij − (D/2)·log s_ij with s_ij = σ_vj² + σ_ti² (unit means): InfoNCE on cos with the
+    per-pair inverse temperature 1/s_ij. With one shared variance the rest is a constant, so L_SGI-NCE is exactly
+    CLIP's symmetric InfoNCE at logit scale 1/(2σ²τ) — in per-dimension units too (κ = D undoes the mean)."""
+    n, dim = 7, 10
+    mu_v, _ = gaussians(n, dim, seed=14)
+    mu_t, _ = gaussians(n, dim, seed=15)
+    cos = mu_t @ mu_v.T
+    shared = torch.full((n, dim), math.log(0.03), dtype=torch.float64)
+    kw = {"G": 1.0, "T": 1.0, "lam": 1.0, "terms": "BC"}
+    clip = symmetric_infonce(cos / (2 * 0.03 * 0.5))
+    for per_dim_mean in (False, True):
+        loss = sgi_align_nce(mu_v, shared, mu_t, shared, tau=0.5, per_dim_mean=per_dim_mean, **kw)
+        assert float(loss) == pytest.approx(float(clip), rel=1e-12)
+    # one isotropic variance per item: a per-pair temperature (and a per-pair bias from the volume term)
+    g = torch.Generator().manual_seed(16)
+    var_v, var_t = torch.rand(n, dtype=torch.float64, generator=g) * 0.1 + 0.01, torch.rand(
+        n, dtype=torch.float64, generator=g) * 0.1 + 0.01
+    lv_v, lv_t = var_v.log()[:, None].expand(n, dim), var_t.log()[:, None].expand(n, dim)
+    s = var_t[:, None] + var_v[None, :]
+    kernel = cos / s - 1.0 / s - dim / 2.0 * torch.log(s)
+    scores = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, per_dim_mean=False, **kw)
+    torch.testing.assert_close(scores, kernel, rtol=1e-12, atol=1e-12)
+    loss = sgi_align_nce(mu_v, lv_v, mu_t, lv_t, per_dim_mean=False, **kw)
+    assert float(loss) == pytest.approx(float(symmetric_infonce(kernel)), rel=1e-12)
+
+
+def test_the_contrastive_objective_prices_the_collapse_at_ln_b() -> None:
+    """Every item at one mean and one variance: the paper's L_SGI reaches its best value (A at its ceiling, B = 0),
+    the contrastive one sits at ln B, worse than at distinct, aligned pairs."""
+    n, dim = 8, 12
+    mu_v, lv = gaussians(n, dim, seed=17)
+    mu_t = F.normalize(mu_v + 0.05 * torch.randn(n, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(
+        18)), dim=-1)
+    same_lv = torch.full((n, dim), -2.0, dtype=torch.float64)
+    one = mu_v[:1].expand(n, -1)
+    kw = {"G": 1.0, "T": 1.0, "lam": 1.0}
+    positive_collapsed = -sgi_align(one, same_lv, one, same_lv, **kw).mean()
+    positive_aligned = -sgi_align(mu_v, same_lv, mu_t, same_lv, **kw).mean()
+    assert float(positive_collapsed) < float(positive_aligned)  # the positive-only objective prefers the collapse
+    collapsed = sgi_align_nce(one, same_lv, one, same_lv, **kw)
+    assert float(collapsed) == pytest.approx(math.log(n), rel=1e-12)
+    assert float(sgi_align_nce(mu_v, same_lv, mu_t, same_lv, **kw)) < float(collapsed)
+
+
 # --------------------------------------------------------------------------------------------- all pairs
 
 
 @pytest.mark.parametrize("per_dim_mean", [True, False])
-@pytest.mark.parametrize("quality,terms", [("softplus", "ABC"), ("clamp", "BC"), ("literal", "A"), ("softplus", "AC")])
+@pytest.mark.parametrize(
+    "quality,terms,a_distance",
+    [("softplus", "ABC", "centre"), ("clamp", "BC", "centre"), ("literal", "A", "centre"), ("softplus", "AC", "centre"),
+     ("softplus", "ABC", "expected")],
+)
 @pytest.mark.parametrize("n_t,n_v,dim", [(7, 9, 32), (13, 5, 33), (1, 1, 3), (11, 17, 96)])
-def test_pairwise_equals_every_pair(per_dim_mean: bool, quality: str, terms: str, n_t: int, n_v: int, dim: int) -> None:
+def test_pairwise_equals_every_pair(per_dim_mean: bool, quality: str, terms: str, a_distance: str, n_t: int,
+                                    n_v: int, dim: int) -> None:
+    """Both all-pairs paths (the pure ``sgi_align_pairwise`` and the head's fast ``s_align_scores``) equal
+    ``sgi_align`` of every pair in float64, whatever the chunks, the product groups and the number of workers."""
     # centre −4 (the init): the literal quality's pole at H = −1 would be a per-dimension centre of −2
     mu_v, lv_v = gaussians(n_v, dim, seed=5, centre=-4.0)
     mu_t, lv_t = gaussians(n_t, dim, seed=6, centre=-4.0)
     mu_v, lv_v, mu_t, lv_t = (x.float() for x in (mu_v, lv_v.clamp(-10, 5), mu_t, lv_t.clamp(-10, 5)))
-    kw = {"G": 1.3, "T": 0.7, "lam": 0.9, "per_dim_mean": per_dim_mean, "quality": quality, "terms": terms}
+    kw = {"G": 1.3, "T": 0.7, "lam": 0.9, "per_dim_mean": per_dim_mean, "quality": quality, "terms": terms,
+          "a_distance": a_distance}
     expected = torch.stack(
         [sgi_align(mu_v.double(), lv_v.double(), mu_t[i : i + 1].double().expand(n_v, -1),
                    lv_t[i : i + 1].double().expand(n_v, -1), **kw) for i in range(n_t)]
     )
-    full = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, **kw)
-    assert full.shape == (n_t, n_v) and full.dtype == torch.float32
     scale = float(expected.abs().max()) + 1.0
-    torch.testing.assert_close(full.double(), expected, rtol=1e-5, atol=1e-5 * scale)
-    for text_chunk, video_chunk in ((2, 3), (1, 1), (5, 4)):
-        chunked = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, text_chunk=text_chunk, video_chunk=video_chunk, **kw)
-        torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5 * scale)
-    direct = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, max_group=1, **kw)  # one log per dimension
-    torch.testing.assert_close(direct, full, rtol=1e-5, atol=1e-5 * scale)
+    for scorer in (sgi_align_pairwise, s_align_scores):
+        full = scorer(mu_v, lv_v, mu_t, lv_t, **kw)
+        assert full.shape == (n_t, n_v) and full.dtype == torch.float32
+        torch.testing.assert_close(full.double(), expected, rtol=1e-5, atol=1e-5 * scale)
+        for text_chunk, video_chunk in ((2, 3), (1, 1), (5, 4)):
+            chunked = scorer(mu_v, lv_v, mu_t, lv_t, text_chunk=text_chunk, video_chunk=video_chunk, **kw)
+            torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5 * scale)
+    direct = s_align_scores(mu_v, lv_v, mu_t, lv_t, max_group=1, **kw)  # one log per dimension
+    torch.testing.assert_close(direct.double(), expected, rtol=1e-5, atol=1e-5 * scale)
+    one = s_align_scores(mu_v, lv_v, mu_t, lv_t, text_chunk=2, workers=1, **kw)
+    two = s_align_scores(mu_v, lv_v, mu_t, lv_t, text_chunk=2, workers=2, **kw)
+    torch.testing.assert_close(two, one, rtol=0, atol=0)  # the same stripes, whoever computes them
 
 
 def test_pairwise_at_the_clamp_extremes_and_without_a_clamp() -> None:
@@ -226,10 +378,11 @@ def test_pairwise_at_the_clamp_extremes_and_without_a_clamp() -> None:
         mu_v, mu_t = mu[: len(lv_v)], mu[: len(lv_t)]
         g, _ = sgi_product_group(lv_v, lv_t)
         assert g >= 8
-        full = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, per_dim_mean=False)
-        reference = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, per_dim_mean=False,
-                                       max_group=1)
+        full = s_align_scores(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, per_dim_mean=False)
+        reference = s_align_scores(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, per_dim_mean=False, max_group=1)
         torch.testing.assert_close(full, reference, rtol=1e-5, atol=1e-3)
+        pure = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, per_dim_mean=False)
+        torch.testing.assert_close(full, pure, rtol=1e-5, atol=1e-3)
     wide = torch.tensor([[-79.0, 79.0]])  # log s spans 158: no product of two is provably in range
     assert sgi_product_group(wide, wide) == (1, 0)
     assert sgi_product_group(torch.full((2, 4), -90.0), torch.full((2, 4), -95.0)) == (1, 0)  # e^−90 is subnormal
@@ -241,39 +394,117 @@ def test_pairwise_at_the_clamp_extremes_and_without_a_clamp() -> None:
     assert sgi_product_group(torch.tensor([[-10.0] * 8 + [5.0] * 8]), torch.tensor([[5.0] * 8 + [-10.0] * 8]))[0] == 8
 
 
-def test_pairwise_keeps_float64_and_is_differentiable_when_asked() -> None:
-    mu_v, lv_v = gaussians(4, 6, seed=7)
-    mu_t, lv_t = gaussians(3, 6, seed=8)
-    kw = {"G": 1.0, "T": 1.0, "lam": 1.0}
-    out = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, **kw)
-    assert out.dtype == torch.float64
-    lv = lv_v.clone().requires_grad_(True)
-    graded = sgi_align_pairwise(mu_v, lv, mu_t, lv_t, text_chunk=2, **kw)
-    torch.testing.assert_close(graded.detach(), out)
-    graded.sum().backward()
-    assert lv.grad is not None and torch.isfinite(lv.grad).all()
+def broadcast_pairwise(mu_v, lv_v, mu_t, lv_t, **kw):  # noqa: ANN001, ANN003, ANN201
+    """The all-pairs S_align straight from ``sgi_align_terms`` on [N_t, N_v, D] broadcasts (plain autograd)."""
+    terms = sgi_align_terms(mu_v[None], lv_v[None], mu_t[:, None], lv_t[:, None], **kw)
+    return torch.stack(list(terms.values())).sum(dim=0)
 
 
-def test_pairwise_workers_under_no_grad_and_the_thread_setting_is_restored() -> None:
-    """Several text stripes on two worker threads: same values as one thread, inputs that require grad are fine
-    under no_grad (grad mode is thread-local), and the caller's torch thread count is unchanged afterwards."""
+@pytest.mark.parametrize("per_dim_mean,a_distance", [(True, "centre"), (False, "centre"), (True, "expected")])
+def test_pairwise_gradient_equals_the_broadcast_gradient(per_dim_mean: bool, a_distance: str) -> None:
+    """``sgi_align_pairwise`` keeps float64 and its chunked backward (never [N_t, N_v, D] at once) gives the gradient
+    of the plain broadcast formula, for every input, with chunks that split both sides."""
+    mu_v, lv_v = gaussians(5, 6, seed=7)
+    mu_t, lv_t = gaussians(4, 6, seed=8)
+    kw = {"G": 1.3, "T": 0.8, "lam": 0.7, "per_dim_mean": per_dim_mean, "eps": 1e-3, "a_distance": a_distance}
+    weights = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for fn in (lambda *x: sgi_align_pairwise(*x, text_chunk=3, video_chunk=2, **kw),
+               lambda *x: broadcast_pairwise(*x, **kw)):
+        inputs = [x.clone().requires_grad_(True) for x in (mu_v, lv_v, mu_t, lv_t)]
+        out = fn(*inputs)
+        assert out.dtype == torch.float64
+        (out * weights).sum().backward()
+        grads.append((out.detach(), [x.grad for x in inputs]))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-12, atol=1e-12)
+    for ours, plain in zip(grads[0][1], grads[1][1], strict=True):
+        torch.testing.assert_close(ours, plain, rtol=1e-10, atol=1e-12)
+
+
+def test_the_chunked_moments_pass_gradcheck() -> None:
+    from tvr.losses import sgi_pair_moments
+
+    g = torch.Generator().manual_seed(11)
+    mu_v = torch.randn(5, 3, dtype=torch.float64, generator=g)
+    mu_t = torch.randn(4, 3, dtype=torch.float64, generator=g)
+    var_v = torch.rand(5, 3, dtype=torch.float64, generator=g) + 0.2
+    var_t = torch.rand(4, 3, dtype=torch.float64, generator=g) + 0.2
+    inputs = tuple(x.requires_grad_(True) for x in (mu_v, var_v, mu_t, var_t))
+    assert torch.autograd.gradcheck(lambda *x: sgi_pair_moments(*x, text_chunk=3, video_chunk=2), inputs)
+
+
+def fresh_thread_default() -> int:
+    """torch's thread count as a new thread starts with it (the process-wide default)."""
+    import threading
+
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    return seen[0]
+
+
+def test_losses_and_training_never_touch_threads_and_the_scoring_pool_is_made_once() -> None:
+    """The pure all-pairs loss path and a training step start no thread and leave torch's thread settings alone;
+    test-time scoring on two workers reuses one pool, leaves the caller's setting and the process default as they
+    were, and gives the single-threaded values (grad-requiring inputs are fine: grad mode is thread-local)."""
+    import threading
+
     mu_v, lv_v = (x.float() for x in gaussians(9, 24, seed=9))
     mu_t, lv_t = (x.float() for x in gaussians(21, 24, seed=10))
-    mu_t.requires_grad_(True)  # like a head's states encoded outside no_grad
-    lv_t.requires_grad_(True)
     previous = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        with torch.no_grad():
-            single = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2)
         torch.set_num_threads(2)
+        threads, default = threading.active_count(), fresh_thread_default()
+        graded = [x.clone().requires_grad_(True) for x in (mu_v, lv_v, mu_t, lv_t)]
+        sgi_align_pairwise(*graded, G=1.0, T=1.0, lam=1.0).sum().backward()
+        for objective in ("positive", "contrastive"):
+            h = head(sgi_objective=objective).train()
+            h.loss(*features(6, 6))["loss"].backward()
+        assert threading.active_count() == threads and torch.get_num_threads() == 2 == fresh_thread_default()
+        single = s_align_scores(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2, workers=1)
+        assert threading.active_count() == threads  # one worker: the calling thread, no pool
+        pool = scoring_pool(2)
         with torch.no_grad():
-            threaded = sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2)
-        assert torch.get_num_threads() == 2
+            pooled = s_align_scores(graded[0], graded[1], graded[2], graded[3], G=1.0, T=1.0, lam=1.0, text_chunk=2)
+        again = s_align_scores(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2)
+        assert scoring_pool(2) is pool and threading.active_count() <= threads + 2  # made once, two threads at most
+        assert torch.get_num_threads() == 2 and fresh_thread_default() == default
     finally:
         torch.set_num_threads(previous)
-    assert not threaded.requires_grad
-    torch.testing.assert_close(threaded, single, rtol=0, atol=0)
+    assert not pooled.requires_grad
+    torch.testing.assert_close(pooled, single, rtol=0, atol=0)
+    torch.testing.assert_close(again, single, rtol=0, atol=0)
+
+
+def _score_in_child(queue) -> None:  # noqa: ANN001
+    # as torch's DataLoader workers do: GNU OpenMP cannot run a parallel region in a child forked after the parent
+    # ran one (any torch op would hang here, pool or not)
+    torch.set_num_threads(1)
+    mu_v, lv_v = (x.float() for x in gaussians(9, 24, seed=9))
+    mu_t, lv_t = (x.float() for x in gaussians(21, 24, seed=10))
+    queue.put(s_align_scores(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2, workers=2).tolist())
+
+
+def test_a_forked_child_scores_with_a_pool_of_its_own() -> None:
+    """Threads do not survive fork: a child forked after the parent's pool exists must not wait on it."""
+    import multiprocessing
+
+    mu_v, lv_v = (x.float() for x in gaussians(9, 24, seed=9))
+    mu_t, lv_t = (x.float() for x in gaussians(21, 24, seed=10))
+    parent = s_align_scores(mu_v, lv_v, mu_t, lv_t, G=1.0, T=1.0, lam=1.0, text_chunk=2, workers=2)  # pool exists
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_score_in_child, args=(queue,))
+    child.start()
+    try:
+        result = queue.get(timeout=60)
+    finally:
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    torch.testing.assert_close(torch.tensor(result), parent, rtol=0, atol=0)
 
 
 def test_bad_arguments_are_named() -> None:
@@ -350,6 +581,78 @@ def test_sgi_can_be_kept_from_the_backbone() -> None:
     assert grads["detached"][2] == pytest.approx(grads["shared"][2])  # same value, different gradient path
 
 
+def test_the_mu_heads_alone_can_reach_the_collapse() -> None:
+    """``sgi_to_backbone: false`` keeps L_SGI from the backbone, not from the μ heads: with the features untouched,
+    W_μ = 0 (and W_σ = 0) puts every item at one Gaussian, where the paper's L_SGI beats its value at init — the
+    trivial maximiser needs no backbone. The contrastive L_SGI-NCE prices that state at ln B."""
+    text, video = features(8, 8)
+    guarded = head(sgi_to_backbone=False, eps=1e-2, alpha=1.0).eval()
+    contrastive = head(sgi_to_backbone=False, eps=1e-2, alpha=1.0, sgi_objective="contrastive").eval()
+    contrastive.load_state_dict(guarded.state_dict())
+    before = {name: float(h.loss(text, video)["sgi"]) for name, h in (("positive", guarded),
+                                                                        ("contrastive", contrastive))}
+    for h in (guarded, contrastive):
+        with torch.no_grad():
+            for module in (h.gauss_text, h.gauss_video):
+                module.mu_fc.weight.zero_()
+                module.mu_fc.bias.copy_(torch.linspace(-1.0, 1.0, D))
+                module.logvar_fc.weight.zero_()
+    after = {name: float(h.loss(text, video)["sgi"]) for name, h in (("positive", guarded),
+                                                                       ("contrastive", contrastive))}
+    ts = guarded.encode_texts(text)
+    assert float(1.0 - ts.mu.detach().mean(dim=0).square().sum()) < 1e-6  # every μ the same
+    assert after["positive"] < before["positive"]
+    assert after["contrastive"] == pytest.approx(math.log(8), rel=1e-5) and before["contrastive"] < math.log(8)
+
+
+@pytest.mark.parametrize("sgi_to_backbone", [True, False])
+def test_the_contrastive_head_loss(sgi_to_backbone: bool) -> None:
+    h = head(alpha=0.3, sgi_objective="contrastive", sgi_tau=50.0, sgi_to_backbone=sgi_to_backbone, stats_momentum=1.0)
+    text, video = features(6, 6)
+    text.eot.requires_grad_(True)
+    h.train()
+    out = h.loss(text, video)
+    ts, vs = h.encode_texts(text), h.encode_videos(video)
+    infonce = symmetric_infonce(h.logit_scale.exp() * (ts.f @ vs.f.T))
+    sgi = sgi_align_nce(vs.mu, vs.logvar, ts.mu, ts.logvar, tau=50.0, **h.sgi_kwargs())
+    assert 0.1 < float(sgi.detach()) < math.log(6)  # not saturated: its gradient matters
+    torch.testing.assert_close(out["loss"], infonce + 0.3 * sgi)
+    torch.testing.assert_close(out["sgi"], sgi.detach())
+    positives = sgi_align(vs.mu, vs.logvar, ts.mu, ts.logvar, **h.sgi_kwargs())
+    torch.testing.assert_close(out["term_A"] + out["term_B"] + out["term_C"], positives.mean().detach())
+    pairs = sgi_align_pairwise(vs.mu, vs.logvar, ts.mu, ts.logvar, **h.sgi_kwargs()).detach()
+    assert float(h.s_align_mean) == pytest.approx(float(pairs.mean()), rel=1e-5)  # momentum 1: this batch's
+    out["loss"].backward()
+    assert float(h.gauss_text.logvar_fc.weight.grad.abs().max()) > 0
+    assert float(h.gauss_video.mu_fc.weight.grad.abs().max()) > 0
+    infonce_only = head(alpha=0.0).eval()
+    text2 = TextFeatures(text.eot.detach().clone().requires_grad_(True))
+    infonce_only.loss(text2, video)["loss"].backward()
+    same = torch.allclose(text.eot.grad, text2.eot.grad)
+    assert same == (not sgi_to_backbone)  # the backbone sees L_SGI-NCE only with sgi_to_backbone
+
+
+def test_the_soft_clamp_keeps_a_gradient_outside_the_range() -> None:
+    x = torch.tensor([-60.0, -12.0, -10.0, -4.0, 0.0, 5.0, 8.0, 60.0], dtype=torch.float64, requires_grad=True)
+    y = soft_clamp(x, -10.0, 5.0)
+    assert bool(((y >= -10.0) & (y <= 5.0)).all()) and bool(((y[1:-1] > -10.0) & (y[1:-1] < 5.0)).all())
+    assert bool((y[1:-1] > y[:-2]).all())  # increasing (until float64 rounds e^−50 away at ±60)
+    assert abs(float(y[3].detach()) + 4.0) < math.log1p(math.exp(-6.0)) + math.log1p(math.exp(-9.0))  # ≈ x well inside
+    y.sum().backward()
+    assert bool((x.grad > 0).all()) and float(x.grad[3]) > 0.99
+    # through the head: entries far outside the range still learn, unlike the hard clamp
+    for mode, learns in (("soft", True), ("hard", False)):
+        h = head(logvar_clamp_mode=mode)
+        with torch.no_grad():
+            h.gauss_text.logvar_fc.bias.fill_(-40.0)  # every entry far below the range
+            h.gauss_video.logvar_fc.bias.fill_(40.0)  # and far above it
+        h.loss(*features(6, 6))["loss"].backward()
+        grads = [float(m.logvar_fc.bias.grad.abs().max()) for m in (h.gauss_text, h.gauss_video)]
+        assert all(g > 0 for g in grads) if learns else all(g == 0 for g in grads)
+        ts = h.encode_texts(features(6, 6)[0])
+        assert bool(((ts.logvar >= -10.0) & (ts.logvar <= 5.0)).all())
+
+
 def test_a_training_step_lowers_the_loss_and_tracks_statistics() -> None:
     h = head(stats_momentum=0.5)
     text, video = features(8, 8)
@@ -381,6 +684,25 @@ def test_a_training_step_lowers_the_loss_and_tracks_statistics() -> None:
         assert got_mean == pytest.approx(0.5 * (prev_mean + mean), rel=1e-5)
         assert got_var == pytest.approx(0.5 * (prev_var + var), rel=1e-4)
     assert int(h.s_align_batches) == 10
+
+
+@pytest.mark.parametrize("momentum", [0.1, 0.8])
+def test_running_statistics_move_by_the_momentum(momentum: float) -> None:
+    """statistic ← (1 − m)·statistic + m·batch value: m is the weight of the new batch (checked at m ≠ 0.5, where
+    m and 1 − m differ)."""
+    h = head(stats_momentum=momentum)
+    h.train()
+    h.loss(*features(8, 8, seed=1))  # the first batch sets the statistics
+    prev_mean, prev_var = float(h.s_align_mean), float(h.s_align_var)
+    text, video = features(8, 8, seed=2)
+    with torch.no_grad():
+        ts, vs = h.encode_texts(text), h.encode_videos(video)
+        batch = sgi_align_pairwise(vs.mu, vs.logvar, ts.mu, ts.logvar, **h.sgi_kwargs()).double()
+    h.loss(text, video)
+    assert abs(float(batch.mean()) - prev_mean) > 1e-3  # the batches differ, so the weight shows
+    assert float(h.s_align_mean) == pytest.approx((1 - momentum) * prev_mean + momentum * float(batch.mean()),
+                                                  rel=1e-5)
+    assert float(h.s_align_var) == pytest.approx((1 - momentum) * prev_var + momentum * float(batch.var()), rel=1e-4)
 
 
 SETTINGS = [{"mode": "cos_f"}, {"mode": "cos_mu"}, {"mode": "s_align"}, {"mode": "mixed", "w": 0.7}]
@@ -473,8 +795,14 @@ def test_candidates_and_setting_errors() -> None:
         ({"quality": "exp"}, r"head.options.quality = 'exp': expected one of \['softplus', 'clamp', 'literal'\]"),
         ({"terms": "ABD"}, r"head.options.terms = 'ABD': expected one of"),
         ({"T": 0.0}, r"head.options.T = 0.0: expected a number > 0.0"),
-        ({"mixed_weights": [0.1, 0.2]}, r"head.options.mixed_weights: expected a list of 4 values"),
+        ({"mixed_weights": []}, r"head.options.mixed_weights = \[\]: expected one or more numbers >= 0"),
+        ({"mixed_weights": 0.5}, r"head.options.mixed_weights: expected a list of values, got 0.5"),
+        ({"mixed_weights": [0.1, "x"]}, r"head.options.mixed_weights\[1\]: expected a number, got 'x'"),
         ({"mixed_weights": [0.1, 0.2, 0.3, -1.0]}, r"head.options.mixed_weights = \[0.1, 0.2, 0.3, -1.0\]"),
+        ({"sgi_objective": "nce"}, r"head.options.sgi_objective = 'nce': expected one of \['positive', 'contr"),
+        ({"sgi_tau": 0.0}, r"head.options.sgi_tau = 0.0: expected a number > 0.0"),
+        ({"a_distance": "mean"}, r"head.options.a_distance = 'mean': expected one of \['centre', 'expected'\]"),
+        ({"logvar_clamp_mode": "tanh"}, r"head.options.logvar_clamp_mode = 'tanh': expected one of \['hard', 'soft'\]"),
         ({"inference_mode": "dot"}, r"head.options.inference_mode = 'dot': expected one of \['cos_f'"),
     ],
 )
@@ -508,7 +836,7 @@ def encoded_split(n: int = 12, seed: int = 5):  # noqa: ANN201
 @pytest.mark.parametrize("rerank_k", [0, 5])
 def test_every_mode_evaluates_and_names_itself(setting: dict, rerank_k: int) -> None:
     from tvr.eval.protocol import evaluate
-    from tvr.eval.runner import evaluate_encoded
+    from tvr.eval.runner import evaluate_encoded, shortlist_matrix
 
     h = head()
     h.train()
@@ -521,7 +849,10 @@ def test_every_mode_evaluates_and_names_itself(setting: dict, rerank_k: int) -> 
     metrics = evaluate_encoded(model, encoded, cfg, torch.device("cpu"))
     assert metrics["info"]["inference_setting"] == setting
     ts, vs = h.encode_texts(encoded.text), h.encode_videos(encoded.video)
-    sim = h.score_two_stage(ts, vs, 5) if rerank_k and not h.indexable else h.score(ts, vs)
+    if rerank_k and not h.indexable:  # each text's 5 videos; a match outside them ranks last
+        sim = shortlist_matrix(*h.rerank(ts, vs, 5), len(vs), torch.arange(len(ts)), torch.tensor(encoded.text_video))
+    else:
+        sim = h.score(ts, vs)
     assert metrics["t2v"] == evaluate(sim, encoded.text_video, "one_to_one")["t2v"]
     assert metrics["t2v@cos_f"] == evaluate(ts.f @ vs.f.T, encoded.text_video, "one_to_one")["t2v"]
     assert metrics["info"]["indexable"] == (setting["mode"] in ("cos_f", "cos_mu"))
@@ -548,6 +879,30 @@ def test_validation_chooses_the_mode() -> None:
     assert h.inference_setting() == best == metrics["info"]["inference_setting"]
     assert [row["setting"] for row in metrics["info"]["inference_selection"]] == h.inference_candidates()
     assert len(metrics["info"]["inference_selection"]) == 7  # cos_f, cos_mu, s_align, mixed × 4 weights
+
+
+@pytest.mark.parametrize("stored,passes", [({"mode": "cos_f"}, 0), ({"mode": "cos_mu"}, 0), ({"mode": "s_align"}, 1),
+                                           ({"mode": "mixed", "w": 0.5}, 1)])
+def test_test_time_computes_s_align_only_for_a_mode_that_uses_it(stored: dict, passes: int,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """At test time the evaluator names the settings it combines (the cos_f row): a stored cos_f / cos_mu mode
+    spends no S_align pass, a pairwise mode exactly one; validation (choosing among every mode) one."""
+    from tvr.eval.runner import evaluate_encoded
+
+    h = head()
+    h.train()
+    h.loss(*features(8, 8))
+    h.eval()
+    calls = []
+    original = GraviAlignHead.s_align_block
+    monkeypatch.setattr(GraviAlignHead, "s_align_block", lambda self, t, v: calls.append(1) or original(self, t, v))
+    model = RetrievalModel(None, torch.nn.Identity(), h)
+    h.set_inference_setting(stored)
+    metrics = evaluate_encoded(model, encoded_split(), Config(), torch.device("cpu"))
+    assert len(calls) == passes and metrics["info"]["inference_setting"] == stored and "t2v@cos_f" in metrics
+    calls.clear()
+    evaluate_encoded(model, encoded_split(), Config(), torch.device("cpu"), select_inference=True)
+    assert len(calls) == 1  # every candidate, and the chosen score, from one S_align matrix
 
 
 def test_gravialign_trains_and_evaluates_through_the_cli(tmp_path: Path) -> None:
@@ -591,7 +946,8 @@ def load(path: Path) -> Config:
 def test_presets_exist_and_follow_the_clipvip_recipe() -> None:
     names = {p.relative_to(REPO / "tvr" / "configs" / "gravialign").as_posix() for p in PRESETS}
     assert {"msrvtt.yaml", "msrvtt_b16.yaml", "didemo.yaml", "activitynet.yaml", "ablations/no_a.yaml",
-            "ablations/no_b.yaml", "ablations/no_c.yaml", "ablations/literal.yaml", "ablations/guarded.yaml"} <= names
+            "ablations/no_b.yaml", "ablations/no_c.yaml", "ablations/literal.yaml", "ablations/guarded.yaml",
+            "ablations/contrastive.yaml", "ablations/soft_a.yaml"} <= names
     for path in PRESETS:
         cfg = load(path)
         clipvip = load(REPO / "tvr" / "configs" / "clipvip" / f"{cfg.data.dataset}.yaml")
@@ -606,6 +962,14 @@ def test_presets_exist_and_follow_the_clipvip_recipe() -> None:
         assert opts == dataclasses.replace(default, terms=terms)
     guarded = load(REPO / "tvr" / "configs" / "gravialign" / "ablations" / "guarded.yaml").head.options
     assert guarded == dataclasses.replace(default, eps=1e-2, sgi_to_backbone=False)
+    contrastive = load(REPO / "tvr" / "configs" / "gravialign" / "ablations" / "contrastive.yaml")
+    assert contrastive.head.options == dataclasses.replace(default, sgi_objective="contrastive", sgi_tau=1.0)
+    soft_a = load(REPO / "tvr" / "configs" / "gravialign" / "ablations" / "soft_a.yaml")
+    assert soft_a.head.options == dataclasses.replace(default, a_distance="expected")
+    base = load(REPO / "tvr" / "configs" / "gravialign" / "msrvtt.yaml")
+    for variant in (contrastive, soft_a):  # the head's options are the only difference
+        assert (variant.data, variant.model, variant.train, variant.eval) == (base.data, base.model, base.train,
+                                                                              base.eval)
     literal = load(REPO / "tvr" / "configs" / "gravialign" / "ablations" / "literal.yaml").head.options
     assert literal == dataclasses.replace(default, per_dim_mean=False, quality="literal", logvar_clamp=False, eps=0.0)
 
@@ -639,6 +1003,17 @@ def test_preset_runs_a_training_step_on_a_tiny_clipvip(path: Path) -> None:
     opt.step()
     assert torch.isfinite(out["loss"]) and int(model.head.s_align_batches) == 1
     assert model.head.gauss_video.logvar_fc.weight.grad is not None
+
+
+@pytest.mark.parametrize("name,options", [("gravialign/msrvtt", {}),
+                                          ("gravialign/ablations/guarded", {"eps": 1e-2, "sgi_to_backbone": False}),
+                                          ("gravialign/ablations/contrastive", {"sgi_objective": "contrastive"})])
+def test_the_method_comparison_presets_are_addressable_by_name(name: str, options: dict) -> None:
+    """GraviAlign as specified, guarded and contrastive: the three rows of a method comparison, by preset name."""
+    cfg = load_config(name, ["head.options.mixed_weights=[0.5]"])
+    resolve_head_config(cfg.head)
+    assert cfg.head.options == dataclasses.replace(GraviAlignOptions(), mixed_weights=(0.5,), **options)
+    assert GraviAlignHead(D, cfg.head.options).inference_candidates()[-1] == {"mode": "mixed", "w": 0.5}
 
 
 def test_builds_with_the_registry_defaults() -> None:

@@ -1,6 +1,8 @@
-"""The head contract, checked for every registered head (and a head defined outside the package, by import path):
+"""The head contract, checked for every registered head (and heads defined outside the package, by import path):
 build from a config, train on a fixed batch, chunked == unchunked scoring, exact pair scores, two-stage with K = N
-equal to exhaustive scoring, and a checkpoint round trip; the registry's errors name what is wrong."""
+equal to exhaustive scoring in both directions, every fast path against the head's own per-pair oracle
+(``reference_pair_scores``, as HF's model testers check a model against a reference), and a checkpoint round trip;
+the registry's errors name what is wrong."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from typer.testing import CliRunner
 
 from tvr.config import ConfigError, HeadConfig, load_config
 from tvr.models.heads import registry
-from tvr.models.heads.base import LN_100, RetrievalHead, top_k_by_dot
+from tvr.models.heads.base import LN_100, PAIRWISE_CHUNK, RetrievalHead
+from tvr.models.heads.common import top_k_by_dot
 from tvr.models.model import RetrievalModel
 from tvr.train.checkpoint import load_checkpoint, save_checkpoint
 from tvr.types import TextFeatures, VideoFeatures
@@ -103,16 +106,89 @@ def test_contract_chunked_scoring_pairs_and_two_stage(name: str) -> None:
     g = torch.Generator().manual_seed(2)
     ti, vi = torch.randint(0, 7, (40,), generator=g), torch.randint(0, 9, (40,), generator=g)
     torch.testing.assert_close(head.score_pairs(ts, vs, ti, vi), full[ti, vi], rtol=1e-5, atol=1e-5)
-    # two-stage with K = N ranks the whole gallery exactly
+    # two-stage with K = N ranks the whole gallery exactly, in both directions
     torch.testing.assert_close(head.score_two_stage(ts, vs, 9), full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(head.score_two_stage(ts, vs, 7, direction="v2t"), full, rtol=1e-5, atol=1e-5)
     idx, scores = head.rerank(ts, vs, 4)
     assert idx.shape == scores.shape == (7, 4) and bool((scores[:, :-1] >= scores[:, 1:]).all())
     torch.testing.assert_close(scores, full.gather(1, idx), rtol=1e-5, atol=1e-5)
     shortlist = top_k_by_dot(head.shortlist_texts(ts), head.shortlist_videos(vs), 4)[0]
     assert torch.equal(idx.sort(1).values, shortlist.sort(1).values)
+    # v2t: each video shortlists its own texts
+    idx, scores = head.rerank_texts(ts, vs, 3)
+    assert idx.shape == scores.shape == (9, 3) and bool((scores[:, :-1] >= scores[:, 1:]).all())
+    torch.testing.assert_close(scores, full.T.gather(1, idx), rtol=1e-5, atol=1e-5)
+    shortlist = top_k_by_dot(head.shortlist_videos(vs), head.shortlist_texts(ts), 3)[0]
+    assert torch.equal(idx.sort(1).values, shortlist.sort(1).values)
     if head.indexable:  # the score is the dot product of the shortlist embeddings
         torch.testing.assert_close(head.shortlist_texts(ts) @ head.shortlist_videos(vs).T, full, rtol=1e-5,
                                    atol=1e-5)
+
+
+def _settings_to_check(head: RetrievalHead) -> list[dict]:
+    """The stored inference setting, every baseline, and the first, middle and last candidate."""
+    candidates = head.inference_candidates()
+    picked = [head.inference_setting(), *head.baseline_settings().values()]
+    picked += [candidates[k] for k in sorted({0, len(candidates) // 2, len(candidates) - 1})] if candidates else []
+    unique: list[dict] = []
+    for setting in picked:
+        if setting not in unique:
+            unique.append(setting)
+    return unique
+
+
+def test_contract_fast_paths_match_the_heads_own_oracle(name: str) -> None:
+    """score, score_pairs, rerank and rerank_texts against ``reference_pair_scores``: the head's plain per-pair
+    formula, computed from the features one pair at a time, under each inference setting."""
+    head = build(name).eval()
+    text, video = features(6, 8, seed=5)
+    ti = torch.arange(6).repeat_interleave(8)
+    vi = torch.arange(8).repeat(6)
+    for setting in _settings_to_check(head):
+        head.set_inference_setting(setting)
+        reference = head.reference_pair_scores(text[ti], video[vi]).view(6, 8)
+        assert reference.shape == (6, 8) and torch.isfinite(reference).all(), setting
+        ts, vs = head.encode_texts(text), head.encode_videos(video)
+        torch.testing.assert_close(head.score(ts, vs), reference, rtol=1e-4, atol=1e-5, msg=f"score {setting}")
+        torch.testing.assert_close(head.score(ts, vs, text_chunk=4, video_chunk=3), reference, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(head.score_pairs(ts, vs, ti, vi).view(6, 8), reference, rtol=1e-4, atol=1e-5)
+        idx, scores = head.rerank(ts, vs, 3)
+        torch.testing.assert_close(scores, reference.gather(1, idx), rtol=1e-4, atol=1e-5)
+        idx, scores = head.rerank_texts(ts, vs, 2)
+        torch.testing.assert_close(scores, reference.T.gather(1, idx), rtol=1e-4, atol=1e-5)
+
+
+def test_a_head_without_an_oracle_says_so() -> None:
+    from toy_heads import BilinearHead
+
+    class NoOracle(BilinearHead):
+        reference_pair_scores = RetrievalHead.reference_pair_scores
+
+    text, video = features(2, 2)
+    with pytest.raises(NotImplementedError, match="NoOracle provides no reference_pair_scores"):
+        NoOracle(D).reference_pair_scores(text, video)
+
+
+def test_pairwise_scoring_blocks_are_bounded_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pairwise head that sets no chunk sizes is scored in blocks of at most PAIRWISE_CHUNK × PAIRWISE_CHUNK
+    pairs, whatever the gallery; an indexable head scores each chunk of texts against the whole gallery."""
+    from toy_heads import BilinearHead, MixtureHead
+
+    seen: list[tuple[int, int]] = []
+    for cls in (MixtureHead, BilinearHead):
+        head = cls(D).eval()
+        original = head.score_block
+        monkeypatch.setattr(head, "score_block", lambda t, v, f=original: seen.append((len(t), len(v))) or f(t, v))
+        text, video = features(PAIRWISE_CHUNK + 5, 2 * PAIRWISE_CHUNK + 3, seed=6)
+        ts, vs = head.encode_texts(text), head.encode_videos(video)
+        full = head.score(ts, vs)
+        assert full.shape == (PAIRWISE_CHUNK + 5, 2 * PAIRWISE_CHUNK + 3)
+        if head.indexable:
+            assert {v for _, v in seen} == {2 * PAIRWISE_CHUNK + 3}
+        else:
+            assert max(t for t, _ in seen) <= PAIRWISE_CHUNK and max(v for _, v in seen) <= PAIRWISE_CHUNK
+            torch.testing.assert_close(full, ts.emb @ vs.a.T + head.gamma * (ts.emb @ vs.b.T))
+        seen.clear()
 
 
 def test_contract_checkpoint_round_trip(name: str, tmp_path: Path) -> None:
@@ -311,12 +387,18 @@ def test_a_head_outside_the_package_trains_and_evaluates_from_the_cli(tmp_path: 
 
 
 def test_the_demo_runs_a_head_by_import_path(tmp_path: Path) -> None:
+    """... and its tables name the inference setting validation chose and the chance level of the test split."""
     from tvr.cli import app
 
-    result = CliRunner().invoke(app, ["demo", "--quick", "--method", TOY, "--out", str(tmp_path / "demo")])
+    result = CliRunner().invoke(app, ["demo", "--quick", "--method", MIXTURE, "--out", str(tmp_path / "demo")])
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "demo" / "run" / "test_best" / "metrics.json").read_text())
-    assert metrics["head"] == TOY
+    assert metrics["head"] == MIXTURE
+    gamma = metrics["inference_setting"]["gamma"]
+    named = f"Inference setting: gamma = {gamma}, as stored in the checkpoint (chosen on the validation split)"
+    chance = "Chance level (a random ranking): t2v R@1 5, R@5 25, R@10 50, MdR 10.5, MnR 10.5 (20 videos)"
+    for text in (result.output, (tmp_path / "demo" / "run" / "test_best" / "metrics.md").read_text()):
+        assert named in text and "rows `…@gamma=0`" in text and chance in text
 
 
 def _invalid_value(f: dataclasses.Field) -> object | None:

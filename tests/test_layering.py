@@ -1,9 +1,12 @@
 """The package's import graph: layers point one way and no tvr module imports itself back (static, from the AST).
 
-Layers, top to bottom: ``tvr.cli``/``tvr.__main__`` → ``tvr.pipeline``/``tvr.demo`` → ``tvr.train``, ``tvr.eval``,
-``tvr.search``, ``tvr.analysis`` → ``tvr.models`` → ``tvr.data`` → ``tvr.losses``, ``tvr.config``, ``tvr.types``,
-``tvr.utils``. A module may import only from its own layer group's allowed targets; every import counts, including
-the ones inside functions (a lazy import is still a dependency).
+Layers, top to bottom (docs/architecture.md): ``tvr.cli``/``tvr.__main__`` → ``tvr.demo`` → ``tvr.pipeline`` →
+``tvr.train``, ``tvr.eval``, ``tvr.search``, ``tvr.analysis`` → ``tvr.models`` → ``tvr.data`` → ``tvr.losses``,
+``tvr.config``, ``tvr.types``, ``tvr.utils``. A module may import from any layer below its own, with two limits:
+in the train/eval/search/analysis layer train and eval never import each other (search and analysis may use eval),
+and the CLI never imports ``tvr.train``: a job that trains, or writes a training checkpoint, is a pipeline job,
+so the CLI and Python callers run the same code. Every import counts, including the ones inside functions (a lazy
+import is still a dependency).
 """
 
 from __future__ import annotations
@@ -15,25 +18,36 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tvr"
 
+#: the layers, top to bottom; a part may import from every layer below its own
+LAYERS: list[set[str]] = [
+    {"cli", "__main__"},
+    {"demo"},
+    {"pipeline"},
+    {"train", "eval", "search", "analysis"},
+    {"models"},
+    {"data"},
+    {"config", "losses", "types", "utils"},
+]
+#: imports inside a layer (train and eval are siblings that never import each other)
+SAME_LAYER = {"search": {"eval"}, "analysis": {"eval"}, "config": {"utils"}, "__main__": {"cli"}}
+#: imports from below that are still refused: the CLI reaches training through pipeline jobs only
+FORBIDDEN = {"cli": {"train"}, "__main__": {"train"}}
+
+
+def _allowed() -> dict[str, set[str]]:
+    allowed = {"__init__": set()}
+    for depth, layer in enumerate(LAYERS):
+        below = set().union(*LAYERS[depth + 1 :])
+        for part in layer:
+            allowed[part] = (below | SAME_LAYER.get(part, set())) - FORBIDDEN.get(part, set())
+    allowed["losses"] = set()  # pure tensor functions
+    allowed["types"] = set()
+    allowed["utils"] = set()
+    return allowed
+
+
 #: what each top-level part may import from tvr (besides itself)
-ALLOWED: dict[str, set[str]] = {
-    "utils": set(),
-    "types": set(),
-    "config": {"utils"},
-    "losses": set(),
-    "data": {"config", "types", "utils"},
-    "models": {"data", "losses", "config", "types", "utils"},
-    "train": {"models", "data", "losses", "config", "types", "utils"},
-    "eval": {"models", "data", "losses", "config", "types", "utils"},
-    "search": {"eval", "models", "data", "losses", "config", "types", "utils"},
-    "analysis": {"eval", "models", "data", "losses", "config", "types", "utils"},
-    "pipeline": {"train", "eval", "search", "analysis", "models", "data", "losses", "config", "types", "utils"},
-    "demo": {"pipeline", "train", "eval", "models", "data", "losses", "config", "types", "utils"},
-    "cli": {"pipeline", "demo", "train", "eval", "search", "analysis", "models", "data", "losses", "config", "types",
-            "utils"},
-    "__main__": {"cli"},
-    "__init__": set(),
-}
+ALLOWED: dict[str, set[str]] = _allowed()
 
 
 def module_name(path: Path) -> str:

@@ -21,16 +21,14 @@ from typer.testing import CliRunner
 from videos import identify_frames, write_test_video
 
 from tvr.cli import app
+from tvr.data.frame_cache import FrameCacheError, FrameSettings, load_cached_clip, read_frame_settings
 from tvr.data.prepare import (
     EncodeSettings,
-    FrameSettings,
     PrepareError,
     encode_video,
     extract_frames,
-    load_cached_clip,
     output_size,
     prepare_videos,
-    read_frame_settings,
 )
 from tvr.data.video import decode_frames, load_clip, probe_video
 from tvr.utils.io import is_temporary_name
@@ -299,7 +297,7 @@ def test_empty_source_bad_preset_and_damaged_manifest_are_errors_before_writing(
     assert "Traceback" not in result.output
     (tmp_path / "frames").mkdir()
     (tmp_path / "frames" / "frames_manifest.json").write_text('{"settings": {"max_frames": 4}}')
-    with pytest.raises(PrepareError, match=r"frames_manifest.json: damaged \(KeyError"):
+    with pytest.raises(FrameCacheError, match=r"frames_manifest.json: damaged \(KeyError"):
         read_frame_settings(tmp_path / "frames")
 
 

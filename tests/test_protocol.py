@@ -208,6 +208,37 @@ def test_write_metrics_round_trip(tmp_path) -> None:
         write_metrics(tmp_path, metrics, {"t2v": 1})
 
 
+def test_metrics_notes_name_the_setting_and_the_chance_level(tmp_path) -> None:
+    from tvr.eval import chance_metrics, metrics_notes
+
+    assert chance_metrics(1000) == {"R1": 0.1, "R5": 0.5, "R10": 1.0, "MdR": 500.5, "MnR": 500.5}
+    assert chance_metrics(4) == {"R1": 25.0, "R5": 100.0, "R10": 100.0, "MdR": 2.5, "MnR": 2.5}
+    # a random ranking's expected metrics, by brute force over every permutation of a 4-item gallery
+    import itertools
+
+    ranks = [perm.index(0) + 1 for perm in itertools.permutations(range(4))]
+    assert np.mean(ranks) == chance_metrics(4)["MnR"] and np.mean([r <= 1 for r in ranks]) * 100 == 25.0
+    with pytest.raises(ValueError, match="positive integer"):
+        chance_metrics(0)
+
+    metrics = evaluate(MC_SIM, MC_TV, "multi_caption")
+    metrics["t2v@gamma=0"] = metrics["t2v"]
+    info = {"num_texts": 5, "num_videos": 3, "protocol": "multi_caption", "inference_setting": {"gamma": 0.3},
+            "inference_selection": [{}, {}, {}]}
+    notes = metrics_notes(metrics, info)
+    assert notes == [
+        "Inference setting: gamma = 0.3, chosen on this split among 3 candidates; rows `…@gamma=0`: the same model "
+        "with that setting.",
+        "Chance level (a random ranking): t2v R@1 33.3, R@5 100, R@10 100, MdR 2.0, MnR 2.0 (3 videos); "
+        "v2t R@1 33.3, R@5 100, R@10 100, MdR 2.0, MnR 2.0 (3 caption groups).",
+    ]
+    _, md_path = write_metrics(tmp_path, metrics, info)
+    assert all(line in md_path.read_text() for line in notes)
+    one_to_one = metrics_notes(metrics, {"num_texts": 1000, "num_videos": 1000, "protocol": "one_to_one"})
+    assert one_to_one == ["Chance level (a random ranking): t2v R@1 0.1, R@5 0.5, R@10 1, MdR 500.5, MnR 500.5 "
+                          "(1000 videos); v2t R@1 0.1, R@5 0.5, R@10 1, MdR 500.5, MnR 500.5 (1000 captions)."]
+
+
 def test_metrics_table_exact() -> None:
     row = {"R1": 44.5, "R5": 71.44, "R10": 81.66, "MdR": 2.0, "MnR": 15.25}
     table = metrics_table({"v2t": row, "t2v": row, "note": "ignored"})

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from tvr.config import ConfigError, HeadConfig, load_config
 from tvr.losses import text_proxy_loss
-from tvr.models.heads import proxy as proxy_module
+from tvr.models.heads import proxy_scoring as proxy_module
 from tvr.models.heads.base import LN_100
 from tvr.models.heads.clip4clip import Clip4ClipHead
 from tvr.models.heads.proxy import (
@@ -27,6 +27,7 @@ from tvr.models.heads.proxy import (
     proxy_scores,
 )
 from tvr.models.heads.registry import build_head, head_options, resolve_head_config
+from tvr.pipeline import resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
 REPO = Path(__file__).resolve().parents[1]
@@ -217,6 +218,28 @@ def test_head_loss_uses_own_proxies_and_the_positive_proxy() -> None:
     assert all(p.grad is not None for p in head.generator.parameters())
 
 
+def test_release_loss_scale_doubles_the_loss_and_its_gradients() -> None:
+    """loss_scale: release = the released code's sum over both directions: exactly 2× the paper's loss (and its
+    gradients); the logged components stay the ½-symmetric terms."""
+    text, video, proxies = make_inputs(4, 4, seed=5)
+    feats = (TextFeatures(text), VideoFeatures(video[:, None], torch.ones(4, 1, dtype=torch.long), proxies))
+    grads, outs = {}, {}
+    for scale in ("paper", "release"):
+        torch.manual_seed(0)
+        head = ProxyHead(D, ProxyOptions(dropout=0.0, ffn_dim=24, loss_scale=scale))
+        out = head.loss(*feats)
+        out["loss"].backward()
+        outs[scale] = {k: v.detach() for k, v in out.items()}
+        grads[scale] = [p.grad.clone() for p in head.parameters()]
+    torch.testing.assert_close(outs["release"]["loss"], 2 * outs["paper"]["loss"], rtol=0, atol=0)
+    for key in ("regular", "proxy", "positive"):
+        torch.testing.assert_close(outs["release"][key], outs["paper"][key], rtol=0, atol=0)
+    for release, paper in zip(grads["release"], grads["paper"], strict=True):
+        torch.testing.assert_close(release, 2 * paper, rtol=1e-6, atol=0)
+    with pytest.raises(ConfigError, match=r"loss_scale = 'double': expected one of \['paper', 'release'\]"):
+        head_options("proxy", {"loss_scale": "double"})
+
+
 # --------------------------------------------------------------------------------------------- factorised scorer
 
 
@@ -337,6 +360,10 @@ def test_gamma_grid_setting_and_errors() -> None:
     assert fixed.inference_candidates() == [] and fixed.inference_setting() == {"gamma": 0.8}
     coarse = ProxyOptions(gamma_max=1.0, gamma_step=0.25)
     assert coarse.gamma_grid() == [0.0, 0.25, 0.5, 0.75, 1.0]
+    # 0.3 / 0.1 = 2.9999999999999996 and 0.7 / 0.1 = 6.999999999999999 in floating point: the grid still ends at
+    # gamma_max
+    assert ProxyOptions(gamma_max=0.3, gamma_step=0.1).gamma_grid() == [0.0, 0.1, 0.2, 0.3]
+    assert ProxyOptions(gamma_max=0.7, gamma_step=0.1).gamma_grid()[-1] == 0.7
 
 
 def test_options_are_checked_with_the_field_names() -> None:
@@ -423,6 +450,68 @@ def build_run(path: Path, overrides: list[str]):  # noqa: ANN201
     return cfg, model, build_optimizer(model, cfg.train)
 
 
+@pytest.mark.parametrize("lr_groups", ["intended", "reference"])
+def test_proxy_lr_falls_back_to_the_coefficient(lr_groups: str) -> None:
+    """proxy_lr: 0 means proxy_lr_coef × train.lr (here 3 × 1e-4), never train.lr itself."""
+    head = ProxyHead(D, ProxyOptions(ffn_dim=24, proxy_lr=0.0, proxy_lr_coef=3.0, lr_groups=lr_groups))
+    rules = {rule.group: rule for rule in head.param_rules(1e-4, 1e-7)}
+    proxy_group = "proxy" if lr_groups == "intended" else "proxy-constant"
+    assert rules[proxy_group].lr == pytest.approx(3e-4)
+    explicit = ProxyHead(D, ProxyOptions(ffn_dim=24, proxy_lr=5e-6, proxy_lr_coef=3.0, lr_groups=lr_groups))
+    assert {rule.group: rule for rule in explicit.param_rules(1e-4, 1e-7)}[proxy_group].lr == pytest.approx(5e-6)
+
+
+#: full-size CLIP ViT-B/32 (the released TV-ProxyNet backbone), built on the meta device: names and shapes only
+FULL_CLIP = {"embed_dim": 512, "text_width": 512, "text_layers": 12, "text_heads": 8, "vision_width": 768,
+             "vision_layers": 12, "vision_heads": 12, "image_size": 224, "patch_size": 32, "context_length": 77,
+             "vocab_size": 49408}
+
+
+def release_param_group(name: str, clip_lr: float, tp_lr: float) -> tuple[float, str, bool]:
+    """(peak lr, schedule, decayed) of a parameter in the released code, from spec §4.4 alone: groups [top-decay,
+    top-nodecay, clip-decay, proxy-decay, clip-nodecay, proxy-nodecay]; no decay for names containing "bias" (its
+    "LayerNorm.weight" never matches HF / TP names) and for the logit scale; the scheduler rewrites groups 0-3 with
+    the CLIP schedule at CLIP's peak lr, groups 4-5 keep their initial lr."""
+    no_decay = "bias" in name or name.endswith("logit_scale")
+    if name.startswith("head.generator."):
+        return (tp_lr, "constant", False) if no_decay else (clip_lr, "warmup_cosine", True)
+    return (clip_lr, "constant", False) if no_decay else (clip_lr, "warmup_cosine", True)
+
+
+def test_reference_lr_groups_are_the_released_grouping_on_a_full_size_model() -> None:
+    """Every one of the 444 parameter tensors of the full-size B/32 TV-ProxyNet gets the released code's peak lr,
+    schedule and weight decay (LayerNorm weights, embeddings and θ decay there; only biases and the logit scale do
+    not)."""
+    from tvr.models.build import build_backbone
+    from tvr.models.model import RetrievalModel
+    from tvr.train.optim import build_optimizer
+
+    overrides = ["model.clip=tiny", "model.clipvip.checkpoint=", "head.options.lr_groups=reference"]
+    cfg = load_config(REPO / "tvr" / "configs" / "proxy" / "msrvtt.yaml",
+                      overrides + [f"model.tiny.{k}={v}" for k, v in FULL_CLIP.items()])
+    resolve_head_config(cfg.head)
+    with torch.device("meta"):
+        backbone = build_backbone(cfg.model)
+    model = RetrievalModel(backbone, torch.nn.Identity(), build_head(cfg.head, 512, LN_100))
+    opt = build_optimizer(model, cfg.train)
+    got = {}
+    for group, names in zip(opt.param_groups, opt.tvr_param_names, strict=True):
+        for name in names:
+            got[name] = (group["lr"], group.get("schedule") or cfg.train.schedule, group["weight_decay"] > 0)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert len(trainable) == len(got) == 444
+    clip_lr, tp_lr = cfg.train.lr * cfg.train.backbone_lr_coef, cfg.head.options.proxy_lr
+    expected = {name: release_param_group(name, clip_lr, tp_lr) for name in trainable}
+    wrong = {n: (got[n], expected[n]) for n in trainable if got[n] != expected[n]}
+    assert not wrong, f"{len(wrong)} tensors differ from the release, e.g. {list(wrong.items())[:5]}"
+    # the parts where the release departs from tvr's own decay rule really are covered
+    assert got["head.generator.layers.0.norm1.weight"] == (clip_lr, "warmup_cosine", True)
+    assert got["head.generator.theta"] == (clip_lr, "warmup_cosine", True)
+    assert got["backbone.clip.vision_model.embeddings.class_embedding"] == (clip_lr, "warmup_cosine", True)
+    assert got["head.generator.layers.1.linear2.bias"] == (tp_lr, "constant", False)
+    assert got["head.logit_scale"] == (clip_lr, "constant", False)
+
+
 def test_lr_groups_intended_and_reference() -> None:
     from tvr.train.optim import current_lrs
     from tvr.train.schedule import build_scheduler
@@ -473,7 +562,7 @@ def test_presets_exist_and_follow_the_paper() -> None:
     }
     for name, (alpha, beta, dash, delta, eta, proxy_lr, lr, frames) in expected.items():
         cfg = load_config(REPO / "tvr" / "configs" / "proxy" / f"{name}.yaml")
-        resolve_head_config(cfg.head)
+        resolve_config(cfg)  # head options checked; CLIP-ViP's sampling from the backbone
         o = cfg.head.options
         assert cfg.head.name == "proxy" and cfg.model.backbone == "clipvip" and cfg.model.clipvip.proxy_projection
         assert (o.alpha, o.beta, o.dash, o.delta, o.eta) == (alpha, beta, dash, delta, eta), name

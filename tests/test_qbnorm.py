@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from tvr.config import Config
+from tvr.data.tokenizer import build_tokenizer
 from tvr.eval.postprocess import dynamic_inverted_softmax, inverted_softmax, qb_norm, querybank_statistics
 from tvr.eval.protocol import evaluate
 from tvr.eval.runner import EncodedSplit, encode_query_bank, evaluate_encoded, select_query_bank, training_query_bank
-from tvr.models.build import build_model, build_tokenizer
+from tvr.models.build import build_model
 from tvr.types import TextFeatures, VideoFeatures
 
 BETA = 20.0

@@ -161,7 +161,8 @@ def test_user_errors_are_short_and_exit_2(tmp_path: Path) -> None:
 
 def test_a_frame_cache_trains_like_the_videos_and_a_mismatched_one_stops_the_run(tmp_path: Path) -> None:
     from tvr.config import ConfigError
-    from tvr.data.prepare import FrameSettings, extract_frames
+    from tvr.data.frame_cache import FrameSettings
+    from tvr.data.prepare import extract_frames
     from tvr.train.logging import read_jsonl
 
     values = make_msrvtt(tmp_path / "data")

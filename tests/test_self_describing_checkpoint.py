@@ -11,7 +11,7 @@ import torch
 from tvr.config import config_from_dict, config_to_dict
 from tvr.models.build import build_model
 from tvr.models.checkpoint import CheckpointError, checkpoint_config, load_model
-from tvr.models.heads.registry import resolve_head_config
+from tvr.pipeline import resolve_config
 from tvr.train.checkpoint import save_checkpoint
 from tvr.types import TextFeatures, VideoFeatures
 
@@ -26,9 +26,8 @@ VALUES = {
 
 
 def _config():
-    cfg = config_from_dict(VALUES)
-    resolve_head_config(cfg.head)
-    return cfg
+    """The run config as a run resolves it (head options checked, preprocessing filled in from the backbone)."""
+    return resolve_config(config_from_dict(VALUES))
 
 
 def _scores(model) -> torch.Tensor:

@@ -24,10 +24,12 @@ from tvr.cli import app
 from tvr.config import ConfigError, TwoTowerConfig, config_from_dict, load_config
 from tvr.data.annotations import load_split
 from tvr.data.datasets import VideoDataset, VideoResolver
+from tvr.data.sentence_tokenizer import SentenceTokenizer
+from tvr.data.tokenizer import build_tokenizer
 from tvr.data.transforms import CLIP_NORM, clip_preprocess
 from tvr.data.video import decode_frames, load_clip, probe_video
 from tvr.models.bridge import ConseBridge, ProjectionBridge, segment_means, segment_weights
-from tvr.models.build import build_model, build_tokenizer, pixel_norm
+from tvr.models.build import build_model
 from tvr.models.conse import class_prompts, conse_combine, imagenet_class_names, pool_class_embeddings
 from tvr.models.image_tower import (
     EFFICIENTNET_LITE_NORM,
@@ -38,7 +40,7 @@ from tvr.models.image_tower import (
     read_state_dict,
     shipped_lite0_weights,
 )
-from tvr.models.text_tower import SentenceTokenizer
+from tvr.models.preprocess import backbone_norm
 from tvr.pipeline import SplitEvaluator, resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
@@ -179,15 +181,18 @@ def test_two_tower_config_checks() -> None:
     with pytest.raises(ConfigError, match="training-free"):
         build_model(cfg)
     real = load_config("two_tower/zero_shot")
-    assert real.model.backbone == "two_tower" and real.data.image_size == 224  # lite0's resolution
+    assert real.model.backbone == "two_tower" and real.data.image_size is None  # the backbone's
+    assert resolve_config(real).data.image_size == 224  # lite0's resolution
 
 
 def test_backbone_declares_its_pixel_normalisation_and_the_data_pipeline_applies_it(tmp_path: Path) -> None:
     from videos import write_test_video
 
-    cfg = config_from_dict(tiny_values())
-    assert pixel_norm(cfg.model) == EFFICIENTNET_LITE_NORM
-    assert pixel_norm(config_from_dict({}).model) == CLIP_NORM
+    cfg = resolve_config(config_from_dict(tiny_values()))
+    assert backbone_norm(cfg.model) == EFFICIENTNET_LITE_NORM
+    # the resolved config carries the backbone's normalisation, and the data pipeline reads it from there
+    assert (cfg.data.pixel_mean, cfg.data.pixel_std) == (EFFICIENTNET_LITE_NORM.mean, EFFICIENTNET_LITE_NORM.std)
+    assert backbone_norm(config_from_dict({}).model) == CLIP_NORM
     # (x − 127) / 128 on 0..255 pixels: EfficientNet-Lite's training normalisation
     torch.testing.assert_close(
         clip_preprocess(np.full((1, 8, 8, 3), 255, np.uint8), 8, norm=EFFICIENTNET_LITE_NORM),
@@ -199,7 +204,7 @@ def test_backbone_declares_its_pixel_normalisation_and_the_data_pipeline_applies
     video_dir = tmp_path / "videos"
     video_dir.mkdir()
     write_test_video(video_dir / "a.mp4", num_frames=6, fps=4, size=(40, 32))
-    item = VideoDataset(["a"], None, VideoResolver(video_dir), cfg.data, norm=pixel_norm(cfg.model))[0]
+    item = VideoDataset(["a"], None, VideoResolver(video_dir), cfg.data)[0]
     frames = decode_frames(video_dir / "a.mp4", list(range(probe_video(video_dir / "a.mp4").num_frames)))
     pixels, mask = load_clip(video_dir / "a.mp4", 4, 1.0, 32, norm=EFFICIENTNET_LITE_NORM)
     assert torch.equal(item["video"], pixels) and torch.equal(item["video_mask"], mask)
@@ -296,7 +301,7 @@ def test_shipped_lite0_weights_verify_and_classify_real_frames(real_scenes_model
     }
     with torch.inference_mode():
         for name, label in expected.items():
-            pixels, mask = load_clip(scenes / name, 2, 1.0, 224, norm=pixel_norm(cfg.model))
+            pixels, mask = load_clip(scenes / name, 2, 1.0, 224, norm=backbone_norm(cfg.model))
             probs = tower.logits(tower(pixels[mask.bool()])).softmax(-1).mean(0)
             assert classes[int(probs.argmax())][0] == label
 

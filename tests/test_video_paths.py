@@ -12,6 +12,7 @@ from videos import write_test_video
 from tvr.config import DataConfig
 from tvr.data.annotations import load_split
 from tvr.data.datasets import VideoDataset, VideoNotFoundError, VideoOutsideDirError, VideoResolver, collate_videos
+from tvr.data.transforms import CLIP_MEAN, CLIP_STD
 from tvr.data.video import VideoDecodeError
 
 
@@ -30,7 +31,8 @@ def layout(tmp_path: Path) -> dict[str, Path]:
 def _cfg(layout: dict[str, Path], **kw) -> DataConfig:
     base = dict(
         dataset="generic", annotations=str(layout["root"]), generic_file="captions.csv",
-        video_dir=str(layout["videos"]), video_pattern="{video_id}", max_frames=2, image_size=16,
+        video_dir=str(layout["videos"]), video_pattern="{video_id}", max_frames=2, image_size=16, sampling="clip4clip",
+        pixel_mean=CLIP_MEAN, pixel_std=CLIP_STD,
     )
     base.update(kw)
     return DataConfig(**base)
@@ -48,6 +50,20 @@ def test_paths_escaping_the_folder_are_refused(layout: dict[str, Path], video_id
     assert "allow_outside_video_dir" in str(err)
     again = pickle.loads(pickle.dumps(err))  # crosses DataLoader worker boundaries intact
     assert type(again) is VideoOutsideDirError and again.reason == err.reason and str(again) == str(err)
+
+
+def test_a_sibling_folder_sharing_the_name_prefix_is_outside(layout: dict[str, Path]) -> None:
+    """videos_evil/ next to videos/ starts with the same characters but is another folder: confinement compares
+    path components, not string prefixes."""
+    evil = layout["root"] / "videos_evil"
+    evil.mkdir()
+    write_test_video(evil / "x.mp4", 4, 2.0, size=(32, 24))
+    (layout["videos"] / "evil_link.mp4").symlink_to(evil / "x.mp4")
+    resolver = VideoResolver(layout["videos"], "{video_id}")
+    for video_id in ("../videos_evil/x.mp4", str(evil / "x.mp4"), "evil_link.mp4"):
+        with pytest.raises(VideoOutsideDirError):
+            resolver(video_id)
+    assert resolver("inside.mp4") == layout["videos"] / "inside.mp4"
 
 
 def test_missing_file_outside_is_reported_as_outside(layout: dict[str, Path]) -> None:

@@ -58,6 +58,16 @@ class BilinearHead(RetrievalHead):
         loss = symmetric_infonce(self.logit_scale.exp() * scores)
         return {"loss": loss, "infonce": loss.detach(), "logit_scale": self.logit_scale.detach().exp()}
 
+    @torch.no_grad()
+    def reference_pair_scores(self, text: TextFeatures, video: VideoFeatures) -> Tensor:
+        """The contract test's oracle: the formula of the class docstring, one pair at a time."""
+        out = []
+        for t, frames, mask in zip(text.eot, video.frames, video.frame_mask, strict=True):
+            real = frames[mask > 0]
+            pooled = real.mean(0) if self.options.pool == "mean" else real.max(0).values
+            out.append(F.cosine_similarity(self.text_proj(t), self.video_proj(pooled), dim=0))
+        return torch.stack(out)
+
 
 class NotAHead(nn.Module):
     """For the error path: an importable class that is not a RetrievalHead."""
@@ -106,7 +116,7 @@ class MixtureHead(RetrievalHead):
     def score_block(self, text_state: Emb, video_state: TwoViews) -> Tensor:
         return text_state.emb @ video_state.a.T + self.gamma * (text_state.emb @ video_state.b.T)
 
-    def score_components(self, text_state, video_state, text_chunk=None, video_chunk=None):  # noqa: ANN001, ANN201
+    def score_components(self, text_state, video_state, text_chunk=None, video_chunk=None, settings=None):  # noqa: ANN001, ANN201
         return {"mean": text_state.emb @ video_state.a.T, "first": text_state.emb @ video_state.b.T}
 
     def combine_scores(self, components: dict[str, Tensor], setting: dict) -> Tensor:
@@ -128,3 +138,14 @@ class MixtureHead(RetrievalHead):
         scores = self.score_block(self.encode_texts(text), self.encode_videos(video))
         loss = symmetric_infonce(self.logit_scale.exp() * scores)
         return {"loss": loss}
+
+    @torch.no_grad()
+    def reference_pair_scores(self, text: TextFeatures, video: VideoFeatures) -> Tensor:
+        """The contract test's oracle: cos(W t, mean frame) + γ·cos(W t, first frame), one pair at a time (every
+        frame slot counts, as in encode_videos)."""
+        out = []
+        for t, frames in zip(text.eot, video.frames, strict=True):
+            query = self.proj(t)
+            out.append(F.cosine_similarity(query, frames.mean(0), dim=0)
+                       + float(self.gamma) * F.cosine_similarity(query, frames[0], dim=0))
+        return torch.stack(out)

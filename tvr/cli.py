@@ -1,4 +1,4 @@
-"""``tvr`` command line: train, eval, features, synth, demo, and checkpoint/tokenizer conversion."""
+"""``tvr`` command line: train, eval, features, synth, demo, bench, and checkpoint/tokenizer conversion."""
 
 from __future__ import annotations
 
@@ -111,6 +111,7 @@ def _checked_config(make: Callable[[], Any], overrides: list[str] | None = None)
     head's options against its own dataclass). A bad value exits with code 2 and one line naming the field and the
     valid values (and the ``--set`` that gave it)."""
     from tvr.config import ConfigError, blame_overrides
+    from tvr.models.heads import registry  # noqa: F401 (registers the migration of configs older than head.options)
 
     try:
         cfg = make()
@@ -150,10 +151,13 @@ def _load_from_checkpoint(checkpoint: Path, overrides: list[str] | None):
 
 
 def _print_metrics(metrics: dict, title: str) -> None:
-    from tvr.eval.report import metrics_table
+    from tvr.eval.report import metrics_notes, metrics_table
 
     console.print(f"\n[bold]{escape(title)}[/bold]")
-    print(metrics_table({k: v for k, v in metrics.items() if k != "info"}))
+    rows = {k: v for k, v in metrics.items() if k != "info"}
+    print(metrics_table(rows))
+    for line in metrics_notes(rows, metrics.get("info", {})):
+        print(line)
     skipped = metrics.get("info", {}).get("skipped_videos") or []
     if skipped:
         say(f"{len(skipped)} unreadable video(s) left out", ", ".join(str(s["id"]) for s in skipped[:10])
@@ -309,14 +313,29 @@ def synth(
     num_test: int = typer.Option(30, help="Of which test videos."),
     captions: int = typer.Option(5, help="Paraphrased captions per video."),
     seed: int = typer.Option(0),
+    content: str = typer.Option("shapes", help="shapes | objects (photos shipped with scikit-image / opencv-doc)."),
+    size: int = typer.Option(64, help="Frame width = height in pixels (even)."),
+    seconds: float = typer.Option(3.0, help="Clip length in seconds."),
+    fps: float = typer.Option(8.0, help="Frames per second."),
+    pair_prob: float = typer.Option(0.5, help="Temporal order: share of groups that are twins differing in time only."),
+    shared_attributes: float = typer.Option(
+        0.0, help="False negatives: chance a group repeats an earlier video's caption attributes."
+    ),
+    paraphrase: float = typer.Option(1.0, help="Paraphrase diversity in [0, 1] (1 = every wording)."),
+    distractor_prob: float = typer.Option(0.3, help="Chance a single-object video shows a distractor."),
+    distractor_motion: float = typer.Option(0.0, help="Chance a distractor drifts instead of standing still."),
 ) -> None:
-    """Render a synthetic captioned video set (real mp4 files) in the MSR-VTT annotation format."""
+    """Render a synthetic captioned video set (real mp4 files) in the MSR-VTT annotation format; the dials are
+    recorded in OUT/synth_meta.json."""
     out_folder(out)
     from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset
 
     summary = generate_synthetic_dataset(
         out,
-        SynthConfig(num_videos=num_videos, num_test=num_test, captions_per_video=captions, seed=seed),
+        SynthConfig(num_videos=num_videos, num_test=num_test, captions_per_video=captions, seed=seed,
+                    content=content, size=size, seconds=seconds, fps=fps, pair_prob=pair_prob,
+                    shared_attributes=shared_attributes, paraphrase=paraphrase, distractor_prob=distractor_prob,
+                    distractor_motion=distractor_motion),
         progress=True,
     )
     console.print(summary)
@@ -341,28 +360,59 @@ def demo(
 
 
 @app.command()
+def bench(
+    config: str = typer.Option(
+        ..., "--config", "-c", help="Bench YAML file or shipped bench config name (default, quick; tvr/configs/bench)."
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="Bench folder; rerun the same command to resume."),
+) -> None:
+    """Methods × seeds on cached features: validation picks checkpoints and inference settings, the test split is
+    evaluated once per run; writes OUT/results.json, OUT/results.md (mean ± 95 % CI, paired differences from the
+    baseline) and plots. Resumable: finished runs are kept."""
+    from tvr.pipeline.bench import load_bench_config, run_bench
+
+    out_folder(out)
+    spec = load_bench_config(config)
+    command = f"tvr bench --config {config} --out {out}"
+    results = run_bench(spec, out, command=command, echo=lambda line: console.print(line, highlight=False))
+    from tvr.eval.bench_report import differences_table, results_table
+
+    print(results_table(results))
+    print()
+    print(differences_table(results))
+    console.print(f"report: {out / 'results.md'}")
+
+
+@app.command()
 def heads() -> None:
-    """List the method heads (registered in tvr.models.heads or by installed packages) and their options."""
+    """List the method heads (registered in tvr.models.heads or by installed packages), their options (set under
+    head.options) with defaults, allowed values and what each does."""
     import dataclasses
 
     from rich.table import Table
+    from rich.text import Text
 
+    from tvr.config import field_rule_text
     from tvr.models.heads.registry import available_heads, head_class
+    from tvr.utils.fielddoc import field_comments
 
-    table = Table(title="method heads (head.name; options under head.options)")
-    for column in ("name", "indexable (defaults)", "options (default; choices)"):
-        table.add_column(column)
+    out = Console()
     for name in available_heads():
         cls = head_class(name)
-        fields = []
-        for f in dataclasses.fields(cls.Options):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            choices = f.metadata.get("choices")
-            fields.append(f"{f.name}={default!r}" + (f" {list(choices)}" if choices else ""))
         # indexability may depend on the options (CLIP4Clip: mean pooling only); show it for the defaults
         indexable = cls(8, cls.Options()).indexable
-        table.add_row(name, "yes" if indexable else "no", "\n".join(fields) or "-")
-    Console().print(table)
+        table = Table(title=f"head.name: {name} (indexable with its defaults: {'yes' if indexable else 'no'})",
+                      title_justify="left")
+        for column in ("option", "default", "allowed", "description"):
+            table.add_column(column)
+        comments = field_comments(cls.Options)
+        for f in dataclasses.fields(cls.Options):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            # Text cells: option descriptions hold brackets ("[logvar_min, logvar_max]") that are not markup
+            table.add_row(Text(f.name), Text(repr(default)), Text(field_rule_text(f)), Text(comments.get(f.name, "")))
+        if not dataclasses.fields(cls.Options):
+            table.add_row("-", "", "", "(no options)")
+        out.print(table)
 
 
 @app.command()
@@ -373,6 +423,8 @@ def presets() -> None:
     for name in available_presets():
         print(name)
     console.print(f"[dim]({escape(str(PRESET_DIR))}; a path to your own YAML file works as well)[/dim]")
+    benches = sorted(p.stem for p in (PRESET_DIR / "bench").glob("*.yaml"))
+    console.print(f"[dim]bench configs for tvr bench --config: {', '.join(benches)}[/dim]")
 
 
 @app.command("convert-openai")
@@ -416,27 +468,18 @@ def import_checkpoint(
     report: Path | None = typer.Option(None, "--report", help="Also write the full key report (JSON) here."),
 ) -> None:
     """Import a CLIP4Clip / GARE release checkpoint into the tvr model of --config and save it as a tvr checkpoint."""
-    from tvr.models.import_checkpoint import CheckpointImportError, import_release_checkpoint
-    from tvr.train.checkpoint import save_checkpoint
-    from tvr.utils.io import atomic_write_json
+    from tvr.models.import_checkpoint import CheckpointImportError
+    from tvr.pipeline.release import import_checkpoint as run_import
 
     out_file(out)
     cfg = _load(config, set_)
     try:
-        model, rep = import_release_checkpoint(src, cfg, partial=partial)
+        rep = run_import(src, cfg, out, partial=partial, report_path=report)
     except CheckpointImportError as exc:
         if _DEBUG["on"]:
             raise
         say("import failed", str(exc))
         raise typer.Exit(2) from None
-    state = {
-        "imported_from": str(src),
-        "import_layout": rep.layout,
-        "import_counts": {k: len(v) for k, v in rep.to_dict().items() if isinstance(v, list)},
-    }
-    save_checkpoint(out, model, state=state, config=cfg)
-    if report is not None:
-        atomic_write_json(report, rep.to_dict())
     colour = "green" if rep.complete else "yellow"
     console.print(
         f"[{colour}]{rep.layout}: {len(rep.mapped)} tensors mapped, {len(rep.missing)} missing, "
@@ -536,7 +579,8 @@ def prepare_frames_cmd(
     flat: bool = typer.Option(False, "--flat", help="Write every .npy directly into DST (no sub-folders)."),
 ) -> None:
     """Decode once the frames every clip reads and store them as uint8 .npy files (a frame cache)."""
-    from tvr.data.prepare import FrameSettings, extract_frames
+    from tvr.data.frame_cache import FrameSettings
+    from tvr.data.prepare import extract_frames
 
     out_folder(dst, "DST")
     if set_ and config is None:
@@ -547,6 +591,120 @@ def prepare_frames_cmd(
     report = extract_frames(src, dst, FrameSettings(max_frames, frame_rate, image_size, sampling),
                             workers=workers, progress=True, flat=flat)
     _prepare_summary(report, "prepare frames", "frames_report.json")
+
+
+# --------------------------------------------------------------------------------------------- search
+
+
+@app.command("index")
+def index_cmd(
+    videos: Path = typer.Argument(..., help="Folder of videos (searched recursively) or a list file (a path a line)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Index folder; run again to resume or to update it."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", dir_okay=False,
+                                           help="A tvr checkpoint (default: the default encoder)."),
+    config: str | None = typer.Option(None, "--config", "-c",
+                                      help="Index with the model a config builds (no checkpoint), e.g. a local CLIP: "
+                                      + CONFIG_HELP),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override of --config (repeatable)."),
+    window: float = typer.Option(10.0, "--window", help="Window length in seconds."),
+    stride: float = typer.Option(5.0, "--stride", help="Seconds between window starts."),
+    workers: int = typer.Option(0, "--workers", "-j", help="Decoding processes (0 = one per CPU, at most 8)."),
+    ann_kind: str = typer.Option("auto", "--ann", help="auto | flat | ivf | hnsw: the shortlist index."),
+    ann_threshold: int = typer.Option(50_000, "--ann-threshold", help="Windows above which auto builds IVF."),
+    nlist: int = typer.Option(0, "--nlist", help="IVF cells (0 = about 4·√windows)."),
+    state_dtype: str = typer.Option("float32", "--state-dtype", help="float32 | float16: the stored rerank state."),
+    shard_windows: int = typer.Option(4096, "--shard-windows", help="Windows per shard (the unit a kill loses)."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N | auto."),
+) -> None:
+    """Index a folder of videos: timestamped windows, embedded by the model, shortlisted by FAISS, reranked exactly."""
+    from tvr.pipeline.search import run_index
+    from tvr.search.build import IndexOptions
+
+    options = IndexOptions(window=window, stride=stride, workers=workers, ann_kind=ann_kind,
+                           ann_threshold=ann_threshold, nlist=nlist, state_dtype=state_dtype,
+                           shard_windows=shard_windows)
+    report = run_index(videos, out, options, checkpoint=checkpoint, config=config, overrides=set_ or [],
+                       device=device)
+    if not report:  # not rank 0
+        return
+    console.print(
+        f"{out}: {report['indexed']} videos, {report['rows']} windows ({report['embedded']} embedded, "
+        f"{report['reused']} unchanged, {len(report['dropped'])} dropped) in {report['seconds']} s"
+        + (f", {report['ann']['kind']} shortlist" if report["ann"] else "")
+    )
+    for bad in report["bad"][:20]:
+        console.print(f"  [yellow]skipped[/yellow] {bad['video']}: {bad['error']}", highlight=False)
+    if len(report["bad"]) > 20:
+        console.print(f"  … and {len(report['bad']) - 20} more")
+    if report["bad"]:
+        console.print(f"[yellow]{len(report['bad'])} unreadable file(s) skipped[/yellow]; report: {out}/report.json")
+
+
+@app.command("search")
+def search_cmd(
+    index: Path = typer.Argument(..., help="An index folder made by tvr index."),
+    query: str | None = typer.Argument(None, help="The text to search for."),
+    k: int = typer.Option(10, "-k", help="Results to return."),
+    rerank: int | None = typer.Option(None, "--rerank", help="Windows scored exactly (default 100; 0 = none)."),
+    all_windows: bool = typer.Option(False, "--all-windows", help="List windows, not one best window per video."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
+    video: Path | None = typer.Option(None, "--video", dir_okay=False, help="Rank --captions for this clip."),
+    captions: Path | None = typer.Option(None, "--captions", dir_okay=False, help="Captions, one per line."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", dir_okay=False,
+                                           help="Where the index's checkpoint is now (if it moved)."),
+    nprobe: int | None = typer.Option(None, "--nprobe", help="IVF cells probed per query (default: the index's)."),
+) -> None:
+    """Search an index by text (or rank captions for a clip with --video and --captions)."""
+    import json
+
+    from rich.table import Table
+
+    from tvr.search import open_index
+
+    if (video is None) != (captions is None):
+        raise UserError("--video and --captions go together: the clip, and a text file of captions to rank for it")
+    if video is None and not query:
+        raise UserError('give a query: tvr search INDEX "a dog runs on the beach" (or --video FILE --captions FILE)')
+    if video is not None and query:
+        raise UserError("give either a text query or --video/--captions, not both")
+    opened = open_index(index, checkpoint=checkpoint, nprobe=nprobe)
+    if video is not None:
+        rows = [h.to_dict() for h in opened.rank_captions(video, captions.read_text().splitlines())][:k]
+        columns = ("rank", "score", "caption", "start", "end")
+        title = f"captions for {video}"
+    else:
+        rows = [h.to_dict() for h in opened.search(query, k=k, rerank=rerank, all_windows=all_windows)]
+        columns = ("rank", "score", "video", "start", "end")
+        title = f"{query!r} in {index}"
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(f"{row[c]:.4f}" if c == "score" else f"{row[c]:.1f}" if c in ("start", "end")
+                        else str(row[c]) for c in columns))
+    Console().print(table)
+
+
+@app.command("serve")
+def serve_cmd(
+    index: Path = typer.Argument(..., help="An index folder made by tvr index."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, "--port"),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", dir_okay=False,
+                                           help="Where the index's checkpoint is now (if it moved)."),
+) -> None:
+    """Serve a search page and a JSON API (GET /api/search?q=...&k=...; OpenAPI docs at /docs)."""
+    import uvicorn
+
+    from tvr.search import open_index
+    from tvr.search.server import create_app
+
+    app_ = create_app(open_index(index, checkpoint=checkpoint))
+    console.print(f"serving {index} on http://{host}:{port}/ (API docs: /docs)")
+    uvicorn.run(app_, host=host, port=port, log_level="info")
 
 
 def run() -> None:  # pragma: no cover - console entry point helper

@@ -15,6 +15,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,12 @@ class ConfigError(UserError, ValueError):
 # the same way when it is loaded: a bad value fails at once with the field's dotted name and the valid values.
 
 
-def choice(default: str, *values: str) -> Any:
-    """A string field restricted to ``values`` (``default`` must be one of them)."""
-    if default not in values:
+def choice(default: str | None, *values: str) -> Any:
+    """A string field restricted to ``values`` (``default`` must be one of them, or None: a field left unset, which
+    something else fills in, e.g. ``data.sampling`` from the backbone)."""
+    if default is not None and default not in values:
         raise ValueError(f"choice default {default!r} is not among {values}")
-    return field(default=default, metadata={"choices": tuple(values)})
+    return field(default=default, metadata={"choices": tuple(values), "allow": (None,) if default is None else ()})
 
 
 def bounded(
@@ -61,6 +63,19 @@ def _range_text(ge: Any, gt: Any, le: Any, lt: Any) -> str:
     return " and ".join(p for p in (low, high) if p)
 
 
+def field_rule_text(f: dataclasses.Field) -> str:
+    """What a ``choice`` / ``bounded`` field accepts, for listings (``tvr heads``): "mean | max", ">= 0 and < 1 (or
+    0)", or "" for a field with no such rule."""
+    choices = f.metadata.get("choices")
+    if choices:
+        return " | ".join(map(str, choices)) + (" (or null)" if None in f.metadata.get("allow", ()) else "")
+    bounds = f.metadata.get("range")
+    if not bounds:
+        return ""
+    allow = f.metadata.get("allow") or ()
+    return _range_text(*bounds) + (f" (or {', '.join(map(repr, allow))})" if allow else "")
+
+
 def check_field_values(obj: Any, where: str) -> None:
     """Check every field of dataclass ``obj`` against its ``choice``/``bounded`` metadata (not recursive), then the
     class's own ``validate()`` for rules that span fields (its ValueError message starts with the field name).
@@ -69,8 +84,9 @@ def check_field_values(obj: Any, where: str) -> None:
         value = getattr(obj, f.name)
         name = f"{where}.{f.name}" if where else f.name
         choices = f.metadata.get("choices")
-        if choices is not None and value not in choices:
-            raise ConfigError(f"{name} = {value!r}: expected one of {list(choices)}")
+        if choices is not None and value not in choices and value not in f.metadata.get("allow", ()):
+            unset = " (or null)" if None in f.metadata.get("allow", ()) else ""
+            raise ConfigError(f"{name} = {value!r}: expected one of {list(choices)}{unset}")
         bounds = f.metadata.get("range")
         if bounds is not None and value is not None and value not in f.metadata.get("allow", ()):
             ge, gt, le, lt = bounds
@@ -132,9 +148,18 @@ class DataConfig:
     max_frames: int = bounded(12, ge=1)
     #: candidate frames per second before uniform sub-sampling to ``max_frames`` (CLIP4Clip: 1)
     frame_rate: float = bounded(1.0, gt=0.0)
-    image_size: int = bounded(224, ge=1)
-    #: clip4clip (1-fps candidates, uniform pick, zero padding) | clipvip (linspace over decoded frames)
-    sampling: str = choice("clip4clip", *SAMPLINGS)
+    #: frame side in pixels; unset (null) = the backbone's input size (a CLIP's vision tower: 224 for ViT-B/32 and
+    #: B/16; tiny: model.tiny.image_size), filled in when the run config is resolved, as open_clip's model configs
+    #: carry their preprocessing
+    image_size: int | None = bounded(None, ge=1)
+    #: clip4clip (1-fps candidates, uniform pick, zero padding; short-side resize + centre crop) | clipvip
+    #: (linspace over decoded frames; square resize); unset (null) = the backbone's (clip → clip4clip, clipvip →
+    #: clipvip)
+    sampling: str | None = choice(None, *SAMPLINGS)
+    #: per-channel mean and std of RGB values in [0, 1] the frames are normalised with; unset (null) = the
+    #: backbone's (CLIP's for clip / clipvip, EfficientNet-Lite's for two_tower)
+    pixel_mean: tuple[float, float, float] | None = None
+    pixel_std: tuple[float, float, float] | None = None
     #: training pairs per epoch: all_pairs (every caption once, CLIP4Clip) | one_per_video (one caption drawn per
     #: video per epoch, CLIP-ViP's MSR-VTT recipe: an epoch = #videos items; the draw is a pure function of
     #: (train.seed, epoch, video), so a resumed run sees the same captions). Datasets with one text per video
@@ -365,7 +390,8 @@ class EvalConfig:
     query_bank_size: int = bounded(0, ge=0)
     split: str = choice("test", *EVAL_SPLITS)
     #: two-stage scoring for large galleries (our extension, not the papers' protocol): each text shortlists K
-    #: videos by the head's shortlist embedding, only those get the exact score (0 = score every pair exactly)
+    #: videos and each video K texts by the head's shortlist embedding, only those get the exact score, a match
+    #: outside its shortlist ranks last (0 = score every pair exactly)
     rerank_k: int = bounded(0, ge=0)
 
 
@@ -398,6 +424,10 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return _build(annotation, value, where)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list of values, got {value!r}")
+        return tuple(_coerce(v, args[0], f"{where}[{k}]") for k, v in enumerate(value))
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"{where}: expected a list of {len(args)} values, got {value!r}")
@@ -461,11 +491,6 @@ def build_section(cls: type, values: Any, where: str) -> Any:
     return _build(cls, values, where)
 
 
-def _head_name(values: dict) -> Any:
-    head = values.get("head")
-    return head.get("name", HeadConfig.name) if isinstance(head, dict) else HeadConfig.name
-
-
 def _switch_head(values: dict, name: Any) -> None:
     """Set ``head.name``; switching to another head drops the options inherited for the previous one (they belong
     to its options dataclass, not the new head's)."""
@@ -523,49 +548,43 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, value
 
 
-#: head option sections of configs written before ``head.options`` existed (migrated with a warning on load)
-_LEGACY_HEAD_SECTIONS = ("clip4clip", "gare")
+#: functions that rewrite a raw config mapping written by an older tvr into today's layout, applied in order by
+#: :func:`config_from_dict`. The layer that owned an old layout registers its own (the head registry: the per-head
+#: sections of configs written before ``head.options`` existed), so this module names no head.
+_MIGRATIONS: list[Callable[[dict], dict]] = []
 
 
-def _migrate_legacy(values: dict) -> dict:
-    """Accept a run config written before heads declared their own options: ``head.<name>`` → ``head.options``
-    (other heads' sections dropped) and ``head.gare.rerank_k`` → ``eval.rerank_k``."""
-    head = values.get("head")
-    if not isinstance(head, dict) or not any(k in head for k in _LEGACY_HEAD_SECTIONS):
-        return values
-    values, head = dict(values), dict(head)
-    name = head.get("name", HeadConfig.name)
-    legacy = {k: head.pop(k) for k in _LEGACY_HEAD_SECTIONS if k in head}
-    options = legacy.get(name)
-    if isinstance(options, dict):
-        options = dict(options)
-        rerank = options.pop("rerank_k", None)
-        if rerank:
-            values["eval"] = {**(values.get("eval") or {}), "rerank_k": rerank}
-        if "options" in head:
-            raise ConfigError(f"head: both head.options and the old head.{name} section are set; keep head.options")
-        head["options"] = options
-    log.warning("config: head.%s sections are the old layout; head options now live under head.options",
-                "/".join(legacy))
-    values["head"] = head
-    return values
+def register_migration(migrate: Callable[[dict], dict]) -> Callable[[dict], dict]:
+    """Apply ``migrate`` (raw mapping in, raw mapping out; return the input unchanged when it does not apply) to
+    every config mapping loaded from now on. Registering the same function again is a no-op."""
+    if migrate not in _MIGRATIONS:
+        _MIGRATIONS.append(migrate)
+    return migrate
 
 
 def config_from_dict(values: dict, where: str = "config") -> Config:
     """A :class:`Config` from a nested mapping; every section is checked (the head's options are checked when the
-    run config is resolved against the head registry)."""
+    run config is resolved against the head registry). Registered migrations rewrite an older layout first."""
     if not isinstance(values, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__}")
-    return _build(Config, _migrate_legacy(values), "" if where == "config" else where)
+    for migrate in _MIGRATIONS:
+        values = migrate(values)
+    return _build(Config, values, "" if where == "config" else where)
 
 
 #: the presets that ship inside the package (``tvr/configs/<method>/<name>.yaml``), addressed as ``<method>/<name>``
 PRESET_DIR = Path(__file__).resolve().parent / "configs"
 
 
+#: ``tvr/configs/bench/`` holds ``tvr bench`` configs (methods × seeds), not run configs
+BENCH_SUBDIR = "bench"
+
+
 def available_presets() -> list[str]:
-    """Names of the presets shipped with tvr (``gare/msrvtt``, ``gare/ablations/delta_only``, ...)."""
-    return sorted(p.relative_to(PRESET_DIR).with_suffix("").as_posix() for p in PRESET_DIR.rglob("*.yaml"))
+    """Names of the presets shipped with tvr (``gare/msrvtt``, ``gare/ablations/delta_only``, ...); the bench
+    configs in ``tvr/configs/bench/`` are not run presets and are left out."""
+    names = (p.relative_to(PRESET_DIR).with_suffix("").as_posix() for p in PRESET_DIR.rglob("*.yaml"))
+    return sorted(n for n in names if not n.startswith(f"{BENCH_SUBDIR}/"))
 
 
 def resolve_preset(name_or_path: str | os.PathLike) -> Path:

@@ -6,11 +6,24 @@ initialised, small), the seqTransf temporal module, the paper's loss and metrics
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tvr.config import Config, config_from_dict
+from tvr.data.synthetic import SynthConfig
 from tvr.models.heads.registry import head_class
+from tvr.models.preprocess import resolve_preprocess
+from tvr.utils.errors import UserError
+
+log = logging.getLogger(__name__)
+#: the file of a synthetic set that records its generation settings
+SYNTH_META = "synth_meta.json"
 
 DEMO_CONFIG: dict[str, Any] = {
     "data": {
@@ -19,7 +32,7 @@ DEMO_CONFIG: dict[str, Any] = {
         "max_words": 24,
         "max_frames": 8,
         "frame_rate": 4.0,
-        "image_size": 32,
+        # image_size and sampling: the backbone's (the tiny CLIP's 32 px; clip4clip, or clipvip on the CLIP-ViP tower)
         "val_fraction": 0.1,
         # decode the next batch in a worker process while the main process trains
         "num_workers": 1,
@@ -73,26 +86,92 @@ def demo_config(data_dir: Path, quick: bool = False, method: str = "clip4clip") 
     values["head"]["options"] = dict(head.demo_options)
     if "proxies" in head.requires:
         # a head that reads per-video proxies runs on the CLIP-ViP tower (same tiny CLIP), which pools the video
-        # itself: CLIP-ViP's frame sampling, no temporal module
+        # itself (no temporal module) and brings CLIP-ViP's frame sampling with it
         values["model"].update({"backbone": "clipvip", "temporal": "none",
                                 "clipvip": {"num_proxies": 4, "temporal_slots": 12, "proxy_projection": True}})
-        values["data"]["sampling"] = "clipvip"
     if quick:
         for section, entries in QUICK_OVERRIDES.items():
             values[section].update(entries)
-    return config_from_dict(values)
+    cfg = config_from_dict(values)
+    resolve_preprocess(cfg)
+    return cfg
+
+
+def demo_synth_config(quick: bool) -> SynthConfig:
+    """The synthetic set a demo trains on: 60 videos for ``--quick``, 240 otherwise (more distinct videos
+    generalise better than more epochs over fewer: docs/benchmarks.md)."""
+    return SynthConfig(num_videos=60, num_test=20) if quick else SynthConfig(num_videos=240, num_test=30)
+
+
+def _recorded_synth(data_dir: Path) -> dict[str, Any] | None:
+    """The generation settings a demo data folder records (``synth_meta.json``), None when it records none."""
+    try:
+        meta = json.loads((data_dir / SYNTH_META).read_text())
+    except (OSError, ValueError):
+        return None
+    config = meta.get("config") if isinstance(meta, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+def prepare_demo_data(data_dir: Path, synth: SynthConfig) -> None:
+    """Make ``data_dir`` hold the synthetic set ``synth`` describes: reuse a set generated with exactly these
+    settings, else (re)generate it, saying what is replaced (e.g. the quick demo's 60 videos before the full
+    demo). A folder that holds something other than a demo set (or an interrupted one) is not touched."""
+    from tvr.data.synthetic import generate_synthetic_dataset
+
+    wanted = dataclasses.asdict(synth)
+    recorded = _recorded_synth(data_dir)
+    if recorded == wanted and (data_dir / "MSRVTT_data.json").is_file():
+        log.info("reusing the synthetic set in %s (%d videos)", data_dir, synth.num_videos)
+        return
+    if data_dir.exists():
+        if recorded is None and not _interrupted_demo_set(data_dir):
+            raise UserError(
+                f"demo data folder {data_dir} holds files that are not a tvr demo set; choose another --out"
+            )
+        if recorded is None:
+            what = "an interrupted generation"
+        else:
+            changed = [f"{k} {recorded.get(k)!r} → {v!r}" for k, v in wanted.items() if recorded.get(k) != v]
+            what = f"a set generated with other settings ({', '.join(changed)})"
+        log.warning("regenerating the synthetic set in %s: it held %s", data_dir, what)
+        shutil.rmtree(data_dir)
+    generate_synthetic_dataset(data_dir, synth, progress=True)
+
+
+def _interrupted_demo_set(data_dir: Path) -> bool:
+    """Only what an interrupted :func:`generate_synthetic_dataset` leaves: ``videos/`` with clips and temporaries,
+    nothing else."""
+    entries = list(data_dir.iterdir())
+    if any(entry.name != "videos" for entry in entries):
+        return False
+    videos = data_dir / "videos"
+    return not videos.exists() or all(
+        f.is_file() and (f.suffix == ".mp4" or f.name.endswith(".tmp")) for f in videos.iterdir()
+    )
+
+
+def _describe_run(run_dir: Path) -> str:
+    """A few words on a previous demo run (head, quick or full), from its config.yaml."""
+    try:
+        values = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        head = values["head"]["name"]
+        steps = values["train"].get("max_steps") or 0
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return "a run whose config.yaml cannot be read"
+    kind = f"quick, {steps} steps" if steps else f"{values['train'].get('epochs')} epochs"
+    return f"head {head}, {kind}"
 
 
 def run_demo(out_dir: str | Path = "demo_out", quick: bool = False, method: str = "clip4clip") -> dict:
-    from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset
     from tvr.pipeline import run_train
 
     out_dir = Path(out_dir)
     data_dir = out_dir / "data"
-    # more distinct videos generalise better than more epochs over fewer (measured: docs/benchmarks.md)
-    synth = SynthConfig(num_videos=60, num_test=20) if quick else SynthConfig(num_videos=240, num_test=30)
-    if not (data_dir / "MSRVTT_data.json").is_file():
-        generate_synthetic_dataset(data_dir, synth, progress=True)
-    cfg = demo_config(data_dir, quick=quick, method=method)
-    # the demo always starts over (its data folder is reused; its run folder is not)
-    return run_train(cfg, out_dir / "run", overwrite=True)
+    cfg = demo_config(data_dir, quick=quick, method=method)  # first: an unknown method fails before any work
+    prepare_demo_data(data_dir, demo_synth_config(quick))
+    run_dir = out_dir / "run"
+    if any((run_dir / name).exists() for name in ("config.yaml", "last.pt", "best.pt")):
+        # the demo always starts over; say which run's files go
+        log.warning("replacing the previous demo run in %s (%s)", run_dir, _describe_run(run_dir))
+    return run_train(cfg, run_dir, overwrite=True)

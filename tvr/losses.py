@@ -5,11 +5,6 @@ Layout convention: a logits / delta tensor has texts on rows (dim 0) and videos 
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import threading
-from concurrent.futures import ThreadPoolExecutor
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -145,23 +140,25 @@ def text_proxy_loss(
 # --------------------------------------------------------------------------------------------- GraviAlign (spec §5)
 # Every item is a diagonal Gaussian N(μ, diag(exp(logvar))); μ and logvar are [N, D] (or broadcastable [..., D]).
 # For a video v and a text t, with s = σ_v² + σ_t², δ = μ_v − μ_t (spec §5.2):
-#   q = Σ δ²/s,  d = √(q + ε),  H = ½ Σ log σ²,  m = exp(−λ·H̃/(1 + H̃))
+#   q = Σ δ²/s,  d = √(q + c),  H = ½ Σ log σ²,  m = exp(−λ·H̃/(1 + H̃))
 #   A = (G/T)·m_v·m_t/d,  B = −½q,  C = −½ Σ log s,  S_align = A + B + C   (−D/2·log 2π dropped)
-# ``per_dim_mean=True`` replaces every Σ over dimensions by a mean (q, Σ log s and H), so d = √(q/D + ε).
+# ``per_dim_mean=True`` replaces every Σ over dimensions by a mean (q, Σ log s and H), so d = √(q/D + c).
+# The softening c of d is ε for the summary's potential at the centres (``a_distance="centre"``) and, for the
+# potential at the expected whitened distance of two samples (``a_distance="expected"``), E‖Σ^−½(x − y)‖² = q + D:
+# c = D with sums, c = 1 in per-dimension units (see :func:`sgi_softening`).
+# The fast test-time kernel for all pairs lives with the head (tvr.models.heads.gravialign_scoring); these stay small
+# pure tensor functions.
 
 #: how the entropy proxy H enters the quality factor: softplus(H) and max(0, H) keep m in (0, 1]; literal uses H
 #: itself, which has a pole at H = −1 and exceeds 1 whenever H < 0 (spec §5.2 item 1)
 SGI_QUALITIES = ("softplus", "clamp", "literal")
 #: the score terms that may be switched on (any non-empty subset, written as a string such as "BC")
 SGI_TERMS = "ABC"
-#: [texts, videos, D] elements of one scratch block of :func:`sgi_align_pairwise` (two such buffers live at once)
-SGI_BLOCK_ELEMENTS = 1 << 20
-SGI_TEXT_CHUNK = 8
-#: largest group of dimensions whose variances are multiplied before one log (see :func:`sgi_product_group`)
-SGI_MAX_GROUP = 64
-#: |log| bound of a product of grouped variances: e^±80 stays inside float32's normal range (e^−87.3 to e^88.7)
-_LOG_PRODUCT_LIMIT = 80.0
-_LN2 = 0.6931471805599453
+#: where term A takes its distance: at the centres, d = √(q + ε) (the summary) | at the expected whitened distance
+#: of two samples x ~ N(μ_v, Σ_v), y ~ N(μ_t, Σ_t), d = √(q + D) (bounded: A ≤ G/T in per-dimension units)
+SGI_A_DISTANCES = ("centre", "expected")
+#: [texts, videos, D] elements of one chunk of :func:`sgi_pair_moments` (forward and backward)
+SGI_CHUNK_ELEMENTS = 1 << 20
 
 
 def _check_terms(terms: str) -> str:
@@ -172,13 +169,15 @@ def _check_terms(terms: str) -> str:
     return terms
 
 
-def _check_sgi_scalars(G: float, T: float, lam: float, eps: float, quality: str) -> None:
+def _check_sgi_scalars(G: float, T: float, lam: float, eps: float, quality: str, a_distance: str = "centre") -> None:
     if not T > 0:
         raise ValueError(f"T = {T}: the SGI temperature must be > 0")
     if not G >= 0 or not lam >= 0 or not eps >= 0:
         raise ValueError(f"G = {G}, lam = {lam}, eps = {eps}: expected numbers >= 0")
     if quality not in SGI_QUALITIES:
         raise ValueError(f"quality = {quality!r}: expected one of {SGI_QUALITIES}")
+    if a_distance not in SGI_A_DISTANCES:
+        raise ValueError(f"a_distance = {a_distance!r}: expected one of {SGI_A_DISTANCES}")
 
 
 def sgi_quality(logvar: Tensor, *, lam: float, per_dim_mean: bool = True, quality: str = "softplus") -> Tensor:
@@ -198,12 +197,27 @@ def sgi_quality(logvar: Tensor, *, lam: float, per_dim_mean: bool = True, qualit
     return torch.exp(-lam * h / (1.0 + h))
 
 
-def _sgi_combine(q: Tensor, logdet: Tensor, m_v: Tensor, m_t: Tensor, *, G: float, T: float, eps: float,
-                 terms: str) -> dict[str, Tensor]:
-    """The enabled terms from the reduced q (Mahalanobis), logdet (Σ or mean of log s) and the qualities."""
+def sgi_softening(*, eps: float, a_distance: str, per_dim_mean: bool, dim: int) -> float:
+    """c in term A's distance d = √(q + c), q reduced as ``per_dim_mean`` says.
+
+    ``centre`` (the summary): c = ε, the potential at the two means. ``expected``: the potential at the expected
+    whitened distance of two samples, x ~ N(μ_v, Σ_v), y ~ N(μ_t, Σ_t): x − y ~ N(δ, Σ_v + Σ_t), so
+    E‖(Σ_v + Σ_t)^−½(x − y)‖² = δᵀ(Σ_v + Σ_t)⁻¹δ + tr I = q + D with q the summed Mahalanobis term. In per-dimension
+    units (q/D) that is c = 1, so d ≥ 1 and A ≤ (G/T)·m_v·m_t ≤ G/T with nothing to tune; with sums c = D."""
+    if a_distance not in SGI_A_DISTANCES:
+        raise ValueError(f"a_distance = {a_distance!r}: expected one of {SGI_A_DISTANCES}")
+    if a_distance == "centre":
+        return float(eps)
+    return 1.0 if per_dim_mean else float(dim)
+
+
+def sgi_terms_from_moments(q: Tensor, logdet: Tensor, m_v: Tensor | None, m_t: Tensor | None, *, G: float, T: float,
+                           softening: float, terms: str) -> dict[str, Tensor]:
+    """The enabled terms from the reduced q (Mahalanobis), logdet (Σ or mean of log s), the qualities (None when
+    "A" is off) and the softening c of d = √(q + c) (:func:`sgi_softening`)."""
     out: dict[str, Tensor] = {}
     if "A" in terms:
-        out["A"] = (G / T) * m_v * m_t / torch.sqrt(q + eps)
+        out["A"] = (G / T) * m_v * m_t / torch.sqrt(q + softening)
     if "B" in terms:
         out["B"] = -0.5 * q
     if "C" in terms:
@@ -224,11 +238,12 @@ def sgi_align_terms(
     eps: float = 1e-6,
     quality: str = "softplus",
     terms: str = SGI_TERMS,
+    a_distance: str = "centre",
 ) -> dict[str, Tensor]:
     """The terms of S_align for broadcastable [..., D] inputs: {"A", "B", "C"} (only those in ``terms``), each [...].
 
     Straight from the formulas, differentiable; :func:`sgi_align` sums them."""
-    _check_sgi_scalars(G, T, lam, eps, quality)
+    _check_sgi_scalars(G, T, lam, eps, quality, a_distance)
     terms = _check_terms(terms)
     s = logvar_v.exp() + logvar_t.exp()
     delta = mu_v - mu_t
@@ -238,7 +253,8 @@ def sgi_align_terms(
     logdet = log_s.mean(dim=-1) if per_dim_mean else log_s.sum(dim=-1)
     m_v = sgi_quality(logvar_v, lam=lam, per_dim_mean=per_dim_mean, quality=quality) if "A" in terms else None
     m_t = sgi_quality(logvar_t, lam=lam, per_dim_mean=per_dim_mean, quality=quality) if "A" in terms else None
-    return _sgi_combine(q, logdet, m_v, m_t, G=G, T=T, eps=eps, terms=terms)
+    softening = sgi_softening(eps=eps, a_distance=a_distance, per_dim_mean=per_dim_mean, dim=mu_v.shape[-1])
+    return sgi_terms_from_moments(q, logdet, m_v, m_t, G=G, T=T, softening=softening, terms=terms)
 
 
 def _check_gaussians(mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, logvar_t: Tensor, name: str) -> None:
@@ -264,54 +280,91 @@ def sgi_align(
     eps: float = 1e-6,
     quality: str = "softplus",
     terms: str = SGI_TERMS,
+    a_distance: str = "centre",
 ) -> Tensor:
     """S_align of aligned pairs (video k with text k): [N] for [N, D] inputs (spec §5.2, defaults §5.2 ★).
 
-    ``eps`` is ε in d = √(q + ε); ``quality`` as in :func:`sgi_quality`; ``terms`` a subset of "ABC" (the ablations).
-    The L_SGI loss is −mean of this over the positive pairs."""
+    ``eps`` is ε in d = √(q + ε); ``quality`` as in :func:`sgi_quality`; ``terms`` a subset of "ABC" (the ablations);
+    ``a_distance`` as in :func:`sgi_softening`. The paper's L_SGI is −mean of this over the positive pairs."""
     _check_gaussians(mu_v, logvar_v, mu_t, logvar_t, "sgi_align")
     if mu_v.shape != mu_t.shape:
         raise ValueError(f"sgi_align: aligned pairs need as many videos as texts, got {mu_v.shape[0]} and "
                          f"{mu_t.shape[0]}")
     parts = sgi_align_terms(mu_v, logvar_v, mu_t, logvar_t, G=G, T=T, lam=lam, per_dim_mean=per_dim_mean, eps=eps,
-                            quality=quality, terms=terms)
+                            quality=quality, terms=terms, a_distance=a_distance)
     return torch.stack(list(parts.values())).sum(dim=0)
 
 
-def sgi_product_group(logvar_v: Tensor, logvar_t: Tensor, max_group: int = SGI_MAX_GROUP) -> tuple[int, int]:
-    """(g, k) for :func:`sgi_align_pairwise`: Σ_k log s_k may be computed as Σ over groups of g dimensions of
-    log Π s̃_k with s̃ = s·2^−k, because every such product provably stays inside float32's normal range.
-
-    Proof of the bound: s = σ_v² + σ_t² is increasing in both log variances, so every s_k of every pair lies in
-    [e^lo, e^hi] with lo = logaddexp(min logvar_v, min logvar_t) and hi = logaddexp(max logvar_v, max logvar_t).
-    Scaling by the power of two 2^−k nearest the centre (exact in floating point) puts every log s̃_k in [−h, h],
-    h = max(hi − k·ln 2, k·ln 2 − lo), so a product of g of them has |log| ≤ g·h; g is the largest power of two
-    ≤ ``max_group`` with g·h ≤ 80 (float32 normals span e^−87.3 to e^88.7; the product's own rounding is a relative
-    g·2^−24). With the default clamp log σ² ∈ [−10, 5], h ≤ 7.8 and g ≥ 8 whatever the data. Without a clamp the
-    range is the data's: a wide one (or a non-finite input, or a variance outside e^±80) gives g = 1, one log per
-    dimension."""
-    if logvar_v.numel() == 0 or logvar_t.numel() == 0 or max_group <= 1:
-        return 1, 0
-    lo_v, hi_v = (float(x) for x in torch.aminmax(logvar_v.detach()))
-    lo_t, hi_t = (float(x) for x in torch.aminmax(logvar_t.detach()))
-    lo, hi = _logaddexp(lo_v, lo_t), _logaddexp(hi_v, hi_t)
-    # a variance that is subnormal or overflows in float32 is already rounded away: keep one log per dimension
-    if not (math.isfinite(lo) and math.isfinite(hi)) or lo < -80.0 or hi > 80.0:
-        return 1, 0
-    k = round((lo + hi) / (2.0 * _LN2))
-    h = max(hi - k * _LN2, k * _LN2 - lo)
-    dim = logvar_v.shape[-1]
-    g = 1
-    while 2 * g <= max_group and 2 * g <= dim and 2 * g * h <= _LOG_PRODUCT_LIMIT:
-        g *= 2
-    return (g, k) if g > 1 else (1, 0)  # one log per dimension needs no rescaling
+def _pair_chunks(n_t: int, n_v: int, dim: int, text_chunk: int | None, video_chunk: int | None) -> tuple[int, int]:
+    if text_chunk is not None and text_chunk < 1 or video_chunk is not None and video_chunk < 1:
+        raise ValueError(f"chunks must be >= 1, got text_chunk={text_chunk}, video_chunk={video_chunk}")
+    video_chunk = min(max(1, n_v), video_chunk or max(1, SGI_CHUNK_ELEMENTS // max(1, dim)))
+    text_chunk = min(max(1, n_t), text_chunk or max(1, SGI_CHUNK_ELEMENTS // (video_chunk * max(1, dim))))
+    return text_chunk, video_chunk
 
 
-def _logaddexp(a: float, b: float) -> float:
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return a if a == b else max(a, b)
-    top = max(a, b)
-    return top + math.log1p(math.exp(min(a, b) - top))
+class _PairMoments(torch.autograd.Function):
+    """(Σ_k δ_k²/s_k, Σ_k log s_k) of every (text i, video j) pair, s = var_v[j] + var_t[i], δ = μ_v[j] − μ_t[i],
+    in chunks, with the analytic gradient computed chunk by chunk as well: only the [N, D] inputs are saved, so
+    neither direction ever holds more than one [text_chunk, video_chunk, D] block (never N_t × N_v × D)."""
+
+    @staticmethod
+    def forward(ctx, mu_v: Tensor, var_v: Tensor, mu_t: Tensor, var_t: Tensor, text_chunk: int,  # noqa: ANN001
+                video_chunk: int) -> tuple[Tensor, Tensor]:
+        n_t, n_v = mu_t.shape[0], mu_v.shape[0]
+        q = mu_v.new_empty(n_t, n_v)
+        logs = mu_v.new_empty(n_t, n_v)
+        for a in range(0, n_t, text_chunk):
+            for b in range(0, n_v, video_chunk):
+                s = var_t[a : a + text_chunk, None] + var_v[None, b : b + video_chunk]
+                delta = mu_v[None, b : b + video_chunk] - mu_t[a : a + text_chunk, None]
+                q[a : a + text_chunk, b : b + video_chunk] = (delta.square_() / s).sum(dim=-1)
+                logs[a : a + text_chunk, b : b + video_chunk] = s.log_().sum(dim=-1)
+        ctx.save_for_backward(mu_v, var_v, mu_t, var_t)
+        ctx.chunks = (text_chunk, video_chunk)
+        return q, logs
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_q: Tensor, grad_logs: Tensor):  # noqa: ANN001, ANN205
+        # ∂q/∂μ_v = 2δ/s = −∂q/∂μ_t;  ∂q/∂var = −δ²/s² (either side);  ∂Σlog s/∂var = 1/s (either side)
+        mu_v, var_v, mu_t, var_t = ctx.saved_tensors
+        text_chunk, video_chunk = ctx.chunks
+        n_t, n_v = mu_t.shape[0], mu_v.shape[0]
+        g_mu_v, g_var_v = torch.zeros_like(mu_v), torch.zeros_like(var_v)
+        g_mu_t, g_var_t = torch.zeros_like(mu_t), torch.zeros_like(var_t)
+        for a in range(0, n_t, text_chunk):
+            for b in range(0, n_v, video_chunk):
+                ts, vs = slice(a, a + text_chunk), slice(b, b + video_chunk)
+                s = var_t[ts, None] + var_v[None, vs]
+                ratio = (mu_v[None, vs] - mu_t[ts, None]).div_(s)  # δ/s
+                gq = grad_q[ts, vs, None]
+                weighted = ratio * gq  # gq·δ/s
+                g_mu_v[vs] += 2.0 * weighted.sum(dim=0)
+                g_mu_t[ts] -= 2.0 * weighted.sum(dim=1)
+                # ∂/∂var: gL/s − gq·δ²/s²
+                g_var = s.reciprocal_().mul_(grad_logs[ts, vs, None]).sub_(weighted.mul_(ratio))
+                g_var_v[vs] += g_var.sum(dim=0)
+                g_var_t[ts] += g_var.sum(dim=1)
+        return g_mu_v, g_var_v, g_mu_t, g_var_t, None, None
+
+
+def sgi_pair_moments(mu_v: Tensor, var_v: Tensor, mu_t: Tensor, var_t: Tensor, *, text_chunk: int | None = None,
+                     video_chunk: int | None = None) -> tuple[Tensor, Tensor]:
+    """(q, L), each [N_t, N_v]: q_ij = Σ_k (μ_vjk − μ_tik)²/s_ijk and L_ij = Σ_k log s_ijk with s = var_v[j] + var_t[i]
+    (variances, not log variances). Chunked in both directions; differentiable (chunked analytic backward)."""
+    n_t, n_v, dim = mu_t.shape[0], mu_v.shape[0], mu_v.shape[1]
+    text_chunk, video_chunk = _pair_chunks(n_t, n_v, dim, text_chunk, video_chunk)
+    return _PairMoments.apply(mu_v, var_v, mu_t, var_t, text_chunk, video_chunk)
+
+
+def check_sgi_arguments(mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, logvar_t: Tensor, name: str, *, G: float,
+                        T: float, lam: float, eps: float, quality: str, terms: str, a_distance: str) -> str:
+    """The checks every all-pairs S_align function runs (shapes and options; ValueError naming ``name``); returns
+    ``terms``."""
+    _check_gaussians(mu_v, logvar_v, mu_t, logvar_t, name)
+    _check_sgi_scalars(G, T, lam, eps, quality, a_distance)
+    return _check_terms(terms)
 
 
 def sgi_align_pairwise(
@@ -327,156 +380,80 @@ def sgi_align_pairwise(
     eps: float = 1e-6,
     quality: str = "softplus",
     terms: str = SGI_TERMS,
+    a_distance: str = "centre",
     text_chunk: int | None = None,
     video_chunk: int | None = None,
-    max_group: int = SGI_MAX_GROUP,
 ) -> Tensor:
     """S_align of every (text, video) pair: [N_t, N_v] (note: video arguments first, texts on the output's rows),
     equal to :func:`sgi_align` of each pair up to float rounding.
 
-    Nothing factorises Σ_k δ_k²/s_k or Σ_k log s_k into a matrix product, so the work is O(N_t·N_v·D) elementwise.
-    The pairs are scored in blocks of ``text_chunk`` × ``video_chunk`` (default 8 texts × as many videos as fit
-    ``SGI_BLOCK_ELEMENTS`` with D); working memory is two such blocks plus a row stripe per worker, whatever N_t and
-    N_v. Per block: s and δ into two reused buffers, δ² /= s in place and summed (q), then the variances are
-    multiplied in place over groups of g dimensions (a tree of halvings) and one log per group gives Σ log s
-    (:func:`sgi_product_group` proves the product stays in range; it falls back to one log per dimension). The
-    qualities and variances are computed once per item, not per pair. On a CPU the stripes of ``text_chunk`` texts
-    are shared among ``torch.get_num_threads()`` single-threaded worker threads (each with its own buffers), which
-    never wait on each other the way torch's per-op OpenMP threads do; the caller's thread setting is restored.
-
-    With autograd recording and an input that requires grad, a plain differentiable broadcast over text chunks is
-    used instead (same values)."""
-    _check_gaussians(mu_v, logvar_v, mu_t, logvar_t, "sgi_align_pairwise")
-    _check_sgi_scalars(G, T, lam, eps, quality)
-    terms = _check_terms(terms)
-    n_v, dim = mu_v.shape
-    n_t = mu_t.shape[0]
+    Nothing factorises Σ_k δ_k²/s_k or Σ_k log s_k into a matrix product, so the work is O(N_t·N_v·D) elementwise,
+    done in chunks of ``text_chunk`` × ``video_chunk`` pairs (default: up to 1 M elements of [.., .., D]); the
+    qualities and variances are computed once per item. Differentiable with bounded memory (the chunked moments
+    carry their own backward): the contrastive L_SGI-NCE runs on it. A pure function: no threads, no global state.
+    Test-time scoring of large galleries uses the head's faster kernel
+    (``tvr.models.heads.gravialign_scoring.s_align_scores``), which gives the same values."""
+    terms = check_sgi_arguments(mu_v, logvar_v, mu_t, logvar_t, "sgi_align_pairwise", G=G, T=T, lam=lam, eps=eps,
+                                quality=quality, terms=terms, a_distance=a_distance)
     dtype = torch.promote_types(torch.promote_types(mu_v.dtype, mu_t.dtype), torch.float32)
     mu_v, logvar_v, mu_t, logvar_t = (x.to(dtype) for x in (mu_v, logvar_v, mu_t, logvar_t))
-    if text_chunk is not None and text_chunk < 1 or video_chunk is not None and video_chunk < 1:
-        raise ValueError(f"sgi_align_pairwise: chunks must be >= 1, got text_chunk={text_chunk}, "
-                         f"video_chunk={video_chunk}")
-    text_chunk = min(max(1, n_t), text_chunk or SGI_TEXT_CHUNK)
-    # a GPU has no cache to fit and pays per kernel launch: 16× larger blocks there (not measured: no GPU here)
-    budget = SGI_BLOCK_ELEMENTS * (16 if mu_v.is_cuda else 1)
-    video_chunk = min(max(1, n_v), video_chunk or max(1, budget // (text_chunk * max(1, dim))))
-    out = mu_v.new_empty(n_t, n_v)
-    if n_t == 0 or n_v == 0:
-        return out
+    dim = mu_v.shape[1]
+    try:
+        q, logdet = sgi_pair_moments(mu_v, logvar_v.exp(), mu_t, logvar_t.exp(), text_chunk=text_chunk,
+                                     video_chunk=video_chunk)
+    except ValueError as exc:
+        raise ValueError(f"sgi_align_pairwise: {exc}") from None
+    if per_dim_mean:
+        q, logdet = q / dim, logdet / dim
     needs_a = "A" in terms
-    m_v = sgi_quality(logvar_v, lam=lam, per_dim_mean=per_dim_mean, quality=quality) if needs_a else None
-    m_t = sgi_quality(logvar_t, lam=lam, per_dim_mean=per_dim_mean, quality=quality) if needs_a else None
-    combine = dict(G=G, T=T, eps=eps, terms=terms)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (mu_v, logvar_v, mu_t, logvar_t)):
-        rows = []
-        for a in range(0, n_t, text_chunk):
-            ts = slice(a, a + text_chunk)
-            s = logvar_v.exp()[None] + logvar_t[ts].exp()[:, None]
-            ratio = (mu_v[None] - mu_t[ts, None]).square() / s
-            q = ratio.mean(-1) if per_dim_mean else ratio.sum(-1)
-            logdet = torch.log(s).mean(-1) if per_dim_mean else torch.log(s).sum(-1)
-            parts = _sgi_combine(q, logdet, m_v[None] if needs_a else None, m_t[ts, None] if needs_a else None,
-                                 **combine)
-            rows.append(torch.stack(list(parts.values())).sum(dim=0))
-        return torch.cat(rows, dim=0)
-
-    with torch.no_grad():
-        g, k = sgi_product_group(logvar_v, logvar_t, max_group)
-        scale = 2.0 ** -k  # exact: a power of two
-        # Σ log s = Σ log s̃ + D·k·ln 2 and Σ δ²/s = 2^−k·Σ δ²/s̃ (s̃ = 2^−k·s)
-        # detached: worker threads do not inherit this thread's no_grad mode (grad mode is thread-local)
-        job = _PairwiseJob(
-            mu_v=mu_v.detach(), var_v=logvar_v.detach().exp().mul_(scale), mu_t=mu_t.detach(),
-            var_t=logvar_t.detach().exp().mul_(scale), m_v=None if m_v is None else m_v.detach(),
-            m_t=None if m_t is None else m_t.detach(), group=g, q_scale=scale / dim if per_dim_mean else scale,
-            c_scale=1.0 / dim if per_dim_mean else 1.0, c_shift=k * _LN2 * (1.0 if per_dim_mean else dim),
-            text_chunk=text_chunk, video_chunk=video_chunk, combine=combine, out=out,
-        )
-        starts = list(range(0, n_t, text_chunk))
-        workers = 1 if mu_v.is_cuda else min(torch.get_num_threads(), len(starts))
-        if workers <= 1:
-            buffers = job.buffers()
-            for a in starts:
-                job.stripe(a, buffers)
-            return out
-        # One single-threaded worker per core, each on its own text stripes and cache-sized buffers: no OpenMP
-        # barrier per small op (on a busy machine those barriers cost more than the arithmetic, see the docs).
-        calling_threads = torch.get_num_threads()
-        local = threading.local()
-
-        def run(a: int) -> None:
-            if not hasattr(local, "buffers"):
-                torch.set_num_threads(1)  # this worker thread only
-                local.buffers = job.buffers()
-            with torch.no_grad():
-                job.stripe(a, local.buffers)
-
-        try:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sgi_align") as pool:
-                for _ in pool.map(run, starts):
-                    pass
-        finally:
-            # torch.set_num_threads in a worker also changes the default that new threads start with: restore it
-            torch.set_num_threads(calling_threads)
+    m_v = sgi_quality(logvar_v, lam=lam, per_dim_mean=per_dim_mean, quality=quality)[None] if needs_a else None
+    m_t = sgi_quality(logvar_t, lam=lam, per_dim_mean=per_dim_mean, quality=quality)[:, None] if needs_a else None
+    softening = sgi_softening(eps=eps, a_distance=a_distance, per_dim_mean=per_dim_mean, dim=dim)
+    parts = sgi_terms_from_moments(q, logdet, m_v, m_t, G=G, T=T, softening=softening, terms=terms)
+    values = list(parts.values())
+    out = values[0]
+    for rest in values[1:]:
+        out = out + rest
     return out
 
 
-@dataclasses.dataclass
-class _PairwiseJob:
-    """The no-grad all-pairs computation of :func:`sgi_align_pairwise`, one stripe of texts at a time (so stripes can
-    run on worker threads, each writing its own rows of ``out``). Variances are pre-scaled by 2^−k."""
+def sgi_nce_scale(*, tau: float, per_dim_mean: bool, dim: int) -> float:
+    """The factor κ/τ that turns S_align into the logits of :func:`sgi_align_nce`: κ = D with ``per_dim_mean`` (it
+    undoes the mean, so B + C is the log expected-likelihood kernel in its own units whatever D), 1 with sums."""
+    if not tau > 0:
+        raise ValueError(f"tau = {tau}: the temperature of the contrastive L_SGI must be > 0")
+    return (float(dim) if per_dim_mean else 1.0) / tau
 
-    mu_v: Tensor
-    var_v: Tensor
-    mu_t: Tensor
-    var_t: Tensor
-    m_v: Tensor | None
-    m_t: Tensor | None
-    group: int
-    q_scale: float
-    c_scale: float
-    c_shift: float
-    text_chunk: int
-    video_chunk: int
-    combine: dict
-    out: Tensor
 
-    def buffers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Scratch of one worker: the s and δ blocks, and the stripe's q and Σ log s rows."""
-        block = self.text_chunk * self.video_chunk * self.mu_v.shape[1]
-        n_v = self.mu_v.shape[0]
-        new = self.mu_v.new_empty
-        return new(block), new(block), new(self.text_chunk, n_v), new(self.text_chunk, n_v)
+def sgi_align_nce(
+    mu_v: Tensor,
+    logvar_v: Tensor,
+    mu_t: Tensor,
+    logvar_t: Tensor,
+    *,
+    tau: float = 1.0,
+    G: float,
+    T: float,
+    lam: float,
+    per_dim_mean: bool = True,
+    eps: float = 1e-6,
+    quality: str = "softplus",
+    terms: str = SGI_TERMS,
+    a_distance: str = "centre",
+) -> Tensor:
+    """Contrastive L_SGI-NCE on B aligned pairs (video k with text k): ½[CE_rows(Z) + CE_cols(Z)] with
+    Z = κ·S/τ, S_ij = S_align(v_j, t_i) over every pair of the batch (:func:`sgi_align_pairwise`, chunked) and κ as in
+    :func:`sgi_nce_scale`.
 
-    def stripe(self, a: int, buffers: tuple[Tensor, Tensor, Tensor, Tensor]) -> None:
-        s_buf, d_buf, q_row, c_row = buffers
-        n_v, dim = self.mu_v.shape
-        g = self.group
-        n_groups = dim // g
-        grouped = n_groups * g  # the first g·⌊D/g⌋ dimensions go through products; the rest (< g) log directly
-        nt = min(self.text_chunk, self.mu_t.shape[0] - a)
-        vt, mt = self.var_t[a : a + nt, None], self.mu_t[a : a + nt, None]
-        for b in range(0, n_v, self.video_chunk):
-            nv = min(self.video_chunk, n_v - b)
-            s = s_buf[: nt * nv * dim].view(nt, nv, dim)
-            d = d_buf[: nt * nv * dim].view(nt, nv, dim)
-            torch.add(vt, self.var_v[None, b : b + nv], out=s)
-            torch.sub(mt, self.mu_v[None, b : b + nv], out=d)
-            d.mul_(d).div_(s)
-            torch.sum(d, dim=-1, out=q_row[:nt, b : b + nv])
-            # Σ log s̃ as Σ over groups of log Π: halve the group axis in place until one factor is left
-            groups = s[..., :grouped].view(nt, nv, g, n_groups)
-            h = g
-            while h > 1:
-                h //= 2
-                groups[:, :, :h].mul_(groups[:, :, h : 2 * h])
-            logs = groups[:, :, 0].log_().sum(dim=-1)
-            if grouped < dim:
-                logs += s[..., grouped:].log().sum(dim=-1)
-            c_row[:nt, b : b + nv] = logs
-        q = q_row[:nt].mul_(self.q_scale)
-        logdet = c_row[:nt].mul_(self.c_scale).add_(self.c_shift)
-        m_v = self.m_v[None] if self.m_v is not None else None
-        m_t = self.m_t[a : a + nt, None] if self.m_t is not None else None
-        parts = _sgi_combine(q, logdet, m_v, m_t, **self.combine)
-        self.out[a : a + nt] = torch.stack(list(parts.values())).sum(dim=0)
+    The paper's L_SGI = −S_ii is the numerator of each row's cross-entropy; the log-partition logsumexp_j Z_ij prices
+    the collapsed state (every pair alike) at ln B, so the positive-only objective's trivial maximiser is gone. With
+    A off and sums over D, S_ij is the log expected-likelihood kernel log ∫N(z; μ_v, Σ_v)N(z; μ_t, Σ_t)dz (+ const);
+    for isotropic variances σ²I it is CLIP's InfoNCE on cos(μ_t, μ_v) with a per-pair temperature 1/(s_v + s_t)."""
+    _check_gaussians(mu_v, logvar_v, mu_t, logvar_t, "sgi_align_nce")
+    if mu_v.shape != mu_t.shape:
+        raise ValueError(f"sgi_align_nce: aligned pairs need as many videos as texts, got {mu_v.shape[0]} and "
+                         f"{mu_t.shape[0]}")
+    scale = sgi_nce_scale(tau=tau, per_dim_mean=per_dim_mean, dim=mu_v.shape[1])
+    scores = sgi_align_pairwise(mu_v, logvar_v, mu_t, logvar_t, G=G, T=T, lam=lam, per_dim_mean=per_dim_mean, eps=eps,
+                                quality=quality, terms=terms, a_distance=a_distance)
+    return symmetric_infonce(scale * scores)

@@ -51,7 +51,7 @@ from tvr.analysis.proxy import (
 from tvr.analysis.similarity import plot_rank_histogram, plot_score_distributions
 from tvr.config import Config
 from tvr.eval.protocol import evaluate
-from tvr.eval.runner import EncodedSplit, score_encoded
+from tvr.eval.runner import EncodedSplit, score_matrices
 from tvr.models.heads.gare import GareHead
 from tvr.models.heads.gravialign import GraviAlignHead
 from tvr.models.heads.proxy import ProxyHead
@@ -99,7 +99,7 @@ def analyze_encoded(
     device = device or torch.device("cpu")
     head = model.head
     head.eval()
-    sim = score_encoded(model, encoded, cfg, device)
+    sim, v2t_sim = score_matrices(model, encoded, cfg, device)  # v2t_sim: two-stage scoring's own shortlists
     text_state = head.encode_texts(encoded.text.to(device))
     video_state = head.encode_videos(encoded.video.to(device))
     setting = head.inference_setting() or None
@@ -107,7 +107,8 @@ def analyze_encoded(
     tv = torch.as_tensor(encoded.text_video).long()
     figures: list[FigureFiles] = [
         plot_score_distributions(out, sim, tv, split=split, head=name, setting=setting),
-        plot_rank_histogram(out, sim, tv, encoded.protocol, split=split, head=name, setting=setting),
+        plot_rank_histogram(out, sim, tv, encoded.protocol, split=split, head=name, setting=setting,
+                            v2t_sim=v2t_sim),
     ]
     if isinstance(head, GareHead):
         figures += _gare(head, encoded, text_state, video_state, cfg, out, split, device, options)
@@ -115,7 +116,7 @@ def analyze_encoded(
         figures += _proxy(head, encoded, text_state, video_state, cfg, out, split, options)
     elif isinstance(head, GraviAlignHead):
         figures += _gravialign(head, encoded, text_state, video_state, sim, cfg, out, split, options)
-    metrics = evaluate(sim, tv, encoded.protocol, tie_mode=cfg.eval.tie_mode)
+    metrics = evaluate(sim, tv, encoded.protocol, tie_mode=cfg.eval.tie_mode, v2t_sim=v2t_sim)
     manifest = {
         "checkpoint": checkpoint,
         "split": split,

@@ -25,18 +25,21 @@ ROW_ELEMENTS = 1 << 22
 RANK_BIN_TOPS = (1, 2, 3, 4, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
 
-def protocol_ranks(sim: Tensor, text_video: Any, protocol: str) -> dict[str, np.ndarray]:
+def protocol_ranks(sim: Tensor, text_video: Any, protocol: str, v2t_sim: Tensor | None = None
+                   ) -> dict[str, np.ndarray]:
     """1-based GT ranks of every t2v query (each caption) and every v2t query (each video), ties optimistic, as the
     evaluator ranks them: one-to-one / paragraph: the transposed matrix for v2t; multi-caption: v2t ranks caption
-    groups scored by their best caption (spec §6.4)."""
+    groups scored by their best caption (spec §6.4). ``v2t_sim`` ([N_t, N_v], default ``sim``): the matrix video
+    queries rank when it differs (two-stage scoring's per-video shortlists)."""
     sim = torch.as_tensor(sim).float()
+    other = sim if v2t_sim is None else torch.as_tensor(v2t_sim).float()
     tv = torch.as_tensor(text_video).long().cpu()
     n_v = sim.shape[1]
     t2v = gt_ranks(sim, tv)
     if protocol == "multi_caption":
-        v2t = gt_ranks(group_max(sim, tv, n_v).t(), None)
+        v2t = gt_ranks(group_max(other, tv, n_v).t(), None)
     else:
-        v2t = gt_ranks(sim.t(), inverse_permutation(tv, n_v))
+        v2t = gt_ranks(other.t(), inverse_permutation(tv, n_v))
     return {"t2v": t2v, "v2t": v2t}
 
 
@@ -159,9 +162,10 @@ def plot_score_distributions(
 
 
 def plot_rank_histogram(
-    out_dir: Path, sim: Tensor, text_video: Any, protocol: str, *, split: str, head: str, setting: dict | None = None
+    out_dir: Path, sim: Tensor, text_video: Any, protocol: str, *, split: str, head: str, setting: dict | None = None,
+    v2t_sim: Tensor | None = None,
 ) -> FigureFiles:
-    ranks = protocol_ranks(sim, text_video, protocol)
+    ranks = protocol_ranks(sim, text_video, protocol, v2t_sim)
     # v2t ranks texts (one-to-one, paragraph) or caption groups, one per video (multi-caption)
     n_gallery = {"t2v": sim.shape[1], "v2t": sim.shape[1] if protocol == "multi_caption" else sim.shape[0]}
     data: dict[str, Any] = {"split": split, "head": head, "protocol": protocol, "inference_setting": setting}

@@ -907,12 +907,6 @@ def describe_split_source(cfg: DataConfig) -> dict[str, Any]:
     return out
 
 
-def files_present(cfg: DataConfig) -> list[str]:
-    """Names of the annotation files in ``cfg.annotations`` (for error messages and diagnostics)."""
-    folder = _check_cfg(cfg)
-    return sorted(p.name for p in folder.iterdir() if p.is_file())
-
-
 __all__ = [
     "DATASETS",
     "PROTOCOLS",

@@ -211,10 +211,11 @@ def check_data(
 ) -> dict[str, Any]:
     """Check the dataset of ``cfg`` (see the module docstring); returns the JSON-ready report."""
     from tvr.data.annotations import SPLITS, AnnotationError, load_split
-    from tvr.data.datasets import VideoNotFoundError, VideoOutsideDirError, VideoResolver
+    from tvr.data.datasets import VideoNotFoundError, VideoOutsideDirError, VideoResolver, check_pixel_settings
     from tvr.data.video import VideoDecodeError, clip4clip_indices
 
     data = cfg.data
+    check_pixel_settings(data, image_size=False)
     errors: list[str] = []
     warnings: list[str] = []
     report: dict[str, Any] = {

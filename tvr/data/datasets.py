@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 
 from tvr.config import ConfigError, DataConfig
 from tvr.data.augment import VideoRandAugment
-from tvr.data.prepare import FrameCacheReader, FrameSettings
+from tvr.data.frame_cache import FrameCacheReader, FrameSettings
 from tvr.data.transforms import CLIP_NORM, PixelNorm
 from tvr.data.video import VideoDecodeError, load_clip
 
@@ -202,10 +202,41 @@ def build_augment(data_cfg: DataConfig) -> VideoRandAugment | None:
                             magnitude_std=0.5, increasing=True)
 
 
+def check_pixel_settings(data_cfg: DataConfig, image_size: bool = True) -> None:
+    """``data.image_size`` and ``data.sampling`` are set: left unset, they are the backbone's, filled in when the run
+    config is resolved (:func:`tvr.models.preprocess.resolve_preprocess`; every CLI job and ``tvr.pipeline`` do
+    it), so reading clips from an unresolved config is a mistake of the caller. ``image_size=False``: only the
+    sampling is needed (``tvr check-data`` counts sampled frames but makes no pixels)."""
+    if data_cfg.sampling is None:
+        raise ConfigError(
+            "data.sampling (and data.image_size) not resolved: they default to the backbone's; call "
+            "tvr.models.preprocess.resolve_preprocess(cfg) (or tvr.pipeline.resolve_config) first, or set them"
+        )
+    if data_cfg.pixel_mean is None or data_cfg.pixel_std is None:
+        raise ConfigError(
+            "data.pixel_mean / data.pixel_std not resolved: they default to the backbone's normalisation; call "
+            "tvr.models.preprocess.resolve_preprocess(cfg) (or tvr.pipeline.resolve_config) first, or set them"
+        )
+    if image_size and data_cfg.image_size is None:
+        raise ConfigError(
+            "data.image_size is unset and the backbone's input size cannot be read without downloading model.clip "
+            "(a path that does not exist yet, or a hub model that is not in the local cache); set data.image_size "
+            "(224 for CLIP ViT-B/32 and B/16)"
+        )
+
+
+def data_pixel_norm(data_cfg: DataConfig) -> PixelNorm:
+    """The normalisation of a resolved data config (``data.pixel_mean`` / ``data.pixel_std``, the backbone's unless
+    the config sets them)."""
+    check_pixel_settings(data_cfg, image_size=False)
+    return PixelNorm(tuple(data_cfg.pixel_mean), tuple(data_cfg.pixel_std))
+
+
 def frame_cache_reader(data_cfg: DataConfig) -> FrameCacheReader | None:
     """The reader of ``data.frame_cache`` (checked against the run's frame settings), or None when unset."""
     if not data_cfg.frame_cache:
         return None
+    check_pixel_settings(data_cfg)
     settings = FrameSettings(data_cfg.max_frames, data_cfg.frame_rate, data_cfg.image_size, data_cfg.sampling)
     return FrameCacheReader(data_cfg.frame_cache, data_cfg.video_dir, settings)
 
@@ -258,7 +289,8 @@ class PairDataset(Dataset):
     video_id, caption, index; or ``{"skipped": video_id, "error": message, "index": i}`` for an unreadable video.
     Augmentation (``data_cfg.augment``) and clipvip jitter apply only when ``train`` is true.
     Limits such as ``data_cfg.limit_train`` are the caller's business (slice ``records``).
-    ``norm``: the backbone's pixel normalisation (``tvr.models.build.pixel_norm``; CLIP's by default).
+    ``norm``: the pixel normalisation (default: the resolved config's ``data.pixel_mean`` / ``pixel_std``, the
+    backbone's unless the config sets them).
     """
 
     def __init__(
@@ -270,12 +302,13 @@ class PairDataset(Dataset):
         train: bool = True,
         seed: int = 0,
         allow_partial: bool = False,
-        norm: PixelNorm = CLIP_NORM,
+        norm: PixelNorm | None = None,
     ) -> None:
         self.records = list(records)
-        self.norm = norm
+        self.norm = norm if norm is not None else data_pixel_norm(data_cfg)
         self.tokenizer = tokenizer
         self.resolver = resolver
+        check_pixel_settings(data_cfg)
         self.cfg = data_cfg
         self.train = train
         self.seed = seed
@@ -347,14 +380,15 @@ class VideoDataset(Dataset):
         resolver: Callable[[str], Path],
         data_cfg: DataConfig,
         allow_partial: bool = False,
-        norm: PixelNorm = CLIP_NORM,
+        norm: PixelNorm | None = None,
     ) -> None:
         self.video_ids = list(video_ids)
-        self.norm = norm
+        self.norm = norm if norm is not None else data_pixel_norm(data_cfg)
         self.spans = list(spans) if spans is not None else [(None, None)] * len(self.video_ids)
         if len(self.spans) != len(self.video_ids):
             raise ValueError(f"{len(self.video_ids)} video ids but {len(self.spans)} spans")
         self.resolver = resolver
+        check_pixel_settings(data_cfg)
         self.cfg = data_cfg
         self.allow_partial = allow_partial
         self.frame_cache = frame_cache_reader(data_cfg)

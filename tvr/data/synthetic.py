@@ -34,6 +34,21 @@ Why it is learnable but not trivial
       shape; at least one caption per video names every attribute of every shape it mentions. Captions are
       lower case with no punctuation, like MSR-VTT's, so the CSV files need no quoting.
 
+Dials (``SynthConfig`` fields, recorded in ``synth_meta.json`` under ``config`` and, as they came out, ``dials``)
+    * ``content``: "shapes" (the above) or "objects": real photographs that ship with installed packages
+      (scikit-image's bundled sample images, Debian opencv-doc's examples; :mod:`tvr.data.photos`) drawn as
+      squares that move, grow, rotate, bounce, appear and disappear like the shapes, plus one more family:
+      ``sequence``, one full-frame photograph (panning, zooming) then another ("a cat then a cup of coffee").
+      Photographs are named by their nouns ("cup of coffee", "coffee cup"); they have no colour words.
+    * ``pair_prob`` (temporal order): the share of videos with a twin that differs only in time.
+    * ``shared_attributes`` (false negatives): the chance that a new group repeats an earlier video's caption
+      attributes (motion and acting objects in event order) with a fresh layout and background.
+    * ``paraphrase`` (diversity, 0..1): how many synonyms, verb phrases and sentence frames captions draw from.
+    * ``seconds`` / ``fps`` (clip length), ``distractor_prob`` and ``distractor_motion`` (a distractor that
+      drifts across its half of the frame; captions then say it moves around).
+    The defaults render exactly the frames and annotation files the generator made before the dials existed
+    (``tests/test_synthetic_dials.py`` pins them): a dial at its default draws no random number.
+
 Files written into ``out_dir``
     ``videos/video{i}.mp4`` (H.264 yuv420p, mpeg4 when libx264 is missing), ``MSRVTT_data.json`` (``videos[]`` and
     ``sentences[]``; split train / validate / test), ``MSRVTT_train.9k.csv`` (train + validate ids),
@@ -135,6 +150,8 @@ MOTIONS: dict[str, tuple[str, str | None]] = {
     "disappear": ("visibility", "appear"),
     "appear_order": ("order_appear", "appear_order"),
     "disappear_order": ("order_disappear", "disappear_order"),
+    # objects content only: one full-frame photograph, then another ("a cat then a cup of coffee")
+    "sequence": ("sequence", "sequence"),
 }
 #: family -> the motion generated first (its twin / alternative is derived from it)
 FAMILIES: dict[str, str] = {
@@ -147,8 +164,13 @@ FAMILIES: dict[str, str] = {
     "order_appear": "appear_order",
     "order_disappear": "disappear_order",
 }
+#: the families of ``content: objects``: the shapes' families plus the full-frame sequence of two photographs
+OBJECT_FAMILIES: dict[str, str] = {**FAMILIES, "sequence": "sequence"}
+#: families whose two acting objects differ only in the order of their events (twins swap the order)
+ORDER_FAMILIES: tuple[str, ...] = ("order_appear", "order_disappear", "sequence")
 #: MSR-VTT-style integer category per family (the real set has 20 categories, 0..19)
-CATEGORY: dict[str, int] = {name: i for i, name in enumerate(FAMILIES)}
+CATEGORY: dict[str, int] = {name: i for i, name in enumerate(OBJECT_FAMILIES)}
+CONTENTS: tuple[str, ...] = ("shapes", "objects")
 
 # (third person, -ing form) verb phrases per single-object motion
 VERBS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -258,8 +280,18 @@ ORDER_FRAMES: dict[str, tuple[str, ...]] = {
         "{A} goes away first and then {B} goes away",
         "{B} vanishes after {A} has vanished",
     ),
+    "sequence": (
+        "{A} then {B}",
+        "first {A} and then {B}",
+        "{A} followed by {B}",
+        "we see {A} and after that {B}",
+        "{B} comes after {A}",
+        "a video of {A} and then {B}",
+        "{A} first and {B} second",
+    ),
 }
 STILL_CLAUSES: tuple[str, ...] = (" while {a} stays still", " while {a} does not move", " while {a} remains in place")
+MOVING_CLAUSES: tuple[str, ...] = (" while {a} drifts about", " while {a} also moves around", " as {a} wanders around")
 BACKGROUND_CLAUSES: tuple[str, ...] = (" on {bg}", " against {bg}", " in front of {bg}")
 
 
@@ -284,14 +316,27 @@ class SynthConfig:
     codec: str = "libx264"
     #: fraction of the non-test videos given split "validate" (kept out of the 7k list, inside the 9k list)
     val_fraction: float = 0.1
-    #: probability that a newly drawn group is a temporal twin pair rather than a single video
+    #: temporal-order dial: probability that a newly drawn group is a temporal twin pair rather than a single video
+    #: (twins differ only in time, so only the order words of their captions tell them apart)
     pair_prob: float = 0.5
-    #: probability that a single-shape video also shows a static distractor shape
+    #: probability that a single-object video also shows a distractor (another shape / photograph)
     distractor_prob: float = 0.3
     #: sub-pixel samples per axis for anti-aliasing (1 = hard edges)
     antialias: int = 2
     #: x264 constant rate factor (lower = better quality); ignored for mpeg4
     crf: int = 18
+    #: what the videos show: "shapes" (coloured polygons) | "objects" (real photographs shipped with installed
+    #: packages, tvr.data.photos, moving and in order: "a cat then a cup of coffee")
+    content: str = "shapes"
+    #: false-negative dial: probability that a newly drawn group repeats the caption attributes (motion and its
+    #: objects' colour / shape / photograph, in event order) of an earlier video with a fresh layout and background,
+    #: so the captions of one describe the other as well
+    shared_attributes: float = 0.0
+    #: paraphrase diversity in [0, 1]: 1 = every synonym, verb phrase and sentence frame; lower keeps the first
+    #: fraction of each list and names things by their canonical word more often; 0 = one wording per motion
+    paraphrase: float = 1.0
+    #: probability that a distractor drifts across its half of the frame instead of standing still
+    distractor_motion: float = 0.0
 
     @property
     def num_frames(self) -> int:
@@ -311,6 +356,10 @@ class SynthConfig:
             ("pair_prob", 0 <= self.pair_prob <= 1, "in [0, 1]"),
             ("distractor_prob", 0 <= self.distractor_prob <= 1, "in [0, 1]"),
             ("antialias", self.antialias >= 1, "at least 1"),
+            ("content", self.content in CONTENTS, f"one of {list(CONTENTS)}"),
+            ("shared_attributes", 0 <= self.shared_attributes <= 1, "in [0, 1]"),
+            ("paraphrase", 0 <= self.paraphrase <= 1, "in [0, 1]"),
+            ("distractor_motion", 0 <= self.distractor_motion <= 1, "in [0, 1]"),
         ]
         for name, ok, expected in checks:
             if not ok:
@@ -339,6 +388,17 @@ class ObjectSpec:
     #: vertical hop height (fraction of frame) and number of hops, for "bounce"
     bounce_amp: float = 0.0
     bounces: int = 0
+    #: content "objects": the photograph (tvr.data.photos name) drawn as a square of half-side r instead of a shape
+    photo: str = ""
+
+    @property
+    def label(self) -> str:
+        """What captions call it: ``"red circle"``, or the photograph's name."""
+        return self.photo or f"{self.colour} {self.shape}"
+
+    @property
+    def moves(self) -> bool:
+        return (self.x0, self.y0) != (self.x1, self.y1)
 
     def reversed_in_time(self) -> ObjectSpec:
         return replace(
@@ -370,11 +430,16 @@ class VideoSpec:
 
     def event_order(self) -> list[ObjectSpec]:
         """The acting shapes in the order their events happen (first to appear / first to disappear)."""
-        if self.motion == "appear_order":
+        if self.motion in ("appear_order", "sequence"):
             return sorted(self.objects, key=lambda o: o.start_gap)
         if self.motion == "disappear_order":
             return sorted(self.objects, key=lambda o: -o.end_gap)
         return [self.objects[0]]
+
+    def caption_key(self) -> tuple[str, ...]:
+        """What every caption of this video may name: the motion and its acting objects in event order. Videos
+        with the same key are false negatives of each other's captions."""
+        return (self.motion, *(o.label for o in self.event_order()))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -391,20 +456,55 @@ def _two_distinct(rng: np.random.Generator, options: tuple[str, ...], first: str
     return a, b
 
 
-def _base_spec(rng: np.random.Generator, family: str, cfg: SynthConfig) -> VideoSpec:
-    """A video of ``family``'s first motion (e.g. move_right), with random attributes and layout."""
-    motion = FAMILIES[family]
+def _photo_object(name: str, x: float, y: float, r: float) -> ObjectSpec:
+    return ObjectSpec("", "", x, y, x, y, r, r, photo=name)
+
+
+def _sequence_spec(rng: np.random.Generator, photos: tuple[str, ...]) -> VideoSpec:
+    """Content "objects": photograph A fills the frame (slowly panning and zooming in), then photograph B does."""
+    name_a, name_b = _two_distinct(rng, photos)
+    u = rng.uniform
+    objects = []
+    for name in (name_a, name_b):
+        # a square of half-side >= 0.55 frames centred within 0.04 of the middle always covers the whole frame
+        drift = u(-0.04, 0.04)
+        r0 = u(0.55, 0.6)
+        obj = _photo_object(name, 0.5 - drift, 0.5, r0)
+        obj.x1, obj.r1 = 0.5 + drift, r0 + u(0.03, 0.08)
+        objects.append(obj)
+    cut = u(0.4, 0.6)
+    objects[0].end_gap = 1.0 - cut  # A shows while t/(T-1) <= cut
+    objects[1].start_gap = cut  # B from there on
+    return VideoSpec("sequence", "grey", 0, objects)
+
+
+def _base_spec(
+    rng: np.random.Generator, family: str, cfg: SynthConfig, photos: tuple[str, ...] = ()
+) -> VideoSpec:
+    """A video of ``family``'s first motion (e.g. move_right), with random attributes and layout. ``photos``: the
+    photographs content "objects" draws from (shapes ignore it)."""
+    if family == "sequence":
+        return _sequence_spec(rng, photos)
+    motion = OBJECT_FAMILIES[family]
     background = _pick(rng, BACKGROUNDS)
     bg_seed = int(rng.integers(2**31))
     u = rng.uniform
+    objects_content = cfg.content == "objects"
+    # photographs are drawn larger than shapes: an image tower needs to see what they show
+    k = 1.7 if objects_content else 1.0
     if family in ("order_appear", "order_disappear"):
-        shape_a, shape_b = _two_distinct(rng, SHAPES)
-        colour_a, colour_b = _two_distinct(rng, tuple(COLOURS))
+        if objects_content:
+            name_a, name_b = _two_distinct(rng, photos)
+            shape_a = shape_b = colour_a = colour_b = ""
+        else:
+            shape_a, shape_b = _two_distinct(rng, SHAPES)
+            colour_a, colour_b = _two_distinct(rng, tuple(COLOURS))
+            name_a = name_b = ""
         # side by side, at slightly different heights
         xa, xb = (0.28, 0.72) if rng.random() < 0.5 else (0.72, 0.28)
-        r = u(0.11, 0.14)
-        a = ObjectSpec(shape_a, colour_a, xa, u(0.35, 0.65), 0, 0, r, r)
-        b = ObjectSpec(shape_b, colour_b, xb, u(0.35, 0.65), 0, 0, r, r)
+        r = u(0.11, 0.14) * (1.5 if objects_content else 1.0)
+        a = ObjectSpec(shape_a, colour_a, xa, u(0.35, 0.65), 0, 0, r, r, photo=name_a)
+        b = ObjectSpec(shape_b, colour_b, xb, u(0.35, 0.65), 0, 0, r, r, photo=name_b)
         a.x1, a.y1, b.x1, b.y1 = a.x0, a.y0, b.x0, b.y0
         early, late = u(0.1, 0.25), u(0.5, 0.65)
         if family == "order_appear":  # a appears first
@@ -413,15 +513,19 @@ def _base_spec(rng: np.random.Generator, family: str, cfg: SynthConfig) -> Video
             a.end_gap, b.end_gap = late, early
         return VideoSpec(motion, background, bg_seed, [a, b])
 
-    shape = _pick(rng, ROTATABLE if family == "rotation" else SHAPES)
-    colour = _pick(rng, tuple(COLOURS))
+    if objects_content:
+        photo, shape, colour = _pick(rng, photos), "", ""
+    else:
+        photo = ""
+        shape = _pick(rng, ROTATABLE if family == "rotation" else SHAPES)
+        colour = _pick(rng, tuple(COLOURS))
     with_distractor = rng.random() < cfg.distractor_prob
-    r = u(0.10, 0.14)
+    r = u(0.10, 0.14) * k
     # the primary uses one half of the frame across its motion axis when a distractor takes the other half
     side = 1 if rng.random() < 0.5 else -1
     lane = 0.5 + side * u(0.17, 0.23) if with_distractor else u(0.35, 0.65)
     other = 1.0 - lane if with_distractor else 0.0
-    obj = ObjectSpec(shape, colour, 0, 0, 0, 0, r, r)
+    obj = ObjectSpec(shape, colour, 0, 0, 0, 0, r, r, photo=photo)
     still_x, still_y = u(0.3, 0.7), other  # distractor position for horizontal motion
     if family == "horizontal":
         obj.x0, obj.x1, obj.y0 = u(0.15, 0.22), u(0.78, 0.85), lane
@@ -439,7 +543,7 @@ def _base_spec(rng: np.random.Generator, family: str, cfg: SynthConfig) -> Video
         obj.y0 = obj.y1 = u(0.35, 0.65)
         still_x, still_y = other, u(0.3, 0.7)
         if family == "scale":
-            obj.r0, obj.r1 = u(0.05, 0.07), u(0.18, 0.22)
+            obj.r0, obj.r1 = u(0.05, 0.07) * k, u(0.18, 0.22) * k
         elif family == "rotation":
             obj.a0 = u(0, 90)
             obj.a1 = obj.a0 + u(120, 200)
@@ -447,16 +551,33 @@ def _base_spec(rng: np.random.Generator, family: str, cfg: SynthConfig) -> Video
             obj.start_gap = u(0.3, 0.5)
     objects = [obj]
     if with_distractor:
-        shape2 = _pick(rng, tuple(s for s in SHAPES if s != shape))
-        colour2 = _pick(rng, tuple(c for c in COLOURS if c != colour))
-        r2 = u(0.08, 0.11)
-        objects.append(ObjectSpec(shape2, colour2, still_x, still_y, still_x, still_y, r2, r2))
+        if objects_content:
+            shape2 = colour2 = ""
+            photo2 = _pick(rng, tuple(p for p in photos if p != photo))
+        else:
+            shape2 = _pick(rng, tuple(s for s in SHAPES if s != shape))
+            colour2 = _pick(rng, tuple(c for c in COLOURS if c != colour))
+            photo2 = ""
+        r2 = u(0.08, 0.11) * k
+        distractor = ObjectSpec(shape2, colour2, still_x, still_y, still_x, still_y, r2, r2, photo=photo2)
+        # a drifting distractor moves along the coordinate its position was drawn in, staying in its half
+        # (by at least a fifth of the frame)
+        if cfg.distractor_motion > 0 and rng.random() < cfg.distractor_motion:
+            start = distractor.x0 if family == "horizontal" else distractor.y0
+            end = u(0.2, 0.8)
+            if abs(end - start) < 0.2:
+                end = start + 0.25 if start < 0.5 else start - 0.25
+            if family == "horizontal":
+                distractor.x1 = end
+            else:
+                distractor.y1 = end
+        objects.append(distractor)
     return VideoSpec(motion, background, bg_seed, objects)
 
 
 def _twin_of(spec: VideoSpec) -> tuple[VideoSpec, str]:
     """The video that differs from ``spec`` only in time: reversed, or with its two events swapped."""
-    if spec.family in ("order_appear", "order_disappear"):
+    if spec.family in ORDER_FAMILIES:
         a, b = spec.objects
         swapped = [
             replace(a, start_gap=b.start_gap, end_gap=b.end_gap),
@@ -470,25 +591,70 @@ def _twin_of(spec: VideoSpec) -> tuple[VideoSpec, str]:
     return VideoSpec(twin_motion, spec.background, spec.bg_seed, objects), "reverse"
 
 
+def _with_attributes(
+    spec: VideoSpec, source: VideoSpec, rng: np.random.Generator, photos: tuple[str, ...]
+) -> VideoSpec:
+    """``spec`` (a fresh layout of ``source``'s family) showing ``source``'s motion and acting objects, so both
+    videos have the same :meth:`VideoSpec.caption_key`."""
+    if spec.motion != source.motion:
+        spec = _twin_of(spec)[0]  # the family's other direction
+    for target, model in zip(spec.event_order(), source.event_order(), strict=True):
+        target.shape, target.colour, target.photo = model.shape, model.colour, model.photo
+    if len(spec.objects) > 1 and spec.family not in ORDER_FAMILIES:
+        primary, distractor = spec.objects
+        if distractor.label == primary.label or (not primary.photo and distractor.shape == primary.shape):
+            # a distractor must look unlike the shape the captions name
+            if primary.photo:
+                distractor.photo = _pick(rng, tuple(p for p in photos if p != primary.photo))
+            else:
+                distractor.shape = _pick(rng, tuple(s for s in SHAPES if s != primary.shape))
+                distractor.colour = _pick(rng, tuple(c for c in COLOURS if c != primary.colour))
+    return spec
+
+
+#: photographs content "objects" needs at the least (two per order video, plus a distractor)
+MIN_PHOTOS = 4
+
+
 def make_video_specs(cfg: SynthConfig) -> list[VideoSpec]:
     """All video specs in video-id order (train, then validate, then test), with splits, twins and captions."""
     cfg.validate()
     rng = np.random.default_rng(cfg.seed)
-    families = tuple(FAMILIES)
-    pairable = tuple(f for f in families if MOTIONS[FAMILIES[f]][1] is not None)
+    photos: tuple[str, ...] = ()
+    if cfg.content == "objects":
+        from tvr.data.photos import require_photos
+
+        photos = tuple(require_photos(MIN_PHOTOS))
+        family_map = OBJECT_FAMILIES
+    else:
+        family_map = FAMILIES
+    families = tuple(family_map)
+    pairable = tuple(f for f in families if MOTIONS[family_map[f]][1] is not None)
+    history: list[VideoSpec] = []
+
+    def draw(allowed: tuple[str, ...]) -> tuple[VideoSpec, bool]:
+        """A new base spec of one of the ``allowed`` families; True when it copies an earlier video's attributes."""
+        if cfg.shared_attributes > 0 and history and rng.random() < cfg.shared_attributes:
+            sources = [s for s in history if s.family in allowed]
+            if sources:
+                source = _pick(rng, sources)
+                return _with_attributes(_base_spec(rng, source.family, cfg, photos), source, rng, photos), True
+        return _base_spec(rng, _pick(rng, allowed), cfg, photos), False
+
     groups: list[list[VideoSpec]] = []
     remaining = cfg.num_videos
     while remaining > 0:
         if remaining >= 2 and rng.random() < cfg.pair_prob:
-            base = _base_spec(rng, _pick(rng, pairable), cfg)
+            base, _ = draw(pairable)
             twin, kind = _twin_of(base)
             base.twin_kind = twin.twin_kind = kind
             groups.append([base, twin])
         else:
-            base = _base_spec(rng, _pick(rng, families), cfg)
-            if MOTIONS[base.motion][1] is not None and rng.random() < 0.5:
+            base, copied = draw(families)
+            if not copied and MOTIONS[base.motion][1] is not None and rng.random() < 0.5:
                 base = _twin_of(base)[0]  # the other member of the family, so both directions occur alone too
             groups.append([base])
+        history.extend(groups[-1])
         remaining -= len(groups[-1])
 
     # splits at group level so twins stay together; test filled exactly, splitting one pair only if unavoidable
@@ -522,7 +688,7 @@ def make_video_specs(cfg: SynthConfig) -> list[VideoSpec]:
             i, j = (next(k for k, s in enumerate(specs) if s is g) for g in group)
             specs[i].twin, specs[j].twin = j, i
     for spec in specs:
-        spec.captions, spec.full_caption = _captions(spec, rng, cfg.captions_per_video)
+        spec.captions, spec.full_caption = _captions(spec, rng, cfg.captions_per_video, cfg.paraphrase)
     return specs
 
 
@@ -534,13 +700,32 @@ def _article(phrase: str) -> str:
     return ("an " if phrase[0] in "aeiou" else "a ") + phrase
 
 
-def _noun_phrase(rng: np.random.Generator, obj: ObjectSpec, colour: bool, shape: bool, canonical: bool) -> str:
-    """Bare noun phrase ("crimson disk", "red shape", "ball"); at least one of ``colour`` / ``shape`` is True."""
+def _pool(options: tuple, diversity: float) -> tuple:
+    """The wordings a caption may use at paraphrase ``diversity``: the first ceil(diversity × n), at least one."""
+    if diversity >= 1.0:
+        return options
+    return options[: max(1, math.ceil(diversity * len(options)))]
+
+
+def _noun_phrase(
+    rng: np.random.Generator, obj: ObjectSpec, colour: bool, shape: bool, canonical: bool, diversity: float = 1.0
+) -> str:
+    """Bare noun phrase ("crimson disk", "red shape", "ball"); at least one of ``colour`` / ``shape`` is True. A
+    photograph is named by one of its nouns ("cup of coffee")."""
 
     def word(options: tuple[str, ...]) -> str:
         # the canonical word is the most frequent, synonyms share the rest
-        return options[0] if canonical or len(options) == 1 or rng.random() < 0.55 else _pick(rng, options[1:])
+        if diversity >= 1.0:
+            return options[0] if canonical or len(options) == 1 or rng.random() < 0.55 else _pick(rng, options[1:])
+        synonyms = _pool(options, diversity)[1:]
+        if canonical or not synonyms or rng.random() < 1.0 - 0.45 * diversity:
+            return options[0]
+        return _pick(rng, synonyms)
 
+    if obj.photo:
+        from tvr.data.photos import PHOTOS_BY_NAME
+
+        return word(PHOTOS_BY_NAME[obj.photo].nouns)
     noun = word(SHAPE_WORDS[obj.shape]) if shape else _pick(rng, GENERIC_NOUNS)
     return f"{word(COLOUR_WORDS[obj.colour])} {noun}" if colour else noun
 
@@ -555,32 +740,39 @@ def _mentions(rng: np.random.Generator, full: bool) -> tuple[bool, bool]:
     return colour, shape
 
 
-def _one_caption(spec: VideoSpec, rng: np.random.Generator, full: bool) -> str:
+def _one_caption(spec: VideoSpec, rng: np.random.Generator, full: bool, diversity: float = 1.0) -> str:
+    d = diversity
     if spec.motion in ORDER_FRAMES:
         first, second = spec.event_order()
-        phrase_a = _article(_noun_phrase(rng, first, *_mentions(rng, full), canonical=full))
-        phrase_b = _article(_noun_phrase(rng, second, *_mentions(rng, full), canonical=full))
-        text = _pick(rng, ORDER_FRAMES[spec.motion]).format(A=phrase_a, B=phrase_b)
+        phrase_a = _article(_noun_phrase(rng, first, *_mentions(rng, full), canonical=full, diversity=d))
+        phrase_b = _article(_noun_phrase(rng, second, *_mentions(rng, full), canonical=full, diversity=d))
+        text = _pick(rng, _pool(ORDER_FRAMES[spec.motion], d)).format(A=phrase_a, B=phrase_b)
     else:
         primary = spec.objects[0]
-        np_ = _noun_phrase(rng, primary, *_mentions(rng, full), canonical=full)
-        vp, ing = _pick(rng, VERBS[spec.motion])
-        text = _pick(rng, SINGLE_FRAMES).format(a=_article(np_), np=np_, vp=vp, ing=ing)
-    if rng.random() < 0.35:
-        text += _pick(rng, BACKGROUND_CLAUSES).format(bg=_pick(rng, BACKGROUND_WORDS[spec.background]))
+        np_ = _noun_phrase(rng, primary, *_mentions(rng, full), canonical=full, diversity=d)
+        vp, ing = _pick(rng, _pool(VERBS[spec.motion], d))
+        text = _pick(rng, _pool(SINGLE_FRAMES, d)).format(a=_article(np_), np=np_, vp=vp, ing=ing)
+    # a full-frame sequence hides its background
+    if spec.motion != "sequence" and rng.random() < 0.35:
+        clause = _pick(rng, _pool(BACKGROUND_CLAUSES, d))  # drawn before the words, as it always was
+        text += clause.format(bg=_pick(rng, _pool(BACKGROUND_WORDS[spec.background], d)))
     if len(spec.objects) > 1 and spec.motion not in ORDER_FRAMES and rng.random() < 0.5:
-        still = _noun_phrase(rng, spec.objects[1], *_mentions(rng, full), canonical=full)
-        text += _pick(rng, STILL_CLAUSES).format(a=_article(still))
+        other = spec.objects[1]
+        clauses = MOVING_CLAUSES if other.moves else STILL_CLAUSES
+        phrase = _noun_phrase(rng, other, *_mentions(rng, full), canonical=full, diversity=d)
+        text += _pick(rng, _pool(clauses, d)).format(a=_article(phrase))
     return text
 
 
-def _captions(spec: VideoSpec, rng: np.random.Generator, count: int) -> tuple[list[str], int]:
+def _captions(
+    spec: VideoSpec, rng: np.random.Generator, count: int, diversity: float = 1.0
+) -> tuple[list[str], int]:
     """``count`` distinct captions (duplicates only if the templates run out) in random order, plus the index of
     the one that names every attribute."""
-    captions = [_one_caption(spec, rng, full=True)]
+    captions = [_one_caption(spec, rng, full=True, diversity=diversity)]
     attempts = 0
     while len(captions) < count:
-        text = _one_caption(spec, rng, full=False)
+        text = _one_caption(spec, rng, full=False, diversity=diversity)
         attempts += 1
         if text not in captions or attempts > 50 * count:
             captions.append(text)
@@ -643,6 +835,12 @@ def _inside(shape: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     raise ValueError(f"unknown shape {shape!r}; expected one of {SHAPES}")
 
 
+def _photo_texture(name: str) -> np.ndarray:
+    from tvr.data.photos import load_texture
+
+    return load_texture(name)
+
+
 def _span(lo: np.ndarray, hi: np.ndarray, size: int) -> tuple[int, int]:
     """Pixel index range [start, stop) covering every frame's [lo, hi] interval, clipped to the frame."""
     return max(0, int(math.floor(lo.min()))), min(size, int(math.ceil(hi.max())) + 1)
@@ -669,15 +867,18 @@ def render_video_frames(spec: VideoSpec, cfg: SynthConfig) -> np.ndarray:
         visible = (w1 >= obj.start_gap) & (w0 >= obj.end_gap)
         if not visible.any():
             continue
-        # only the pixels the shape can touch in any frame (every shape lies within 1.25 radii of its centre);
-        # a time-reversed twin has the same set of frame parameters, hence the same crop and identical pixels
-        reach = 1.25 * radius + 1.0
+        texture = _photo_texture(obj.photo) if obj.photo else None
+        # only the pixels the shape can touch in any frame (every shape lies within 1.25 radii of its centre, a
+        # photograph's square within sqrt(2)); a time-reversed twin has the same set of frame parameters, hence the
+        # same crop and identical pixels
+        reach = (1.42 if texture is not None else 1.25) * radius + 1.0
         x_lo, x_hi = _span(cx - reach, cx + reach, size)
         y_lo, y_hi = _span(cy - reach, cy + reach, size)
         if x_lo >= x_hi or y_lo >= y_hi:
             continue
         px, py = pix[x_lo:x_hi], pix[y_lo:y_hi]
         coverage = np.zeros((T, y_hi - y_lo, x_hi - x_lo), np.float64)
+        paint = None if texture is None else np.zeros((T, y_hi - y_lo, x_hi - x_lo, 3), np.float64)
         for oy in range(ss):
             for ox in range(ss):
                 dx = (px + (ox + 0.5) / ss)[None, None, :] - cx[:, None, None]
@@ -685,11 +886,24 @@ def render_video_frames(spec: VideoSpec, cfg: SynthConfig) -> np.ndarray:
                 # rotate the pixel offset by -angle into the shape's own frame, then scale to unit radius
                 u = (dx * cos + dy * sin) / radius[:, None, None]
                 v = (dy * cos - dx * sin) / radius[:, None, None]
-                coverage += _inside(obj.shape, u, v)
+                if texture is None:
+                    coverage += _inside(obj.shape, u, v)
+                    continue
+                # the photograph fills the square |u|, |v| <= 1: nearest texel of each sub-pixel sample
+                inside = np.maximum(np.abs(u), np.abs(v)) <= 1.0
+                coverage += inside
+                n = texture.shape[0]
+                col = np.clip(np.floor((u + 1.0) * (0.5 * n)), 0, n - 1).astype(np.intp)
+                row = np.clip(np.floor((v + 1.0) * (0.5 * n)), 0, n - 1).astype(np.intp)
+                paint += texture[row, col] * inside[..., None]
         alpha = (coverage / (ss * ss) * visible[:, None, None]).astype(np.float32)[..., None]
-        colour = np.asarray(COLOURS[obj.colour], np.float32)
         crop = frames[:, y_lo:y_hi, x_lo:x_hi]
-        frames[:, y_lo:y_hi, x_lo:x_hi] = crop * (1.0 - alpha) + colour * alpha
+        if paint is None:
+            colour = np.asarray(COLOURS[obj.colour], np.float32)
+            frames[:, y_lo:y_hi, x_lo:x_hi] = crop * (1.0 - alpha) + colour * alpha
+        else:  # paint is the texture already weighted by coverage (premultiplied)
+            painted = (paint / (ss * ss) * visible[:, None, None, None]).astype(np.float32)
+            frames[:, y_lo:y_hi, x_lo:x_hi] = crop * (1.0 - alpha) + painted
     return np.clip(np.rint(frames), 0, 255).astype(np.uint8)
 
 
@@ -784,7 +998,9 @@ def build_annotations(specs: list[VideoSpec], cfg: SynthConfig, codec: str) -> d
         "contributor": "tvr synthetic generator",
         "data_created": f"deterministic (seed {cfg.seed})",
         "version": "1.0",
-        "description": "Synthetic shapes-and-motions videos in MSR-VTT layout (tvr.data.synthetic).",
+        "description": "Synthetic shapes-and-motions videos in MSR-VTT layout (tvr.data.synthetic)."
+        if cfg.content == "shapes"
+        else "Synthetic videos of real photographs in motion and in order, MSR-VTT layout (tvr.data.synthetic).",
         "year": "synthetic",
     }
     data = {"info": info, "videos": videos, "sentences": sentences}
@@ -797,9 +1013,13 @@ def build_annotations(specs: list[VideoSpec], cfg: SynthConfig, codec: str) -> d
     ]
     test1ka = "".join(json.dumps({"clip_id": _video_id(i), "text": specs[i].captions}) + "\n" for i in test_idx)
 
+    same_key: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+    for i, spec in enumerate(specs):
+        same_key.setdefault((spec.split, spec.caption_key()), []).append(i)
     meta_videos = []
     for i, spec in enumerate(specs):
         acting = spec.event_order()
+        sharing = [j for j in same_key[(spec.split, spec.caption_key())] if j != i]
         meta_videos.append({
             "video_id": _video_id(i),
             "split": spec.split,
@@ -810,7 +1030,11 @@ def build_annotations(specs: list[VideoSpec], cfg: SynthConfig, codec: str) -> d
             "shape": acting[0].shape,
             "colour": acting[0].colour,
             "num_objects": len(spec.objects),
-            "event_order": [f"{o.colour} {o.shape}" for o in acting],
+            "photo": acting[0].photo or None,
+            "event_order": [o.label for o in acting],
+            "caption_key": list(spec.caption_key()),
+            # videos of the same split whose captions name the same things: false negatives of this one's captions
+            "same_caption_attributes": [_video_id(j) for j in sharing],
             "twin": None if spec.twin is None else _video_id(spec.twin),
             "twin_kind": spec.twin_kind if spec.twin is not None else None,
             "full_caption": spec.full_caption,
@@ -821,6 +1045,7 @@ def build_annotations(specs: list[VideoSpec], cfg: SynthConfig, codec: str) -> d
         "config": asdict(cfg),
         "codec": codec,
         "num_frames": cfg.num_frames,
+        "dials": dials_summary(specs, cfg),
         "vocabulary": {
             "colours": COLOUR_WORDS,
             "shapes": SHAPE_WORDS,
@@ -838,6 +1063,52 @@ def build_annotations(specs: list[VideoSpec], cfg: SynthConfig, codec: str) -> d
         "MSRVTT_test1ka.jsonl": test1ka,
         "synth_meta.json": json.dumps(meta, indent=2) + "\n",
     }
+
+
+def dials_summary(specs: list[VideoSpec], cfg: SynthConfig) -> dict[str, Any]:
+    """The dials of a set as asked for and as they came out (recorded in ``synth_meta.json``)."""
+    captions = [c for s in specs for c in s.captions]
+    sharing = {}
+    for split in ("train", "validate", "test"):
+        keys = [s.caption_key() for s in specs if s.split == split]
+        counts: dict[tuple[str, ...], int] = {}
+        for key in keys:
+            counts[key] = counts.get(key, 0) + 1
+        sharing[split] = sum(1 for key in keys if counts[key] > 1)
+    summary: dict[str, Any] = {
+        "content": cfg.content,
+        "temporal_order": {"pair_prob": cfg.pair_prob,
+                           "videos_with_twin": sum(s.twin is not None for s in specs)},
+        "false_negatives": {"shared_attributes": cfg.shared_attributes,
+                            "videos_sharing_caption_attributes_within_split": sharing},
+        "paraphrase": {"diversity": cfg.paraphrase,
+                       "distinct_caption_fraction": round(len(set(captions)) / max(len(captions), 1), 4),
+                       "vocabulary_size": len({w for c in captions for w in c.split()})},
+        "clip_length": {"seconds": cfg.seconds, "fps": cfg.fps, "frames": cfg.num_frames, "size": cfg.size},
+        "distractors": {"distractor_prob": cfg.distractor_prob, "distractor_motion": cfg.distractor_motion,
+                        "videos_with_distractor": sum(len(s.objects) > 1 and s.family not in ORDER_FAMILIES
+                                                      for s in specs),
+                        "moving_distractors": sum(len(s.objects) > 1 and s.family not in ORDER_FAMILIES
+                                                  and s.objects[1].moves for s in specs)},
+    }
+    if cfg.content == "objects":
+        summary["photos"] = _photo_sources(sorted({o.photo for s in specs for o in s.objects if o.photo}))
+    return summary
+
+
+def _photo_sources(names: list[str]) -> dict[str, dict[str, str]]:
+    """Where each photograph used came from, with the file's SHA-256 (packages may change their images)."""
+    import hashlib
+
+    from tvr.data.photos import PHOTOS_BY_NAME, photo_path
+
+    out = {}
+    for name in names:
+        photo = PHOTOS_BY_NAME[name]
+        path = photo_path(photo)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path is not None else ""
+        out[name] = {"source": photo.source, "file": str(path), "sha256": digest}
+    return out
 
 
 def _readme(cfg: SynthConfig, codec: str, specs: list[VideoSpec]) -> str:
@@ -861,6 +1132,9 @@ def _readme(cfg: SynthConfig, codec: str, specs: list[VideoSpec]) -> str:
         f"- videos: {len(specs)} (train {counts['train']}, validate {counts['validate']}, test {counts['test']})",
         f"- captions: {cfg.captions_per_video} per video, {cfg.captions_per_video * len(specs)} in all",
         f"- temporal twin pairs: {pairs} (a video and its time reversal, or the same two events in swapped order)",
+        "- videos whose caption attributes another video of their split shares (false negatives): "
+        + str(sum(dials_summary(specs, cfg)["false_negatives"]["videos_sharing_caption_attributes_within_split"]
+                  .values())),
         "- motions: " + ", ".join(f"{m} {n}" for m, n in motions.items()),
         "",
         "## Files",

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from tvr.config import Config
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_text
 
@@ -34,7 +35,6 @@ EOT_TOKEN = "<|endoftext|>"
 END_OF_WORD = "</w>"
 #: merges CLIP uses: 49,408 = 2·256 byte tokens + 48,894 merges + 2 special tokens
 CLIP_NUM_MERGES = 48894
-CLIP_VOCAB_SIZE = 49408
 MERGES_HEADER = "#version: 0.2"
 
 # CLIP's pre-tokenisation regex (special tokens, English contractions, letter runs, single digits, other runs).
@@ -504,3 +504,54 @@ class ClipTokenizer:
 
     def __len__(self) -> int:
         return self.vocab_size
+
+
+# --------------------------------------------------------------------------------------------- a run's tokenizer
+
+
+def resolve_tokenizer_source(cfg: Config) -> str:
+    """Where the tokenizer files come from: ``model.tokenizer`` if set, else the checkpoint directory."""
+    if cfg.model.tokenizer:
+        return cfg.model.tokenizer
+    clip = cfg.model.clip
+    if clip != "tiny" and Path(clip).is_dir():
+        return clip
+    return ""
+
+
+def build_tokenizer(cfg: Config, work_dir: str | os.PathLike):
+    """Load the tokenizer for ``cfg`` (a callable ``(texts, max_words) -> (ids, mask)``).
+
+    * ``model.tokenizer`` may name a folder with vocab.json + merges.txt, or CLIP's ``bpe_simple_vocab_16e6.txt.gz``
+      (the full 49,408-token vocabulary is rebuilt from it into ``work_dir/tokenizer``).
+    * A local CLIP checkpoint folder carries its own tokenizer files.
+    * The tiny random model gets a small tokenizer built locally into ``work_dir/tokenizer`` (no download).
+    * ``model.backbone: two_tower``: the text model's own tokenizer
+      (:class:`~tvr.data.sentence_tokenizer.SentenceTokenizer`, same call signature).
+    """
+    if cfg.model.backbone == "two_tower":
+        from tvr.data.sentence_tokenizer import SentenceTokenizer
+
+        return SentenceTokenizer.for_model(cfg.model.two_tower.text_model, work_dir)
+    source = resolve_tokenizer_source(cfg)
+    target = Path(work_dir) / "tokenizer"
+    if source.endswith(".gz") or source.endswith(".txt"):
+        if not (target / "vocab.json").is_file():
+            build_clip_tokenizer_files(source, target)
+        return ClipTokenizer.from_dir(target)
+    if source:
+        path = Path(source)
+        if not (path / "vocab.json").is_file() and not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(
+                f"tokenizer folder {path} has no vocab.json/merges.txt; pass model.tokenizer=<folder or "
+                f"bpe_simple_vocab_16e6.txt.gz>"
+            )
+        return ClipTokenizer.from_dir(path)
+    if cfg.model.clip != "tiny":
+        raise FileNotFoundError(
+            f"no tokenizer for model.clip={cfg.model.clip!r}: set model.tokenizer to a folder with "
+            f"vocab.json + merges.txt or to CLIP's bpe_simple_vocab_16e6.txt.gz"
+        )
+    if not (target / "vocab.json").is_file():
+        build_tiny_tokenizer_files(target)
+    return ClipTokenizer.from_dir(target)

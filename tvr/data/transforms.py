@@ -23,7 +23,8 @@ RESIZE_MODES = ("short_side", "square")
 @dataclass(frozen=True)
 class PixelNorm:
     """Per-channel (x − mean) / std of RGB values in [0, 1]. A backbone declares the one its image tower was trained
-    with (``tvr.models.build.pixel_norm``); the data pipeline applies it."""
+    with (``tvr.models.preprocess.backbone_norm``); a resolved config carries it as ``data.pixel_mean`` /
+    ``data.pixel_std`` and the data pipeline applies it."""
 
     mean: tuple[float, float, float]
     std: tuple[float, float, float]

@@ -192,6 +192,16 @@ def expanded_histogram(first: np.ndarray, count: np.ndarray, n_gallery: int) -> 
     return np.cumsum(diff)[: n_gallery + 1]
 
 
+def chance_metrics(n_gallery: int) -> dict[str, float]:
+    """The metrics of a uniformly random ranking of ``n_gallery`` items with one correct item per query (expected
+    values): R@K = 100·min(K, N)/N, MdR = MnR = (N + 1)/2. The floor a trained model's row is read against."""
+    if isinstance(n_gallery, bool) or not isinstance(n_gallery, int) or n_gallery < 1:
+        raise ValueError(f"chance_metrics: n_gallery = {n_gallery!r}, expected a positive integer")
+    out = {f"R{k}": 100.0 * min(k, n_gallery) / n_gallery for k in RECALL_KS}
+    out["MdR"] = out["MnR"] = (n_gallery + 1) / 2.0
+    return out
+
+
 def retrieval_metrics(sim: Any, gt: Any = None, tie_mode: str = "optimistic") -> dict[str, float]:
     """R1, R5, R10 (percent), MdR, MnR of ``sim`` [n_queries, n_gallery] against ``gt`` (see module docstring).
 

@@ -124,16 +124,22 @@ def evaluate(
     tie_mode: str = "optimistic",
     dsl: bool = False,
     dsl_temperature: float = 100.0,
+    v2t_sim: Any = None,
 ) -> dict[str, dict[str, float]]:
     """t2v and v2t metrics (``{"t2v": {R1, R5, R10, MdR, MnR}, "v2t": {...}}``) under ``protocol``.
 
     ``sim``: [N_texts, N_videos] torch tensor (any device) or numpy array. ``text_video``: N_texts video indices.
-    ``dsl=True`` adds ``t2v_dsl`` and ``v2t_dsl`` (dual softmax with ``dsl_temperature`` over the query axis).
+    ``v2t_sim``: the matrix the v2t direction ranks, in the same [N_texts, N_videos] layout (default ``sim``; two-stage
+    scoring shortlists each direction separately). ``dsl=True`` adds ``t2v_dsl`` and ``v2t_dsl`` (dual softmax
+    with ``dsl_temperature`` over the query axis).
     """
     _check_protocol(protocol, tie_mode)
     S = as_score_tensor(sim)
     n_t, n_v = S.shape
     tv = as_index_tensor(text_video, n_t, n_v, S.device, name="text_video")
+    V = S if v2t_sim is None else as_score_tensor(v2t_sim, "v2t_sim").to(S.device)
+    if V.shape != S.shape:
+        raise ValueError(f"v2t_sim has shape {tuple(V.shape)}, expected that of sim {tuple(S.shape)}")
 
     if protocol in ("one_to_one", "paragraph"):
         if n_t != n_v:
@@ -142,7 +148,7 @@ def evaluate(
                 f"{n_v} videos"
             )
         vt = inverse_permutation(tv, n_v)
-        t2v_matrix, v2t_matrix, v2t_gt = S, S.t(), vt
+        t2v_matrix, v2t_matrix, v2t_gt = S, V.t(), vt
 
         def t2v_metrics(m: Tensor) -> dict[str, float]:
             return retrieval_metrics(m, tv, tie_mode)
@@ -155,7 +161,7 @@ def evaluate(
                 f"multi_caption: every video needs at least one caption; videos without one: "
                 f"{_missing_summary(missing)}"
             )
-        t2v_matrix, v2t_matrix, v2t_gt = S, group_max(S, tv, n_v).t(), None
+        t2v_matrix, v2t_matrix, v2t_gt = S, group_max(V, tv, n_v).t(), None
 
         def t2v_metrics(m: Tensor) -> dict[str, float]:
             if tie_mode == "reference":

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tvr.eval.metrics import METRIC_KEYS
+from tvr.eval.metrics import METRIC_KEYS, chance_metrics
 from tvr.utils.io import atomic_write_json, atomic_write_text
 
 #: preferred row order; any other direction entries follow in insertion order
@@ -48,6 +48,39 @@ def metrics_table(metrics: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _setting_text(setting: dict[str, Any]) -> str:
+    return ", ".join(f"{key} = {value}" for key, value in setting.items())
+
+
+def metrics_notes(metrics: dict[str, Any], info: dict[str, Any]) -> list[str]:
+    """Lines read with the table: the inference setting the head scored with (TV-ProxyNet's γ, GraviAlign's mode)
+    and where it was chosen, and the chance level of each direction (a random ranking of the same gallery).
+    ``info`` is the evaluation's ``info`` (num_texts, num_videos, protocol, inference_setting, ...)."""
+    lines = []
+    setting = info.get("inference_setting")
+    if setting:
+        where = ("chosen on this split among " + str(len(info["inference_selection"])) + " candidates"
+                 if info.get("inference_selection") else "as stored in the checkpoint (chosen on the validation split)")
+        baselines = sorted({k.split("@", 1)[1] for k in metrics if "@" in k})
+        also = f"; rows `…@{'`, `…@'.join(baselines)}`: the same model with that setting" if baselines else ""
+        lines.append(f"Inference setting: {_setting_text(setting)}, {where}{also}.")
+    n_texts, n_videos = info.get("num_texts"), info.get("num_videos")
+    if isinstance(n_texts, int) and isinstance(n_videos, int) and n_texts > 0 and n_videos > 0:
+        # v2t ranks the captions (one per video) or, multi-caption, each video's caption group
+        v2t_gallery = n_videos if info.get("protocol") == "multi_caption" else n_texts
+        v2t_items = "caption groups" if info.get("protocol") == "multi_caption" else "captions"
+
+        def chance(n: int) -> str:
+            row = chance_metrics(n)
+            # recalls to 3 significant digits (0.0037 % for a 27k-caption gallery), ranks to one decimal
+            return ", ".join(f"{COLUMN_TITLES[k]} " + (f"{row[k]:.3g}" if k.startswith("R") else f"{row[k]:.1f}")
+                             for k in METRIC_KEYS)
+
+        lines.append(f"Chance level (a random ranking): t2v {chance(n_videos)} ({n_videos} videos); "
+                     f"v2t {chance(v2t_gallery)} ({v2t_gallery} {v2t_items}).")
+    return lines
+
+
 def _jsonable(obj: Any) -> Any:
     """Plain JSON types: numpy / torch scalars become Python numbers, tuples become lists, paths strings."""
     if isinstance(obj, dict):
@@ -82,6 +115,9 @@ def write_metrics(
     json_path = atomic_write_json(out_dir / "metrics.json", payload)
 
     text = "# Retrieval metrics\n\n" + metrics_table(metrics)
+    notes = metrics_notes(metrics, extra)
+    if notes:
+        text += "\n" + "\n".join(notes) + "\n"
     if extra:
         text += "\n" + "\n".join(f"- **{k}**: {json.dumps(_jsonable(v))}" for k, v in extra.items()) + "\n"
     md_path = atomic_write_text(out_dir / "metrics.md", text)

@@ -22,6 +22,7 @@ from torch import Tensor
 from tvr.config import Config
 from tvr.data.feature_cache import FeatureCacheError
 from tvr.eval.sharding import gather_encoded, gather_lists, gather_rows, shard_of
+from tvr.models.heads.common import rerank_to_dense
 from tvr.models.model import RetrievalModel
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.distributed import RowShard, is_main_process
@@ -69,13 +70,11 @@ def encode_split_raw(model: RetrievalModel, split, tokenizer, cfg: Config, devic
     """Encode a split from video files and caption strings. ``distributed``: every rank of the process group encodes
     its share and gets the whole encoded split (every rank must call it; :mod:`tvr.eval.sharding`)."""
     from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
-    from tvr.models.build import pixel_norm
 
     model.eval()
     resolver = VideoResolver.from_config(cfg.data)
     mine = _shard(len(split.videos), distributed)
-    dataset = VideoDataset(split.videos[mine.rows], split.video_spans[mine.rows], resolver, cfg.data,
-                           norm=pixel_norm(cfg.model))
+    dataset = VideoDataset(split.videos[mine.rows], split.video_spans[mine.rows], resolver, cfg.data)
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=cfg.eval.batch_size, num_workers=cfg.data.num_workers, collate_fn=collate_videos
     )
@@ -172,33 +171,90 @@ def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, devic
 
 
 @torch.no_grad()
-def score_encoded(model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device) -> Tensor:
-    """The [N_t, N_v] score matrix of an encoded split with the head's current inference setting."""
+def score_matrices(model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device
+                   ) -> tuple[Tensor, Tensor | None]:
+    """(the [N_t, N_v] matrix text queries rank, the one video queries rank or None when it is the same) for an
+    encoded split with the head's current inference setting, as :func:`evaluate_encoded` ranks them (under
+    ``eval.rerank_k`` each direction has its own shortlists, :func:`shortlist_matrix`)."""
     head = model.head
     head.eval()
-    return _score_states(head, *_states(head, encoded, device), cfg)
+    return _score_states(head, *_states(head, encoded, device), cfg, encoded.text_video)
+
+
+def score_encoded(model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device) -> Tensor:
+    """The [N_t, N_v] matrix text queries rank (:func:`score_matrices`' first)."""
+    return score_matrices(model, encoded, cfg, device)[0]
 
 
 def _states(head: Any, encoded: EncodedSplit, device: torch.device) -> tuple[Any, Any]:
     return head.encode_texts(encoded.text.to(device)), head.encode_videos(encoded.video.to(device))
 
 
-def _score_states(head: Any, text_state: Any, video_state: Any, cfg: Config) -> Tensor:
-    """Every pair exactly, or two-stage with ``eval.rerank_k`` (a non-indexable head's shortlist, exact rerank,
-    −inf outside; an indexable head always scores exactly, since its exhaustive scoring is one matrix product)."""
+def _two_stage(head: Any, k: int, n_videos: int) -> bool:
+    return k > 0 and not head.indexable and n_videos > k
+
+
+def _score_states(head: Any, text_state: Any, video_state: Any, cfg: Config, text_video: list[int],
+                  distributed: bool = False, device: torch.device | None = None) -> tuple[Tensor, Tensor | None]:
+    """(the matrix t2v ranks, the matrix v2t ranks or None when it is the same one), both [N_t, N_v] on CPU.
+
+    Exhaustive: every pair's exact score, for both directions. Two-stage (``eval.rerank_k`` = K on a non-indexable
+    head; an indexable head always scores exactly, its exhaustive scoring is one matrix product): each text
+    shortlists K videos and each video K texts by the head's shortlist embedding, and the shortlisted pairs get
+    the exact score (:func:`shortlist_matrix`). ``distributed``: each rank scores its share of the texts (t2v rows)
+    and, two-stage, its share of the videos (v2t: a video's shortlist needs every text), and the matrices are
+    gathered on every rank."""
+    texts_shard = _shard(len(text_state), distributed)
+    own_texts = text_state[texts_shard.rows] if distributed else text_state
     k = cfg.eval.rerank_k
-    if k > 0 and not head.indexable and len(video_state) > k:
-        return head.score_two_stage(text_state, video_state, k).cpu()
-    return head.score(
-        text_state, video_state, text_chunk=cfg.eval.text_chunk or None, video_chunk=cfg.eval.video_chunk or None
+    if _two_stage(head, k, len(video_state)):
+        pairs_text = torch.arange(len(text_video))
+        pairs_video = torch.as_tensor(text_video, dtype=torch.long)
+        mine = (pairs_text >= texts_shard.start) & (pairs_text < texts_shard.stop)
+        t2v_idx, t2v_scores = head.rerank(own_texts, video_state, k)
+        t2v = shortlist_matrix(t2v_idx, t2v_scores, len(video_state), pairs_text[mine] - texts_shard.start,
+                               pairs_video[mine])
+        videos_shard = _shard(len(video_state), distributed)
+        own_videos = video_state[videos_shard.rows] if distributed else video_state
+        mine = (pairs_video >= videos_shard.start) & (pairs_video < videos_shard.stop)
+        v2t_idx, v2t_scores = head.rerank_texts(text_state, own_videos, min(k, len(text_state)))
+        v2t = shortlist_matrix(v2t_idx, v2t_scores, len(text_state), pairs_video[mine] - videos_shard.start,
+                               pairs_text[mine])
+        return gather_rows(t2v, texts_shard, device), gather_rows(v2t, videos_shard, device).t()
+    sim = head.score(
+        own_texts, video_state, text_chunk=cfg.eval.text_chunk or None, video_chunk=cfg.eval.video_chunk or None
     ).cpu()
+    return gather_rows(sim, texts_shard, device), None
+
+
+def shortlist_matrix(indices: Tensor, scores: Tensor, n_gallery: int, match_query: Tensor, match_item: Tensor
+                     ) -> Tensor:
+    """Two-stage results (each query's shortlisted gallery ``indices`` [N_q, K] and their exact ``scores``) as a
+    dense [N_q, n_gallery] matrix the ordinary metrics rank.
+
+    Outside its shortlist a query's row holds a floor below every exact score, and a correct item (the pairs
+    ``(match_query[p], match_item[p])``) that the query did not shortlist sits lower still: it was not retrieved,
+    so it ranks after every other item (rank = gallery size, in either tie mode). Hence a shortlist never helps a
+    query: with an exact shortlist every rank is at least the exhaustive one."""
+    indices, scores = indices.cpu(), scores.cpu().float()
+    finite = scores[torch.isfinite(scores)]
+    low = float(finite.min()) if finite.numel() else 0.0
+    floor = low - max(1.0, abs(low))
+    below = floor - max(1.0, abs(floor))
+    dense = rerank_to_dense(indices, scores, n_gallery, fill=floor)
+    shortlisted = torch.zeros(dense.shape, dtype=torch.bool).scatter_(1, indices, True)
+    missed = ~shortlisted[match_query, match_item]
+    dense[match_query[missed], match_item[missed]] = below
+    return dense
 
 
 def scoring_mode(model: RetrievalModel, encoded: EncodedSplit, cfg: Config) -> str:
-    """How :func:`score_encoded` ranks this split, for the metrics report (two-stage deviates from the protocol)."""
+    """How :func:`evaluate_encoded` ranks this split, for the metrics report (two-stage deviates from the
+    protocol)."""
     k = cfg.eval.rerank_k
-    if k > 0 and not model.head.indexable and len(encoded.video) > k:
-        return f"two-stage: top-{k} by the head's shortlist embedding, exact rerank"
+    if _two_stage(model.head, k, len(encoded.video)):
+        return (f"two-stage: each text shortlists {k} videos and each video {min(k, len(encoded.text))} texts by the "
+                "head's shortlist embedding, exact rerank; a match outside its shortlist ranks last")
     if k > 0 and model.head.indexable:
         return "exhaustive (eval.rerank_k ignored: an indexable head scores every pair with one matrix product)"
     return "exhaustive"
@@ -355,8 +411,8 @@ def evaluate_encoded(
     head = model.head
     head.eval()
 
-    def rank(sim: Tensor) -> dict:
-        return evaluate(sim, encoded.text_video, encoded.protocol, tie_mode=cfg.eval.tie_mode)
+    def rank(sim: Tensor, v2t_sim: Tensor | None = None) -> dict:
+        return evaluate(sim, encoded.text_video, encoded.protocol, tie_mode=cfg.eval.tie_mode, v2t_sim=v2t_sim)
 
     start = time.perf_counter()
     text_state, video_state = _states(head, encoded, device)
@@ -367,9 +423,11 @@ def evaluate_encoded(
     components = None
     if candidates or baselines:
         chunks = {"text_chunk": cfg.eval.text_chunk or None, "video_chunk": cfg.eval.video_chunk or None}
+        # only what these settings need: at test time (no candidates) a head skips components of unused settings
+        needed = [*candidates, *baselines.values()]
         components = {
             k: gather_rows(v.cpu(), shard, device)
-            for k, v in head.score_components(own_texts, video_state, **chunks).items()
+            for k, v in head.score_components(own_texts, video_state, **chunks, settings=needed).items()
         }
     selection = None
     if candidates:
@@ -377,11 +435,11 @@ def evaluate_encoded(
         chosen = results[_pick(results, cfg.train.select_metric)][0]
         head.set_inference_setting(chosen)
         selection = [{"setting": s, "t2v": m["t2v"], "v2t": m["v2t"]} for s, m in results]
-    sim = gather_rows(_score_states(head, own_texts, video_state, cfg), shard, device)
+    sim, v2t_sim = _score_states(head, text_state, video_state, cfg, encoded.text_video, distributed, device)
     seconds = time.perf_counter() - start
-    metrics = rank(sim)
+    metrics = rank(sim, v2t_sim)
     if cfg.eval.dsl:
-        dsl = rank(dual_softmax(sim))
+        dsl = rank(dual_softmax(sim), dual_softmax(v2t_sim) if v2t_sim is not None else None)
         metrics["t2v_dsl"], metrics["v2t_dsl"] = dsl["t2v"], dsl["v2t"]
     for name, setting in baselines.items():
         extra = rank(head.combine_scores(components, setting))

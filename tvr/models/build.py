@@ -1,14 +1,13 @@
-"""Build a RetrievalModel (backbone + bridge + temporal module + head) and its tokenizer from a Config."""
+"""Build a RetrievalModel (backbone + bridge + temporal module + head) from a Config (the tokenizer:
+``tvr.data.tokenizer``; the pixels the backbone expects: ``tvr.models.preprocess``)."""
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from torch import nn
 
 from tvr.config import Config, ConfigError, ModelConfig
-from tvr.data.transforms import CLIP_NORM, PixelNorm
 from tvr.models.clip_backbone import ClipBackbone, backbone_image_size
 from tvr.models.clipvip import ClipVipBackbone
 from tvr.models.heads.registry import build_head, head_class, head_options
@@ -23,15 +22,6 @@ BACKBONES = ("clip", "clipvip", "two_tower")
 CLIPVIP_TEMPORAL = ("none", "meanP")
 
 
-def pixel_norm(model_cfg: ModelConfig) -> PixelNorm:
-    """The pixel normalisation the configured backbone's image tower expects (the data pipeline applies it)."""
-    if model_cfg.backbone == "two_tower":
-        from tvr.models.image_tower import EFFICIENTNET_LITE_NORM
-
-        return EFFICIENTNET_LITE_NORM
-    return CLIP_NORM
-
-
 def check_data_fits_backbone(cfg: Config) -> None:
     """Frame size and caption length the data pipeline makes are ones the backbone takes (two_tower: the image
     architecture's resolution; checked before any weights load)."""
@@ -40,7 +30,7 @@ def check_data_fits_backbone(cfg: Config) -> None:
     from tvr.models.image_tower import native_image_size
 
     size = native_image_size(cfg.model.two_tower)
-    if cfg.data.image_size != size:
+    if cfg.data.image_size is not None and cfg.data.image_size != size:  # unset: resolution gives it the native size
         raise ConfigError(f"data.image_size = {cfg.data.image_size}: the two-tower image tower "
                           f"{cfg.model.two_tower.image_model!r} takes {size}-pixel frames; set data.image_size={size}")
 
@@ -97,6 +87,8 @@ def check_image_size(cfg: Config) -> None:
     settings (unknowable sizes, e.g. an OpenAI .pt file, are left to loading)."""
     if cfg.model.backbone not in ("clip", "clipvip"):  # the two-tower image tower: check_data_fits_backbone
         return
+    if cfg.data.image_size is None:  # unset: resolving the config gives it the backbone's own size
+        return
     known = backbone_image_size(cfg.model)
     if known is not None and known[0] != cfg.data.image_size:
         size, source = known
@@ -138,53 +130,3 @@ def build_model(cfg: Config, cached: bool = False) -> RetrievalModel:
     elif cfg.model.gradient_checkpointing:
         backbone.enable_gradient_checkpointing()
     return RetrievalModel(backbone, temporal, head, bridge)
-
-
-def resolve_tokenizer_source(cfg: Config) -> str:
-    """Where the tokenizer files come from: ``model.tokenizer`` if set, else the checkpoint directory."""
-    if cfg.model.tokenizer:
-        return cfg.model.tokenizer
-    clip = cfg.model.clip
-    if clip != "tiny" and Path(clip).is_dir():
-        return clip
-    return ""
-
-
-def build_tokenizer(cfg: Config, work_dir: str | Path):
-    """Load the tokenizer for ``cfg``.
-
-    * ``model.tokenizer`` may name a folder with vocab.json + merges.txt, or CLIP's ``bpe_simple_vocab_16e6.txt.gz``
-      (the full 49,408-token vocabulary is rebuilt from it into ``work_dir/tokenizer``).
-    * A local CLIP checkpoint folder carries its own tokenizer files.
-    * The tiny random model gets a small tokenizer built locally into ``work_dir/tokenizer`` (no download).
-    * ``model.backbone: two_tower``: the text model's own tokenizer (:class:`~tvr.models.text_tower.SentenceTokenizer`,
-      same call signature).
-    """
-    from tvr.data.tokenizer import ClipTokenizer, build_clip_tokenizer_files, build_tiny_tokenizer_files
-
-    if cfg.model.backbone == "two_tower":
-        from tvr.models.text_tower import SentenceTokenizer
-
-        return SentenceTokenizer.for_model(cfg.model.two_tower.text_model, work_dir)
-    source = resolve_tokenizer_source(cfg)
-    target = Path(work_dir) / "tokenizer"
-    if source.endswith(".gz") or source.endswith(".txt"):
-        if not (target / "vocab.json").is_file():
-            build_clip_tokenizer_files(source, target)
-        return ClipTokenizer.from_dir(target)
-    if source:
-        path = Path(source)
-        if not (path / "vocab.json").is_file() and not (path / "tokenizer.json").is_file():
-            raise FileNotFoundError(
-                f"tokenizer folder {path} has no vocab.json/merges.txt; pass model.tokenizer=<folder or "
-                f"bpe_simple_vocab_16e6.txt.gz>"
-            )
-        return ClipTokenizer.from_dir(path)
-    if cfg.model.clip != "tiny":
-        raise FileNotFoundError(
-            f"no tokenizer for model.clip={cfg.model.clip!r}: set model.tokenizer to a folder with "
-            f"vocab.json + merges.txt or to CLIP's bpe_simple_vocab_16e6.txt.gz"
-        )
-    if not (target / "vocab.json").is_file():
-        build_tiny_tokenizer_files(target)
-    return ClipTokenizer.from_dir(target)

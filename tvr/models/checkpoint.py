@@ -131,12 +131,14 @@ def load_model(checkpoint: str | os.PathLike, cfg: Config | None = None) -> tupl
     """
     from tvr.models.build import build_backbone, build_model
     from tvr.models.heads.registry import resolve_head_config
+    from tvr.models.preprocess import resolve_preprocess
 
     path = Path(checkpoint)
     payload = read_checkpoint(path, mmap=True)
     if cfg is None:
         cfg = checkpoint_config(path)
     resolve_head_config(cfg.head)
+    resolve_preprocess(cfg)
     cached = bool(cfg.data.features_dir)
     has_backbone = has_backbone_weights(payload)
     seed_everything(cfg.train.seed)

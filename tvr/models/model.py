@@ -105,6 +105,7 @@ class RetrievalModel(nn.Module):
                 (
                     k for k, r in enumerate(rules)
                     if name.startswith(r.prefix)
+                    and (r.contains is None or r.contains in name)
                     and (r.applies_to == "all" or (r.applies_to == "nodecay") == no_decay)
                 ),
                 None,

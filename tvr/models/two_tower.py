@@ -119,7 +119,7 @@ class TwoTowerBackbone(nn.Module):
 
     # ------------------------------------------------------------------ encoders
     def encode_text(self, input_ids: Tensor, attention_mask: Tensor) -> TextFeatures:
-        """Token ids [N, L] (from :class:`~tvr.models.text_tower.SentenceTokenizer`) → pooled [N, Wt] and
+        """Token ids [N, L] (from :class:`~tvr.data.sentence_tokenizer.SentenceTokenizer`) → pooled [N, Wt] and
         per-token [N, L, Wt] text-tower features (float32)."""
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_text):
             pooled, tokens = self.text_tower(input_ids, attention_mask)

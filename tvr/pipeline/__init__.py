@@ -18,6 +18,7 @@ import torch
 from tvr.config import Config, ConfigError, save_config
 from tvr.models.build import check_image_size
 from tvr.models.heads.registry import resolve_head_config
+from tvr.models.preprocess import resolve_preprocess
 from tvr.pipeline.features import build_feature_cache
 from tvr.pipeline.preflight import PreflightError, preflight
 from tvr.pipeline.run_folder import (
@@ -56,8 +57,10 @@ EVAL_CONFIG = "eval_config.yaml"
 
 def resolve_config(cfg: Config) -> Config:
     """Check what the config layer cannot check alone (the head name and its options) and return ``cfg`` with
-    ``head.options`` as the head's options dataclass. Idempotent; raises ConfigError naming the field."""
+    ``head.options`` as the head's options dataclass and the preprocessing the config leaves to the backbone
+    (``data.image_size``, ``data.sampling``) filled in. Idempotent; raises ConfigError naming the field."""
     resolve_head_config(cfg.head)
+    resolve_preprocess(cfg)
     return cfg
 
 
@@ -142,10 +145,8 @@ def _train_data(cfg: Config, out_dir: Path, tokenizer, rank: int, world_size: in
         from tvr.data.datasets import PairDataset, VideoResolver, collate_pairs
 
         resolver = VideoResolver.from_config(cfg.data)
-        from tvr.models.build import pixel_norm
-
-        dataset = PairDataset(split.records, tokenizer, resolver, cfg.data, train=True, seed=cfg.train.seed,
-                              norm=pixel_norm(cfg.model))
+        # pixels as the backbone expects them: the resolved data config carries its size, sampling and normalisation
+        dataset = PairDataset(split.records, tokenizer, resolver, cfg.data, train=True, seed=cfg.train.seed)
         collate = collate_pairs
     if len(dataset) < cfg.train.batch_size:
         raise ConfigError(
@@ -228,7 +229,8 @@ def _checkpoint_step(path: Path) -> int | None:
 
 def _train_and_test(cfg: Config, out_dir: Path, resume: bool, final_test: bool, dist: DistInfo, checked: Any
                     ) -> dict[str, Any]:
-    from tvr.models.build import build_model, build_tokenizer
+    from tvr.data.tokenizer import build_tokenizer
+    from tvr.models.build import build_model
     from tvr.train.checkpoint import load_checkpoint
     from tvr.train.trainer import Trainer, seed_everything
     from tvr.train.utils import to_jsonable
@@ -283,7 +285,7 @@ def run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
 
 
 def _run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path, dist: DistInfo) -> dict:
-    from tvr.models.build import build_tokenizer
+    from tvr.data.tokenizer import build_tokenizer
 
     device = dist.device
     out_dir = Path(out_dir)

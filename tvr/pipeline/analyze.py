@@ -22,7 +22,7 @@ def run_analyze(
         raise ConfigError(f"--split {split!r}: expected one of {list(EVAL_SPLITS)}")
     resolve_config(cfg)
     with torch_threads(cfg):
-        from tvr.models.build import build_tokenizer
+        from tvr.data.tokenizer import build_tokenizer
 
         device = resolve_device(cfg.train.device)
         checkpoint = Path(checkpoint)

@@ -23,13 +23,10 @@ from tvr.data.feature_cache import (
     check_cache_settings,
     read_manifest,
 )
-from tvr.models.build import (
-    build_backbone,
-    build_tokenizer,
-    check_data_fits_backbone,
-    check_image_size,
-    pixel_norm,
-)
+from tvr.data.tokenizer import build_tokenizer
+from tvr.models.build import build_backbone, check_data_fits_backbone, check_image_size
+from tvr.models.heads.registry import resolve_head_config
+from tvr.models.preprocess import resolve_preprocess
 from tvr.train.utils import seed_everything
 from tvr.utils.device import resolve_device
 from tvr.utils.io import atomic_torch_save, atomic_write_json, remove_stale_temporaries
@@ -62,6 +59,8 @@ def build_feature_cache(
     unknown = [s for s in splits if s not in SPLITS + EXTRA_SPLITS]
     if unknown or not splits:
         raise FeatureCacheError(f"--splits {','.join(splits)}: expected some of {', '.join(SPLITS + EXTRA_SPLITS)}")
+    resolve_head_config(cfg.head)
+    resolve_preprocess(cfg)  # the frames the backbone expects (tvr.pipeline.resolve_config, which imports this module)
     check_image_size(cfg)
     check_data_fits_backbone(cfg)
     out_dir = Path(out_dir)
@@ -145,7 +144,7 @@ def _build(cfg: Config, out_dir: Path, splits: list[str], shard_size: int, dtype
             if shard is None:
                 ids = data.videos[start : start + shard_size]
                 spans = data.video_spans[start : start + shard_size]
-                dataset = VideoDataset(ids, spans, resolver, cfg.data, norm=pixel_norm(cfg.model))
+                dataset = VideoDataset(ids, spans, resolver, cfg.data)
                 loader = torch.utils.data.DataLoader(
                     dataset, batch_size=cfg.eval.batch_size, num_workers=cfg.data.num_workers, collate_fn=collate_videos
                 )

@@ -33,8 +33,6 @@ class PreflightError(ConfigError):
 @dataclass
 class Preflight:
     splits: dict[str, RetrievalSplit]
-    #: validation videos that open and decode a first frame (raw videos), or that the feature cache holds
-    usable_val_videos: int
     warnings: list[str] = field(default_factory=list)
 
 
@@ -86,7 +84,7 @@ def preflight(cfg: Config, out_dir: str | Path, final_test: bool = True, progres
                         + "; ".join(problems[:3]))
     for message in warnings:
         log.warning(message)
-    return Preflight(splits, usable, warnings)
+    return Preflight(splits, warnings)
 
 
 def _probe_val_videos(cfg: Config, val: RetrievalSplit, progress: bool) -> tuple[int, list[str]]:

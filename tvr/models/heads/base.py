@@ -31,8 +31,13 @@ import torch
 from torch import Tensor, nn
 
 from tvr.config import check_field_values
+from tvr.models.heads.common import check_pairs, rerank_to_dense, top_k_by_dot
 
 LN_100 = math.log(100.0)
+#: texts per matrix product of an indexable head's all-pairs scoring (against every video at once)
+INDEXABLE_TEXT_CHUNK = 1024
+#: texts and videos per block of a pairwise head's all-pairs scoring, unless the head sets its own
+PAIRWISE_CHUNK = 256
 
 
 @dataclasses.dataclass
@@ -47,8 +52,10 @@ class ParamRule:
     ``lr``: absolute learning rate (None: the default, train.lr or train.lr × backbone_lr_coef for the backbone);
     ``schedule``: None follows ``train.schedule``, ``"constant"`` keeps the lr fixed (no warm-up, no decay);
     ``decay``: force weight decay on/off (None: the default name rule — no decay on biases, norms, embeddings);
-    ``applies_to``: ``"all"``, or only the parameters the default rule puts in the ``"decay"`` / ``"nodecay"`` set.
-    Parameters matched by a rule form the optimizer groups ``<group>`` and ``<group>-nodecay``."""
+    ``applies_to``: ``"all"``, or only the parameters the default rule puts in the ``"decay"`` / ``"nodecay"`` set;
+    ``contains``: only parameters whose full name contains this substring (how released code often splits its
+    groups, e.g. ``"bias"``). Parameters matched by a rule form the optimizer groups ``<group>`` and
+    ``<group>-nodecay``."""
 
     prefix: str
     group: str
@@ -56,6 +63,7 @@ class ParamRule:
     schedule: str | None = None
     decay: bool | None = None
     applies_to: str = "all"
+    contains: str | None = None
 
     def __post_init__(self) -> None:
         if self.applies_to not in ("all", "decay", "nodecay"):
@@ -71,9 +79,11 @@ class RetrievalHead(nn.Module, ABC):
     Options: ClassVar[type] = NoOptions
     #: True when ``score_block`` is ``text_state.emb @ video_state.emb.T`` (an instance may override it)
     indexable: ClassVar[bool] = False
-    #: default number of texts (and videos) scored per block by :meth:`score`
-    default_text_chunk: ClassVar[int] = 1024
-    default_video_chunk: ClassVar[int] = 1 << 30
+    #: texts (and videos) per block of :meth:`score`; None takes the defaults below. An indexable head scores a
+    #: chunk of INDEXABLE_TEXT_CHUNK texts against the whole gallery (one matrix product); a pairwise head scores
+    #: blocks of at most PAIRWISE_CHUNK × PAIRWISE_CHUNK pairs, so a block's memory is bounded whatever the gallery
+    default_text_chunk: ClassVar[int | None] = None
+    default_video_chunk: ClassVar[int | None] = None
     #: texts per group in the generic :meth:`score_pairs` (each group scores the union of its videos as a grid)
     pair_text_group: ClassVar[int] = 64
     #: optional ``VideoFeatures``/``TextFeatures`` fields the head reads ("proxies", "words"); the model builder
@@ -167,10 +177,16 @@ class RetrievalHead(nn.Module, ABC):
 
     @torch.no_grad()
     def score_components(
-        self, text_state: Any, video_state: Any, text_chunk: int | None = None, video_chunk: int | None = None
+        self,
+        text_state: Any,
+        video_state: Any,
+        text_chunk: int | None = None,
+        video_chunk: int | None = None,
+        settings: list[dict[str, Any]] | None = None,
     ) -> dict[str, Tensor]:
         """Named [N_t, N_v] matrices from which :meth:`combine_scores` builds the score of any candidate setting
-        without rescoring (default: the score itself)."""
+        without rescoring (default: the score itself). ``settings``: the settings the caller will combine (the
+        evaluator names them; None = any), so a head may skip a component none of them needs."""
         return {"score": self.score(text_state, video_state, text_chunk, video_chunk)}
 
     def combine_scores(self, components: dict[str, Tensor], setting: dict[str, Any]) -> Tensor:
@@ -188,10 +204,16 @@ class RetrievalHead(nn.Module, ABC):
     ) -> Tensor:
         """Full N_t × N_v similarity matrix, block by block (float32, on the states' device).
 
-        An indexable head needs no video blocks: each chunk of texts is one matrix product with the gallery."""
-        text_chunk = text_chunk or self.default_text_chunk
-        video_chunk = video_chunk or (1 << 30 if self.indexable else self.default_video_chunk)
+        An indexable head needs no video blocks: each chunk of texts is one matrix product with the gallery. A
+        pairwise head scores blocks of ``default_text_chunk`` × ``default_video_chunk`` pairs (PAIRWISE_CHUNK each
+        unless the head sets them), never the whole gallery at once."""
         n_t, n_v = len(text_state), len(video_state)
+        if self.indexable:
+            text_chunk = text_chunk or self.default_text_chunk or INDEXABLE_TEXT_CHUNK
+            video_chunk = video_chunk or max(1, n_v)
+        else:
+            text_chunk = text_chunk or self.default_text_chunk or PAIRWISE_CHUNK
+            video_chunk = video_chunk or self.default_video_chunk or PAIRWISE_CHUNK
         rows = []
         for a in range(0, n_t, text_chunk):
             ts = text_state[a : a + text_chunk]
@@ -210,7 +232,7 @@ class RetrievalHead(nn.Module, ABC):
 
         Generic implementation: texts are taken in groups; each group scores the union of the videos its pairs
         name as one block and keeps the requested entries. Heads with a cheaper per-pair path override it."""
-        text_index, video_index = _check_pairs(text_index, video_index, len(text_state), len(video_state))
+        text_index, video_index = check_pairs(text_index, video_index, len(text_state), len(video_state))
         out = torch.empty(text_index.shape[0], dtype=torch.float32)
         if text_index.numel() == 0:
             return out
@@ -273,15 +295,90 @@ class RetrievalHead(nn.Module, ABC):
         order = exact.argsort(dim=1, descending=True)
         return indices.cpu().gather(1, order), exact.gather(1, order)
 
+    # ------------------------------------------------------------------ search indexes
+    def rerank_state(self, video_state: Any) -> Any:
+        """What a search index stores per video to score it exactly later without its features: a dataclass of
+        tensors sliceable along dim 0 (``tvr.types.Sliceable``). Default: the video state itself. A head whose exact
+        score builds costly per-video intermediates returns them here, so an index computes them once (GARE: the
+        factorised scorer's ψ state; TV-ProxyNet: the folded keys and values of every round)."""
+        return video_state
+
     @torch.no_grad()
-    def score_two_stage(self, text_state: Any, video_state: Any, k: int) -> Tensor:
-        """:meth:`rerank` as a dense [N_t, N_v] matrix: the exact score on each text's shortlist, −inf elsewhere,
-        so the ordinary metrics can rank it (a video outside the shortlist can never be retrieved)."""
-        indices, scores = self.rerank(text_state, video_state, k)
-        return rerank_to_dense(indices, scores, len(video_state))
+    def score_rerank(self, text_state: Any, rerank_state: Any) -> Tensor:
+        """Exact scores [n_t, n_v] of texts against stored :meth:`rerank_state` rows: equal to :meth:`score` of the
+        videos they were made from (up to float rounding). States stored in half precision are scored in float32."""
+        return self.score(text_state, widen_half(rerank_state)).float()
+
+    @torch.no_grad()
+    def rerank_texts(
+        self,
+        text_state: Any,
+        video_state: Any,
+        k: int,
+        *,
+        text_index: Tensor | None = None,
+        text_chunk: int = 65536,
+    ) -> tuple[Tensor, Tensor]:
+        """Two-stage scoring for video queries (v2t): the top-``k`` texts per video by the shortlist embedding, then
+        their exact scores. Returns (text indices [N_v, k], scores [N_v, k]), each row sorted by decreasing exact
+        score. ``text_index`` is a precomputed :meth:`shortlist_texts`. Memory O(N_v·(k + chunk))."""
+        n_t, n_v = len(text_state), len(video_state)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_t:
+            raise ValueError(f"rerank_texts: k = {k!r}, expected an integer with 1 <= k <= number of texts ({n_t})")
+        if text_index is None:
+            text_index = self.shortlist_texts(text_state)
+        if text_index.shape[0] != n_t:
+            raise ValueError(f"rerank_texts: text_index has {text_index.shape[0]} rows for {n_t} texts")
+        v_emb = self.shortlist_videos(video_state).float()
+        indices, shortlist_scores = top_k_by_dot(v_emb, text_index, k, text_chunk)
+        if self.indexable:
+            return indices.cpu(), shortlist_scores.cpu()
+        columns = torch.arange(n_v).repeat_interleave(k)
+        exact = self.score_pairs(text_state, video_state, indices.reshape(-1).cpu(), columns).view(n_v, k)
+        order = exact.argsort(dim=1, descending=True)
+        return indices.cpu().gather(1, order), exact.gather(1, order)
+
+    @torch.no_grad()
+    def score_two_stage(self, text_state: Any, video_state: Any, k: int, direction: str = "t2v") -> Tensor:
+        """Two-stage scoring as a dense [N_t, N_v] matrix, −inf outside the shortlists, so the ordinary metrics can
+        rank it. ``direction="t2v"``: :meth:`rerank` (each text's K videos); ``"v2t"``: :meth:`rerank_texts` (each
+        video's K texts), the matrix a video query ranks. Each direction needs its own shortlist: ranking videos
+        by the text-shortlisted matrix would let a video compete only with the texts that shortlisted it."""
+        if direction == "t2v":
+            indices, scores = self.rerank(text_state, video_state, k)
+            return rerank_to_dense(indices, scores, len(video_state))
+        if direction == "v2t":
+            indices, scores = self.rerank_texts(text_state, video_state, k)
+            return rerank_to_dense(indices, scores, len(text_state)).t()
+        raise ValueError(f"score_two_stage: direction = {direction!r}, expected 't2v' or 'v2t'")
+
+    # ------------------------------------------------------------------ the contract test's oracle
+    def reference_pair_scores(self, text: Any, video: Any) -> Tensor:
+        """The score of text p with video p for P aligned pairs ([P]), computed from the features
+        (``TextFeatures`` / ``VideoFeatures`` of P items each) by the method's plain formula, one pair at a time,
+        with none of the fast paths :meth:`score`, :meth:`score_pairs` and :meth:`rerank` use; it honours the
+        current inference setting. The contract test (``tests/test_head_contract.py``) checks those three against
+        it for every registered head, as HF's model testers check a model against a reference; a head must
+        provide it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} provides no reference_pair_scores(text, video): the per-pair oracle the head "
+            "contract test checks score / score_pairs / rerank against (docs/architecture.md)"
+        )
 
 
 # --------------------------------------------------------------------------------------------- helpers
+
+
+def widen_half(state: Any) -> Any:
+    """``state`` with its float16 / bfloat16 tensor fields as float32 (other fields untouched)."""
+    if not dataclasses.is_dataclass(state):
+        return state
+    values = {}
+    for f in dataclasses.fields(state):
+        value = getattr(state, f.name)
+        if isinstance(value, Tensor) and value.dtype in (torch.float16, torch.bfloat16):
+            values[f.name] = value.float()
+    return dataclasses.replace(state, **values) if values else state
 
 
 def _emb(head: RetrievalHead, state: Any) -> Tensor:
@@ -292,42 +389,3 @@ def _emb(head: RetrievalHead, state: Any) -> Tensor:
             "field; override shortlist_texts()/shortlist_videos() or set eval.rerank_k = 0"
         )
     return emb
-
-
-def _check_pairs(text_index: Tensor, video_index: Tensor, n_t: int, n_v: int) -> tuple[Tensor, Tensor]:
-    text_index = torch.as_tensor(text_index).reshape(-1).long().cpu()
-    video_index = torch.as_tensor(video_index).reshape(-1).long().cpu()
-    if text_index.shape != video_index.shape:
-        raise ValueError(f"score_pairs: {text_index.numel()} text indices but {video_index.numel()} video indices")
-    if text_index.numel():
-        if int(text_index.min()) < 0 or int(text_index.max()) >= n_t:
-            raise ValueError(f"score_pairs: text indices must lie in [0, {n_t})")
-        if int(video_index.min()) < 0 or int(video_index.max()) >= n_v:
-            raise ValueError(f"score_pairs: video indices must lie in [0, {n_v})")
-    return text_index, video_index
-
-
-@torch.no_grad()
-def top_k_by_dot(queries: Tensor, gallery: Tensor, k: int, chunk: int = 65536) -> tuple[Tensor, Tensor]:
-    """Top-``k`` gallery rows per query by dot product, streaming over the gallery: (indices, scores) [N_q, k],
-    scores descending. Memory is O(N_q·(k + chunk)), never N_q × N_g."""
-    n_q, n_g = queries.shape[0], gallery.shape[0]
-    if not 1 <= k <= n_g:
-        raise ValueError(f"top_k_by_dot: k = {k}, expected 1 <= k <= {n_g}")
-    best_s = torch.full((n_q, 0), float("-inf"), device=queries.device, dtype=queries.dtype)
-    best_i = torch.zeros((n_q, 0), dtype=torch.long, device=queries.device)
-    for b in range(0, n_g, chunk):
-        part = gallery[b : b + chunk].to(queries.device, queries.dtype)
-        s = torch.cat([best_s, queries @ part.T], dim=1)
-        i = torch.cat([best_i, torch.arange(b, b + part.shape[0], device=queries.device).expand(n_q, -1)], dim=1)
-        best_s, pos = s.topk(min(k, s.shape[1]), dim=1)
-        best_i = i.gather(1, pos)
-    return best_i, best_s
-
-
-def rerank_to_dense(indices: Tensor, scores: Tensor, n_videos: int, fill: float = float("-inf")) -> Tensor:
-    """Scatter (indices, scores) [N_t, K] into a dense [N_t, n_videos] matrix, ``fill`` (−inf) elsewhere."""
-    if indices.shape != scores.shape or indices.ndim != 2:
-        raise ValueError(f"indices {tuple(indices.shape)} and scores {tuple(scores.shape)} must be equal [N_t, K]")
-    dense = torch.full((indices.shape[0], n_videos), fill, dtype=scores.dtype, device=scores.device)
-    return dense.scatter_(1, indices.to(scores.device), scores)

@@ -29,6 +29,7 @@ from torch import Tensor
 from tvr.config import bounded, choice
 from tvr.losses import symmetric_infonce
 from tvr.models.heads.base import RetrievalHead
+from tvr.models.heads.common import check_frames, mean_pooled_video
 from tvr.models.heads.registry import register_head
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
 from tvr.utils.distributed import RowShard
@@ -45,6 +46,7 @@ class Clip4ClipOptions:
 
     #: mean (masked mean of normalised frames; indexable) | text_softmax (text-conditioned frame pooling)
     video_pool: str = choice("mean", *VIDEO_POOLS)
+    #: temperature of the text_softmax pooling's softmax over frames (GARE's released code: 3)
     pool_temperature: float = bounded(3.0, gt=0.0)
 
 
@@ -66,14 +68,6 @@ class Clip4ClipVideoState(Sliceable):
     frames: Tensor | None = None
     frame_mask: Tensor | None = None
     gram: Tensor | None = None
-
-
-def mean_pooled_video(frames: Tensor, frame_mask: Tensor) -> Tensor:
-    """norm(masked mean of norm(frames)); a video without real frames gets the zero vector, not NaN."""
-    mask = frame_mask.to(frames.dtype).unsqueeze(-1)
-    frames = F.normalize(frames, dim=-1, eps=_EPS)
-    pooled = (frames * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
-    return F.normalize(pooled, dim=-1, eps=_EPS)
 
 
 def text_softmax_scores(text: Tensor, frames: Tensor, frame_mask: Tensor, gram: Tensor, temperature: float) -> Tensor:
@@ -115,11 +109,7 @@ class Clip4ClipHead(RetrievalHead):
     def encode_videos(self, video: VideoFeatures) -> Clip4ClipVideoState:
         frames = video.frames.float()
         mask = video.frame_mask.float()
-        if frames.ndim != 3 or mask.shape != frames.shape[:2]:
-            raise ValueError(
-                f"video features: expected frames [N, F, D] and frame_mask [N, F], got {tuple(frames.shape)} and "
-                f"{tuple(mask.shape)}"
-            )
+        check_frames(frames, mask)
         emb = mean_pooled_video(frames, mask)
         if self.video_pool == "mean":
             return Clip4ClipVideoState(emb=emb)
@@ -149,6 +139,21 @@ class Clip4ClipHead(RetrievalHead):
         if not parts:
             return text_state.raw.new_zeros(n_t, 0)
         return torch.cat(parts, dim=1)
+
+    @torch.no_grad()
+    def reference_pair_scores(self, text: TextFeatures, video: VideoFeatures) -> Tensor:
+        """Spec §1.3 for each aligned pair, one at a time: cos(t, mean of the normalised real frames), or with
+        ``text_softmax`` cos(t, Σ_f w_f V_f), w = softmax_f(⟨t, V_f⟩ / temp) · m_f."""
+        out = []
+        for t, frames, mask in zip(text.eot.double(), video.frames.double(), video.frame_mask.double(), strict=True):
+            if self.video_pool == "mean":
+                real = F.normalize(frames, dim=-1)[mask > 0]
+                pooled = real.mean(dim=0) if len(real) else torch.zeros_like(t)
+            else:
+                weights = torch.softmax(frames @ t / self.pool_temperature, dim=0) * mask
+                pooled = weights @ frames
+            out.append(F.cosine_similarity(t, pooled, dim=0, eps=_EPS))
+        return torch.stack(out).float() if out else torch.zeros(0)
 
     # ------------------------------------------------------------------ training
     def loss(self, text: TextFeatures, video: VideoFeatures, shard: RowShard | None = None) -> dict[str, Tensor]:

@@ -23,7 +23,14 @@ from tvr.losses import (
 )
 from tvr.models.heads.base import RetrievalHead
 from tvr.models.heads.gare_psi import GareOptions, Psi, gare_block, video_mean
-from tvr.models.heads.gare_scoring import fast_path_support, gare_pair_scores, gare_pairwise_scores
+from tvr.models.heads.gare_scoring import (
+    GareRerankState,
+    fast_path_support,
+    gare_pair_scores,
+    gare_pairwise_scores,
+    gare_rerank_scores,
+    gare_rerank_state,
+)
 from tvr.models.heads.registry import register_head
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.distributed import RowShard
@@ -119,6 +126,19 @@ class GareHead(RetrievalHead):
             return gare_pair_scores(self.psi, text_state, video_state, self.options, text_index, video_index).float()
         return super().score_pairs(text_state, video_state, text_index, video_index)
 
+    def rerank_state(self, video_state: VideoFeatures) -> VideoFeatures | GareRerankState:
+        """Frame context on the factorised path: the per-video ψ state (built once, at index time); otherwise the
+        video features themselves."""
+        if self.options.context == "frames" and self._use_fast(None, video_state):
+            return gare_rerank_state(self.psi, video_state, self.options)
+        return video_state
+
+    @torch.no_grad()
+    def score_rerank(self, text_state: TextFeatures, rerank_state: VideoFeatures | GareRerankState) -> Tensor:
+        if isinstance(rerank_state, GareRerankState):
+            return gare_rerank_scores(self.psi, text_state, rerank_state, self.options)
+        return super().score_rerank(text_state, rerank_state)
+
     def shortlist_texts(self, text_state: TextFeatures) -> Tensor:
         """The shortlist ranks by cos(t_i, v̄_j): normalised EOT features ..."""
         return F.normalize(text_state.eot.float(), dim=-1)
@@ -126,6 +146,14 @@ class GareHead(RetrievalHead):
     def shortlist_videos(self, video_state: VideoFeatures) -> Tensor:
         """... against normalised mean frames (masked mean with ``mask_frames``)."""
         return F.normalize(video_mean(video_state, self.options.mask_frames).float(), dim=-1)
+
+    @torch.no_grad()
+    def reference_pair_scores(self, text: TextFeatures, video: VideoFeatures) -> Tensor:
+        """Spec §3.1 for each aligned pair, one at a time: ψ's Δ and the corrected cosine of the direct path
+        (:func:`gare_block` on a 1 × 1 block), never the factorised scorer."""
+        ts, vs = self.encode_texts(text), self.encode_videos(video)
+        scores = [gare_block(self.psi, ts[p : p + 1], vs[p : p + 1], self.options)[0][0, 0] for p in range(len(ts))]
+        return torch.stack(scores).float() if scores else torch.zeros(0)
 
     # ------------------------------------------------------------------ training
     def loss(self, text: TextFeatures, video: VideoFeatures, shard: RowShard | None = None) -> dict[str, Tensor]:

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from tvr.config import bounded, choice
 from tvr.losses import KL_REDUCTIONS
+from tvr.models.heads.common import masked_mean
 from tvr.types import TextFeatures, VideoFeatures
 
 GARE_SIDES = ("text", "video")
@@ -48,18 +49,25 @@ class GareOptions:
     gap_query: bool = True
     #: video pooling in the score: mean | text_softmax
     video_pool: str = choice("text_softmax", *GARE_POOLS)
+    #: temperature of the text_softmax pooling over frames (released code: 3)
     pool_temperature: float = bounded(3.0, gt=0.0)
     #: masked frame mean for v̄_j and key masking in ψ (reference: off)
     mask_frames: bool = False
     #: normal0.02 (reference behaviour) | identity
     psi_init: str = choice("normal0.02", *PSI_INITS)
+    #: dropout inside ψ (released code: 0.3; off at test time)
     psi_dropout: float = bounded(0.3, ge=0.0, lt=1.0)
-    #: sum (released code, β=1e-4) | mean (paper, β=0.07)
+    #: sum (released code, β=1e-4) | mean (paper, β=0.07): reduction of the information-bottleneck KL of Δ
     kl_reduction: str = choice("sum", *KL_REDUCTIONS)
+    #: weight β of the KL term L_IB (0 = off)
     kl_weight: float = bounded(1e-4, ge=0.0)
+    #: weight λ_ε of the radius term L_ε (0 = off)
     radius_weight: float = bounded(0.01, ge=0.0)
+    #: bound λ of L_ε's hinge on the mean variance of the radii ‖Δ_ij‖ (released code: 0.5)
     radius_lambda: float = bounded(0.5, ge=0.0)
+    #: weight λ_dir of the direction term L_dir (0 = off)
     direction_weight: float = bounded(0.01, ge=0.0)
+    #: sharpness α of L_dir (the paper's σ; released code: 2)
     direction_alpha: float = bounded(2.0, ge=0.0)
     #: auto | fast | exact: test-time pairwise scorer (auto = the factorised scorer where it applies)
     scorer: str = choice("auto", *GARE_SCORERS)
@@ -145,8 +153,7 @@ def video_mean(video: VideoFeatures, masked: bool = False) -> Tensor:
     """v̄_j [n_v, D]: plain mean over all F slots (reference), or the mean over real frames (denominator ≥ 1)."""
     if not masked:
         return video.frames.mean(dim=1)
-    m = video.frame_mask.to(video.frames.dtype).unsqueeze(-1)
-    return (video.frames * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)
+    return masked_mean(video.frames, video.frame_mask)
 
 
 def pooled_video(text_eot: Tensor, video: VideoFeatures, options: GareOptions) -> Tensor:

@@ -36,9 +36,10 @@ from torch import Tensor, nn
 
 from tvr.models.heads.gare_algebra import Algebra, Workspace, buffer, covered_psi, owner_state, psi_algebra, psi_pair
 from tvr.models.heads.gare_psi import GareOptions
-from tvr.types import TextFeatures, VideoFeatures
+from tvr.types import Sliceable, TextFeatures, VideoFeatures
 
-__all__ = ["fast_path_support", "gare_pair_scores", "gare_pairwise_scores"]
+__all__ = ["GareRerankState", "fast_path_support", "gare_pair_scores", "gare_pairwise_scores", "gare_rerank_scores",
+           "gare_rerank_state"]
 
 #: frame context: texts × videos per chunk. Per-pair state is O(F), so a chunk of 1024 texts × 64 videos holds
 #: ~40 MB of intermediates while every matrix product stays large enough for BLAS (measured best of 128-1024 texts
@@ -555,3 +556,93 @@ def gare_pair_scores(
         raise ValueError(f"video indices must lie in [0, {inp.frames.shape[0]})")
     alg = psi_algebra(psi, inp.text.dtype, inp.text.device)  # type: ignore[arg-type]
     return _pairs_frames(alg, inp, options, flat_t, flat_v, video_chunk or PAIR_VIDEO_CHUNK)
+
+
+# ============================================================================================ stored per-video state
+
+
+@dataclass
+class GareRerankState(Sliceable):
+    """The frame-context scorer's per-video ψ state (:class:`_VideoState`) with every field indexed by video, so a
+    search index can store it (any float dtype; scored in float32) and score texts against stored rows without
+    rebuilding it: the per-video work (LN, the ψ projections, the Grams: ≈ F·D² multiply-adds) is done once at
+    index time, a query pays only the ≈ 3·F·D per pair."""
+
+    ell: Tensor  # [n, F, D]
+    w: Tensor  # [n, F, D]
+    x: Tensor  # [n, F, D]
+    vbar: Tensor  # [n, D]
+    beta: Tensor  # [n, F]
+    grams: Tensor  # [n, K, F]
+    ncv: Tensor  # [n]
+    mv: Tensor  # [n]
+    ev: Tensor  # [n]
+    dv: Tensor  # [n]
+    vv: Tensor  # [n]
+    kappa: Tensor | None = None  # [n, F] (gap query)
+    pgrams: Tensor | None = None  # [n, 2F + 3, F] (text_softmax pooling)
+    pool_mask: Tensor | None = None  # [n, F] (text_softmax pooling; ones where every frame is real)
+
+
+def _stored(vs: _VideoState, softmax: bool, frame_mask: Tensor) -> GareRerankState:
+    n, f = vs.n, vs.f
+    pool_mask = None
+    if softmax:
+        pool_mask = vs.pool_mask.view(n, f) if vs.pool_mask is not None else frame_mask.to(vs.x.dtype)
+    return GareRerankState(
+        ell=vs.ell.contiguous(), w=vs.w.contiguous(), x=vs.x.contiguous(), vbar=vs.vbar, beta=vs.beta.view(n, f),
+        grams=vs.grams.contiguous(), ncv=vs.ncv.view(n), mv=vs.mv.view(n), ev=vs.ev.view(n), dv=vs.dv.view(n),
+        vv=vs.vv.view(n), kappa=vs.kappa.view(n, f) if vs.kappa is not None else None,
+        pgrams=vs.pgrams.contiguous() if vs.pgrams is not None else None, pool_mask=pool_mask,
+    )
+
+
+def _restored(state: GareRerankState, dtype: torch.dtype) -> _VideoState:
+    def cast(x: Tensor | None) -> Tensor | None:
+        return x.to(dtype) if x is not None else None
+
+    n, f = state.ell.shape[:2]
+    return _VideoState(
+        n=n, f=f, ell=cast(state.ell), w=cast(state.w), x=cast(state.x), vbar=cast(state.vbar),
+        kappa=cast(state.kappa).reshape(n * f, 1) if state.kappa is not None else None,
+        beta=cast(state.beta).unsqueeze(2), grams=cast(state.grams), pgrams=cast(state.pgrams),
+        pool_mask=cast(state.pool_mask).unsqueeze(2) if state.pool_mask is not None else None,
+        ncv=cast(state.ncv).unsqueeze(1), mv=cast(state.mv).unsqueeze(1), ev=cast(state.ev).unsqueeze(1),
+        dv=cast(state.dv).unsqueeze(1), vv=cast(state.vv).unsqueeze(1),
+    )
+
+
+@torch.no_grad()
+def gare_rerank_state(psi: nn.Module, video: VideoFeatures, options: GareOptions, *, chunk: int = FAST_VIDEO_CHUNK
+                      ) -> GareRerankState:
+    """The per-video ψ state of ``video`` (frame context), ``chunk`` videos at a time; see :class:`GareRerankState`."""
+    if options.context != "frames":
+        raise ValueError("gare_rerank_state covers frame context only (head.options.context = 'frames')")
+    _require_covered(psi, options)
+    probe = TextFeatures(video.frames.new_zeros(1, video.frames.shape[-1]))
+    inp = _check_inputs(psi, probe, video, options)
+    alg = psi_algebra(psi, inp.frames.dtype, inp.frames.device)  # type: ignore[arg-type]
+    softmax = options.video_pool == "text_softmax"
+    parts = []
+    for b in range(0, inp.frames.shape[0], chunk):
+        sl = slice(b, b + chunk)
+        vs = _video_state(alg, inp.frames[sl], inp.frame_mask[sl], options)
+        parts.append(_stored(vs, softmax, inp.frame_mask[sl]))
+    if not parts:
+        raise ValueError("gare_rerank_state: no videos")
+    return GareRerankState.cat(parts) if len(parts) > 1 else parts[0]
+
+
+@torch.no_grad()
+def gare_rerank_scores(psi: nn.Module, text: TextFeatures, state: GareRerankState, options: GareOptions) -> Tensor:
+    """Exact GARE scores [N_t, N_v] of ``text`` against stored :func:`gare_rerank_state` rows (float32, whatever
+    the stored dtype): equal to :func:`gare_pairwise_scores` on the videos the state was made from."""
+    if options.context != "frames":
+        raise ValueError("gare_rerank_scores covers frame context only (head.options.context = 'frames')")
+    _require_covered(psi, options)
+    t = text.eot.float()
+    if t.ndim != 2 or t.shape[1] != state.ell.shape[-1]:
+        raise ValueError(f"text: expected eot [N_t, {state.ell.shape[-1]}], got {tuple(t.shape)}")
+    alg = psi_algebra(psi, t.dtype, t.device)  # type: ignore[arg-type]
+    vs = _restored(state.to(t.device), t.dtype)
+    return _frames_pairs(alg, vs, _text_state(alg, t, options), options).T.contiguous()

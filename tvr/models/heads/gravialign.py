@@ -6,16 +6,17 @@ the masked mean of the frame slots, i.e. the projected first proxy on the CLIP-V
 through an uncertainty head with its own parameters:
 
     μ = norm(LN(W_μ f + b_μ))        W_μ = I, b_μ = 0 at init
-    log σ² = clamp(W_σ f + b_σ)      W_σ ~ N(0, 0.02²), b_σ = log σ₀² (−4) at init, clamp [−10, 5]
+    log σ² = clamp(W_σ f + b_σ)      W_σ ~ N(0, 0.02²), b_σ = log σ₀² (−4) at init, clamp [−10, 5] (hard or soft)
 
-Training: L = InfoNCE(exp(logit_scale)·cos) + α·L_SGI, L_SGI = −mean of S_align (``tvr.losses.sgi_align``) over the
-positive pairs; the InfoNCE runs on normalised f (default) or on μ.
+Training: L = InfoNCE(exp(logit_scale)·cos) + α·L_SGI; the InfoNCE runs on normalised f (default) or on μ. L_SGI is
+the paper's −mean of S_align (``tvr.losses.sgi_align``) over the positive pairs (``sgi_objective: positive``) or the
+contrastive L_SGI-NCE over every pair of the batch (``contrastive``, ``tvr.losses.sgi_align_nce``).
 
 Inference modes (an inference setting chosen on the validation split, stored in buffers so it travels with the
 checkpoint): ``cos_f`` (the CLIP-ViP score, indexable), ``cos_mu`` (indexable), ``s_align`` (S_align of every pair,
-``tvr.losses.sgi_align_pairwise``) and ``mixed`` = cos_f + w·(S_align − mean)/std with the mean and std of S_align
-over all in-batch pairs, kept as running statistics during training (like BatchNorm's), so at test time the score of
-a pair does not depend on the gallery. ``indexable`` follows the current mode.
+``gravialign_scoring.s_align_scores``) and ``mixed`` = cos_f + w·(S_align − mean)/std with the mean and std of
+S_align over all in-batch pairs, kept as running statistics during training (like BatchNorm's), so at test time the
+score of a pair does not depend on the gallery. ``indexable`` follows the current mode.
 """
 
 from __future__ import annotations
@@ -30,8 +31,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tvr.config import bounded, choice
-from tvr.losses import SGI_QUALITIES, sgi_align, sgi_align_pairwise, sgi_align_terms, symmetric_infonce
-from tvr.models.heads.base import ParamRule, RetrievalHead, _check_pairs
+from tvr.losses import (
+    SGI_A_DISTANCES,
+    SGI_QUALITIES,
+    sgi_align,
+    sgi_align_pairwise,
+    sgi_align_terms,
+    sgi_nce_scale,
+    symmetric_infonce,
+)
+from tvr.models.heads.base import ParamRule, RetrievalHead
+from tvr.models.heads.common import check_pairs
+from tvr.models.heads.gravialign_scoring import s_align_scores
 from tvr.models.heads.registry import register_head
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
 
@@ -40,6 +51,10 @@ MODES = ("cos_f", "cos_mu", "s_align", "mixed")
 INDEXABLE_MODES = ("cos_f", "cos_mu")
 #: every non-empty subset of the three score terms (the ablation presets drop one)
 TERM_SETS = ("ABC", "AB", "AC", "BC", "A", "B", "C")
+#: L_SGI: the paper's −mean S_align over the positives | the contrastive L_SGI-NCE over every pair of the batch
+SGI_OBJECTIVES = ("positive", "contrastive")
+#: how log σ² is kept in [logvar_min, logvar_max]: a hard clamp (no gradient outside) | a soft one (softplus pair)
+LOGVAR_CLAMP_MODES = ("hard", "soft")
 #: pairs scored at once by :meth:`GraviAlignHead.score_pairs` (each holds a few D-vectors)
 PAIR_CHUNK = 8192
 _EPS = 1e-12
@@ -70,10 +85,22 @@ class GraviAlignOptions:
     quality: str = choice("softplus", *SGI_QUALITIES)
     #: the score terms used in S_align (loss and s_align/mixed inference): ABC, or a subset for the ablations
     terms: str = choice("ABC", *TERM_SETS)
-    #: ε in d = √(q + ε) (0 = the literal d = √q, infinite A at δ = 0)
+    #: ε in d = √(q + ε) (0 = the literal d = √q, infinite A at δ = 0); unused with a_distance: expected
     eps: float = bounded(1e-6, ge=0.0)
+    #: term A's distance: centre = the summary's d = √(q + ε) between the means | expected = the expected whitened
+    #: distance of two samples, d = √(q + D) (√(q/D + 1) per dimension: A ≤ G/T, nothing to tune; ours)
+    a_distance: str = choice("centre", *SGI_A_DISTANCES)
+    #: L_SGI: positive = the paper's −mean S_align over the positive pairs | contrastive = L_SGI-NCE, a symmetric
+    #: InfoNCE over the batch's S_align matrix (ours: no trivial maximiser, see the docs)
+    sgi_objective: str = choice("positive", *SGI_OBJECTIVES)
+    #: temperature τ of the contrastive objective: logits κ·S_align/τ, κ = D with per_dim_mean (the log-kernel's own
+    #: units), 1 with sums; τ = 1 leaves the temperature to the learned variances
+    sgi_tau: float = bounded(1.0, gt=0.0)
     #: clamp log σ² to [logvar_min, logvar_max] (fix of spec §5.2 item 3); false = unbounded (the literal formula)
     logvar_clamp: bool = True
+    #: hard = clamp (an entry outside the range gets no gradient) | soft = lo + softplus(x − lo) − softplus(x − hi):
+    #: inside (lo, hi), ≈ x well inside, gradient everywhere (ours)
+    logvar_clamp_mode: str = choice("hard", *LOGVAR_CLAMP_MODES)
     logvar_min: float = -10.0
     logvar_max: float = 5.0
     #: b_σ at init = log σ₀² (σ₀² = e⁻⁴, small against squared distances on the unit sphere)
@@ -89,12 +116,13 @@ class GraviAlignOptions:
     mixed_weight: float = bounded(0.1, ge=0.0)
     #: modes validation chooses among, comma-separated ("" = keep inference_mode); mixed tries every mixed_weights
     select_modes: str = "cos_f,cos_mu,s_align,mixed"
-    #: w candidates of the mixed mode on validation (repeat a value to try fewer)
-    mixed_weights: tuple[float, float, float, float] = (0.03, 0.1, 0.3, 1.0)
+    #: w candidates of the mixed mode on validation (one or more numbers >= 0)
+    mixed_weights: tuple[float, ...] = (0.03, 0.1, 0.3, 1.0)
     #: momentum of the running mean / variance of in-batch S_align that standardises it in the mixed mode
     stats_momentum: float = bounded(0.01, gt=0.0, le=1.0)
-    #: two-stage scoring of the pairwise modes shortlists by cos(f) | cos(μ), then reranks exactly
-    shortlist: str = choice("f", "f", "mu")
+    #: two-stage scoring of the pairwise modes shortlists by cos(μ) | cos(f), then reranks exactly (μ's top-10 holds
+    #: the exact S_align top-1 far more often, docs/methods/gravialign.md)
+    shortlist: str = choice("mu", "mu", "f")
     #: let L_SGI's gradient reach the backbone features f (the summary's shared features); false = L_SGI trains the
     #: uncertainty heads only (ours: the positive-only objective cannot then collapse the backbone, see the docs)
     sgi_to_backbone: bool = True
@@ -108,8 +136,10 @@ class GraviAlignOptions:
             raise ValueError(f"logvar_init = {self.logvar_init}: must lie in [logvar_min, logvar_max] = "
                              f"[{self.logvar_min}, {self.logvar_max}]")
         parse_modes(self.select_modes)
-        if any(not (w >= 0.0) for w in self.mixed_weights):
-            raise ValueError(f"mixed_weights = {list(self.mixed_weights)}: expected numbers >= 0")
+        weights = list(self.mixed_weights)
+        if not weights or any(isinstance(w, bool) or not isinstance(w, (int, float)) or not (0.0 <= w < math.inf)
+                              for w in weights):
+            raise ValueError(f"mixed_weights = {weights}: expected one or more numbers >= 0")
 
 
 def parse_modes(text: str) -> list[str]:
@@ -152,6 +182,17 @@ class GaussianEmbedding(nn.Module):
         return mu, self.logvar_fc(f).float()
 
 
+def soft_clamp(x: Tensor, low: float, high: float) -> Tensor:
+    """low + softplus(x − low) − softplus(x − high): inside (low, high), increasing, within
+    softplus(low − x) + softplus(x − high) of x (0.0025 at the default init −4 in [−10, 5]), and with the gradient
+    σ(x − low) − σ(x − high) > 0 everywhere, so an entry outside the range still learns (the hard clamp's gradient
+    there is 0). Above the midpoint it is evaluated as the identical high + softplus(low − x) − softplus(high − x),
+    whose gradient does not cancel to 0 in floating point far above the range."""
+    below = low + F.softplus(x - low) - F.softplus(x - high)
+    above = high + F.softplus(low - x) - F.softplus(high - x)
+    return torch.where(x <= 0.5 * (low + high), below, above)
+
+
 def pooled_video(video: VideoFeatures) -> Tensor:
     """f_v: the masked mean of the (unnormalised) frame slots, [N, D]. On the CLIP-ViP tower there is one slot, the
     projected first proxy, so this is that feature itself; on the CLIP4Clip backbone it is the mean of the frame
@@ -173,6 +214,10 @@ class GraviAlignHead(RetrievalHead):
     # L_SGI's trivial maximiser); α = 0.01 (the low end of the spec's sweep) with A bounded by 10·G/T trains the
     # InfoNCE as fast as the CLIP4Clip head while L_SGI still reaches the backbone (docs/methods/gravialign.md)
     demo_options = {"alpha": 0.01, "eps": 1e-2}
+    # sgi_align_pairwise tiles a block itself with bounded working memory: whole-gallery blocks keep its thread
+    # stripes busy (the base class's default 256 × 256 blocks suit heads whose score_block does not tile)
+    default_text_chunk = 1024
+    default_video_chunk = 1 << 30
 
     def build(self) -> None:
         o, dim = self.options, self.dim
@@ -213,10 +258,11 @@ class GraviAlignHead(RetrievalHead):
         return f"mode={self.mode!r}, terms={self.options.terms!r}, per_dim_mean={self.options.per_dim_mean}"
 
     def sgi_kwargs(self) -> dict[str, Any]:
-        """The S_align settings of this head, as keyword arguments of ``tvr.losses.sgi_align*``."""
+        """The S_align settings of this head, as keyword arguments of ``tvr.losses.sgi_align*`` (and of
+        ``gravialign_scoring.s_align_scores``)."""
         o = self.options
         return {"G": o.G, "T": o.T, "lam": o.lam, "per_dim_mean": o.per_dim_mean, "eps": o.eps, "quality": o.quality,
-                "terms": o.terms}
+                "terms": o.terms, "a_distance": o.a_distance}
 
     def param_rules(self, lr: float, backbone_lr: float) -> list[ParamRule]:
         if self.options.module_lr > 0:
@@ -226,8 +272,12 @@ class GraviAlignHead(RetrievalHead):
     # ------------------------------------------------------------------ states
     def _gaussian(self, module: GaussianEmbedding, f: Tensor) -> tuple[Tensor, Tensor]:
         mu, logvar = module(f)
-        if self.options.logvar_clamp:
-            logvar = logvar.clamp(self.options.logvar_min, self.options.logvar_max)
+        o = self.options
+        if o.logvar_clamp:
+            if o.logvar_clamp_mode == "soft":
+                logvar = soft_clamp(logvar, o.logvar_min, o.logvar_max)
+            else:
+                logvar = logvar.clamp(o.logvar_min, o.logvar_max)
         return mu, logvar
 
     def _state(self, module: GaussianEmbedding, f: Tensor) -> GraviState:
@@ -243,9 +293,9 @@ class GraviAlignHead(RetrievalHead):
 
     # ------------------------------------------------------------------ scoring
     def s_align_block(self, text_state: GraviState, video_state: GraviState) -> Tensor:
-        """S_align of every pair of a block: [n_t, n_v]."""
-        return sgi_align_pairwise(video_state.mu, video_state.logvar, text_state.mu, text_state.logvar,
-                                  **self.sgi_kwargs())
+        """S_align of every pair of a block: [n_t, n_v] (the fast test-time kernel, on the process's scoring pool)."""
+        return s_align_scores(video_state.mu, video_state.logvar, text_state.mu, text_state.logvar,
+                              **self.sgi_kwargs())
 
     def standardise(self, s_align: Tensor) -> Tensor:
         """(S_align − running mean) / running std: the training batches' statistics, fixed at test time."""
@@ -289,7 +339,7 @@ class GraviAlignHead(RetrievalHead):
         """Exact scores of given pairs straight from ``sgi_align`` on the gathered pairs (no grids)."""
         if self.indexable:
             return super().score_pairs(text_state, video_state, text_index, video_index)
-        text_index, video_index = _check_pairs(text_index, video_index, len(text_state), len(video_state))
+        text_index, video_index = check_pairs(text_index, video_index, len(text_state), len(video_state))
         out = torch.empty(text_index.shape[0], dtype=torch.float32)
         device = text_state.mu.device
         for a in range(0, text_index.shape[0], PAIR_CHUNK):
@@ -348,11 +398,16 @@ class GraviAlignHead(RetrievalHead):
 
     @torch.no_grad()
     def score_components(self, text_state: GraviState, video_state: GraviState, text_chunk: int | None = None,
-                         video_chunk: int | None = None) -> dict[str, Tensor]:
-        """cos_f, cos_mu and (when a candidate or the current mode needs it) S_align, each [N_t, N_v], so every
-        candidate is combined without rescoring."""
+                         video_chunk: int | None = None, settings: list[dict[str, Any]] | None = None
+                         ) -> dict[str, Tensor]:
+        """cos_f, cos_mu and (when one of ``settings`` needs it) S_align, each [N_t, N_v], so every setting is
+        combined without rescoring. ``settings`` None: every candidate and the current setting; at test time the
+        evaluator names only the baseline rows (cos_f), so no S_align pass is spent for a stored cos_f / cos_mu
+        mode (a pairwise mode's own score is computed once, by :meth:`score`)."""
         out = {"cos_f": (text_state.f @ video_state.f.T).float(), "cos_mu": (text_state.mu @ video_state.mu.T).float()}
-        wanted = {c["mode"] for c in self.inference_candidates()} | {self.mode}
+        if settings is None:
+            settings = [*self.inference_candidates(), self.inference_setting()]
+        wanted = {setting["mode"] for setting in settings}
         if wanted & {"s_align", "mixed"}:
             step = text_chunk or len(text_state) or 1
             parts = [self.s_align_block(text_state[a : a + step], video_state).float()
@@ -368,12 +423,28 @@ class GraviAlignHead(RetrievalHead):
         return self._combine(mode, float(setting.get("w", self._current()[1])), components.get("cos_f"),
                              components.get("cos_mu"), components.get("s_align"))
 
+    @torch.no_grad()
+    def reference_pair_scores(self, text: TextFeatures, video: VideoFeatures) -> Tensor:
+        """Spec §5 for each aligned pair, one at a time, in the stored mode: cos(f_t, f_v), cos(μ_t, μ_v), S_align
+        from ``tvr.losses.sgi_align`` on that one pair, or cos_f + w·(S_align − mean)/std."""
+        mode, w = self._current()
+        out = []
+        for p in range(text.eot.shape[0]):
+            f_t = text.eot[p : p + 1].float()
+            f_v = pooled_video(video[p : p + 1])
+            mu_t, logvar_t = self._gaussian(self.gauss_text, f_t)
+            mu_v, logvar_v = self._gaussian(self.gauss_video, f_v)
+            cos_f = F.cosine_similarity(f_t, f_v, eps=_EPS)[0]
+            s_align = sgi_align(mu_v, logvar_v, mu_t, logvar_t, **self.sgi_kwargs())[0]
+            scores = {"cos_f": cos_f, "cos_mu": (mu_t * mu_v).sum(), "s_align": s_align,
+                      "mixed": cos_f + w * (s_align - self.s_align_mean) / self.s_align_var.clamp_min(_EPS).sqrt()}
+            out.append(scores[mode])
+        return torch.stack(out).float() if out else torch.zeros(0)
+
     # ------------------------------------------------------------------ training
     @torch.no_grad()
-    def _update_statistics(self, mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, logvar_t: Tensor) -> None:
+    def _update_statistics(self, s_align: Tensor) -> None:
         """Running mean / variance of S_align over all B×B in-batch pairs (BatchNorm-style momentum)."""
-        s_align = sgi_align_pairwise(mu_v.detach(), logvar_v.detach(), mu_t.detach(), logvar_t.detach(),
-                                     **self.sgi_kwargs())
         mean = s_align.mean()
         var = s_align.var() if s_align.numel() > 1 else torch.zeros_like(mean)
         if not (torch.isfinite(mean) and torch.isfinite(var)):
@@ -393,6 +464,8 @@ class GraviAlignHead(RetrievalHead):
         no spread, 1 − ‖mean μ‖² < 0.01 for texts and videos, at :data:`COLLAPSE_READINGS` readings in a row."""
         self._train_steps += 1
         batch = mu_t.shape[0]
+        if self.options.sgi_objective != "positive":
+            return  # the contrastive objective has no such maximiser
         if self.collapse_warned or batch < 2 or self._train_steps % COLLAPSE_CHECK_EVERY:
             return
         spread = max(float(1.0 - mu.float().mean(dim=0).square().sum()) for mu in (mu_t, mu_v))
@@ -403,15 +476,18 @@ class GraviAlignHead(RetrievalHead):
             logger.warning(
                 "GraviAlign: the features have collapsed (InfoNCE %.3f ≈ ln %d = %.3f, spread of the means %.2g): the "
                 "positive-only L_SGI is maximised by giving every item the same mean. Lower head.options.alpha and "
-                "raise head.options.eps (e.g. alpha=0.01, eps=1e-2), or set head.options.sgi_to_backbone=false "
-                "(docs/methods/gravialign.md)",
+                "raise head.options.eps (e.g. alpha=0.01, eps=1e-2), set head.options.sgi_to_backbone=false, or use "
+                "the contrastive objective head.options.sgi_objective=contrastive (docs/methods/gravialign.md)",
                 float(infonce), batch, math.log(batch), spread,
             )
 
     def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
-        """L = InfoNCE(exp(logit_scale)·cos) + α·(−mean_i S_align(v_i, t_i)) on B aligned pairs (spec §5.3).
+        """L = InfoNCE(exp(logit_scale)·cos) + α·L_SGI on B aligned pairs (spec §5.3), with L_SGI the paper's
+        −mean_i S_align(v_i, t_i) (``sgi_objective: positive``) or L_SGI-NCE = ½[CE_rows + CE_cols] of κ·S/τ over the
+        batch's B×B S_align matrix (``contrastive``; ``tvr.losses.sgi_align_nce``).
 
-        In training mode the running statistics of S_align over all B×B pairs are updated (for ``mixed``)."""
+        In training mode the running statistics of S_align over all B×B pairs are updated (for ``mixed``); the
+        logged ``term_*`` are means over the positive pairs."""
         o = self.options
         f_t, f_v = text.eot.float(), pooled_video(video)
         if f_t.shape[0] != f_v.shape[0]:
@@ -431,13 +507,24 @@ class GraviAlignHead(RetrievalHead):
         if o.infonce_on in ("mu", "both"):
             losses.append(symmetric_infonce(scale * (mu_t @ mu_v.T)))
         infonce = losses[0] if len(losses) == 1 else 0.5 * (losses[0] + losses[1])
-        parts = sgi_align_terms(*sgi_inputs, **self.sgi_kwargs())
-        s_align = torch.stack(list(parts.values())).sum(dim=0)
-        sgi = -s_align.mean()
+        all_pairs = None
+        if o.sgi_objective == "contrastive":
+            # every pair of the (gathered) batch, chunked, with its own chunked backward (never B×B×D at once)
+            all_pairs = sgi_align_pairwise(*sgi_inputs, **self.sgi_kwargs())
+            sgi = symmetric_infonce(sgi_nce_scale(tau=o.sgi_tau, per_dim_mean=o.per_dim_mean, dim=self.dim)
+                                    * all_pairs)
+            with torch.no_grad():
+                parts = sgi_align_terms(*sgi_inputs, **self.sgi_kwargs())
+        else:
+            parts = sgi_align_terms(*sgi_inputs, **self.sgi_kwargs())
+            sgi = -torch.stack(list(parts.values())).sum(dim=0).mean()
         # α = 0 still keeps the uncertainty heads in the graph (zero gradients; DDP expects every parameter used)
         total = infonce + o.alpha * sgi
         if self.training:
-            self._update_statistics(mu_v, logvar_v, mu_t, logvar_t)
+            if all_pairs is None:
+                # in the calling thread (workers=1): a training step starts no threads and leaves torch's settings
+                all_pairs = s_align_scores(mu_v, logvar_v, mu_t, logvar_t, workers=1, **self.sgi_kwargs())
+            self._update_statistics(all_pairs.detach())
             self._watch_collapse(infonce.detach(), mu_t.detach(), mu_v.detach())
         out = {"loss": total, "infonce": infonce.detach(), "sgi": sgi.detach()}
         out.update({f"term_{k}": v.detach().mean() for k, v in parts.items()})

@@ -1,0 +1,119 @@
+"""A folder of small distinct videos and a tiny checkpoint that tells them apart, for the search tests.
+
+Each video is one flat colour with a moving white square; a tiny random CLIP (clip4clip head, meanP) is trained to
+overfit one caption per colour, so a query names the video it should find first. Built once per test session
+(``search_setup`` in conftest.py) and copied where a test changes it.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+#: video name → (caption, RGB colour, seconds at 4 fps)
+VIDEOS = {
+    "red.mp4": ("a red screen", (220, 30, 30), 3.0),
+    "green.mp4": ("a green screen", (30, 200, 40), 2.0),
+    "blue.mp4": ("a blue screen", (30, 40, 220), 2.5),
+    "sub/yellow.mp4": ("a yellow screen", (230, 220, 30), 9.0),
+    "sub/magenta.mp4": ("a magenta screen", (210, 30, 200), 2.0),
+}
+FPS = 4
+SIZE = 32
+TINY = {
+    "embed_dim": 32,
+    "text_width": 32,
+    "text_layers": 2,
+    "text_heads": 2,
+    "vision_width": 32,
+    "vision_layers": 1,
+    "vision_heads": 2,
+    "image_size": 32,
+    "patch_size": 16,
+}
+
+
+def write_colour_video(
+    path: Path, colour: tuple[int, int, int], seconds: float, fps: int = FPS, size: int = SIZE
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frames = int(round(seconds * fps))
+    with av.open(str(path), mode="w", options={"movflags": "faststart"}) as container:
+        stream = container.add_stream("libx264" if "libx264" in av.codecs_available else "mpeg4", rate=Fraction(fps))
+        stream.width = stream.height = size
+        stream.pix_fmt = "yuv420p"
+        for k in range(frames):
+            image = np.empty((size, size, 3), dtype=np.uint8)
+            image[:] = colour
+            left = (k * 4) % (size - 8)
+            image[12:20, left : left + 8] = 255
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def write_videos(folder: Path) -> Path:
+    for name, (_, colour, seconds) in VIDEOS.items():
+        write_colour_video(folder / name, colour, seconds)
+    return folder
+
+
+def train_checkpoint(work: Path, videos: Path, head: str = "clip4clip", steps: int = 60) -> Path:
+    """Overfit a tiny CLIP on one caption per video (a few paraphrases each); returns its best.pt."""
+    import shutil
+
+    from tvr.config import config_from_dict
+    from tvr.pipeline import run_train
+
+    rows = []
+    clips = work / "clips"  # the training folder: the videos, and copies held out as the val / test splits
+    for name, (caption, _, _) in VIDEOS.items():
+        colour = caption.split()[1]
+        (clips / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(videos / name, clips / name)
+        for text in (caption, f"the {colour} screen", f"{colour} video", f"a {colour} square"):
+            rows.append({"video": name, "caption": text, "split": "train"})
+        for split in ("val", "test"):
+            shutil.copy(videos / name, clips / f"{split}_{colour}.mp4")
+            rows.append({"video": f"{split}_{colour}.mp4", "caption": caption, "split": split})
+    with open(work / "captions.jsonl", "w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+    head_cfg = {"name": head, "logit_scale_init": 2.6592}
+    values = {
+        "data": {
+            "dataset": "generic",
+            "annotations": str(work),
+            "video_dir": str(clips),
+            "generic_file": "captions.jsonl",
+            "video_pattern": "{video_id}",
+            "max_words": 16,
+            "max_frames": 4,
+            "frame_rate": 1.0,
+            "image_size": SIZE,
+            "val_fraction": 0.0,
+        },
+        "model": {"clip": "tiny", "temporal": "meanP", "tiny": TINY},
+        "head": head_cfg,
+        "train": {
+            "epochs": 1000,
+            "max_steps": steps,
+            "batch_size": 10,
+            "lr": 2e-3,
+            "backbone_lr_coef": 1.0,
+            "weight_decay": 0.0,
+            "warmup": 0.05,
+            "log_every": 0,
+            "device": "cpu",
+            "num_threads": 1,
+            "seed": 0,
+        },
+        "eval": {"batch_size": 16},
+    }
+    run_train(config_from_dict(values), work / "run", final_test=False, overwrite=True)
+    return work / "run" / "last.pt"

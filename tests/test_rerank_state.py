@@ -1,0 +1,75 @@
+"""The state a search index stores per video (``head.rerank_state``) scores exactly what ``head.score`` gives on the
+video features it was made from, for every head and every GARE / TV-ProxyNet variant the factorised scorers cover,
+also after a float16 round trip (within a stated tolerance) and on any subset of rows (an index gathers the
+shortlist's rows)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_head_contract import HEADS, MIXTURE, TOY, build, features
+
+from tvr.config import HeadConfig
+from tvr.models.heads import registry
+from tvr.models.heads.base import LN_100
+from tvr.models.heads.gare_scoring import GareRerankState
+from tvr.models.heads.proxy import ProxyRerankState
+
+D = 32
+
+
+def _head(name: str, **options: object):
+    torch.manual_seed(0)
+    head = registry.build_head(HeadConfig(name=name, options=dict(options)), D, LN_100)
+    return head.eval()
+
+
+def _check(head, stored_type=None) -> None:
+    text, video = features(7, 11, seed=3)
+    ts, vs = head.encode_texts(text), head.encode_videos(video)
+    expected = head.score(ts, vs)
+    state = head.rerank_state(vs)
+    if stored_type is not None:
+        assert isinstance(state, stored_type)
+    assert len(state) == 11
+    torch.testing.assert_close(head.score_rerank(ts, state), expected, rtol=1e-5, atol=1e-5)
+    rows = torch.tensor([9, 2, 2, 5])
+    torch.testing.assert_close(head.score_rerank(ts, state[rows]), expected[:, rows], rtol=1e-5, atol=1e-5)
+    half = state.to("cpu", torch.float16) if hasattr(state, "to") else state
+    torch.testing.assert_close(head.score_rerank(ts, half), expected, rtol=0, atol=5e-3)
+
+
+@pytest.mark.parametrize("name", HEADS + [TOY, MIXTURE])
+def test_every_head_rerank_state_scores_like_score(name: str) -> None:
+    _check(build(name).eval())
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"video_pool": "mean"},
+        {"gap_query": False},
+        {"mask_frames": True},
+        {"corrected_side": "video", "eta": -1.0},
+        {"video_pool": "mean", "gap_query": False, "mask_frames": True},
+    ],
+)
+def test_gare_stores_its_psi_state(options: dict) -> None:
+    _check(_head("gare", **options), GareRerankState)
+
+
+def test_gare_word_context_keeps_the_features() -> None:
+    head = _head("gare", context="words")
+    _, video = features(2, 3)
+    assert not isinstance(head.rerank_state(head.encode_videos(video)), GareRerankState)
+
+
+@pytest.mark.parametrize("options", [{}, {"dash": "linear", "heads": 2, "layers": 3}, {"delta": -1.0, "eta": -1.0}])
+def test_proxy_stores_its_folded_rounds(options: dict) -> None:
+    _check(_head("proxy", **options), ProxyRerankState)
+
+
+def test_proxy_gamma_zero_is_the_plain_cosine() -> None:
+    head = _head("proxy", gamma=0.0, select_gamma=False)
+    _check(head, ProxyRerankState)

@@ -1,0 +1,132 @@
+"""A real browser against ``tvr serve``: headless Chromium (Debian's ``chromium`` + ``chromium-driver``, driven by
+Selenium with both paths given, so nothing is ever downloaded) loads the page served from an index built here, types
+a query, and the expected video is ranked first; the thumbnails load and the player starts at the hit's window. A
+screenshot is saved under ``$TVR_ARTIFACTS`` (default: the test's tmp folder) and its path printed.
+
+Skips only where Chromium or its driver is not installed (``.ci/run`` installs both)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tvr.cli import app as cli
+from tvr.search import open_index
+from tvr.search.server import create_app
+
+CHROMIUM = os.environ.get("TVR_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("TVR_CHROMEDRIVER", "/usr/bin/chromedriver")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1100,900",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def browser(tmp_path: Path):
+    if not (Path(CHROMIUM).is_file() and Path(CHROMEDRIVER).is_file()):
+        pytest.skip(f"Chromium not installed ({CHROMIUM}, {CHROMEDRIVER}): apt-get install chromium chromium-driver")
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never fetch a driver or a browser
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path / 'profile'}")
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def server(search_setup, tmp_path: Path):
+    import uvicorn
+
+    out = tmp_path / "idx"
+    args = [
+        "index",
+        str(search_setup.videos),
+        "--out",
+        str(out),
+        "--checkpoint",
+        str(search_setup.checkpoint),
+        "--window",
+        "4",
+        "--stride",
+        "2",
+        "-j",
+        "1",
+    ]
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    port = _free_port()
+    config = uvicorn.Config(create_app(open_index(out)), host="127.0.0.1", port=port, log_level="warning")
+    uvi = uvicorn.Server(config)
+    thread = threading.Thread(target=uvi.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uvi.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert uvi.started, "the server did not start"
+    yield f"http://127.0.0.1:{port}"
+    uvi.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_the_page_finds_the_video_in_a_real_browser(browser, server: str, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(server + "/")
+    box = browser.find_element(By.ID, "q")
+    box.send_keys("a yellow screen")
+    browser.find_element(By.ID, "go").click()
+    wait = WebDriverWait(browser, 60)
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") in ("done", "error"))
+    assert browser.find_element(By.TAG_NAME, "body").get_attribute("data-state") == "done", browser.find_element(
+        By.ID, "status"
+    ).text
+    hits = browser.find_elements(By.CSS_SELECTOR, "li.hit")
+    assert len(hits) == 5
+    assert hits[0].get_attribute("data-video") == "sub/yellow.mp4"
+    assert "sub/yellow.mp4" in hits[0].text and "score" in hits[0].text
+    # every thumbnail is a decoded image
+    wait.until(
+        lambda d: all(
+            d.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", img)
+            for img in d.find_elements(By.CSS_SELECTOR, "li.hit img")
+        )
+    )
+    # the inline player opens on the hit's window
+    hits[1].find_element(By.CSS_SELECTOR, "button.play").click()
+    player = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "li.hit video")))
+    assert "#t=" in player.get_attribute("src")
+    wait.until(lambda d: d.execute_script("return arguments[0].readyState", player) >= 1)
+    folder = Path(os.environ.get("TVR_ARTIFACTS", tmp_path))
+    folder.mkdir(parents=True, exist_ok=True)
+    shot = folder / "search_page.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 1000
+    print(f"\nscreenshot: {shot}")

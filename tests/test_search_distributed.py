@@ -1,0 +1,64 @@
+"""``torchrun`` sharding of ``tvr index``: two processes over gloo each embed their share of the videos into their own
+shards, rank 0 trains the IVF quantizer once and fills it shard by shard in canonical order, and the index equals
+the one a single process builds (manifest, row tables, embeddings, FAISS bytes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from test_search import assert_same_index
+
+from tvr.pipeline.search import run_index
+from tvr.search.build import IndexOptions
+
+OPTIONS = IndexOptions(window=4.0, stride=2.0, workers=1, progress=False, ann_kind="ivf", nlist=2, shard_windows=2)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, world: int, port: int, videos: str, out: str, checkpoint: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    try:
+        report = run_index(videos, out, OPTIONS, checkpoint=checkpoint)
+        assert bool(report) == (rank == 0)
+    except BaseException:  # noqa: BLE001
+        raise AssertionError(f"rank {rank} failed:\n{traceback.format_exc()}") from None
+
+
+def test_two_processes_build_the_single_process_index(search_setup, tmp_path: Path) -> None:
+    args = (2, _free_port(), str(search_setup.videos), str(tmp_path / "two"), str(search_setup.checkpoint))
+    # spawn, not fork: this test process has run FAISS, and a child forked after OpenMP threads started can hang in
+    # its first parallel region
+    context = mp.start_processes(_rank, args=args, nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + 300
+    while not context.join(timeout=2):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the two-process index build did not finish within 300 s")
+    shards = sorted(p.name for p in (tmp_path / "two" / "shards").iterdir())
+    assert any("-r000-" in s for s in shards) and any("-r001-" in s for s in shards)  # each rank wrote its own
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same arithmetic as the one-thread ranks
+    try:
+        report = run_index(search_setup.videos, tmp_path / "one", OPTIONS, checkpoint=search_setup.checkpoint)
+    finally:
+        torch.set_num_threads(threads)
+    assert report["ann"]["kind"] == "ivf" and report["processes"] == 1
+    assert_same_index(tmp_path / "one", tmp_path / "two")

@@ -1,0 +1,193 @@
+"""``tvr serve``'s app: the JSON API returns what ``tvr search --json`` does, the page and OpenAPI docs are served,
+videos support range requests, and hostile requests (path traversal, huge or bad k / q / t, bad Range headers) get a
+clear 4xx JSON answer while only the manifest's files are ever read; concurrent requests share one loaded model."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from tvr.cli import app as cli
+from tvr.search import open_index
+from tvr.search.server import API_MAX_K, API_MAX_QUERY, create_app
+
+
+@pytest.fixture(scope="module")
+def served(search_setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("served") / "idx"
+    args = [
+        "index",
+        str(search_setup.videos),
+        "--out",
+        str(out),
+        "--checkpoint",
+        str(search_setup.checkpoint),
+        "--window",
+        "4",
+        "--stride",
+        "2",
+        "-j",
+        "1",
+    ]
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    index = open_index(out)
+    return index, TestClient(create_app(index)), out
+
+
+def test_api_returns_the_cli_json(served) -> None:
+    index, client, out = served
+    response = client.get("/api/search", params={"q": "a magenta screen", "k": 3})
+    assert response.status_code == 200
+    api = response.json()
+    cli_rows = json.loads(CliRunner().invoke(cli, ["search", str(out), "a magenta screen", "-k", "3", "--json"]).stdout)
+    assert [{k: r[k] for k in ("video", "start", "end", "score", "rank")} for r in api] == cli_rows
+    assert api[0]["video"] == "sub/magenta.mp4"
+    number = api[0]["id"]
+    assert index.videos[number]["video"] == "sub/magenta.mp4" and api[0]["media"] == f"/media/{number}"
+    thumb = client.get(api[0]["thumbnail"])
+    assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg"
+    assert thumb.content[:2] == b"\xff\xd8"  # a JPEG
+    windows = client.get("/api/search", params={"q": "a yellow screen", "k": 8, "all_windows": "true"}).json()
+    assert len(windows) == 8
+    page = client.get("/")
+    assert page.status_code == 200 and 'id="results"' in page.text and "/api/search" in page.text
+    assert client.get("/docs").status_code == 200
+    assert "/api/search" in client.get("/openapi.json").json()["paths"]
+
+
+def test_media_is_served_with_ranges(served, search_setup) -> None:
+    index, client, _ = served
+    data = (search_setup.videos / index.videos[0]["video"]).read_bytes()
+    full = client.get("/media/0")
+    assert full.status_code == 200 and full.content == data and full.headers["accept-ranges"] == "bytes"
+    part = client.get("/media/0", headers={"Range": "bytes=10-109"})
+    assert part.status_code == 206 and part.content == data[10:110]
+    assert part.headers["content-range"] == f"bytes 10-109/{len(data)}"
+    tail = client.get("/media/0", headers={"Range": "bytes=-16"})
+    assert tail.status_code == 206 and tail.content == data[-16:]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/media/-1",
+        "/media/5",
+        "/media/99999999999999",
+        "/media/../../etc/passwd",
+        "/media/..%2F..%2Fetc%2Fpasswd",
+        "/media/%2e%2e",
+        "/media/0x1",
+        "/media/1.5",
+        "/thumbnail/..%2Fsecret",
+        "/thumbnail/7",
+        "/media/red.mp4",
+        "/media//etc/passwd",
+        "/static/../pyproject.toml",
+    ],
+)
+def test_no_request_reaches_another_file(served, path: str) -> None:
+    _, client, _ = served
+    response = client.get(path)
+    assert 400 <= response.status_code < 500, (path, response.status_code)
+    assert response.headers["content-type"].startswith("application/json")
+    assert "error" in response.json()
+    assert b"root:" not in response.content and b"[project]" not in response.content
+
+
+@pytest.mark.parametrize(
+    "params,status,needle",
+    [
+        ({"q": "x" * (API_MAX_QUERY + 1)}, 422, "q:"),
+        ({"q": "x" * 60_000}, 422, "at most"),
+        ({"q": ""}, 422, "q:"),
+        ({"q": "   "}, 422, "empty"),
+        ({}, 422, "q:"),
+        ({"q": "red", "k": API_MAX_K + 1}, 422, "k:"),
+        ({"q": "red", "k": 10**30}, 422, "k:"),
+        ({"q": "red", "k": 0}, 422, "k:"),
+        ({"q": "red", "k": "ten"}, 422, "k:"),
+        ({"q": "red", "rerank": -1}, 422, "rerank:"),
+        ({"q": "red", "all_windows": "perhaps"}, 422, "all_windows:"),
+    ],
+)
+def test_bad_queries_get_clear_json_errors(served, params: dict, status: int, needle: str) -> None:
+    _, client, _ = served
+    response = client.get("/api/search", params=params)
+    assert response.status_code == status
+    assert needle in response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "header,status",
+    [
+        ("bytes=abc", 400),
+        ("items=0-10", 400),
+        ("bytes=20-10", 400),
+        ("bytes=-", 400),
+        ("bytes=" + "0-1," * 100, 400),
+        ("bytes=" + ",".join(["0-1"] * 9), 400),
+        ("bytes=99999999-", 416),
+        ("bytes=-0", 416),
+    ],
+)
+def test_bad_range_headers(served, header: str, status: int) -> None:
+    _, client, _ = served
+    response = client.get("/media/0", headers={"Range": header})
+    assert response.status_code == status
+    assert "error" in response.json()
+    if status == 416:
+        assert response.headers["content-range"].startswith("bytes */")
+
+
+def test_bad_thumbnail_times(served) -> None:
+    _, client, _ = served
+    for t in ("nan", "inf", "-1", "1e30", "soon"):
+        response = client.get("/thumbnail/0", params={"t": t})
+        assert response.status_code == 422 and "t:" in response.json()["error"]
+    assert client.get("/thumbnail/0", params={"t": 1e6}).status_code == 200  # past the end: the last frame
+
+
+def test_concurrent_requests_share_one_model(served, monkeypatch) -> None:
+    index, client, _ = served
+    import tvr.models.checkpoint as checkpoint
+
+    loads = []
+    original = checkpoint.load_model
+    monkeypatch.setattr(checkpoint, "load_model", lambda *a, **k: loads.append(a) or original(*a, **k))
+    calls = []
+    real = index.encoder.encode_texts
+
+    def counting(texts):
+        calls.append(threading.get_ident())
+        return real(texts)
+
+    monkeypatch.setattr(index.encoder, "encode_texts", counting)
+    queries = [c for c in ("a red screen", "a green screen", "a blue screen", "a yellow screen") for _ in range(4)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda q: client.get("/api/search", params={"q": q, "k": 2}).json(), queries))
+    assert loads == [] and len(calls) == len(queries)
+    for q, answer in zip(queries, answers, strict=True):
+        assert answer == client.get("/api/search", params={"q": q, "k": 2}).json()
+        assert answer[0]["video"].endswith(q.split()[1] + ".mp4")
+
+
+def test_serve_command_runs_uvicorn_on_the_index(served, monkeypatch) -> None:
+    _, _, out = served
+    import uvicorn
+
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda application, **kw: seen.update(app=application, **kw))
+    result = CliRunner().invoke(cli, ["serve", str(out), "--port", "8123"])
+    assert result.exit_code == 0, result.output
+    assert seen["host"] == "127.0.0.1" and seen["port"] == 8123
+    assert (
+        TestClient(seen["app"]).get("/api/search", params={"q": "a red screen", "k": 1}).json()[0]["video"] == "red.mp4"
+    )
+    missing = CliRunner().invoke(cli, ["serve", str(Path(out).parent / "nothing")])
+    assert missing.exit_code == 2 and "not a tvr search index" in missing.output

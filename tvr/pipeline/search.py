@@ -1,0 +1,31 @@
+"""The ``tvr index`` job: one process, or one share of the videos per process under torchrun (gloo on CPU)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tvr.search.build import IndexOptions, build_index
+from tvr.search.encoders import SearchEncoder, load_encoder
+from tvr.train.distributed import distributed_job
+
+
+def run_index(
+    source: str | os.PathLike,
+    out: str | os.PathLike,
+    options: IndexOptions,
+    *,
+    checkpoint: str | os.PathLike | None = None,
+    config: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    device: str = "cpu",
+    encoder: SearchEncoder | None = None,
+) -> dict[str, Any]:
+    """Build or update the index ``out`` of ``source`` (a folder or a list file) with ``checkpoint``, or the model of
+    ``config`` (+ ``overrides``), or the default encoder; under torchrun every rank embeds its share into its own
+    shards and rank 0 finalises. Returns the report (rank 0; other ranks return an empty dict)."""
+    with distributed_job(device) as info:
+        if encoder is None:
+            encoder = load_encoder(checkpoint, config, overrides, device=str(info.device))
+        return build_index(Path(source), Path(out), encoder, options, rank=info.rank, world_size=info.world_size)

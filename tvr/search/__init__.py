@@ -1,0 +1,10 @@
+"""Search your own videos: index a folder of videos with any tvr model, query it by text, serve it on a web page.
+
+``tvr index`` (:func:`tvr.search.build.build_index`), ``tvr search`` and ``tvr serve``; the library entry point is
+:func:`open_index`: ``open_index(path).search("a dog runs on the beach", k=10) -> list[Hit]``. Layout, manifest,
+windows, resume, model stamping and serving are described in docs/search.md.
+"""
+
+from tvr.search.index import CaptionHit, Hit, SearchIndex, open_index
+
+__all__ = ["CaptionHit", "Hit", "SearchIndex", "open_index"]

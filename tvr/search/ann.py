@@ -1,0 +1,158 @@
+"""The shortlist index (FAISS, inner product on the head's shortlist embedding).
+
+Kinds: ``flat`` — exact inner product over every window (``IndexFlatIP``); ``hnsw`` — a navigable small-world graph
+(``IndexHNSWFlat``: vectors kept in full, so what it finds carries its exact inner product); ``ivf`` — an inverted
+file of k-means cells (``IndexIVFFlat``: the query scans the ``nprobe`` best cells). ``auto`` picks ``flat`` below
+:data:`AUTO_THRESHOLD` windows and ``hnsw`` above: text queries sit across a modality gap from the windows they look
+for, and on such queries (``benchmarks/search.py``) IVF needs to scan a large share of the collection to keep
+recall@10 near 0.95, while the graph reaches it visiting a few thousand windows.
+
+Deterministic by construction, so an index built by one process, by several (``torchrun``), or resumed after a kill
+is the same index, byte for byte: rows are added in canonical order (videos sorted by path, windows in time order)
+in fixed blocks; the HNSW graph is built on one thread (its parallel insertion depends on thread timing; its levels
+come from FAISS's fixed seed); the IVF quantizer is trained on a seeded sample of rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tvr.utils.io import atomic_output
+
+KINDS = ("auto", "flat", "ivf", "hnsw")
+#: windows above which ``auto`` builds an HNSW graph instead of an exact index
+AUTO_THRESHOLD = 50_000
+#: training rows per IVF cell (FAISS warns below 39)
+TRAIN_PER_CELL = 64
+#: cells probed per query, as a fraction of the cells (at least MIN_NPROBE), tuned with benchmarks/search.py
+NPROBE_FRACTION = 1 / 16
+MIN_NPROBE = 8
+#: graph degree, construction and search beam: recall@10 ≈ 0.98 on the benchmark's 100k cross-modal queries
+HNSW_M = 24
+HNSW_EF_CONSTRUCTION = 64
+HNSW_EF_SEARCH = 256
+#: rows added per FAISS call (fixed: HNSW inserts a batch's higher-level nodes first, so batches must not vary)
+ADD_BLOCK = 65536
+SEED = 1234
+
+
+def _faiss():
+    import logging
+
+    # the loader logs at INFO which CPU build it tried first (a ModuleNotFoundError that is no error)
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    try:
+        import faiss
+    except ImportError as exc:  # pragma: no cover - faiss-cpu is a dependency
+        raise ImportError("tvr search needs FAISS: pip install faiss-cpu") from exc
+    return faiss
+
+
+@dataclasses.dataclass
+class AnnSettings:
+    """The kind actually built and its parameters (recorded in the manifest)."""
+
+    kind: str
+    rows: int
+    dim: int
+    nlist: int = 0
+    nprobe: int = 0
+    hnsw_m: int = 0
+    ef_search: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def choose(kind: str, rows: int, dim: int, threshold: int = AUTO_THRESHOLD, nlist: int = 0) -> AnnSettings:
+    """The settings ``kind`` (auto | flat | ivf | hnsw) means for ``rows`` windows of ``dim`` floats."""
+    if kind not in KINDS:
+        raise ValueError(f"--ann {kind!r}: expected one of {list(KINDS)}")
+    if kind == "auto":
+        kind = "flat" if rows < threshold else "hnsw"
+    if kind == "ivf":
+        if nlist <= 0:
+            # ≈ 4·√N cells, a power of two, at most one per TRAIN_PER_CELL rows
+            nlist = 2 ** max(0, round(math.log2(max(1.0, 4.0 * math.sqrt(rows)))))
+        nlist = max(1, min(nlist, rows // TRAIN_PER_CELL if rows >= TRAIN_PER_CELL else 1, rows))
+        nprobe = min(nlist, max(MIN_NPROBE, round(nlist * NPROBE_FRACTION)))
+        return AnnSettings("ivf", rows, dim, nlist=nlist, nprobe=nprobe)
+    if kind == "hnsw":
+        return AnnSettings("hnsw", rows, dim, hnsw_m=HNSW_M, ef_search=HNSW_EF_SEARCH)
+    return AnnSettings("flat", rows, dim)
+
+
+def training_rows(rows: int, settings: AnnSettings) -> np.ndarray:
+    """The rows (sorted) an IVF quantizer is trained on: all of them, or a seeded sample of TRAIN_PER_CELL per cell."""
+    want = settings.nlist * TRAIN_PER_CELL
+    if rows <= want:
+        return np.arange(rows)
+    return np.sort(np.random.default_rng(SEED).choice(rows, size=want, replace=False))
+
+
+def build(settings: AnnSettings, training: np.ndarray | None, blocks: Iterable[np.ndarray]):
+    """Build the FAISS index: train on ``training`` (IVF), then add ``blocks`` of float32 rows in order (blocks of
+    :data:`ADD_BLOCK` rows, for HNSW)."""
+    faiss = _faiss()
+    faiss.omp_set_num_threads(os.cpu_count() or 1)
+    dim = settings.dim
+    if settings.kind == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif settings.kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, settings.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        index.hnsw.efSearch = settings.ef_search
+    else:
+        quantizer = faiss.IndexFlatIP(dim)
+        index = faiss.IndexIVFFlat(quantizer, dim, settings.nlist, faiss.METRIC_INNER_PRODUCT)
+        index.cp.seed = SEED
+        if training is None:
+            raise ValueError("an IVF index needs training rows")
+        index.train(np.ascontiguousarray(training, dtype=np.float32))
+        index.nprobe = settings.nprobe
+    if settings.kind == "hnsw":
+        faiss.omp_set_num_threads(1)  # parallel insertion would make the graph depend on thread timing
+    try:
+        for block in blocks:
+            if len(block):
+                index.add(np.ascontiguousarray(block, dtype=np.float32))
+    finally:
+        faiss.omp_set_num_threads(os.cpu_count() or 1)
+    if index.ntotal != settings.rows:
+        raise RuntimeError(f"ANN index holds {index.ntotal} rows, expected {settings.rows}")
+    return index
+
+
+def search(index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, rows) of the top ``k`` per query. One query is answered on one thread: a single IVF / flat scan
+    gains little from OpenMP, and OpenMP threads spinning beside torch's slow both down on a busy machine (measured:
+    a 20k-row flat scan took 6× longer with two OpenMP threads than with one on the 2-core benchmark machine)."""
+    faiss = _faiss()
+    if len(queries) == 1:
+        faiss.omp_set_num_threads(1)
+    else:
+        faiss.omp_set_num_threads(os.cpu_count() or 1)
+    return index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+
+
+def save(index, path: Path) -> None:
+    faiss = _faiss()
+    with atomic_output(path) as tmp:
+        faiss.write_index(index, str(tmp))
+
+
+def load(path: Path, settings: dict[str, Any], nprobe: int | None = None, ef_search: int | None = None):
+    faiss = _faiss()
+    index = faiss.read_index(str(path))
+    if settings.get("kind") == "ivf":
+        faiss.extract_index_ivf(index).nprobe = int(nprobe or settings.get("nprobe") or MIN_NPROBE)
+    elif settings.get("kind") == "hnsw":
+        index.hnsw.efSearch = int(ef_search or settings.get("ef_search") or HNSW_EF_SEARCH)
+    return index

@@ -1,0 +1,530 @@
+"""``tvr index``: embed a folder of videos (or a list file) into a search index, resumably and incrementally.
+
+Work flow (docs/search.md has the full layout):
+
+1. ``settings.json`` fixes the model stamp, frame settings, windows and state precision when an index is created;
+   running again with another model or other settings is refused (never a silent mix of embedding spaces).
+2. The folder is walked; a video already embedded in a shard with the same size and mtime is kept, anything new or
+   changed is embedded, a video that is gone is dropped.
+3. Worker processes probe and decode videos (``tvr.utils.parallel``); this process encodes each video's windows,
+   in batches of that video only, and writes finished videos to shards (atomically, every ``shard_windows``
+   windows or ``flush_seconds``), so a kill loses at most the shard being filled.
+4. Finalising (rank 0 under torchrun, after every rank's shards exist) orders the rows canonically (videos sorted
+   by path, windows in time order), builds the FAISS index from the shards in that order, removes shards that hold
+   nothing current, and writes the row tables, ``manifest.json`` (last: it marks a finished index) and
+   ``report.json`` (unreadable files with their errors).
+
+A killed run, resumed, therefore ends with the index an uninterrupted run makes, and so does a run sharded over
+processes: every video's embedding depends on that video alone, and the final order on the paths alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import tvr.search.ann as ann
+
+# video files are found as ``tvr prepare`` finds them (the same suffixes, hidden files skipped)
+from tvr.data.prepare import VIDEO_EXTENSIONS, find_videos
+from tvr.search.encoders import EncoderMismatchError, SearchEncoder
+from tvr.search.store import SHARDS, IndexFormatError, ShardReader, read_meta, write_shard
+from tvr.search.windows import DEFAULT_STRIDE, DEFAULT_WINDOW, FrameSpec, check_window, decode_windows
+from tvr.types import Sliceable
+from tvr.utils.errors import UserError
+from tvr.utils.io import atomic_write_json, is_temporary_name, remove_stale_temporaries
+from tvr.utils.lock import folder_lock
+from tvr.utils.parallel import parallel_map
+
+FORMAT = "tvr-search-index"
+VERSION = 1
+SETTINGS = "settings.json"
+MANIFEST = "manifest.json"
+REPORT = "report.json"
+ANN_FILE = "ann.faiss"
+#: row tables written at finalisation: shard number, row inside the shard, video number, (start, end) seconds
+TABLES = ("table_shard.npy", "table_row.npy", "table_video.npy", "table_times.npy")
+STATE_DTYPES = ("float32", "float16")
+
+
+class IndexSettingsError(UserError, ValueError):
+    """An existing index was built with other settings, or the arguments are invalid."""
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexOptions:
+    """How ``tvr index`` builds (everything but the model and the paths)."""
+
+    window: float = DEFAULT_WINDOW
+    stride: float = DEFAULT_STRIDE
+    workers: int = 0
+    ann_kind: str = "auto"
+    ann_threshold: int = ann.AUTO_THRESHOLD
+    nlist: int = 0
+    state_dtype: str = "float32"
+    shard_windows: int = 4096
+    flush_seconds: float = 60.0
+    progress: bool = True
+
+    def validate(self) -> None:
+        try:
+            check_window(self.window, self.stride)
+        except ValueError as exc:
+            raise IndexSettingsError(str(exc)) from None
+        if self.ann_kind not in ann.KINDS:
+            raise IndexSettingsError(f"--ann {self.ann_kind!r}: expected one of {list(ann.KINDS)}")
+        if self.state_dtype not in STATE_DTYPES:
+            raise IndexSettingsError(f"--state-dtype {self.state_dtype!r}: expected one of {list(STATE_DTYPES)}")
+        if self.shard_windows < 1 or self.workers < 0 or self.ann_threshold < 1 or self.nlist < 0:
+            raise IndexSettingsError("shard size, ANN threshold and worker count must be positive (workers: 0 = auto)")
+
+
+# --------------------------------------------------------------------------------------------- sources
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """The videos to index: ``root`` (an absolute folder) and their paths relative to it (sorted, POSIX)."""
+
+    root: Path
+    kind: str  # folder | list
+    videos: tuple[str, ...]
+
+
+def read_source(path: str | os.PathLike) -> Source:
+    """A folder (walked recursively for video files, hidden files skipped) or a list file (one path per line,
+    relative to the list's folder or absolute inside it; blank lines and ``#`` comments skipped)."""
+    path = Path(path)
+    if path.is_dir():
+        root = path.resolve()
+        return Source(root, "folder", tuple(sorted(p.as_posix() for p in find_videos(root))))
+    if path.is_file():
+        root = path.resolve().parent
+        rels: set[str] = set()
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            target = (root / line).resolve()
+            if not target.is_relative_to(root):
+                raise IndexSettingsError(
+                    f"{path}:{number}: {line!r} lies outside the list's folder {root}; list "
+                    "files name videos inside their own folder"
+                )
+            rels.add(target.relative_to(root).as_posix())
+        return Source(root, "list", tuple(sorted(rels)))
+    raise FileNotFoundError(f"no such folder or list file: {path}")
+
+
+def file_stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return int(st.st_size), int(st.st_mtime_ns)
+
+
+# --------------------------------------------------------------------------------------------- worker side
+
+
+def _decode_task(item: tuple[str, str, FrameSpec, float, float]) -> dict[str, Any]:
+    path, rel, spec, window, stride = item
+    start = time.perf_counter()
+    try:
+        size, mtime = file_stamp(Path(path))
+        decoded = decode_windows(path, spec, window, stride)
+        return {
+            "video": rel,
+            "ok": True,
+            "size": size,
+            "mtime_ns": mtime,
+            "decoded": decoded,
+            "seconds": time.perf_counter() - start,
+        }
+    except Exception as exc:  # noqa: BLE001 - every failure is reported, never raised out of the pool
+        return {
+            "video": rel,
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}",
+            "seconds": time.perf_counter() - start,
+        }
+
+
+# --------------------------------------------------------------------------------------------- settings
+
+
+def settings_for(encoder: SearchEncoder, source: Source, options: IndexOptions) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": encoder.stamp(),
+        "frames": dataclasses.asdict(encoder.spec),
+        "window": float(options.window),
+        "stride": float(options.stride),
+        "state_dtype": options.state_dtype,
+        "head": {"name": encoder.head.name, "indexable": bool(encoder.head.indexable)},
+        "source": {"root": str(source.root), "kind": source.kind},
+    }
+
+
+def read_settings(index: Path) -> dict[str, Any]:
+    import json
+
+    path = index / SETTINGS
+    try:
+        settings = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise IndexFormatError(f"{index} is not a tvr search index (no {SETTINGS}); build one with tvr index") from None
+    except (OSError, ValueError) as exc:
+        raise IndexFormatError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(settings, dict) or settings.get("format") != FORMAT:
+        raise IndexFormatError(f"{path}: not a tvr search index")
+    if settings.get("version") != VERSION:
+        raise IndexFormatError(f"{path}: index format version {settings.get('version')}, this tvr reads {VERSION}")
+    return settings
+
+
+def _check_settings(index: Path, wanted: dict[str, Any], encoder: SearchEncoder) -> None:
+    """Create ``settings.json``, or check that the existing index was built the same way."""
+    if not (index / SETTINGS).exists():
+        if (index / SHARDS).exists() or (index / MANIFEST).exists():
+            raise IndexFormatError(f"{index} holds index files but no {SETTINGS}; use another --out")
+        atomic_write_json(index / SETTINGS, wanted)
+        return
+    saved = read_settings(index)
+    encoder.check_stamp(saved.get("model", {}), f"the index {index}")
+    differ = [
+        f"{key}: {saved.get(key)!r} before, {wanted[key]!r} now"
+        for key in ("frames", "window", "stride", "state_dtype", "head")
+        if saved.get(key) != wanted[key]
+    ]
+    if saved.get("source", {}).get("root") != wanted["source"]["root"]:
+        differ.append(f"indexed folder: {saved.get('source', {}).get('root')} before, {wanted['source']['root']} now")
+    if differ:
+        raise IndexSettingsError(
+            f"{index} was built with other settings ({'; '.join(differ)}); run again with the "
+            "same ones to resume or update it, or build a new index with --out elsewhere"
+        )
+
+
+# --------------------------------------------------------------------------------------------- shards
+
+
+def _shards(index: Path) -> list[Path]:
+    folder = index / SHARDS
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not is_temporary_name(p.name))
+
+
+def current_entries(index: Path, source: Source) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """For every video of ``source`` already embedded with its current size and mtime: (shard, its entry). When
+    several shards hold it (a video changed and changed back), the newest shard (by name) wins."""
+    stamps: dict[str, tuple[int, int] | None] = {}
+    found: dict[str, tuple[Path, dict[str, Any]]] = {}
+    wanted = set(source.videos)
+    for shard in _shards(index):
+        for entry in read_meta(shard)["videos"]:
+            rel = entry["video"]
+            if rel not in wanted:
+                continue
+            if rel not in stamps:
+                try:
+                    stamps[rel] = file_stamp(source.root / rel)
+                except OSError:
+                    stamps[rel] = None
+            if stamps[rel] == (entry["size"], entry["mtime_ns"]):
+                found[rel] = (shard, entry)
+    return found
+
+
+class _ShardBuffer:
+    """Finished videos waiting to be written as one shard."""
+
+    def __init__(self, index: Path, rank: int, options: IndexOptions, store_state: bool) -> None:
+        self.folder = index / SHARDS
+        self.rank, self.options, self.store_state = rank, options, store_state
+        self.entries: list[dict[str, Any]] = []
+        self.embs: list[torch.Tensor] = []
+        self.states: list[Any] = []
+        self.rows = 0
+        self.last_flush = time.monotonic()
+        self.written = 0
+
+    def add(self, entry: dict[str, Any], emb: torch.Tensor, state: Any) -> None:
+        entry = {**entry, "rows": [self.rows, self.rows + int(emb.shape[0])]}
+        self.entries.append(entry)
+        self.embs.append(emb)
+        if self.store_state:
+            self.states.append(state)
+        self.rows += int(emb.shape[0])
+        if self.rows >= self.options.shard_windows or time.monotonic() - self.last_flush >= self.options.flush_seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.entries:
+            return
+        name = f"{time.time_ns():020d}-r{self.rank:03d}-{secrets.token_hex(3)}"
+        state = type(self.states[0]).cat(self.states) if self.store_state else _NoState()
+        write_shard(
+            self.folder, name, torch.cat(self.embs), state, self.entries, half=self.options.state_dtype == "float16"
+        )
+        self.written += 1
+        self.entries, self.embs, self.states, self.rows = [], [], [], 0
+        self.last_flush = time.monotonic()
+
+
+@dataclasses.dataclass
+class _NoState(Sliceable):
+    """The rerank state of an indexable head: nothing beyond the shortlist embedding (its score is exact)."""
+
+
+# --------------------------------------------------------------------------------------------- encoding
+
+
+@torch.no_grad()
+def embed_video(encoder: SearchEncoder, decoded) -> tuple[torch.Tensor, Any]:
+    """(shortlist embedding [W, E] float32, rerank state) of a decoded video's windows."""
+    slots = decoded.slots
+    mask = torch.from_numpy((slots >= 0).astype(np.int64))
+    crops = torch.from_numpy(decoded.frames[np.clip(slots, 0, None)])
+    features = encoder.encode_windows(crops, mask)
+    head = encoder.head
+    state = head.encode_videos(features)
+    emb = head.shortlist_videos(state).float().cpu()
+    return emb, (None if head.indexable else head.rerank_state(state))
+
+
+def _progress_items(items: list, fn, workers: int, progress: bool) -> Iterator[dict[str, Any]]:
+    yield from parallel_map(fn, items, workers, "indexing videos", progress)
+
+
+def embed_videos(
+    index: Path, source: Source, todo: list[str], encoder: SearchEncoder, options: IndexOptions, rank: int = 0
+) -> dict[str, Any]:
+    """Decode (worker processes) and embed (here) the videos ``todo``, writing shards; returns counts, timings and
+    the unreadable files."""
+    encoder.head.eval()
+    buffer = _ShardBuffer(index, rank, options, store_state=not encoder.head.indexable)
+    items = [(str(source.root / rel), rel, encoder.spec, options.window, options.stride) for rel in todo]
+    bad: list[dict[str, str]] = []
+    windows = 0
+    decode_seconds = encode_seconds = 0.0
+    start = time.perf_counter()
+    for result in _progress_items(items, _decode_task, options.workers, options.progress):
+        decode_seconds += result["seconds"]
+        if not result["ok"]:
+            bad.append({"video": result["video"], "error": result["error"]})
+            continue
+        decoded = result["decoded"]
+        t0 = time.perf_counter()
+        try:
+            emb, state = embed_video(encoder, decoded)
+        except Exception as exc:  # noqa: BLE001 - a file the model cannot take is reported, never fatal
+            bad.append({"video": result["video"], "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        encode_seconds += time.perf_counter() - t0
+        windows += int(emb.shape[0])
+        entry = {
+            "video": result["video"],
+            "size": result["size"],
+            "mtime_ns": result["mtime_ns"],
+            "duration": decoded.duration,
+            "windows": [list(w) for w in decoded.windows],
+        }
+        buffer.add(entry, emb, state)
+    buffer.flush()
+    return {
+        "embedded": len(todo) - len(bad),
+        "bad": bad,
+        "windows": windows,
+        "shards_written": buffer.written,
+        "seconds": time.perf_counter() - start,
+        "decode_seconds": decode_seconds,
+        "encode_seconds": encode_seconds,
+    }
+
+
+# --------------------------------------------------------------------------------------------- finalising
+
+
+def finalise(index: Path, source: Source, options: IndexOptions, settings: dict[str, Any]) -> dict[str, Any]:
+    """Canonical row tables, the FAISS index, ``manifest.json``; shards holding nothing current are deleted."""
+    live = current_entries(index, source)
+    used: dict[Path, int] = {}
+    videos: list[dict[str, Any]] = []
+    shard_of: list[int] = []
+    local_rows: list[np.ndarray] = []
+    times: list[np.ndarray] = []
+    video_of: list[np.ndarray] = []
+    first = 0
+    for number, rel in enumerate(sorted(live)):
+        shard, entry = live[rel]
+        k = used.setdefault(shard, len(used))
+        a, b = entry["rows"]
+        videos.append(
+            {
+                "video": rel,
+                "size": entry["size"],
+                "mtime_ns": entry["mtime_ns"],
+                "duration": entry["duration"],
+                "first_row": first,
+                "windows": b - a,
+            }
+        )
+        shard_of.append(np.full(b - a, k, dtype=np.int32))
+        local_rows.append(np.arange(a, b, dtype=np.int64))
+        times.append(np.asarray(entry["windows"], dtype=np.float64).reshape(b - a, 2))
+        video_of.append(np.full(b - a, number, dtype=np.int32))
+        first += b - a
+    dropped: set[str] = set()
+    for shard in _shards(index):
+        dropped.update(e["video"] for e in read_meta(shard)["videos"] if e["video"] not in live)
+        if shard not in used:
+            shutil.rmtree(shard, ignore_errors=True)
+    shard_list = sorted(used, key=used.get)
+    readers = [ShardReader(s) for s in shard_list]
+    rows = first
+    tables = {
+        "table_shard.npy": np.concatenate(shard_of) if shard_of else np.zeros(0, np.int32),
+        "table_row.npy": np.concatenate(local_rows) if local_rows else np.zeros(0, np.int64),
+        "table_video.npy": np.concatenate(video_of) if video_of else np.zeros(0, np.int32),
+        "table_times.npy": np.concatenate(times) if times else np.zeros((0, 2), np.float64),
+    }
+    ann_settings = None
+    if rows:
+        dim = int(readers[0].emb.shape[1])
+        ann_settings = ann.choose(options.ann_kind, rows, dim, options.ann_threshold, options.nlist)
+
+        def block(order: np.ndarray) -> np.ndarray:
+            return gather_rows(readers, tables["table_shard.npy"][order], tables["table_row.npy"][order])
+
+        training = block(ann.training_rows(rows, ann_settings)) if ann_settings.kind == "ivf" else None
+        blocks = (block(np.arange(a, min(rows, a + ann.ADD_BLOCK))) for a in range(0, rows, ann.ADD_BLOCK))
+        ann.save(ann.build(ann_settings, training, blocks), index / ANN_FILE)
+    elif (index / ANN_FILE).exists():
+        (index / ANN_FILE).unlink()
+    from tvr.utils.io import atomic_write
+
+    for name, array in tables.items():
+        atomic_write(index / name, lambda handle, a=array: np.save(handle, a, allow_pickle=False))
+    manifest = {
+        **settings,
+        "rows": rows,
+        "ann": ann_settings.to_dict() if ann_settings else None,
+        "shards": [s.name for s in shard_list],
+        "videos": videos,
+    }
+    atomic_write_json(index / MANIFEST, manifest)
+    return {**manifest, "dropped": sorted(dropped)}
+
+
+def gather_rows(readers: list[ShardReader], shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Shortlist embeddings of the given (shard, row) pairs, in the given order: float32 [n, E]."""
+    out = np.empty((len(rows), readers[0].emb.shape[1]), dtype=np.float32)
+    for k in np.unique(shards):
+        sel = np.nonzero(shards == k)[0]
+        out[sel] = readers[int(k)].emb[rows[sel]]
+    return out
+
+
+# --------------------------------------------------------------------------------------------- the job
+
+
+def build_index(
+    source_path: str | os.PathLike,
+    out: str | os.PathLike,
+    encoder: SearchEncoder,
+    options: IndexOptions | None = None,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict[str, Any]:
+    """Build or update the index ``out`` of the videos at ``source_path`` (see the module docstring); returns the
+    report (also written to ``out/report.json``). Under torchrun (``world_size`` > 1, a process group joined) every
+    rank embeds its share of the videos into its own shards and rank 0 finalises."""
+    options = options or IndexOptions()
+    options.validate()
+    start = time.perf_counter()
+    index = Path(out)
+    source = read_source(source_path)
+    if index.resolve() == source.root:
+        raise IndexSettingsError(f"--out {index} is the indexed folder itself; choose another folder")
+    settings = settings_for(encoder, source, options)
+    # rank 0 holds the index folder's lock for the whole job: a second `tvr index` on it stops at once
+    with folder_lock(index, "index") if rank == 0 else contextlib.nullcontext():
+        return _build(index, source, encoder, options, settings, rank, world_size, start)
+
+
+def _build(
+    index: Path,
+    source: Source,
+    encoder: SearchEncoder,
+    options: IndexOptions,
+    settings: dict[str, Any],
+    rank: int,
+    world_size: int,
+    start: float,
+) -> dict[str, Any]:
+    from tvr.utils.distributed import all_gather_object, barrier
+
+    if rank == 0:
+        index.mkdir(parents=True, exist_ok=True)
+        _check_settings(index, settings, encoder)
+        # nothing of this job is being written yet: every temporary is a leftover of a killed run
+        remove_stale_temporaries(index, recursive=True)
+        (index / MANIFEST).unlink(missing_ok=True)  # the index is unfinished until this run writes it again
+    barrier()
+    if rank != 0:
+        _check_settings(index, settings, encoder)
+    done = current_entries(index, source)
+    todo = [rel for rel in source.videos if rel not in done]
+    mine = todo[rank::world_size]
+    part = embed_videos(index, source, mine, encoder, options, rank)
+    parts = all_gather_object(part) if world_size > 1 else [part]
+    barrier()
+    report: dict[str, Any] = {}
+    if rank == 0:
+        manifest = finalise(index, source, options, settings)
+        bad = sorted((b for p in parts for b in p["bad"]), key=lambda b: b["video"])
+        seconds = time.perf_counter() - start
+        windows = sum(p["windows"] for p in parts)
+        report = {
+            "index": str(index),
+            "source": str(source.root),
+            "videos": len(source.videos),
+            "indexed": len(manifest["videos"]),
+            "embedded": sum(p["embedded"] for p in parts),
+            "reused": len(done),
+            "dropped": manifest["dropped"],
+            "bad": bad,
+            "windows_embedded": windows,
+            "rows": manifest["rows"],
+            "ann": manifest["ann"],
+            "processes": world_size,
+            "seconds": round(seconds, 3),
+            "windows_per_second": round(windows / seconds, 3) if seconds > 0 and windows else None,
+            "decode_seconds": round(sum(p["decode_seconds"] for p in parts), 3),
+            "encode_seconds": round(sum(p["encode_seconds"] for p in parts), 3),
+        }
+        atomic_write_json(index / REPORT, report)
+    barrier()
+    return report
+
+
+__all__ = [
+    "VIDEO_EXTENSIONS",
+    "IndexOptions",
+    "IndexSettingsError",
+    "Source",
+    "build_index",
+    "read_source",
+    "EncoderMismatchError",
+]

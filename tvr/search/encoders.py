@@ -1,0 +1,261 @@
+"""The models a search index is built and queried with.
+
+A :class:`SearchEncoder` turns caption strings into the head's text state and the uint8 frames of clip windows into
+``VideoFeatures``; its :meth:`~SearchEncoder.stamp` identifies it (kind and a content hash), and an index refuses to
+be queried by an encoder with another stamp. :class:`CheckpointEncoder` is any tvr checkpoint: the model, its head
+and its frame settings come from the file alone (checkpoints carry their resolved config).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tvr.models.heads.base import RetrievalHead
+from tvr.search.windows import FrameSpec
+from tvr.types import VideoFeatures
+from tvr.utils.errors import UserError
+
+
+class EncoderMismatchError(UserError, RuntimeError):
+    """An index was built with another model than the one offered to query or extend it."""
+
+
+def file_sha256(path: str | os.PathLike, block: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class SearchEncoder:
+    """What indexing and querying need from a model (subclasses set ``head``, ``spec`` and ``device``)."""
+
+    #: the method head: encodes states, shortlist embeddings, rerank states, exact scores
+    head: RetrievalHead
+    #: how one window is sampled and cropped (decoded in worker processes)
+    spec: FrameSpec
+    device: torch.device
+    #: texts / windows per forward pass
+    batch_size: int = 32
+
+    def stamp(self) -> dict[str, Any]:
+        """Identity recorded in an index's manifest: ``encoder`` (kind), ``id`` (a content hash: two encoders with
+        the same stamp embed identically) and descriptive fields."""
+        raise NotImplementedError
+
+    def text_features(self, texts: list[str]) -> Any:
+        """Backbone text features (``TextFeatures``) of caption strings."""
+        raise NotImplementedError
+
+    def window_features(self, crops: Tensor, mask: Tensor) -> VideoFeatures:
+        """``VideoFeatures`` (after any temporal module) of windows: ``crops`` uint8 [n, F, S, S, 3] as
+        :func:`tvr.search.windows.crop_frames` makes them, ``mask`` [n, F] (0 = padding)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def encode_texts(self, texts: list[str]) -> Any:
+        """The head's text state of ``texts`` (on the CPU, float32)."""
+        if not texts:
+            raise ValueError("encode_texts: no texts")
+        parts = [
+            self.text_features(texts[a : a + self.batch_size]).to("cpu", torch.float32)
+            for a in range(0, len(texts), self.batch_size)
+        ]
+        features = type(parts[0]).cat(parts) if len(parts) > 1 else parts[0]
+        return self.head.encode_texts(features)
+
+    @torch.no_grad()
+    def encode_windows(self, crops: np.ndarray | Tensor, mask: np.ndarray | Tensor) -> VideoFeatures:
+        """``window_features`` in batches of ``batch_size`` windows (on the CPU, float32). Each batch holds the windows
+        of one video only, so a video's features never depend on which other videos were indexed with it."""
+        crops, mask = torch.as_tensor(crops), torch.as_tensor(mask)
+        parts = [
+            self.window_features(crops[a : a + self.batch_size], mask[a : a + self.batch_size]).to("cpu", torch.float32)
+            for a in range(0, crops.shape[0], self.batch_size)
+        ]
+        return VideoFeatures.cat(parts) if len(parts) > 1 else parts[0]
+
+    def check_stamp(self, stamp: dict[str, Any], where: str) -> None:
+        """Raise :class:`EncoderMismatchError` unless ``stamp`` (an index's) is this encoder's."""
+        mine = self.stamp()
+        if (stamp.get("encoder"), stamp.get("id")) != (mine["encoder"], mine["id"]):
+            raise EncoderMismatchError(
+                f"{where} was built with {describe_stamp(stamp)}, not with {describe_stamp(mine)}: embeddings of "
+                "different models cannot be compared; query it with the model it was built with, or build a new "
+                "index with this one (--out elsewhere)"
+            )
+
+
+def describe_stamp(stamp: dict[str, Any]) -> str:
+    kind = stamp.get("encoder", "?")
+    if kind == "checkpoint":
+        return (
+            f"checkpoint {stamp.get('path', '?')} (sha256 {str(stamp.get('id', '?'))[:12]}…, head "
+            f"{stamp.get('head', '?')})"
+        )
+    if kind == "config":
+        return (
+            f"the model of config {stamp.get('name') or '?'} (weights sha256 {str(stamp.get('id', '?'))[:12]}…, "
+            f"head {stamp.get('head', '?')})"
+        )
+    return f"encoder {kind} ({str(stamp.get('id', '?'))[:12]}…)"
+
+
+def _pixels(crops: Tensor, mask: Tensor, norm: Any = None) -> Tensor:
+    """uint8 crops [n, F, S, S, 3] → normalised float [n, F, 3, S, S] with zeros on padding slots (as
+    :func:`tvr.data.video.frames_to_clip` pads: zeros in the normalised space). ``norm``: the backbone's pixel
+    normalisation (None: CLIP's)."""
+    from tvr.data.transforms import normalize
+
+    n, f, s = crops.shape[0], crops.shape[1], crops.shape[2]
+    x = crops.reshape(n * f, s, s, 3).permute(0, 3, 1, 2).float().div_(255.0)
+    x = (normalize(x) if norm is None else normalize(x, norm)).reshape(n, f, 3, s, s)
+    return x * mask.to(x.dtype)[:, :, None, None, None]
+
+
+def _pixel_norm(cfg: Any) -> Any:
+    """The pixel normalisation the configured backbone expects (None: CLIP's, for a tvr without per-backbone
+    normalisation)."""
+    try:
+        from tvr.models.build import pixel_norm
+    except ImportError:
+        return None
+    return pixel_norm(cfg.model)
+
+
+def weights_sha256(model: torch.nn.Module, config: dict[str, Any]) -> str:
+    """A content hash of a model: its resolved config and every tensor of its state dict (names, shapes, bytes)."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+class ModelEncoder(SearchEncoder):
+    """A tvr ``RetrievalModel`` with its resolved config: frame settings, tokenizer and pixel normalisation follow the
+    config."""
+
+    def __init__(
+        self, model: torch.nn.Module, cfg: Any, device: str | torch.device = "cpu", batch_size: int = 32
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.cfg = cfg
+        self.head = self.model.head
+        self.batch_size = batch_size
+        data = cfg.data
+        self.spec = FrameSpec(
+            data.max_frames,
+            data.frame_rate,
+            data.image_size,
+            data.sampling,
+            "square" if data.sampling == "clipvip" else "short_side",
+        )
+        self.norm = _pixel_norm(cfg)
+        self._tokenizer = None
+        self._tokenizer_dir: tempfile.TemporaryDirectory | None = None
+
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from tvr.models.build import build_tokenizer
+
+            # a tiny model's tokenizer is built locally into a private folder (read-only index folders stay so)
+            self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="tvr-tokenizer-")
+            self._tokenizer = build_tokenizer(self.cfg, self._tokenizer_dir.name)
+        return self._tokenizer
+
+    def text_features(self, texts: list[str]) -> Any:
+        ids, mask = self.tokenizer()(texts, self.cfg.data.max_words)
+        return self.model.text_features({"text_ids": ids.to(self.device), "text_mask": mask.to(self.device)})
+
+    def window_features(self, crops: Tensor, mask: Tensor) -> VideoFeatures:
+        batch = {"video": _pixels(crops, mask, self.norm).to(self.device), "video_mask": mask.long().to(self.device)}
+        return self.model.video_features(batch)
+
+
+class CheckpointEncoder(ModelEncoder):
+    """A tvr checkpoint (``tvr train`` / ``tvr import-checkpoint``): model, head and frame settings from the file."""
+
+    def __init__(self, checkpoint: str | os.PathLike, device: str | torch.device = "cpu", batch_size: int = 32) -> None:
+        from tvr.models.checkpoint import load_model
+
+        self.path = Path(checkpoint).resolve()
+        self.sha256 = file_sha256(self.path)
+        model, cfg = load_model(self.path)
+        super().__init__(model, cfg, device, batch_size)
+
+    def stamp(self) -> dict[str, Any]:
+        from tvr.config import config_to_dict
+
+        return {
+            "encoder": "checkpoint",
+            "id": self.sha256,
+            "path": str(self.path),
+            "head": self.cfg.head.name,
+            "inference_setting": self.head.inference_setting(),
+            "config": config_to_dict(self.cfg),
+        }
+
+
+class ConfigEncoder(ModelEncoder):
+    """The model a config builds without a checkpoint (pretrained towers, CLIP from a folder; an untrained head is
+    a plain cosine for the indexable heads), seeded with ``train.seed`` so that building it again gives the same
+    weights. ``name`` is the preset name or file it came from (recorded, not trusted: the stamp is a hash of the
+    config and every weight)."""
+
+    def __init__(self, cfg: Any, name: str = "", device: str | torch.device = "cpu", batch_size: int = 32) -> None:
+        from tvr.config import config_to_dict
+        from tvr.models.build import build_model
+        from tvr.models.heads.registry import resolve_head_config
+        from tvr.utils.seeding import seed_everything
+
+        resolve_head_config(cfg.head)
+        seed_everything(cfg.train.seed)
+        model = build_model(cfg)
+        self.name = name
+        self.config_values = config_to_dict(cfg)
+        self.sha256 = weights_sha256(model, self.config_values)
+        super().__init__(model, cfg, device, batch_size)
+
+    def stamp(self) -> dict[str, Any]:
+        return {
+            "encoder": "config",
+            "id": self.sha256,
+            "name": self.name,
+            "head": self.cfg.head.name,
+            "config": self.config_values,
+        }
+
+
+#: the encoder of ``tvr index`` without --checkpoint / --config: real pretrained towers, installed offline
+DEFAULT_CONFIG = "two_tower/zero_shot"
+
+
+def load_encoder(
+    checkpoint: str | os.PathLike | None = None,
+    config: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    device: str = "cpu",
+) -> SearchEncoder:
+    """The encoder ``tvr index`` uses: a tvr checkpoint, or the model a config (a preset name or YAML file, with
+    ``--set`` overrides) builds; neither: :data:`DEFAULT_CONFIG`."""
+    if checkpoint is not None:
+        if config is not None or overrides:
+            raise UserError("--checkpoint carries its own config: give either --checkpoint or --config/--set")
+        return CheckpointEncoder(checkpoint, device=device)
+    from tvr.config import load_config
+
+    name = config or DEFAULT_CONFIG
+    return ConfigEncoder(load_config(name, list(overrides)), name=str(name), device=device)

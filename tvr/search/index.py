@@ -1,0 +1,235 @@
+"""Querying an index: ``open_index(path).search(text, k)``, and ranking captions for a clip.
+
+A text query is encoded by the index's own model (refused if the model offered differs from the one the index was
+built with), shortlisted by FAISS on the head's shortlist embedding, and — for a head whose score is not a dot
+product — the top ``rerank`` windows are scored exactly with the rerank state stored at index time
+(``head.score_rerank``), read memory-mapped from the shards. Results are one per video (its best window) unless
+``all_windows``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import tvr.search.ann as ann
+from tvr.search.build import ANN_FILE, MANIFEST, SETTINGS, TABLES, embed_video, read_settings
+from tvr.search.encoders import CheckpointEncoder, ConfigEncoder, SearchEncoder
+from tvr.search.store import SHARDS, IndexFormatError, ShardReader, gather_state, state_class
+from tvr.search.windows import decode_windows
+
+#: windows scored exactly per query by default (heads whose score is not a dot product)
+DEFAULT_RERANK = 100
+#: bounds a query must respect (the web API enforces them too)
+MAX_K = 1000
+MAX_QUERY_CHARS = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """One result: ``video`` (path relative to the indexed folder), the window ``start``/``end`` in seconds, its
+    ``score`` and 1-based ``rank``."""
+
+    video: str
+    start: float
+    end: float
+    score: float
+    rank: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptionHit:
+    """A caption ranked for a clip: its text, score, rank and the clip's best window."""
+
+    caption: str
+    start: float
+    end: float
+    score: float
+    rank: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def encoder_for(
+    stamp: dict[str, Any], checkpoint: str | os.PathLike | None = None, device: str = "cpu"
+) -> SearchEncoder:
+    """The encoder an index's model stamp names (``checkpoint`` points to a moved checkpoint file)."""
+    kind = stamp.get("encoder")
+    if kind == "checkpoint":
+        path = checkpoint if checkpoint is not None else stamp.get("path")
+        if not path or not Path(path).is_file():
+            raise IndexFormatError(
+                f"the index was built with the checkpoint {stamp.get('path')}, which is not there any more: pass its "
+                "new location with --checkpoint"
+            )
+        return CheckpointEncoder(path, device=device)
+    if kind == "config":
+        if checkpoint is not None:
+            raise IndexFormatError("the index was built from a config, not a checkpoint: drop --checkpoint")
+        from tvr.config import ConfigError, config_from_dict
+
+        try:
+            cfg = config_from_dict(stamp.get("config") or {}, where="the index's model config")
+        except ConfigError as exc:
+            raise IndexFormatError(f"the index's model config does not load: {exc}") from None
+        return ConfigEncoder(cfg, name=str(stamp.get("name", "")), device=device)
+    raise IndexFormatError(f"the index was built with encoder {kind!r}, which this tvr does not know")
+
+
+class SearchIndex:
+    """A finished index, memory-mapped, with the model that built it. Thread-safe: queries share one model."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        encoder: SearchEncoder | None = None,
+        *,
+        checkpoint: str | os.PathLike | None = None,
+        device: str = "cpu",
+        nprobe: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        settings = read_settings(self.path)
+        manifest_path = self.path / MANIFEST
+        if not manifest_path.is_file():
+            raise IndexFormatError(
+                f"{self.path}: the index is not finished (no {MANIFEST}): run tvr index again "
+                "with the same arguments to finish it"
+            )
+        try:
+            self.manifest = json.loads(manifest_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise IndexFormatError(f"{manifest_path}: unreadable ({exc})") from None
+        self.settings = settings
+        self.encoder = encoder if encoder is not None else encoder_for(settings["model"], checkpoint, device)
+        self.encoder.check_stamp(self.manifest["model"], f"the index {self.path}")
+        self.head = self.encoder.head.eval()
+        self.root = Path(self.manifest["source"]["root"])
+        self.videos: list[dict[str, Any]] = self.manifest["videos"]
+        self.rows = int(self.manifest["rows"])
+        self.window = float(self.manifest["window"])
+        self.stride = float(self.manifest["stride"])
+        tables = [np.load(self.path / name, mmap_mode="r", allow_pickle=False) for name in TABLES]
+        self.table_shard, self.table_row, self.table_video, self.table_times = tables
+        if any(len(t) != self.rows for t in tables):
+            raise IndexFormatError(f"{self.path}: row tables do not match the manifest's {self.rows} rows")
+        self.readers = [ShardReader(self.path / SHARDS / name) for name in self.manifest["shards"]]
+        self.state_cls = None
+        if self.readers and not self.head.indexable:
+            self.state_cls = state_class(self.readers[0].meta["state_class"])
+        self.ann = ann.load(self.path / ANN_FILE, self.manifest["ann"], nprobe=nprobe) if self.rows else None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ helpers
+    def __len__(self) -> int:
+        return len(self.videos)
+
+    def video_file(self, number: int) -> Path:
+        """The file of video ``number`` (as recorded in the manifest: nothing else is ever served)."""
+        return self.root / self.videos[number]["video"]
+
+    def window_of(self, row: int) -> tuple[int, float, float]:
+        start, end = self.table_times[row]
+        return int(self.table_video[row]), float(start), float(end)
+
+    def rerank_state(self, rows: np.ndarray) -> Any:
+        """The stored rerank state of global ``rows`` (in that order)."""
+        return gather_state(self.readers, self.table_shard[rows], self.table_row[rows], self.state_cls)
+
+    # ------------------------------------------------------------------ text → video
+    def search(self, text: str, k: int = 10, *, rerank: int | None = None, all_windows: bool = False) -> list[Hit]:
+        """The ``k`` best videos for ``text`` (each at its best window), or the ``k`` best windows with
+        ``all_windows``. ``rerank``: windows scored exactly (default :data:`DEFAULT_RERANK` for a head whose score
+        is not a dot product; 0 = rank by the shortlist embedding alone)."""
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("the query is empty")
+        if len(text) > MAX_QUERY_CHARS:
+            raise ValueError(f"the query has {len(text)} characters, at most {MAX_QUERY_CHARS} are accepted")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise ValueError(f"k = {k!r}: expected an integer from 1 to {MAX_K}")
+        if rerank is not None and (isinstance(rerank, bool) or not isinstance(rerank, int) or rerank < 0):
+            raise ValueError(f"rerank = {rerank!r}: expected an integer >= 0")
+        if not self.rows:
+            return []
+        exact = not self.head.indexable
+        rerank = DEFAULT_RERANK if rerank is None else rerank
+        with self._lock, torch.no_grad():
+            text_state = self.encoder.encode_texts([text])
+            query = self.head.shortlist_texts(text_state).float().cpu().numpy()
+            want = max(k, rerank if exact else 0)
+            while True:
+                rows, scores = self._shortlist(query, min(want, self.rows))
+                if exact and rerank > 0:
+                    rows, scores = rows[: max(rerank, k)], scores[: max(rerank, k)]
+                    state = self.rerank_state(rows)
+                    scores = self.head.score_rerank(text_state, state)[0].float().cpu().numpy().astype(np.float64)
+                order = np.lexsort((rows, -scores))
+                rows, scores = rows[order], scores[order]
+                if not all_windows:
+                    _, first = np.unique(self.table_video[rows], return_index=True)
+                    keep = np.sort(first)
+                    rows, scores = rows[keep], scores[keep]
+                if len(rows) >= k or want >= self.rows:
+                    break
+                want = min(self.rows, want * 4)  # fewer than k videos among the shortlist: widen it
+                if exact and rerank > 0:
+                    rerank = want
+        hits = []
+        for rank, (row, score) in enumerate(zip(rows[:k], scores[:k], strict=True), 1):
+            video, start, end = self.window_of(int(row))
+            hits.append(Hit(self.videos[video]["video"], start, end, float(score), rank))
+        return hits
+
+    def _shortlist(self, query: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        scores, rows = ann.search(self.ann, query, n)
+        keep = rows[0] >= 0
+        return rows[0][keep].astype(np.int64), scores[0][keep].astype(np.float64)
+
+    # ------------------------------------------------------------------ video → text
+    def rank_captions(self, video: str | os.PathLike, captions: list[str]) -> list[CaptionHit]:
+        """Rank ``captions`` for the clip ``video`` (any file, decoded with the index's window settings): a
+        caption's score is its exact score with the clip's best window."""
+        captions = [c.strip() for c in captions if c.strip()]
+        if not captions:
+            raise ValueError("no captions to rank (one caption per line)")
+        decoded = decode_windows(video, self.encoder.spec, self.window, self.stride)
+        with self._lock, torch.no_grad():
+            slots = decoded.slots
+            crops = torch.from_numpy(decoded.frames[np.clip(slots, 0, None)])
+            features = self.encoder.encode_windows(crops, torch.from_numpy((slots >= 0).astype(np.int64)))
+            video_state = self.head.encode_videos(features)
+            text_state = self.encoder.encode_texts(captions)
+            scores = self.head.score(text_state, video_state).float().cpu()
+        best, window = scores.max(dim=1)
+        order = sorted(range(len(captions)), key=lambda i: (-float(best[i]), i))
+        return [
+            CaptionHit(captions[i], *decoded.windows[int(window[i])], float(best[i]), rank)
+            for rank, i in enumerate(order, 1)
+        ]
+
+
+def open_index(
+    path: str | os.PathLike,
+    *,
+    checkpoint: str | os.PathLike | None = None,
+    device: str = "cpu",
+    encoder: SearchEncoder | None = None,
+    nprobe: int | None = None,
+) -> SearchIndex:
+    """Open the index at ``path`` with the model it was built with (``checkpoint``: where that checkpoint is now;
+    ``encoder``: an encoder already loaded). Raises ``EncoderMismatchError`` for another model."""
+    return SearchIndex(path, encoder, checkpoint=checkpoint, device=device, nprobe=nprobe)
+
+
+__all__ = ["CaptionHit", "Hit", "SearchIndex", "embed_video", "open_index", "SETTINGS"]

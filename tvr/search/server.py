@@ -1,0 +1,228 @@
+"""``tvr serve``: a FastAPI app over one loaded index — a search page, a JSON API, thumbnails and the videos.
+
+Safe by construction:
+
+* the only files ever read for a request are the videos the manifest lists, addressed by their number in it
+  (``/media/3``); no part of a request is ever turned into a path;
+* every input is bounded (query length, k, rerank, thumbnail time) and a bad one gets a 4xx JSON answer
+  ``{"error": "...", ...}``, never a traceback;
+* videos are sent with HTTP range support (seeking in the player), and a range that cannot be satisfied is a 416;
+* one model, loaded once, serves every request (the index serialises the model's work with a lock, so concurrent
+  requests never load or copy it).
+
+Nothing here authenticates: bind to 127.0.0.1 (the default) or put the app behind a proxy that does.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import re
+from fractions import Fraction
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tvr.search.index import MAX_QUERY_CHARS, SearchIndex
+
+#: bounds of the web API (tighter than the library's)
+API_MAX_K = 100
+API_MAX_RERANK = 1000
+API_MAX_QUERY = 500
+THUMB_WIDTH = 240
+THUMB_CACHE = 512
+
+
+def thumbnail_jpeg(path: Path, seconds: float, width: int = THUMB_WIDTH) -> bytes:
+    """One JPEG of the frame shown at ``seconds`` in ``path`` (the last frame when the time is past the end),
+    ``width`` pixels wide, encoded with FFmpeg's MJPEG encoder through PyAV."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        if seconds > 0 and stream.time_base is not None:
+            container.seek(int(seconds / stream.time_base), stream=stream, backward=True, any_frame=False)
+        chosen = None
+        for frame in container.decode(stream):
+            chosen = frame
+            if frame.time is None or frame.time >= seconds:
+                break
+        if chosen is None:
+            raise ValueError(f"{path}: no frame decodes")
+    height = max(2, int(round(chosen.height * width / max(1, chosen.width) / 2)) * 2)
+    codec = av.CodecContext.create("mjpeg", "w")
+    codec.width, codec.height = width, height
+    codec.pix_fmt = "yuvj420p"
+    codec.time_base = Fraction(1, 25)
+    image = chosen.reformat(width=width, height=height, format="yuvj420p")
+    out = io.BytesIO()
+    for packet in [*codec.encode(image), *codec.encode(None)]:
+        out.write(bytes(packet))
+    return out.getvalue()
+
+
+def page_html() -> str:
+    return resources.files("tvr.search").joinpath("static/page.html").read_text(encoding="utf-8")
+
+
+class HitOut(BaseModel):
+    """One result: the fields of ``tvr search --json`` plus where the page finds the video and its thumbnail."""
+
+    video: str
+    start: float
+    end: float
+    score: float
+    rank: int
+    id: int
+    media: str
+    thumbnail: str
+
+
+def create_app(index: SearchIndex) -> FastAPI:
+    """The FastAPI app serving ``index`` (see the module docstring)."""
+    numbers = {entry["video"]: k for k, entry in enumerate(index.videos)}
+    root = index.root.resolve()
+
+    app = FastAPI(
+        title="tvr search",
+        version="1",
+        description=f"Text search over the {len(index)} videos of {index.path} (tvr index).",
+    )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: {e.get('msg')}" for e in exc.errors()
+        ]
+        return JSONResponse({"error": "; ".join(problems), "detail": jsonable(exc.errors())}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    def file_of(number: int) -> Path:
+        if not 0 <= number < len(index):
+            raise HTTPException(404, f"no video number {number} in this index (0 to {len(index) - 1})")
+        path = index.video_file(number).resolve()
+        if not path.is_relative_to(root) or not path.is_file():
+            raise HTTPException(404, f"video number {number} is no longer available")
+        return path
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page() -> HTMLResponse:
+        return HTMLResponse(page_html())
+
+    @app.get("/api/search", response_model=list[HitOut], summary="Search the videos by text")
+    def search(
+        q: str = Query(..., min_length=1, max_length=API_MAX_QUERY, description="The text to search for."),
+        k: int = Query(10, ge=1, le=API_MAX_K, description="Results to return."),
+        all_windows: bool = Query(False, description="Return windows instead of one best window per video."),
+        rerank: int | None = Query(None, ge=0, le=API_MAX_RERANK, description="Windows scored exactly."),
+    ) -> list[dict[str, Any]]:
+        if not q.strip():
+            raise HTTPException(422, "q: the query is empty")
+        hits = index.search(q[:MAX_QUERY_CHARS], k=k, rerank=rerank, all_windows=all_windows)
+        out = []
+        for hit in hits:
+            number = numbers[hit.video]
+            middle = round((hit.start + hit.end) / 2, 3)
+            out.append(
+                {
+                    **hit.to_dict(),
+                    "id": number,
+                    "media": f"/media/{number}",
+                    "thumbnail": f"/thumbnail/{number}?t={middle}",
+                }
+            )
+        return out
+
+    @app.get("/media/{number}", summary="A video of the index (HTTP range requests supported)")
+    def media(request: Request, number: int = PathParam(..., ge=0, le=10**9)) -> FileResponse:
+        path = file_of(number)
+        header = request.headers.get("range")
+        if header is not None:
+            check_range(header, path.stat().st_size)
+        return FileResponse(path, media_type=_media_type(path), filename=path.name, content_disposition_type="inline")
+
+    @functools.lru_cache(maxsize=THUMB_CACHE)
+    def cached_thumbnail(number: int, seconds: float) -> bytes:
+        return thumbnail_jpeg(file_of(number), seconds)
+
+    @app.get("/thumbnail/{number}", summary="A JPEG of the frame at time t (seconds) of a video of the index")
+    def thumbnail(
+        number: int = PathParam(..., ge=0, le=10**9), t: float = Query(0.0, ge=0.0, le=1e7, allow_inf_nan=False)
+    ) -> Response:
+        file_of(number)
+        try:
+            data = cached_thumbnail(number, round(t, 1))
+        except HTTPException:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an undecodable file is the client's 404, not a server error
+            raise HTTPException(404, f"video number {number}: no thumbnail ({type(exc).__name__})") from None
+        return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
+
+    app.state.index = index
+    return app
+
+
+#: ranges accepted in one Range header (players ask for one)
+MAX_RANGES = 8
+_RANGE = re.compile(r"^bytes=\s*(\d*-\d*\s*(,\s*\d*-\d*\s*)*)$")
+
+
+def check_range(header: str, size: int) -> None:
+    """Refuse a Range header that is malformed (400) or that no byte of the file satisfies (416), with a JSON
+    answer; a valid one is served by Starlette's FileResponse."""
+    if len(header) > 256:
+        raise HTTPException(400, "Range header: longer than 256 characters")
+    match = _RANGE.match(header.strip())
+    if match is None:
+        raise HTTPException(400, f"Range header {header[:64]!r}: expected bytes=START-END[, ...]")
+    parts = [p.strip() for p in match.group(1).split(",")]
+    if len(parts) > MAX_RANGES:
+        raise HTTPException(400, f"Range header: {len(parts)} ranges, at most {MAX_RANGES}")
+    satisfiable = False
+    for part in parts:
+        first, _, last = part.partition("-")
+        if not first and not last:
+            raise HTTPException(400, f"Range header: empty range {part!r}")
+        if first and last and int(first) > int(last):
+            raise HTTPException(400, f"Range header: range {part!r} ends before it starts")
+        if (first and int(first) < size) or (not first and int(last) > 0):
+            satisfiable = True
+    if not satisfiable:
+        raise HTTPException(
+            416,
+            f"Range header {header[:64]!r}: no byte of the {size}-byte file is in range",
+            headers={"Content-Range": f"bytes */{size}"},
+        )
+
+
+def _media_type(path: Path) -> str:
+    return {
+        ".mp4": "video/mp4",
+        ".m4v": "video/mp4",
+        ".webm": "video/webm",
+        ".mkv": "video/x-matroska",
+        ".mov": "video/quicktime",
+        ".avi": "video/x-msvideo",
+        ".ogv": "video/ogg",
+    }.get(path.suffix.lower(), "application/octet-stream")
+
+
+def jsonable(value: Any) -> Any:
+    """Validation errors as plain JSON (their ``ctx`` may hold exception objects)."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
