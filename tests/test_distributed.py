@@ -32,7 +32,7 @@ from tvr.train.distributed import (
 )
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.device import resolve_device
-from tvr.utils.distributed import all_reduce_mean, gather_features
+from tvr.utils.distributed import RowShard, all_reduce_mean, gather_batch, gather_features
 
 D, F_SLOTS = 5, 3
 
@@ -102,6 +102,43 @@ def test_single_process_helpers_are_no_ops() -> None:
     assert all_reduce_mean(x) is x
     module = nn.Linear(2, 2)
     assert wrap_model(module, info) is module  # one process: no DDP wrapper
+    video = VideoFeatures(torch.randn(3, F_SLOTS, D), torch.ones(3, F_SLOTS))
+    gathered_text, gathered_video, shard = gather_batch(text, video)
+    assert gathered_text is text and gathered_video is video and shard == RowShard.whole(3)
+    block = torch.randn(3, 3)
+    assert shard.gather(block) is block and shard.sum(block) is block
+
+
+def test_row_shard_rows_and_positives() -> None:
+    assert RowShard.split(7, 1, 3).sizes == (3, 2, 2)  # counts differ by at most one, earlier ranks first
+    shard = RowShard(1, (3, 2, 2))
+    assert (shard.world_size, shard.total, shard.start, shard.stop) == (3, 7, 3, 5)
+    items = torch.arange(7)
+    assert shard.local(items).tolist() == [3, 4]
+    block = torch.arange(2 * 7).view(2, 7)  # this rank's 2 rows against all 7 items
+    assert shard.positives(block).tolist() == [3, 11]  # (own item 0, item 3), (own item 1, item 4)
+    for bad in [(3, (1, 1)), (0, ()), (0, (2, -1))]:
+        with pytest.raises(ValueError, match="RowShard"):
+            RowShard(*bad)
+
+
+def test_the_model_passes_the_shard_to_a_head_whose_loss_takes_one() -> None:
+    seen = []
+
+    class Sharded(_Head):
+        def loss(self, text, video, shard=None):
+            seen.append(shard)
+            return super().loss(text, video, shard)
+
+    class Whole(_Head):
+        def loss(self, text, video):
+            seen.append("whole")
+            return super().loss(text, video)
+
+    batch = {k: torch.stack([item[k] for item in _Pairs()][:4]) for k in ("text_eot", "frame_feats", "video_mask")}
+    for head in (Sharded(), Whole()):
+        RetrievalModel(None, _Temporal(), head)(batch)
+    assert seen == [RowShard.whole(4), "whole"]
 
 
 # --------------------------------------------------------------------------------------------- devices
@@ -187,8 +224,10 @@ class _Head(RetrievalHead):
     def score_block(self, t, v):
         return t @ v.t()
 
-    def loss(self, text, video):
-        scores = self.score_block(self.encode_texts(text), self.encode_videos(video))
+    def loss(self, text, video, shard=None):
+        # the per-rank loss: this rank's texts against every video, the logits all-gathered
+        shard = shard or RowShard.whole(len(text))
+        scores = shard.gather(self.score_block(self.encode_texts(shard.local(text)), self.encode_videos(video)))
         return {"loss": symmetric_infonce(self.logit_scale.exp() * scores)}
 
 

@@ -346,7 +346,7 @@ def test_zero_weight_terms_are_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*args, **kwargs):
         raise AssertionError("a zero-weight term was computed")
 
-    for name in ("gare_kl", "gare_direction", "gare_radius"):
+    for name in ("gare_kl_moments", "gare_direction_rows", "gare_radius_rows", "gare_radius_hinge"):
         monkeypatch.setattr(gare_module, name, boom)
     head = GareHead(D, GareOptions(kl_weight=0.0, direction_weight=0.0, radius_weight=0.0, psi_dropout=0.0))
     text, video = make_features(5, 5)

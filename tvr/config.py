@@ -115,6 +115,8 @@ DATASETS = ("msrvtt", "msvd", "didemo", "activitynet", "generic")
 SAMPLINGS = ("clip4clip", "clipvip")
 TEMPORALS = ("meanP", "seqTransf", "none")
 SCHEDULES = ("warmup_cosine", "constant")
+#: ``train.amp_dtype`` values
+AMP_DTYPES = ("auto", "bf16", "fp16")
 TIE_MODES = ("optimistic", "reference")
 EVAL_SPLITS = ("val", "test", "test_multi", "train")
 METRIC_DIRECTIONS = ("t2v", "v2t", "t2v_dsl", "v2t_dsl")
@@ -295,6 +297,9 @@ class ModelConfig:
     #: on CUDA, cast a CLIP that does not train (frozen backbone, ``tvr features``, ``tvr eval``) to fp16 as the
     #: reference does; a trainable backbone keeps fp32 weights and trains under AMP instead
     clip_fp16_on_cuda: bool = True
+    #: recompute the trainable backbone's transformer layers (CLIP, CLIP-ViP; the two-tower text model and image
+    #: blocks) in the backward pass instead of keeping their activations: less memory per step, one extra forward
+    gradient_checkpointing: bool = False
     #: encode at most this many frames per vision forward pass (0 = all frames of the batch at once); clipvip
     #: encodes whole videos, max(1, frame_chunk // F) per pass; two_tower: 0 = 16 frames per pass (a CNN's
     #: activations at 224 px are large)
@@ -334,8 +339,12 @@ class TrainConfig:
     #: when > 0, the schedule spans this many epochs regardless of ``epochs`` (the GARE reference uses 5)
     schedule_epochs: int = bounded(0, ge=0)
     grad_clip: float = bounded(1.0, ge=0.0)
-    #: autocast on CUDA (bf16 where supported, else fp16 with a grad scaler); ignored on CPU
+    #: autocast on CUDA (bf16 where supported, else fp16 with a grad scaler); ignored on CPU unless amp_dtype
+    #: names a dtype
     amp: bool = True
+    #: auto (CUDA: bf16 where the GPU has it, else fp16; CPU: no autocast) | bf16 | fp16 (with a grad scaler), on
+    #: any device (docs/scaling.md)
+    amp_dtype: str = choice("auto", *AMP_DTYPES)
     seed: int = 42
     #: auto | cpu | cuda | cuda:N
     device: str = "auto"

@@ -50,10 +50,14 @@ def gare_kl(delta: Tensor, reduction: str = "sum") -> Tensor:
     ``reduction="mean"`` (paper, pair with β = 0.07):       mean_j mean_d KL_jd  (= "sum" / D).
     """
     _check_delta(delta, "gare_kl", min_texts=2)
+    return gare_kl_moments(delta.mean(dim=0), delta.std(dim=0, unbiased=True) + 1e-6, reduction)
+
+
+def gare_kl_moments(mu: Tensor, sigma: Tensor, reduction: str = "sum") -> Tensor:
+    """:func:`gare_kl` from the per-video moments μ_j, σ_j ([N_v, D], σ including its +1e-6), so the moments can
+    be accumulated from several ranks' texts (each holding some rows of Δ) before the KL."""
     if reduction not in KL_REDUCTIONS:
         raise ValueError(f"gare_kl reduction {reduction!r}: expected one of {KL_REDUCTIONS}")
-    mu = delta.mean(dim=0)  # [N_v, D]
-    sigma = delta.std(dim=0, unbiased=True) + 1e-6
     kl = -torch.log(sigma) + 0.5 * (sigma.square() + mu.square()) - 0.5
     if reduction == "sum":
         return kl.sum(dim=-1).mean()
@@ -69,8 +73,17 @@ def gare_radius(delta: Tensor, lam: float = 0.5) -> Tensor:
     λ the term and its gradient are exactly zero (same gradient as the paper's max(−E_i Var, −λ)).
     """
     _check_delta(delta, "gare_radius", min_videos=2)
-    radii = delta.norm(dim=-1)  # [N_t, N_v]
-    m = radii.var(dim=1, unbiased=True).mean()
+    return gare_radius_hinge(gare_radius_rows(delta).mean(), lam)
+
+
+def gare_radius_rows(delta: Tensor) -> Tensor:
+    """V_i = Var_j ‖Δ_ij‖₂ (unbiased) of every text row: [N_t] (the per-text part of :func:`gare_radius`)."""
+    _check_delta(delta, "gare_radius", min_videos=2)
+    return delta.norm(dim=-1).var(dim=1, unbiased=True)
+
+
+def gare_radius_hinge(m: Tensor, lam: float = 0.5) -> Tensor:
+    """L_ε from m = mean_i V_i: −m if m ≤ λ else 0 (:func:`gare_radius`)."""
     return torch.where(m <= lam, -m, torch.zeros_like(m))
 
 
@@ -83,11 +96,15 @@ def gare_direction(delta: Tensor, alpha: float = 2.0) -> Tensor:
     Cosines lie in [−1, 1], so the value lies in [−2α, 0] (up to the 1e-8). All anchors are handled by one
     batched matmul (N_t·N_v²·D work) instead of the reference's Python loop over texts.
     """
+    return gare_direction_rows(delta, alpha).mean()
+
+
+def gare_direction_rows(delta: Tensor, alpha: float = 2.0) -> Tensor:
+    """ℓ_i of every text row: [N_t] (the per-text part of :func:`gare_direction`)."""
     _check_delta(delta, "gare_direction")
     z = F.normalize(delta, dim=-1)
     gram = torch.bmm(z, z.transpose(1, 2))  # [N_t, N_v, N_v]
-    per_text = torch.log(torch.exp(-alpha * (1.0 - gram)).mean(dim=(1, 2)) + 1e-8)
-    return per_text.mean()
+    return torch.log(torch.exp(-alpha * (1.0 - gram)).mean(dim=(1, 2)) + 1e-8)
 
 
 # --------------------------------------------------------------------------------------------- TV-ProxyNet (spec §4.3)

@@ -21,9 +21,11 @@ from torch import Tensor
 
 from tvr.config import Config
 from tvr.data.feature_cache import FeatureCacheError
+from tvr.eval.sharding import gather_encoded, gather_lists, gather_rows, shard_of
 from tvr.models.heads.common import rerank_to_dense
 from tvr.models.model import RetrievalModel
 from tvr.types import TextFeatures, VideoFeatures
+from tvr.utils.distributed import RowShard, is_main_process
 from tvr.utils.errors import UserError
 from tvr.utils.metric_paths import higher_is_better, lookup_metric
 from tvr.utils.progress import progress_bar
@@ -63,13 +65,16 @@ def _filter(split_videos: list[str], text_video: list[int], kept_ids: list[str])
 
 
 @torch.no_grad()
-def encode_split_raw(model: RetrievalModel, split, tokenizer, cfg: Config, device: torch.device) -> EncodedSplit:
-    """Encode a split from video files and caption strings."""
+def encode_split_raw(model: RetrievalModel, split, tokenizer, cfg: Config, device: torch.device, *,
+                     distributed: bool = False) -> EncodedSplit:
+    """Encode a split from video files and caption strings. ``distributed``: every rank of the process group encodes
+    its share and gets the whole encoded split (every rank must call it; :mod:`tvr.eval.sharding`)."""
     from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
 
     model.eval()
     resolver = VideoResolver.from_config(cfg.data)
-    dataset = VideoDataset(split.videos, split.video_spans, resolver, cfg.data)
+    mine = _shard(len(split.videos), distributed)
+    dataset = VideoDataset(split.videos[mine.rows], split.video_spans[mine.rows], resolver, cfg.data)
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=cfg.eval.batch_size, num_workers=cfg.data.num_workers, collate_fn=collate_videos
     )
@@ -80,17 +85,29 @@ def encode_split_raw(model: RetrievalModel, split, tokenizer, cfg: Config, devic
             continue
         videos.append(model.video_features(_move(batch, device)).to("cpu", torch.float32))
         kept.extend(batch["video_ids"])
+    video = VideoFeatures.cat(videos) if videos else None
+    if distributed:
+        video = gather_encoded(video, VideoFeatures, device)
+        kept, skipped = gather_lists(kept), gather_lists(skipped)
     rows, targets = _filter(split.videos, split.text_video, kept)
     texts = [split.texts[r] for r in rows]
+    share = _shard(len(texts), distributed)
     parts = []
-    for start in progress_bar(range(0, len(texts), cfg.eval.batch_size), f"{split.name}: texts"):
-        ids, mask = tokenizer(texts[start : start + cfg.eval.batch_size], cfg.data.max_words)
+    for start in progress_bar(range(share.start, share.stop, cfg.eval.batch_size), f"{split.name}: texts"):
+        ids, mask = tokenizer(texts[start : min(start + cfg.eval.batch_size, share.stop)], cfg.data.max_words)
         feats = model.text_features({"text_ids": ids.to(device), "text_mask": mask.to(device)})
         parts.append(feats.to("cpu", torch.float32))
-    if not videos or not parts:
+    text = TextFeatures.cat(parts) if parts else None
+    if distributed:
+        text = gather_encoded(text, TextFeatures, device)
+    if video is None or text is None:
         raise NothingToEvaluateError(f"{split.name}: nothing to evaluate ({len(skipped)} videos unreadable)")
-    return EncodedSplit(TextFeatures.cat(parts), VideoFeatures.cat(videos), targets, kept, split.protocol, skipped,
-                        len(split.texts), len(split.videos))
+    return EncodedSplit(text, video, targets, kept, split.protocol, skipped, len(split.texts), len(split.videos))
+
+
+def _shard(n: int, distributed: bool) -> RowShard:
+    """This rank's share of ``n`` items when the work is shared among the ranks, else all of them."""
+    return shard_of(n) if distributed else RowShard.whole(n)
 
 
 @torch.no_grad()
@@ -113,8 +130,10 @@ def cached_text_features(model: RetrievalModel, cached, rows: list[int], cfg: Co
 
 
 @torch.no_grad()
-def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, device: torch.device) -> EncodedSplit:
-    """Encode a split from a feature cache (only the temporal module runs)."""
+def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, device: torch.device, *,
+                        distributed: bool = False) -> EncodedSplit:
+    """Encode a split from a feature cache (only the temporal module runs). ``distributed`` as in
+    :func:`encode_split_raw`."""
     model.eval()
     if cached.texts != list(split.texts):
         raise FeatureCacheError(
@@ -123,9 +142,10 @@ def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, devic
     kept_video_rows = {vid: k for k, vid in enumerate(cached.video_ids)}
     gallery_rows = [kept_video_rows[v] for v in split.videos if v in kept_video_rows]
     kept = [cached.video_ids[r] for r in gallery_rows]
+    mine = _shard(len(gallery_rows), distributed)
     videos = []
-    for start in range(0, len(gallery_rows), cfg.eval.batch_size):
-        rows = gallery_rows[start : start + cfg.eval.batch_size]
+    for start in range(mine.start, mine.stop, cfg.eval.batch_size):
+        rows = gallery_rows[start : min(start + cfg.eval.batch_size, mine.stop)]
         batch = {
             "frame_feats": cached.frames[rows].float().to(device),
             "video_mask": cached.frame_mask[rows].to(device),
@@ -133,13 +153,21 @@ def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, devic
         if cached.proxies is not None:
             batch["video_proxies"] = cached.proxies[rows].float().to(device)
         videos.append(model.video_features(batch).to("cpu", torch.float32))
+    video = VideoFeatures.cat(videos) if videos else None
     rows, targets = _filter(split.videos, split.text_video, kept)
-    text = cached_text_features(model, cached, rows, cfg, device)
+    share = _shard(len(rows), distributed)
+    text = None
+    if share.stop > share.start or not distributed:
+        text = cached_text_features(model, cached, rows[share.rows], cfg, device)
+    if distributed:
+        video = gather_encoded(video, VideoFeatures, device)
+        text = gather_encoded(text, TextFeatures, device)
+    if video is None or text is None:
+        raise NothingToEvaluateError(f"{split.name}: nothing to evaluate (no cached video or caption)")
     skipped = [
         {"id": v, "error": "unreadable when the cache was built"} for v in split.videos if v not in kept_video_rows
     ]
-    return EncodedSplit(text, VideoFeatures.cat(videos), targets, kept, split.protocol, skipped, len(split.texts),
-                        len(split.videos))
+    return EncodedSplit(text, video, targets, kept, split.protocol, skipped, len(split.texts), len(split.videos))
 
 
 @torch.no_grad()
@@ -166,27 +194,37 @@ def _two_stage(head: Any, k: int, n_videos: int) -> bool:
     return k > 0 and not head.indexable and n_videos > k
 
 
-def _score_states(head: Any, text_state: Any, video_state: Any, cfg: Config, text_video: list[int]
-                  ) -> tuple[Tensor, Tensor | None]:
-    """(the matrix t2v ranks, the matrix v2t ranks or None when it is the same one), both [N_t, N_v].
+def _score_states(head: Any, text_state: Any, video_state: Any, cfg: Config, text_video: list[int],
+                  distributed: bool = False, device: torch.device | None = None) -> tuple[Tensor, Tensor | None]:
+    """(the matrix t2v ranks, the matrix v2t ranks or None when it is the same one), both [N_t, N_v] on CPU.
 
     Exhaustive: every pair's exact score, for both directions. Two-stage (``eval.rerank_k`` = K on a non-indexable
     head; an indexable head always scores exactly, its exhaustive scoring is one matrix product): each text
     shortlists K videos and each video K texts by the head's shortlist embedding, and the shortlisted pairs get
-    the exact score (:func:`shortlist_matrix`)."""
+    the exact score (:func:`shortlist_matrix`). ``distributed``: each rank scores its share of the texts (t2v rows)
+    and, two-stage, its share of the videos (v2t: a video's shortlist needs every text), and the matrices are
+    gathered on every rank."""
+    texts_shard = _shard(len(text_state), distributed)
+    own_texts = text_state[texts_shard.rows] if distributed else text_state
     k = cfg.eval.rerank_k
     if _two_stage(head, k, len(video_state)):
-        t2v_idx, t2v_scores = head.rerank(text_state, video_state, k)
-        v2t_idx, v2t_scores = head.rerank_texts(text_state, video_state, min(k, len(text_state)))
-        texts = torch.arange(len(text_video))
-        videos = torch.as_tensor(text_video, dtype=torch.long)
-        t2v = shortlist_matrix(t2v_idx, t2v_scores, len(video_state), texts, videos)
-        v2t = shortlist_matrix(v2t_idx, v2t_scores, len(text_state), videos, texts).t()
-        return t2v, v2t
+        pairs_text = torch.arange(len(text_video))
+        pairs_video = torch.as_tensor(text_video, dtype=torch.long)
+        mine = (pairs_text >= texts_shard.start) & (pairs_text < texts_shard.stop)
+        t2v_idx, t2v_scores = head.rerank(own_texts, video_state, k)
+        t2v = shortlist_matrix(t2v_idx, t2v_scores, len(video_state), pairs_text[mine] - texts_shard.start,
+                               pairs_video[mine])
+        videos_shard = _shard(len(video_state), distributed)
+        own_videos = video_state[videos_shard.rows] if distributed else video_state
+        mine = (pairs_video >= videos_shard.start) & (pairs_video < videos_shard.stop)
+        v2t_idx, v2t_scores = head.rerank_texts(text_state, own_videos, min(k, len(text_state)))
+        v2t = shortlist_matrix(v2t_idx, v2t_scores, len(text_state), pairs_video[mine] - videos_shard.start,
+                               pairs_text[mine])
+        return gather_rows(t2v, texts_shard, device), gather_rows(v2t, videos_shard, device).t()
     sim = head.score(
-        text_state, video_state, text_chunk=cfg.eval.text_chunk or None, video_chunk=cfg.eval.video_chunk or None
+        own_texts, video_state, text_chunk=cfg.eval.text_chunk or None, video_chunk=cfg.eval.video_chunk or None
     ).cpu()
-    return sim, None
+    return gather_rows(sim, texts_shard, device), None
 
 
 def shortlist_matrix(indices: Tensor, scores: Tensor, n_gallery: int, match_query: Tensor, match_item: Tensor
@@ -356,6 +394,7 @@ def evaluate_encoded(
     *,
     select_inference: bool = False,
     query_bank: TextFeatures | None = None,
+    distributed: bool = False,
 ) -> dict:
     """Score and rank; returns {"t2v": {...}, "v2t": {...}[, "t2v_dsl", "v2t_dsl", "t2v@<baseline>", ...]
     [, "t2v_invsoftmax"][, "t2v_qbnorm"], "info": {...}}.
@@ -363,7 +402,9 @@ def evaluate_encoded(
     ``select_inference`` (validation): a head with inference candidates is scored under each of them from one set
     of score components, the best by ``train.select_metric`` is stored in the head and reported. Otherwise the
     head's stored setting is used. A head's baseline settings are reported as extra rows ``t2v@<name>``.
-    ``query_bank`` as in :func:`querybank_rows`."""
+    ``query_bank`` as in :func:`querybank_rows`. ``distributed``: every rank of the process group scores its share of
+    the texts and gets the whole score matrices (every rank must call it; every rank returns the same metrics, but
+    the query-bank rows are computed on rank 0 only)."""
     from tvr.eval.postprocess import dual_softmax
     from tvr.eval.protocol import evaluate
 
@@ -375,6 +416,8 @@ def evaluate_encoded(
 
     start = time.perf_counter()
     text_state, video_state = _states(head, encoded, device)
+    shard = _shard(len(encoded.text), distributed)
+    own_texts = text_state[shard.rows] if distributed else text_state
     candidates = head.inference_candidates() if select_inference else []
     baselines = head.baseline_settings()
     components = None
@@ -382,15 +425,17 @@ def evaluate_encoded(
         chunks = {"text_chunk": cfg.eval.text_chunk or None, "video_chunk": cfg.eval.video_chunk or None}
         # only what these settings need: at test time (no candidates) a head skips components of unused settings
         needed = [*candidates, *baselines.values()]
-        components = {k: v.cpu()
-                      for k, v in head.score_components(text_state, video_state, **chunks, settings=needed).items()}
+        components = {
+            k: gather_rows(v.cpu(), shard, device)
+            for k, v in head.score_components(own_texts, video_state, **chunks, settings=needed).items()
+        }
     selection = None
     if candidates:
         results = [(setting, rank(head.combine_scores(components, setting))) for setting in candidates]
         chosen = results[_pick(results, cfg.train.select_metric)][0]
         head.set_inference_setting(chosen)
         selection = [{"setting": s, "t2v": m["t2v"], "v2t": m["v2t"]} for s, m in results]
-    sim, v2t_sim = _score_states(head, text_state, video_state, cfg, encoded.text_video)
+    sim, v2t_sim = _score_states(head, text_state, video_state, cfg, encoded.text_video, distributed, device)
     seconds = time.perf_counter() - start
     metrics = rank(sim, v2t_sim)
     if cfg.eval.dsl:
@@ -399,7 +444,9 @@ def evaluate_encoded(
     for name, setting in baselines.items():
         extra = rank(head.combine_scores(components, setting))
         metrics[f"t2v@{name}"], metrics[f"v2t@{name}"] = extra["t2v"], extra["v2t"]
-    rows, info = querybank_rows(model, encoded, sim, cfg, device, query_bank)
+    rows, info = ({}, {})
+    if not distributed or is_main_process():
+        rows, info = querybank_rows(model, encoded, sim, cfg, device, query_bank)
     metrics.update(rows)
     metrics["info"] = {
         "num_texts": len(encoded.text),

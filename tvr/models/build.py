@@ -127,4 +127,6 @@ def build_model(cfg: Config, cached: bool = False) -> RetrievalModel:
     elif cfg.model.freeze_backbone:
         for param in backbone.parameters():
             param.requires_grad_(False)
+    elif cfg.model.gradient_checkpointing:
+        backbone.enable_gradient_checkpointing()
     return RetrievalModel(backbone, temporal, head, bridge)

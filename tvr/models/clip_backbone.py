@@ -17,6 +17,7 @@ Real tokens are unaffected by padding either way (causality hides the padding, w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -202,6 +203,8 @@ class ClipBackbone(nn.Module):
         clip.logit_scale.requires_grad_(False)
         self.frame_chunk = int(frame_chunk)
         self.fp16_on_cuda = bool(fp16_on_cuda)
+        #: set by :meth:`enable_gradient_checkpointing`
+        self.gradient_checkpointing = False
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -229,6 +232,17 @@ class ClipBackbone(nn.Module):
         """Unconditional fp16 cast (used by ``maybe_half``; public so CPU tests can exercise the fp16 path)."""
         self.clip.half()
         self.clip.logit_scale.data = self.clip.logit_scale.data.float()
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute every transformer layer of both CLIP towers in the backward pass instead of keeping its
+        activations (HF's activation checkpointing, non-reentrant; only while training with autograd on): the
+        per-layer activations of a step are no longer held, at the cost of one more forward of each layer."""
+        enable = getattr(self.clip, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:  # transformers before activation_checkpointing_enable
+            self.clip.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.gradient_checkpointing = True
 
     # ------------------------------------------------------------------ properties
     @property
@@ -264,6 +278,16 @@ class ClipBackbone(nn.Module):
     def _dtype(self) -> torch.dtype:
         return self.clip.text_projection.weight.dtype
 
+    def reference_precision(self) -> contextlib.AbstractContextManager:
+        """While the weights are fp16 (:meth:`maybe_half`, the reference's ``convert_weights``), the encoders run in
+        fp16 as the reference's CLIP does, with autocast suspended: under a training run's bf16 autocast the fp16
+        weights would otherwise be recast to bf16 (3 fewer mantissa bits) and the features would differ from the
+        reference's and from a ``tvr features`` cache. float32 weights follow the surrounding autocast."""
+        if self._dtype != torch.float16:
+            return contextlib.nullcontext()
+        device = self.clip.text_projection.weight.device
+        return torch.autocast(device_type=device.type, enabled=False)
+
     # ------------------------------------------------------------------ encoders
     def encode_text(self, input_ids: Tensor, attention_mask: Tensor) -> TextFeatures:
         """Tokens [N, L] → TextFeatures(eot [N, D], words [N, L, D], word_mask [N, L]); nothing is normalised.
@@ -281,8 +305,9 @@ class ClipBackbone(nn.Module):
                 f"{self.context_length}; lower data.max_words"
             )
         # transformers 5.x combines the causal mask with this key-padding mask (see module docstring)
-        hidden = self.clip.text_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        words = self.clip.text_projection(hidden).float()  # final_layer_norm is applied inside text_model
+        with self.reference_precision():
+            hidden = self.clip.text_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            words = self.clip.text_projection(hidden).float()  # final_layer_norm is applied inside text_model
         rows = torch.arange(words.shape[0], device=words.device)
         eot = words[rows, input_ids.argmax(dim=-1).to(words.device)]
         return TextFeatures(eot=eot, words=words, word_mask=attention_mask)
@@ -297,8 +322,9 @@ class ClipBackbone(nn.Module):
         outs = []
         for start in range(0, flat.shape[0], step):
             # pooler_output = post_layernorm(CLS); the projection is CLIP's visual proj
-            cls_token = self.clip.vision_model(pixel_values=flat[start : start + step]).pooler_output
-            outs.append(self.clip.visual_projection(cls_token).float())
+            with self.reference_precision():
+                cls_token = self.clip.vision_model(pixel_values=flat[start : start + step]).pooler_output
+                outs.append(self.clip.visual_projection(cls_token).float())
         if not outs:
             return pixels.new_zeros(n, f, self.embed_dim, dtype=torch.float32)
         return torch.cat(outs).reshape(n, f, -1)

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from transformers import CLIPModel
 
 from tvr.config import ModelConfig
@@ -425,8 +426,13 @@ class ClipVipBackbone(ClipBackbone):
             real = (frame_mask != 0).to(x.device).repeat_interleave(per_frame, dim=1)  # [N, T·L]
             keep = torch.cat([real.new_ones(n, self.num_proxies), real], dim=1)  # [N, M + T·L]
             key_mask = keep[:, None, None, :]
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for layer in vision.encoder.layers:
-            x = proxy_guided_layer(layer, x, self.num_proxies, t, key_mask)
+            if recompute:
+                # the proxy-guided layer calls the HF layer's parts, not its checkpointed forward: checkpoint it here
+                x = checkpoint(proxy_guided_layer, layer, x, self.num_proxies, t, key_mask, use_reentrant=False)
+            else:
+                x = proxy_guided_layer(layer, x, self.num_proxies, t, key_mask)
         return x
 
     def encode_frames(self, pixels: Tensor) -> Tensor:
@@ -455,10 +461,11 @@ class ClipVipBackbone(ClipBackbone):
         pooled, proxies = [], []
         vision = self.clip.vision_model
         for start in range(0, n, step):
-            hidden = self.video_hidden_states(pixels[start : start + step], frame_mask[start : start + step])
-            pooled.append(self.clip.visual_projection(vision.post_layernorm(hidden[:, 0])).float())
-            if self.visual_projection_patch is not None:
-                proxies.append(self.visual_projection_patch(hidden[:, : self.num_proxies]).float())
+            with self.reference_precision():
+                hidden = self.video_hidden_states(pixels[start : start + step], frame_mask[start : start + step])
+                pooled.append(self.clip.visual_projection(vision.post_layernorm(hidden[:, 0])).float())
+                if self.visual_projection_patch is not None:
+                    proxies.append(self.visual_projection_patch(hidden[:, : self.num_proxies]).float())
         return VideoFeatures(
             torch.cat(pooled).unsqueeze(1), out_mask, torch.cat(proxies) if proxies else None
         )

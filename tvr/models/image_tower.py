@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from tvr.config import ConfigError, TwoTowerConfig
 from tvr.data.transforms import PixelNorm
@@ -130,10 +131,27 @@ class ImageTower(nn.Module):
                 module.eval()
         return self
 
+    #: recompute each MBConv block in the backward pass instead of keeping its activations (set by the backbone's
+    #: ``enable_gradient_checkpointing``; applies while autograd records)
+    gradient_checkpointing = False
+
     def forward(self, pixels: Tensor) -> Tensor:
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            return self._checkpointed_features(pixels).mean(dim=(2, 3))
         if self.training or torch.is_grad_enabled() or self._plan() is None:
             return self.net.extract_features(pixels).mean(dim=(2, 3))
         return self._inference_forward(pixels)
+
+    def _checkpointed_features(self, pixels: Tensor) -> Tensor:
+        """The package's ``extract_features`` (stem, blocks with their drop-connect rate, head) with each block run
+        under ``torch.utils.checkpoint`` (non-reentrant; the RNG state of drop-connect is replayed)."""
+        net = self.net
+        x = net._swish(net._bn0(net._conv_stem(pixels)))
+        rate = net._global_params.drop_connect_rate
+        for index, block in enumerate(net._blocks):
+            block_rate = rate * float(index) / len(net._blocks) if rate else rate
+            x = checkpoint(block, x, block_rate, use_reentrant=False)
+        return net._swish(net._bn1(net._conv_head(x)))
 
     # ------------------------------------------------------------------ inference path
     # Encoding is bound by memory traffic on a CPU (a BatchNorm pass or a padding copy costs as much as a depthwise

@@ -126,6 +126,15 @@ class TextTower(nn.Module):
             )
         self.width = pooled_width
 
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute the transformer's layers in the backward pass (HF's activation checkpointing, non-reentrant)."""
+        auto_model = self.model[0].auto_model
+        enable = getattr(auto_model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:  # transformers before activation_checkpointing_enable
+            auto_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
     @property
     def max_length(self) -> int:
         """Longest token sequence the model takes (sentence-transformers' ``max_seq_length``)."""

@@ -106,6 +106,13 @@ class TwoTowerBackbone(nn.Module):
         self.image_tower.train(mode and not self.freeze_image)
         return self
 
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute the trainable towers' layers in the backward pass (the text model's transformer layers through
+        HF's activation checkpointing, the image tower's MBConv blocks through ``torch.utils.checkpoint``) instead of
+        keeping their activations. A frozen tower keeps no activations for a backward anyway."""
+        self.text_tower.enable_gradient_checkpointing()
+        self.image_tower.gradient_checkpointing = True
+
     def maybe_half(self, device: torch.device | str) -> bool:
         """The towers stay float32 (they are small; the CLIP backbone's fp16 cast has no counterpart here)."""
         return False

@@ -30,6 +30,7 @@ from tvr.pipeline.run_folder import (
     sweep_temporaries,
 )
 from tvr.utils.device import resolve_device
+from tvr.utils.distributed import barrier, is_main_process
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_json
 from tvr.utils.lock import folder_lock
@@ -77,14 +78,20 @@ def torch_threads(cfg: Config) -> Iterator[None]:
 
 class SplitEvaluator:
     """Encodes one evaluation split (from videos or from the feature cache) and ranks it. ``select_inference``
-    (the validation split) lets a head with inference candidates choose its setting on this split."""
+    (the validation split) lets a head with inference candidates choose its setting on this split.
+
+    ``distributed`` (under torchrun; every rank builds one and calls it together): each rank encodes its share of
+    the videos and captions and scores its share of the captions; features and score rows are all-gathered, so every
+    rank gets the metrics of one process (:mod:`tvr.eval.sharding`), and chooses the same inference setting. The
+    query-bank rows (``eval.qbnorm`` / ``eval.inverted_softmax``) are computed by rank 0 alone."""
 
     def __init__(self, cfg: Config, split_name: str, tokenizer=None, select_inference: bool = False,
-                 split: Any = None) -> None:
+                 split: Any = None, distributed: bool = False) -> None:
         from tvr.data.annotations import load_split
 
         self.cfg = cfg
         self.select_inference = select_inference
+        self.distributed = distributed
         self.split = split if split is not None else load_split(cfg.data, split_name)
         self.tokenizer = tokenizer
         self.cached = None
@@ -98,8 +105,8 @@ class SplitEvaluator:
         from tvr.eval.runner import encode_split_cached, encode_split_raw
 
         if self.cached is not None:
-            return encode_split_cached(model, self.split, self.cached, self.cfg, device)
-        return encode_split_raw(model, self.split, self.tokenizer, self.cfg, device)
+            return encode_split_cached(model, self.split, self.cached, self.cfg, device, distributed=self.distributed)
+        return encode_split_raw(model, self.split, self.tokenizer, self.cfg, device, distributed=self.distributed)
 
     def __call__(self, model, device: torch.device | None = None) -> dict:
         from tvr.eval.runner import evaluate_encoded, training_query_bank
@@ -108,9 +115,12 @@ class SplitEvaluator:
         was_training = model.training
         encoded = self.encode(model, device)
         # QB-Norm / inverted softmax: training captions encoded by this model (re-encoded: the model changes)
-        bank = training_query_bank(model, self.cfg, device, self.tokenizer)
+        bank = None
+        if not self.distributed or is_main_process():
+            bank = training_query_bank(model, self.cfg, device, self.tokenizer)
         metrics = evaluate_encoded(
-            model, encoded, self.cfg, device, select_inference=self.select_inference, query_bank=bank
+            model, encoded, self.cfg, device, select_inference=self.select_inference, query_bank=bank,
+            distributed=self.distributed,
         )
         model.train(was_training)
         return metrics
@@ -224,7 +234,6 @@ def _train_and_test(cfg: Config, out_dir: Path, resume: bool, final_test: bool, 
     from tvr.train.checkpoint import load_checkpoint
     from tvr.train.trainer import Trainer, seed_everything
     from tvr.train.utils import to_jsonable
-    from tvr.utils.distributed import is_main_process
 
     seed_everything(cfg.train.seed)
     if cfg.data.features_dir:
@@ -236,17 +245,16 @@ def _train_and_test(cfg: Config, out_dir: Path, resume: bool, final_test: bool, 
     if model.backbone is not None and cfg.model.freeze_backbone:
         model.backbone.maybe_half(dist.device)
     train_data = _train_data(cfg, out_dir, tokenizer, dist.rank, dist.world_size, checked.splits["train"])
-    validator = (
-        SplitEvaluator(cfg, "val", tokenizer, select_inference=True, split=checked.splits["val"])
-        if is_main_process()
-        else None
-    )
+    # under torchrun every rank takes part in validation and the final test (sharded evaluation)
+    validator = SplitEvaluator(cfg, "val", tokenizer, select_inference=True, split=checked.splits["val"],
+                               distributed=dist.distributed)
     trainer = Trainer(model, cfg, train_data, out_dir, evaluate_fn=validator, dist_info=dist)
     summary = trainer.fit(resume=resume)
 
     summary["preflight_warnings"] = checked.warnings
-    if final_test and is_main_process():
-        tester = SplitEvaluator(cfg, "test", tokenizer, split=checked.splits["test"])
+    if final_test:
+        barrier()  # rank 0 has written last.pt / best.pt before any rank reads them
+        tester = SplitEvaluator(cfg, "test", tokenizer, split=checked.splits["test"], distributed=dist.distributed)
         summary["test"] = {}
         model = trainer.model
         for tag in ("last", "best"):
@@ -255,7 +263,8 @@ def _train_and_test(cfg: Config, out_dir: Path, resume: bool, final_test: bool, 
                 continue
             load_checkpoint(ckpt, model)
             metrics = tester(model)
-            write_eval(out_dir / f"test_{tag}", metrics, {"checkpoint": str(ckpt), "split": "test"})
+            if is_main_process():
+                write_eval(out_dir / f"test_{tag}", metrics, {"checkpoint": str(ckpt), "split": "test"})
             summary["test"][tag] = metrics
     if is_main_process():
         atomic_write_json(out_dir / "summary.json", to_jsonable(summary))
@@ -263,28 +272,35 @@ def _train_and_test(cfg: Config, out_dir: Path, resume: bool, final_test: bool, 
 
 
 def run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
+    """Evaluate ``checkpoint`` on ``eval.split`` into ``out_dir``. Under torchrun every rank encodes and scores its
+    share of the split (sharded evaluation) and rank 0 writes the results."""
+    from tvr.train.distributed import distributed_job
+
     resolve_config(cfg)
-    with torch_threads(cfg):
-        return _run_eval(cfg, checkpoint, out_dir)
-
-
-def _run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
-    from tvr.data.tokenizer import build_tokenizer
-
-    device = resolve_device(cfg.train.device)  # first: a device this machine lacks fails before out_dir is written
+    resolve_device(cfg.train.device)  # first: a device this machine lacks fails before out_dir is written
     if not cfg.data.features_dir:
         check_image_size(cfg)
+    with torch_threads(cfg), distributed_job(cfg.train.device) as dist:
+        return _run_eval(cfg, checkpoint, out_dir, dist)
+
+
+def _run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path, dist: DistInfo) -> dict:
+    from tvr.data.tokenizer import build_tokenizer
+
+    device = dist.device
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # its own record, never a run's config.yaml: --out may well be the run folder the checkpoint came from
-    save_config(cfg, out_dir / EVAL_CONFIG)
+    if dist.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        # its own record, never a run's config.yaml: --out may well be the run folder the checkpoint came from
+        save_config(cfg, out_dir / EVAL_CONFIG)
     tokenizer = None if cfg.data.features_dir else build_tokenizer(cfg, Path(checkpoint).parent)
     model = load_model_for_eval(cfg, checkpoint)
     model.to(device)
     if model.backbone is not None:
         model.backbone.maybe_half(device)
-    metrics = SplitEvaluator(cfg, cfg.eval.split, tokenizer)(model, device)
-    write_eval(out_dir, metrics, {"checkpoint": str(checkpoint), "split": cfg.eval.split})
+    metrics = SplitEvaluator(cfg, cfg.eval.split, tokenizer, distributed=dist.distributed)(model, device)
+    if dist.is_main:
+        write_eval(out_dir, metrics, {"checkpoint": str(checkpoint), "split": cfg.eval.split})
     return metrics
 
 

@@ -3,21 +3,41 @@ the per-rank shard of a deterministic epoch order. The process-group primitives 
 :mod:`tvr.utils.distributed` (models use the gather, and must not import the training package).
 
 Gradient convention. With ``W`` ranks, rank ``r`` encodes its own ``B_r`` items; the features are all-gathered
-(:func:`tvr.utils.distributed.gather_features`) and every rank computes the *same* global loss ``L`` on the whole
-gathered batch (spec §1.4). Write ``g = ∂L/∂(gathered features)``, identical on every rank.
+(:func:`tvr.utils.distributed.gather_batch`) and the head's loss gets the gathered batch of ``B = Σ B_r`` items with
+rank ``r``'s :class:`~tvr.utils.distributed.RowShard`. Every rank ends with the *same* value ``L``, the loss one
+process computes on the whole batch (spec §1.4), but a head that takes the shard does only part of the work: the
+pairwise part (GARE's ψ, TV-ProxyNet's proxy generator, GraviAlign's all-pairs S_align) for its own texts against
+every gathered video, ``B_r × B`` pairs; the pieces are combined by differentiable collectives (the B × B logits
+all-gathered from each rank's rows, sums over pairs all-reduced from each rank's partial sums) and the cheap rest
+(cross-entropies over the B × B logits, statistics of those sums) is evaluated identically on every rank.
 
-* Parameters after the gather (the head, the logit scale) see the whole batch on every rank, so each rank's local
-  gradient is already the full-batch gradient ``∂L/∂θ``.
-* Parameters before the gather (encoders, temporal module) reach ``L`` only through this rank's rows. The gather's
-  backward all-reduces (sums) ``g`` over ranks and returns this rank's rows, i.e. ``W · g[rows of r]``, so rank
-  ``r``'s local gradient is ``W · ∂L/∂θ|via r's items``.
+Why every parameter still gets exactly the single-process gradient. Treat the W replicas as one computation with
+parameters ``θ_0 … θ_{W−1}`` (equal) and objective ``Φ = Σ_r L_r``, where ``L_r = L`` is what rank r backpropagates.
+Every collective's backward is the exact adjoint of its forward (all-gather ↔ reduce-scatter with sum; sum over
+ranks ↔ sum over ranks), so the gradient rank r's autograd leaves on its replica is exactly ``∂Φ/∂θ_r``: every path
+from ``θ_r`` to every rank's loss, whichever rank evaluated it. Summed over the replicas that is ``dΦ/dθ = W·dL/dθ``
+(``Φ = W·L`` while they agree), and DDP's averaging (sum / W) leaves ``dL/dθ``. Concretely:
 
-DistributedDataParallel then *averages* every parameter's gradient over ranks (sum / W). After the gather that is
-the mean of W equal values, ``∂L/∂θ``; before it, ``(1/W) Σ_r W · ∂L/∂θ|via r = Σ_r ∂L/∂θ|via r = ∂L/∂θ``. So every
-parameter gets exactly the single-process gradient of the global batch, whichever side of the gather it sits on
-(tests/test_distributed.py checks this against one process). The CLIP4Clip reference returns the local slice without
-the sum, which under DDP averaging scales encoder gradients by 1/W relative to head gradients (Adam mostly hides
-this; global gradient clipping does not).
+* a parameter used identically on every rank after the gather (the logit scale in the cross-entropy): each rank's
+  gradient is already ``∂L/∂θ``; their mean is ``∂L/∂θ``;
+* a parameter of the per-rank pairwise work (ψ on rank r's rows): every rank computes the same ``g = ∂L/∂S`` of the
+  gathered logits, and the reduce-scatter hands rank r the sum ``W·g[rows of r]``, so rank r's gradient is
+  ``W·∂L/∂θ|via r's rows``; the mean over ranks is ``Σ_r ∂L/∂θ|via r's rows = ∂L/∂θ``;
+* a parameter before the feature gather (encoders, temporal module) likewise gets ``W·∂L/∂θ|via r's items`` on
+  rank r, and the same mean.
+
+So no rank's partial term needs a scale of its own: what a rank backpropagates is always the global ``L``, and the
+collectives route the gradient of every piece back to the rank that computed it. ``tests/test_distributed.py``
+checks this against one process for every registered head. A head whose ``loss`` takes no ``shard`` computes the
+whole loss on every rank (the special case where the pairwise work is replicated): the same gradient, W times the
+work. The CLIP4Clip reference returns the local slice in its gather's backward instead of the sum, which under DDP
+averaging scales encoder gradients by 1/W relative to head gradients (Adam mostly hides this; global gradient
+clipping does not).
+
+Dropout under the per-rank loss: a pair's dropout mask is drawn once, by the rank that owns its row, as in one
+process (replicated pairwise work drew W different masks for every pair, so the ranks' losses differed). The draws
+come from each rank's own generator, so they are not the single process's draws; the gradient equality above is
+exact with dropout off and holds in distribution with it on.
 
 DDP settings (:func:`wrap_model`). ``find_unused_parameters`` is off by default: finding them costs a traversal of
 the autograd graph every step, and every trainable parameter of our models takes part in the loss. Frozen

@@ -1,8 +1,9 @@
 """The training loop: any :class:`RetrievalModel` over any :class:`TrainData`, resumable bit for bit.
 
-Per step: move the batch to the device, ``model(batch)["loss"]`` (under autocast on CUDA when ``train.amp``),
-backward, clip the global norm, optimizer step, scheduler step, ``model.after_optimizer_step()`` (clamps the logit
-scale). Validation and checkpoints follow the ``*_every`` settings and every epoch end.
+Per step: move the batch to the device, ``model(batch)["loss"]`` (under autocast with ``train.amp``, see
+:mod:`tvr.train.precision`), backward, clip the global norm, optimizer step, scheduler step,
+``model.after_optimizer_step()`` (clamps the logit scale). Validation and checkpoints follow the ``*_every``
+settings and every epoch end.
 
 Under torchrun the model is wrapped in DistributedDataParallel (:func:`tvr.train.distributed.wrap_model`), which
 averages gradients over ranks during the backward; only the training forward goes through the wrapper. Validation
@@ -17,9 +18,9 @@ checkpoint's step, so ``fit(resume=True)`` after a crash reproduces an uninterru
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from tvr.train.data import DatasetTrainData, TrainData
 from tvr.train.distributed import DistInfo, init_distributed, wrap_model
 from tvr.train.logging import RunLogger, TrainProgress
 from tvr.train.optim import build_optimizer, current_lrs
+from tvr.train.precision import autocast, autocast_dtype, grad_scaler
 from tvr.train.schedule import build_scheduler
 from tvr.train.utils import (
     batch_item_count,
@@ -71,9 +73,11 @@ class Trainer:
 
     ``model(batch)`` must return a dict with a ``"loss"`` entry (:meth:`RetrievalModel.forward`).
     ``evaluate_fn(model) -> metrics`` (nested dict, e.g. ``{"t2v": {"R1": ...}}``) is called with the unwrapped model
-    on ranks that have one; ``cfg.train.select_metric`` (a ``/`` path) picks ``best.pt``. Pass ``evaluate_fn=None`` on
-    non-main ranks. ``find_unused_parameters`` is passed to DistributedDataParallel (see
-    :mod:`tvr.train.distributed`); leave it off unless a trainable parameter takes no part in the loss.
+    on ranks that have one; ``cfg.train.select_metric`` (a ``/`` path) picks ``best.pt``. Under torchrun give every
+    rank a sharded evaluator (``SplitEvaluator(..., distributed=True)``, every rank gets the same metrics), or pass
+    ``evaluate_fn=None`` on non-main ranks to validate on rank 0 alone. ``find_unused_parameters`` is passed to
+    DistributedDataParallel (see :mod:`tvr.train.distributed`); leave it off unless a trainable parameter takes no
+    part in the loss.
 
     ``self.model`` is the unwrapped module; ``self.train_model`` is what the training step calls (the DDP wrapper
     under torchrun, the module itself otherwise).
@@ -120,14 +124,9 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, self.tc)
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.scheduler = build_scheduler(self.optimizer, self.tc.schedule, self.schedule_steps, self.tc.warmup)
-        self.amp_dtype: torch.dtype | None = None
-        self.scaler: torch.amp.GradScaler | None = None
-        if self.device.type == "cuda" and self.tc.amp:
-            if torch.cuda.is_bf16_supported():
-                self.amp_dtype = torch.bfloat16
-            else:
-                self.amp_dtype = torch.float16
-                self.scaler = torch.amp.GradScaler("cuda")
+        # mixed precision (tvr.train.precision): autocast dtype, and a grad scaler for fp16
+        self.amp_dtype = autocast_dtype(self.device, self.tc.amp, self.tc.amp_dtype)
+        self.scaler = grad_scaler(self.device, self.amp_dtype)
 
         self.logger = RunLogger(self.out_dir, enabled=self.is_main)
         self.select_metric = self.tc.select_metric
@@ -300,12 +299,7 @@ class Trainer:
     def _train_step(self, batch: dict[str, Any]) -> tuple[dict[str, Tensor], Tensor | None]:
         batch = move_to_device(batch, self.device)
         self.optimizer.zero_grad(set_to_none=True)
-        autocast = (
-            torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
-            if self.amp_dtype is not None
-            else contextlib.nullcontext()
-        )
-        with autocast:
+        with autocast(self.device, self.amp_dtype):
             out = self.train_model(batch)
         if not isinstance(out, dict) or "loss" not in out:
             raise KeyError(f"{type(self.model).__name__}(batch) must return a dict with a 'loss' entry")
@@ -326,7 +320,12 @@ class Trainer:
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # an fp16 step the scaler skipped (inf/NaN gradients while it finds its scale) still advances the
+            # schedule, as in torch's AMP recipe; the scheduler's "step() before optimizer.step()" warning then
+            # misreads the skipped step as a wrong call order
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+            self.scheduler.step()
         self.model.after_optimizer_step()
         return {k: v.detach() for k, v in out.items() if isinstance(v, Tensor)}, grad_norm
 

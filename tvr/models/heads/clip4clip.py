@@ -32,6 +32,7 @@ from tvr.models.heads.base import RetrievalHead
 from tvr.models.heads.common import check_frames, mean_pooled_video
 from tvr.models.heads.registry import register_head
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
+from tvr.utils.distributed import RowShard
 
 VIDEO_POOLS = ("mean", "text_softmax")
 #: elements of one [n_t, n_v, F] scratch tensor in text_softmax scoring (several live at once)
@@ -155,10 +156,15 @@ class Clip4ClipHead(RetrievalHead):
         return torch.stack(out).float() if out else torch.zeros(0)
 
     # ------------------------------------------------------------------ training
-    def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
+    def loss(self, text: TextFeatures, video: VideoFeatures, shard: RowShard | None = None) -> dict[str, Tensor]:
         """Symmetric InfoNCE on exp(logit_scale) · s over the B×B batch (diagonal positives). ``logit_scale`` in the
-        returned dict is the multiplier exp(logit_scale), detached."""
-        sims = self.score_block(self.encode_texts(text), self.encode_videos(video))
+        returned dict is the multiplier exp(logit_scale), detached.
+
+        Under DDP (``shard``: this rank's rows of the gathered batch) each rank scores its own texts against every
+        video (text_softmax pooling is per pair) and the B×B scores are all-gathered (:mod:`tvr.train.distributed`).
+        """
+        shard = shard or RowShard.whole(len(text))
+        sims = shard.gather(self.score_block(self.encode_texts(shard.local(text)), self.encode_videos(video)))
         scale = self.logit_scale.exp()
         loss = symmetric_infonce(scale * sims)
         return {"loss": loss, "infonce": loss.detach(), "logit_scale": scale.detach()}

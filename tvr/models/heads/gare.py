@@ -14,7 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvr.losses import gare_direction, gare_kl, gare_radius, symmetric_infonce
+from tvr.losses import (
+    gare_direction_rows,
+    gare_kl_moments,
+    gare_radius_hinge,
+    gare_radius_rows,
+    symmetric_infonce,
+)
 from tvr.models.heads.base import RetrievalHead
 from tvr.models.heads.gare_psi import GareOptions, Psi, gare_block, video_mean
 from tvr.models.heads.gare_scoring import (
@@ -27,6 +33,7 @@ from tvr.models.heads.gare_scoring import (
 )
 from tvr.models.heads.registry import register_head
 from tvr.types import TextFeatures, VideoFeatures
+from tvr.utils.distributed import RowShard
 
 __all__ = ["GareHead", "GareOptions", "Psi", "gare_block"]
 
@@ -149,33 +156,54 @@ class GareHead(RetrievalHead):
         return torch.stack(scores).float() if scores else torch.zeros(0)
 
     # ------------------------------------------------------------------ training
-    def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
+    def loss(self, text: TextFeatures, video: VideoFeatures, shard: RowShard | None = None) -> dict[str, Tensor]:
         """L = InfoNCE(exp(logit_scale)·S) + β·L_IB + λ_dir·L_dir + λ_ε·L_ε on the full B×B block (spec §3.4).
 
         A term whose weight is 0 is not computed and is absent from the returned dict.
+
+        Under DDP (``shard``: this rank's rows of the gathered batch) ψ runs on this rank's texts × every video only;
+        the B×B scores are all-gathered, and the regularisers' sums over texts (the per-video moments of L_IB, the
+        per-text terms of L_ε and L_dir) are summed over ranks before their nonlinear ends, so every rank holds the
+        loss of the whole batch (:mod:`tvr.train.distributed`).
         """
         opts = self.options
         text, video = self.encode_texts(text), self.encode_videos(video)
         if len(text) != len(video):
             raise ValueError(f"GARE loss needs aligned pairs, got {len(text)} texts and {len(video)} videos")
-        scores, delta = gare_block(self.psi, text, video, opts)
+        shard = shard or RowShard.whole(len(text))
+        n = shard.total
+        scores, delta = gare_block(self.psi, shard.local(text), video, opts)  # own texts × all videos
         logit_scale = self.logit_scale.exp()
-        infonce = symmetric_infonce(logit_scale * scores)
+        infonce = symmetric_infonce(logit_scale * shard.gather(scores))
         total = infonce
         out: dict[str, Tensor] = {"infonce": infonce.detach()}
         if opts.kl_weight > 0:
-            kl = gare_kl(delta, opts.kl_reduction)
+            if n < 2:
+                raise ValueError(f"gare_kl needs at least 2 texts (unbiased statistics), got a batch of {n}")
+            mu = shard.sum(delta.sum(dim=0)) / n  # per video, over every rank's texts
+            sigma = (shard.sum((delta - mu).square().sum(dim=0)) / (n - 1)).sqrt() + 1e-6
+            kl = gare_kl_moments(mu, sigma, opts.kl_reduction)
             total = total + opts.kl_weight * kl
             out["kl"] = kl.detach()
+        # the per-text terms of L_dir and L_ε (and the logged mean ‖Δ‖), summed over ranks in one collective
+        partial, names = [], []
         if opts.direction_weight > 0:
-            direction = gare_direction(delta, opts.direction_alpha)
+            partial.append(gare_direction_rows(delta, opts.direction_alpha).sum())
+            names.append("direction")
+        if opts.radius_weight > 0:
+            partial.append(gare_radius_rows(delta).sum())
+            names.append("radius")
+        partial.append(delta.detach().norm(dim=-1).sum() / delta.shape[1])
+        sums = dict(zip([*names, "delta_norm"], shard.sum(torch.stack(partial)) / n, strict=True))
+        if opts.direction_weight > 0:
+            direction = sums["direction"]
             total = total + opts.direction_weight * direction
             out["direction"] = direction.detach()
         if opts.radius_weight > 0:
-            radius = gare_radius(delta, opts.radius_lambda)
+            radius = gare_radius_hinge(sums["radius"], opts.radius_lambda)
             total = total + opts.radius_weight * radius
             out["radius"] = radius.detach()
-        out["delta_norm"] = delta.detach().norm(dim=-1).mean()
+        out["delta_norm"] = sums["delta_norm"].detach()
         out["logit_scale"] = logit_scale.detach()
         out["loss"] = total
         return out

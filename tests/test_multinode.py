@@ -1,0 +1,90 @@
+"""Two "machines" on loopback: two torchrun agents (one process each) meet through a c10d rendezvous on 127.0.0.1,
+as two nodes of a cluster would, and run ``tvr train`` (GARE: the per-rank loss, sharded validation and test). The
+run must equal one process training on the same global batch: the same weights (to float rounding), losses and
+test metrics. So multi-node launch is proven, not assumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_end_to_end import make_msrvtt
+from two_process import free_port
+
+from tvr.config import config_from_dict
+from tvr.pipeline import run_train
+from tvr.train.logging import read_jsonl
+
+
+def _torchrun() -> str:
+    local = Path(sys.executable).with_name("torchrun")
+    found = str(local) if local.exists() else shutil.which("torchrun")
+    if found is None:
+        pytest.skip("torchrun not installed")
+    return found
+
+
+def _node(torchrun: str, node_rank: int, port: int, config: Path, out: Path, log: Path) -> subprocess.Popen:
+    command = [
+        torchrun,
+        "--nnodes", "2",
+        "--node_rank", str(node_rank),
+        "--nproc_per_node", "1",
+        "--rdzv_backend", "c10d",
+        "--rdzv_endpoint", f"127.0.0.1:{port}",
+        "--rdzv_id", "tvr-loopback",
+        # node 0 hosts the rendezvous store; both nodes reach each other through the loopback address
+        "--rdzv_conf", f"is_host={'true' if node_rank == 0 else 'false'}",
+        "--local_addr", "127.0.0.1",
+        "-m", "tvr.cli", "train", "-c", str(config), "-o", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+
+
+def test_two_nodes_on_loopback_train_like_one_process(tmp_path: Path) -> None:
+    torchrun = _torchrun()
+    values = make_msrvtt(tmp_path / "data")
+    # GARE without ψ dropout (a pair's dropout draw on a rank is not the single process's draw)
+    values["head"] = {"name": "gare", "options": {"psi_dropout": 0.0}}
+    values["train"].update({"epochs": 1, "batch_size": 4})
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(values))
+
+    out = tmp_path / "two_nodes"
+    port = free_port()
+    logs = [tmp_path / f"node{k}.log" for k in range(2)]
+    nodes = [_node(torchrun, k, port, config, out, logs[k]) for k in range(2)]
+    try:
+        codes = [node.wait(timeout=420) for node in nodes]
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            node.kill()
+        pytest.fail("the two torchrun nodes did not finish within 420 s:\n" + logs[0].read_text()[-3000:])
+    assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+
+    single = run_train(config_from_dict(json.loads(json.dumps(values))), tmp_path / "one")
+    two = json.loads((out / "summary.json").read_text())
+    assert two["steps"] == single["steps"] == 2  # 10 pairs, global batch 4: 2 steps
+    # the logged loss and global gradient norm (before clipping) of every step: the gradient itself is compared
+    runs = (out, tmp_path / "one")
+    records = [[r for r in read_jsonl(run / "train_log.jsonl") if r.get("kind") == "train"] for run in runs]
+    for key in ("loss", "grad_norm"):
+        assert [r[key] for r in records[0]] == pytest.approx([r[key] for r in records[1]], rel=1e-4), key
+    # weights: Adam turns any gradient entry into a step of about lr, so an entry whose true gradient is tiny moves
+    # by rounding noise of up to lr per step; atol bounds that (lr 1e-3, 2 steps)
+    a = torch.load(out / "last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "one" / "last.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=2e-4, msg=lambda m, k=key: f"{k}: {m}")
+    for tag in ("last", "best"):
+        metrics = [json.loads((run / f"test_{tag}" / "metrics.json").read_text()) for run in runs]
+        assert metrics[0]["t2v"] == metrics[1]["t2v"] and metrics[0]["v2t"] == metrics[1]["v2t"], tag
