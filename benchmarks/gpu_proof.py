@@ -146,7 +146,7 @@ class _OneBatch:
 def synthetic_batch(cfg, n: int, work: Path) -> dict:  # noqa: ANN001
     import torch
 
-    from tvr.models.build import build_tokenizer
+    from tvr.data.tokenizer import build_tokenizer
 
     g = torch.Generator().manual_seed(0)
     words = cfg.data.max_words

@@ -69,8 +69,8 @@ def score_every_mode(run: Path) -> dict:
     import torch.nn.functional as F
 
     from tvr.data.annotations import load_split
+    from tvr.data.tokenizer import build_tokenizer
     from tvr.eval.runner import encode_split_raw
-    from tvr.models.build import build_tokenizer
     from tvr.models.checkpoint import load_model
     from tvr.models.heads.gravialign_scoring import s_align_scores
 

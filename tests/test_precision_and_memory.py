@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from tvr.config import Config, TrainConfig, config_from_dict
-from tvr.models.build import build_model, build_tokenizer
+from tvr.data.tokenizer import build_tokenizer
+from tvr.models.build import build_model
 from tvr.pipeline import resolve_config
 from tvr.train.data import DatasetTrainData
 from tvr.train.precision import autocast_dtype, grad_scaler
