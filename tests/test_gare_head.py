@@ -472,3 +472,19 @@ def test_head_config_round_trip_through_registry() -> None:
     head = build_head(HeadConfig(name="gare", options={"corrected_side": "video"}), D, 2.0)
     assert isinstance(head, GareHead) and head.options.corrected_side == "video"
     assert head.logit_scale.item() == pytest.approx(2.0)
+
+
+def test_a_video_whose_increments_agree_over_texts_keeps_finite_gradients() -> None:
+    """Identical captions give every video one Δ over the texts: σ_jd = 0 + 1e-6, a finite L_IB, and the zero
+    subgradient where sqrt's derivative would be 0·∞ (bf16 autocast rounds near-equal increments to this case)."""
+    torch.manual_seed(0)
+    head = GareHead(D, GareOptions(psi_dropout=0.0))
+    text, video = make_features(4, 4)
+    same = TextFeatures(text.eot[:1].repeat(4, 1), text.words[:1].repeat(4, 1, 1), text.word_mask[:1].repeat(4, 1))
+    out = head.loss(same, video)
+    delta = gare_block(head.psi, head.encode_texts(same), head.encode_videos(video), head.options)[1]
+    expected = gare_kl(delta.detach(), head.options.kl_reduction)  # the formula: −log(1e-6) + ½μ² − ½ per dimension
+    assert torch.isfinite(out["kl"]) and torch.allclose(out["kl"], expected, rtol=1e-5)
+    out["loss"].backward()
+    grads = [p.grad for p in head.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)

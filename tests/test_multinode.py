@@ -78,13 +78,18 @@ def test_two_nodes_on_loopback_train_like_one_process(tmp_path: Path) -> None:
     records = [[r for r in read_jsonl(run / "train_log.jsonl") if r.get("kind") == "train"] for run in runs]
     for key in ("loss", "grad_norm"):
         assert [r[key] for r in records[0]] == pytest.approx([r[key] for r in records[1]], rel=1e-4), key
-    # weights: Adam turns any gradient entry into a step of about lr, so an entry whose true gradient is tiny moves
-    # by rounding noise of up to lr per step; atol bounds that (lr 1e-3, 2 steps)
+    # weights: Adam turns any gradient entry into a step of about ±lr, so an entry whose true gradient is as small as
+    # the two runs' rounding differences can step the other way: up to 2·lr per step (lr 1e-3, 2 steps). Every
+    # entry stays within that bound, and all but a few (≤ 1 %) agree to the rounding of one step
     a = torch.load(out / "last.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "one" / "last.pt", weights_only=True)["model"]
     assert a.keys() == b.keys()
+    bound = 2 * values["train"]["lr"] * two["steps"]
     for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=2e-4, msg=lambda m, k=key: f"{k}: {m}")
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=bound, msg=lambda m, k=key: f"{k}: {m}")
+        if a[key].is_floating_point() and a[key].numel():
+            close = torch.isclose(a[key], b[key], rtol=1e-4, atol=2e-4)
+            assert close.float().mean() >= 0.99, f"{key}: {int((~close).sum())} of {close.numel()} entries differ"
     for tag in ("last", "best"):
         metrics = [json.loads((run / f"test_{tag}" / "metrics.json").read_text()) for run in runs]
         assert metrics[0]["t2v"] == metrics[1]["t2v"] and metrics[0]["v2t"] == metrics[1]["v2t"], tag

@@ -180,8 +180,13 @@ class GareHead(RetrievalHead):
         if opts.kl_weight > 0:
             if n < 2:
                 raise ValueError(f"gare_kl needs at least 2 texts (unbiased statistics), got a batch of {n}")
-            mu = shard.sum(delta.sum(dim=0)) / n  # per video, over every rank's texts
-            sigma = (shard.sum((delta - mu).square().sum(dim=0)) / (n - 1)).sqrt() + 1e-6
+            # the moments in float32 (under bf16 autocast the texts' increments of a video can round to one value);
+            # a variance of exactly 0 gets the zero subgradient, where sqrt's would be 0·∞ = NaN
+            d32 = delta.float()
+            mu = shard.sum(d32.sum(dim=0)) / n  # per video, over every rank's texts
+            var = shard.sum((d32 - mu).square().sum(dim=0)) / (n - 1)
+            positive = var > 0
+            sigma = torch.where(positive, torch.where(positive, var, torch.ones_like(var)).sqrt(), var) + 1e-6
             kl = gare_kl_moments(mu, sigma, opts.kl_reduction)
             total = total + opts.kl_weight * kl
             out["kl"] = kl.detach()
