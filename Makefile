@@ -21,10 +21,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check tvr tests benchmarks
+	$(BIN)/ruff format --check tvr tests benchmarks
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check tvr tests benchmarks
+	$(BIN)/ruff format --check tvr tests benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -66,8 +66,9 @@ def dense_layer(layer, x, mask):  # noqa: ANN001, ANN201
     def split(z):  # noqa: ANN001, ANN202
         return z.view(n, s, attn.num_heads, attn.head_dim).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(split(attn.q_proj(h)), split(attn.k_proj(h)), split(attn.v_proj(h)),
-                                         attn_mask=mask, scale=attn.scale)
+    out = F.scaled_dot_product_attention(
+        split(attn.q_proj(h)), split(attn.k_proj(h)), split(attn.v_proj(h)), attn_mask=mask, scale=attn.scale
+    )
     x = x + attn.out_proj(out.transpose(1, 2).reshape(n, s, w))
     return x + layer.mlp(layer.layer_norm2(x))
 
@@ -130,28 +131,35 @@ def main() -> None:
                 "seconds_min": best,
                 "seconds_all": times,
                 "dense_over_factorised": best["dense_mask"] / best["factorised"],
-                "attention_scores_per_head": {"factorised": args.videos * (m * s + t * patches * (m + patches)),
-                                              "dense_mask": args.videos * s * s},
+                "attention_scores_per_head": {
+                    "factorised": args.videos * (m * s + t * patches * (m + patches)),
+                    "dense_mask": args.videos * s * s,
+                },
                 "max_abs_diff": diff,
             }
             results.append(row)
-            print(f"T={t:2d} ({s} tokens) {row['mode']:>16}: factorised {best['factorised'] * 1e3:7.1f} ms, "
-                  f"dense mask {best['dense_mask'] * 1e3:7.1f} ms, ratio {row['dense_over_factorised']:.2f}, "
-                  f"max |diff| {diff:.1e}")
+            print(
+                f"T={t:2d} ({s} tokens) {row['mode']:>16}: factorised {best['factorised'] * 1e3:7.1f} ms, "
+                f"dense mask {best['dense_mask'] * 1e3:7.1f} ms, ratio {row['dense_over_factorised']:.2f}, "
+                f"max |diff| {diff:.1e}"
+            )
     load_after = os.getloadavg()
     print(f"load average after: {load_after}")
-    atomic_write_json(args.out, {
-        "benchmark": "clipvip_attention",
-        "layer": "ViT-B/32 CLIPEncoderLayer (768 wide, 12 heads), M=4 proxies, L=49 patches, random weights",
-        "videos": args.videos,
-        "reps": args.reps,
-        "threads": args.threads,
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-        "load_average_before": load_before,
-        "load_average_after": load_after,
-        "results": results,
-    })
+    atomic_write_json(
+        args.out,
+        {
+            "benchmark": "clipvip_attention",
+            "layer": "ViT-B/32 CLIPEncoderLayer (768 wide, 12 heads), M=4 proxies, L=49 patches, random weights",
+            "videos": args.videos,
+            "reps": args.reps,
+            "threads": args.threads,
+            "torch": torch.__version__,
+            "platform": platform.platform(),
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+            "results": results,
+        },
+    )
     print(f"wrote {args.out}")
 
 

@@ -82,8 +82,14 @@ def main() -> None:
                 load_cached_clip(p, args.max_frames, args.image_size)
 
         identical = all(
-            all(torch.equal(a, b) for a, b in zip(load_clip(p, args.max_frames, 1.0, args.image_size),
-                                                  load_cached_clip(c, args.max_frames, args.image_size), strict=True))
+            all(
+                torch.equal(a, b)
+                for a, b in zip(
+                    load_clip(p, args.max_frames, 1.0, args.image_size),
+                    load_cached_clip(c, args.max_frames, args.image_size),
+                    strict=True,
+                )
+            )
             for p, c in zip(prepared, cached, strict=True)
         )
         methods = {"raw_mp4": epoch_raw, "prepared_mp4": epoch_prepared, "frame_cache": epoch_cache}
@@ -100,8 +106,13 @@ def main() -> None:
     result = {
         "clips": len(raw),
         "clip_folder": str(args.clips),
-        "settings": {"max_frames": args.max_frames, "frame_rate": 1.0, "image_size": args.image_size,
-                     "torch_threads": 1, "reps": args.reps},
+        "settings": {
+            "max_frames": args.max_frames,
+            "frame_rate": 1.0,
+            "image_size": args.image_size,
+            "torch_threads": 1,
+            "reps": args.reps,
+        },
         "epoch_seconds_min": {k: round(v, 4) for k, v in best.items()},
         "per_clip_ms_min": {k: round(1000 * v / len(raw), 2) for k, v in best.items()},
         "all_runs_seconds": {k: [round(x, 4) for x in v] for k, v in times.items()},

@@ -86,17 +86,29 @@ def main() -> None:
             last = train[-1]
             keys = ("loss", "infonce", "sgi", "term_A", "term_B", "term_C", "logvar_text", "logvar_video", "grad_norm")
             row = {
-                "variant": name, "head": method, "options": options, "seconds": round(seconds, 1),
-                "test_t2v": metrics["t2v"], "test_t2v@cos_f": metrics.get("t2v@cos_f"),
+                "variant": name,
+                "head": method,
+                "options": options,
+                "seconds": round(seconds, 1),
+                "test_t2v": metrics["t2v"],
+                "test_t2v@cos_f": metrics.get("t2v@cos_f"),
                 "inference_setting": metrics.get("inference_setting"),
                 "last_train_step": {k: last[k] for k in keys if k in last},
                 "grad_norm_max": max(r.get("grad_norm", 0.0) for r in train),
             }
             results.append(row)
             print(json.dumps(row), flush=True)
-    atomic_write_json(args.out, {"benchmark": "GraviAlign option variants on the demo set", "command": command,
-                                 "epochs": args.epochs, "torch": torch.__version__,
-                                 "loadavg_end": [round(x, 2) for x in os.getloadavg()], "variants": results})
+    atomic_write_json(
+        args.out,
+        {
+            "benchmark": "GraviAlign option variants on the demo set",
+            "command": command,
+            "epochs": args.epochs,
+            "torch": torch.__version__,
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+            "variants": results,
+        },
+    )
 
 
 if __name__ == "__main__":

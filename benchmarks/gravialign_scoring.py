@@ -106,15 +106,38 @@ def worker(args: argparse.Namespace) -> None:
     peak = peak_rss_mib()
     if args.save_scores:
         torch.save(scores, args.save_scores)
-    print(json.dumps({"method": args.method, "seconds": seconds, "peak_rss_mib": round(peak, 1),
-                      "rss_before_call_mib": round(rss_before, 1), "rss_increase_mib": round(peak - rss_before, 1),
-                      "threads": torch.get_num_threads()}))
+    print(
+        json.dumps(
+            {
+                "method": args.method,
+                "seconds": seconds,
+                "peak_rss_mib": round(peak, 1),
+                "rss_before_call_mib": round(rss_before, 1),
+                "rss_increase_mib": round(peak - rss_before, 1),
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
 
 
 def run_worker(method: str, args: argparse.Namespace, save: str) -> dict:
-    return run_worker_process(__file__, ["--worker", method, "--n-texts", str(args.n_texts), "--n-videos",
-                                         str(args.n_videos), "--dim", str(args.dim), "--seed", str(args.seed),
-                                         "--save-scores", save])
+    return run_worker_process(
+        __file__,
+        [
+            "--worker",
+            method,
+            "--n-texts",
+            str(args.n_texts),
+            "--n-videos",
+            str(args.n_videos),
+            "--dim",
+            str(args.dim),
+            "--seed",
+            str(args.seed),
+            "--save-scores",
+            save,
+        ],
+    )
 
 
 def best_of(fn, reps: int, inner: int = 1) -> tuple[float, list[float]]:  # noqa: ANN001
@@ -133,10 +156,15 @@ def step_elements(tc: int, vc: int, dim: int, group: int) -> dict[str, int]:
     """Elements each step of one [tc, vc, D] block of ``s_align_scores`` pushes through (the floor's counts)."""
     full = tc * vc * dim
     groups = dim // group
-    return {"s = var_t + var_v (broadcast add)": full, "delta = mu_t - mu_v (broadcast sub)": full,
-            "delta^2 (in place)": full, "/= s (in place)": full, "sum over D -> q": full,
-            f"product over groups of {group} (strided prod)": tc * vc * groups * (group - 1),
-            f"log of D/{group} products + sum": tc * vc * groups}
+    return {
+        "s = var_t + var_v (broadcast add)": full,
+        "delta = mu_t - mu_v (broadcast sub)": full,
+        "delta^2 (in place)": full,
+        "/= s (in place)": full,
+        "sum over D -> q": full,
+        f"product over groups of {group} (strided prod)": tc * vc * groups * (group - 1),
+        f"log of D/{group} products + sum": tc * vc * groups,
+    }
 
 
 def time_block_steps(tc: int, vc: int, tensors: tuple, group: int, reps: int, inner: int) -> dict[str, float]:
@@ -230,8 +258,11 @@ def where_the_time_goes(args: argparse.Namespace, reps: int) -> dict:
     for name, seconds in per_block.items():
         breakdown[name] = round(seconds * blocks, 4)
         print(f"  {name:48s} {seconds * blocks:7.3f} s for all pairs, one thread", flush=True)
-    return {"variants": variants, "block": {"texts": tc, "videos": vc, "group": g, "blocks": blocks},
-            "steps_seconds_all_pairs": breakdown}
+    return {
+        "variants": variants,
+        "block": {"texts": tc, "videos": vc, "group": g, "blocks": blocks},
+        "steps_seconds_all_pairs": breakdown,
+    }
 
 
 #: the in-cache probe: contiguous vectors of these two lengths (at the larger one, 256 KiB per operand: an op's
@@ -290,10 +321,15 @@ def one_thread_floor(args: argparse.Namespace, reps: int) -> dict:
             rate = in_cache_rates(args.dim, reps)
     finally:
         torch.set_num_threads(previous)
-    op_of = {"s = var_t + var_v (broadcast add)": ["add"], "delta = mu_t - mu_v (broadcast sub)": ["sub"],
-             "delta^2 (in place)": ["square"], "/= s (in place)": ["div"], "sum over D -> q": ["sum over the last dim"],
-             f"product over groups of {g} (strided prod)": ["mul"],
-             f"log of D/{g} products + sum": ["log", "sum over the last dim"]}
+    op_of = {
+        "s = var_t + var_v (broadcast add)": ["add"],
+        "delta = mu_t - mu_v (broadcast sub)": ["sub"],
+        "delta^2 (in place)": ["square"],
+        "/= s (in place)": ["div"],
+        "sum over D -> q": ["sum over the last dim"],
+        f"product over groups of {g} (strided prod)": ["mul"],
+        f"log of D/{g} products + sum": ["log", "sum over the last dim"],
+    }
     total = step_elements(args.n_texts, args.n_videos, args.dim, g)
     steps, floor_sum, real_sum = {}, 0.0, 0.0
     for name, count in total.items():
@@ -301,18 +337,32 @@ def one_thread_floor(args: argparse.Namespace, reps: int) -> dict:
         measured = real[name] * blocks
         floor_sum += floor
         real_sum += measured
-        steps[name] = {"floor_seconds": round(floor, 4), "measured_seconds": round(measured, 4),
-                       "ratio": round(measured / floor, 2) if floor > 0 else None, "elements": count}
-        print(f"  {name:48s} floor {floor:6.3f} s  measured {measured:6.3f} s  ({measured / max(floor, 1e-12):.1f}x)",
-              flush=True)
-    result = {"one_thread_seconds": round(whole, 4), "one_thread_seconds_all": [round(t, 4) for t in whole_all],
-              "floor_seconds": round(floor_sum, 4), "ratio": round(whole / floor_sum, 2),
-              "steps_sum_seconds": round(real_sum, 4), "steps_sum_ratio": round(real_sum / floor_sum, 2),
-              "ns_per_element_in_cache": {k: round(v * 1e9, 4) for k, v in rate.items()},
-              "in_cache_probe": f"contiguous vectors of {FLOOR_ELEMENTS[1]} minus {FLOOR_ELEMENTS[0]} elements",
-              "steps": steps}
-    print(f"  whole call, one thread {whole:.3f} s; floor {floor_sum:.3f} s ({result['ratio']}x); steps at the real "
-          f"block size sum to {real_sum:.3f} s ({result['steps_sum_ratio']}x)", flush=True)
+        steps[name] = {
+            "floor_seconds": round(floor, 4),
+            "measured_seconds": round(measured, 4),
+            "ratio": round(measured / floor, 2) if floor > 0 else None,
+            "elements": count,
+        }
+        print(
+            f"  {name:48s} floor {floor:6.3f} s  measured {measured:6.3f} s  ({measured / max(floor, 1e-12):.1f}x)",
+            flush=True,
+        )
+    result = {
+        "one_thread_seconds": round(whole, 4),
+        "one_thread_seconds_all": [round(t, 4) for t in whole_all],
+        "floor_seconds": round(floor_sum, 4),
+        "ratio": round(whole / floor_sum, 2),
+        "steps_sum_seconds": round(real_sum, 4),
+        "steps_sum_ratio": round(real_sum / floor_sum, 2),
+        "ns_per_element_in_cache": {k: round(v * 1e9, 4) for k, v in rate.items()},
+        "in_cache_probe": f"contiguous vectors of {FLOOR_ELEMENTS[1]} minus {FLOOR_ELEMENTS[0]} elements",
+        "steps": steps,
+    }
+    print(
+        f"  whole call, one thread {whole:.3f} s; floor {floor_sum:.3f} s ({result['ratio']}x); steps at the real "
+        f"block size sum to {real_sum:.3f} s ({result['steps_sum_ratio']}x)",
+        flush=True,
+    )
     return result
 
 
@@ -324,8 +374,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reps", type=int, default=5, help="alternated repetitions of each method (minimum kept)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 200 x 200, D = 64, one repetition")
-    parser.add_argument("--out", default=None, help=f"result file (default {DEFAULT_OUT.relative_to(REPO)}; "
-                        "--quick writes none unless given)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"result file (default {DEFAULT_OUT.relative_to(REPO)}; --quick writes none unless given)",
+    )
     parser.add_argument("--worker", choices=list(CONTENDERS), help=argparse.SUPPRESS)
     parser.add_argument("--save-scores", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -353,8 +406,11 @@ def main() -> None:
             for method in order:
                 result = run_worker(method, args, os.path.join(tmp, f"{method}{rep}.pt"))
                 runs[method].append(result)
-                print(f"[rep {rep + 1}/{args.reps}] {method:9s} {result['seconds']:8.3f} s  "
-                      f"peak RSS {result['peak_rss_mib']:7.1f} MiB (+{result['rss_increase_mib']:.1f})", flush=True)
+                print(
+                    f"[rep {rep + 1}/{args.reps}] {method:9s} {result['seconds']:8.3f} s  "
+                    f"peak RSS {result['peak_rss_mib']:7.1f} MiB (+{result['rss_increase_mib']:.1f})",
+                    flush=True,
+                )
         # the reference only now: a child's peak RSS counts the parent's RSS at fork, so the parent stays small above
         mu_v, lv_v, mu_t, lv_t = inputs(args)
         reference = broadcast_scores(mu_v.double(), lv_v.double(), mu_t.double(), lv_t.double())
@@ -365,12 +421,19 @@ def main() -> None:
                 rel[method] = max(rel[method], float((diff / reference.abs().clamp_min(1.0)).max()))
 
     def summary(method: str) -> dict:
-        return {**summarize_runs(runs[method]), "max_abs_diff_vs_float64": diffs[method],
-                "max_rel_diff_vs_float64": rel[method]}
+        return {
+            **summarize_runs(runs[method]),
+            "max_abs_diff_vs_float64": diffs[method],
+            "max_rel_diff_vs_float64": rel[method],
+        }
 
     g, k = sgi_product_group(lv_v, lv_t)
     pairwise = {
-        "n_texts": args.n_texts, "n_videos": args.n_videos, "dim": args.dim, "product_group": g, "scale_exponent": k,
+        "n_texts": args.n_texts,
+        "n_videos": args.n_videos,
+        "dim": args.dim,
+        "product_group": g,
+        "scale_exponent": k,
         "broadcast": {"path": f"sgi_align_terms on [{BROADCAST_CHUNK}, N_v, D] broadcasts", **summary("broadcast")},
         "pure": {"path": "tvr.losses.sgi_align_pairwise (defaults)", **summary("pure")},
         "ours": {"path": "tvr.models.heads.gravialign_scoring.s_align_scores (defaults)", **summary("ours")},
@@ -378,8 +441,11 @@ def main() -> None:
     }
     pairwise["speedup"] = round(pairwise["broadcast"]["seconds_min"] / pairwise["ours"]["seconds_min"], 2)
     pairwise["speedup_pure"] = round(pairwise["broadcast"]["seconds_min"] / pairwise["pure"]["seconds_min"], 2)
-    print(f"speed-up {pairwise['speedup']}x (pure function {pairwise['speedup_pure']}x); max |diff| vs float64: "
-          + ", ".join(f"{m} {diffs[m]:.3g}" for m in names), flush=True)
+    print(
+        f"speed-up {pairwise['speedup']}x (pure function {pairwise['speedup_pure']}x); max |diff| vs float64: "
+        + ", ".join(f"{m} {diffs[m]:.3g}" for m in names),
+        flush=True,
+    )
     print("where the time goes (in one process):", flush=True)
     breakdown = where_the_time_goes(args, max(1, args.reps // 2))
     print("one thread against its arithmetic floor:", flush=True)
@@ -388,11 +454,15 @@ def main() -> None:
     result = {
         "benchmark": "GraviAlign s_align over all pairs: chunked broadcast vs sgi_align_pairwise vs s_align_scores",
         "command": command,
-        "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "loadavg_start": [round(x, 2) for x in load_start],
-                    "loadavg_end": [round(x, 2) for x in os.getloadavg()]},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+            "loadavg_start": [round(x, 2) for x in load_start],
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        },
         "inputs": "mu: normalised N(0, 1) vectors; logvar: N(-4, 1) clamped to [-10, 5]; G = T = lam = 1, "
-                  "per_dim_mean, softplus quality, eps 1e-6",
+        "per_dim_mean, softplus quality, eps 1e-6",
         "pairwise": pairwise,
         "where_the_time_goes": breakdown,
         "one_thread_vs_floor": floor,

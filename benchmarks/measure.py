@@ -27,8 +27,9 @@ def peak_rss_mib() -> float:
 
 def run_worker_process(script: str | Path, arguments: list[str]) -> dict:
     """Run ``script`` with ``arguments`` in a fresh interpreter; its last stdout line is the JSON record it returns."""
-    res = subprocess.run([sys.executable, str(script), *arguments], check=True, capture_output=True, text=True,
-                         cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, str(script), *arguments], check=True, capture_output=True, text=True, cwd=REPO
+    )
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 

@@ -95,19 +95,35 @@ def worker(args: argparse.Namespace) -> None:
     peak = peak_rss_mib()
     if args.save_scores:
         torch.save(scores, args.save_scores)
-    print(json.dumps({
-        "method": args.method,
-        "seconds": seconds,
-        "peak_rss_mib": round(peak, 1),
-        "rss_before_call_mib": round(rss_before, 1),
-        "rss_increase_mib": round(peak - rss_before, 1),
-        "threads": torch.get_num_threads(),
-    }))
+    print(
+        json.dumps(
+            {
+                "method": args.method,
+                "seconds": seconds,
+                "peak_rss_mib": round(peak, 1),
+                "rss_before_call_mib": round(rss_before, 1),
+                "rss_increase_mib": round(peak - rss_before, 1),
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
 
 
 def run_worker(method: str, n_texts: int, n_videos: int, args: argparse.Namespace, save: str | None) -> dict:
-    arguments = ["--worker", method, "--n-texts", str(n_texts), "--n-videos", str(n_videos), "--dim", str(args.dim),
-                 "--frames", str(args.frames), "--seed", str(args.seed)]
+    arguments = [
+        "--worker",
+        method,
+        "--n-texts",
+        str(n_texts),
+        "--n-videos",
+        str(n_videos),
+        "--dim",
+        str(args.dim),
+        "--frames",
+        str(args.frames),
+        "--seed",
+        str(args.seed),
+    ]
     if save:
         arguments += ["--save-scores", save]
     return run_worker_process(__file__, arguments)
@@ -148,8 +164,11 @@ def main() -> None:
                 paths[method] = os.path.join(tmp, f"{method}.pt")
                 result = run_worker(method, args.n_texts, args.n_videos, args, paths[method])
                 runs[method].append(result)
-                print(f"[rep {rep + 1}/{args.reps}] {method:9s} {result['seconds']:8.3f} s  "
-                      f"peak RSS {result['peak_rss_mib']:7.1f} MiB (+{result['rss_increase_mib']:.1f})", flush=True)
+                print(
+                    f"[rep {rep + 1}/{args.reps}] {method:9s} {result['seconds']:8.3f} s  "
+                    f"peak RSS {result['peak_rss_mib']:7.1f} MiB (+{result['rss_increase_mib']:.1f})",
+                    flush=True,
+                )
             ref, fast = torch.load(paths["reference"]), torch.load(paths["fast"])
             max_diff = max(max_diff, float((ref - fast).abs().max()))
 
@@ -158,8 +177,10 @@ def main() -> None:
         "n_videos": args.n_videos,
         "dim": args.dim,
         "frames": args.frames,
-        "reference": {"path": "tests/gare_oracle.py, 16 x 16 blocks (ψ per block)",
-                      **summarize_runs(runs["reference"])},
+        "reference": {
+            "path": "tests/gare_oracle.py, 16 x 16 blocks (ψ per block)",
+            **summarize_runs(runs["reference"]),
+        },
         "fast": {"path": "gare_pairwise_scores (factorised)", **summarize_runs(runs["fast"])},
         "max_abs_diff": max_diff,
     }
@@ -174,9 +195,11 @@ def main() -> None:
         entry["us_per_pair"] = round(min(r["seconds"] for r in rs) / pairs * 1e6, 4)
         entry["output_mib"] = round(pairs * 4 / 2**20, 1)
         scaling.append(entry)
-        print(f"fast {args.n_texts} x {n_videos}: {entry['seconds_min']} s ({entry['us_per_pair']} µs/pair), peak RSS "
-              f"{entry['peak_rss_mib']} MiB (+{entry['rss_increase_mib_max']} MiB, output {entry['output_mib']} MiB)",
-              flush=True)
+        print(
+            f"fast {args.n_texts} x {n_videos}: {entry['seconds_min']} s ({entry['us_per_pair']} µs/pair), peak RSS "
+            f"{entry['peak_rss_mib']} MiB (+{entry['rss_increase_mib_max']} MiB, output {entry['output_mib']} MiB)",
+            flush=True,
+        )
 
     result = {
         "benchmark": "GARE pairwise scoring: reference-style direct path vs factorised scorer",

@@ -119,18 +119,39 @@ def worker(args: argparse.Namespace) -> None:
     peak = peak_rss_mib()
     if args.save_scores and scores is not None:
         torch.save(scores, args.save_scores)
-    print(json.dumps({
-        "method": args.worker, "seconds": seconds, "peak_rss_mib": round(peak, 1),
-        "rss_before_call_mib": round(rss_before, 1), "rss_increase_mib": round(peak - rss_before, 1),
-        "threads": torch.get_num_threads(),
-    }))
+    print(
+        json.dumps(
+            {
+                "method": args.worker,
+                "seconds": seconds,
+                "peak_rss_mib": round(peak, 1),
+                "rss_before_call_mib": round(rss_before, 1),
+                "rss_increase_mib": round(peak - rss_before, 1),
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
 
 
-def run_worker(method: str, n_texts: int, n_videos: int, dash: str, args: argparse.Namespace,
-               save: str | None) -> dict:
-    arguments = ["--worker", method, "--n-texts", str(n_texts), "--n-videos", str(n_videos), "--dim", str(args.dim),
-                 "--proxies", str(args.proxies), "--dash", dash, "--seed", str(args.seed),
-                 "--threads", str(args.threads)]
+def run_worker(method: str, n_texts: int, n_videos: int, dash: str, args: argparse.Namespace, save: str | None) -> dict:
+    arguments = [
+        "--worker",
+        method,
+        "--n-texts",
+        str(n_texts),
+        "--n-videos",
+        str(n_videos),
+        "--dim",
+        str(args.dim),
+        "--proxies",
+        str(args.proxies),
+        "--dash",
+        dash,
+        "--seed",
+        str(args.seed),
+        "--threads",
+        str(args.threads),
+    ]
     if save:
         arguments += ["--save-scores", save]
     return run_worker_process(__file__, arguments)
@@ -191,16 +212,21 @@ def rerank_part(args: argparse.Namespace) -> dict:
                 seconds = time.perf_counter() - start
                 inside = (idx.unsqueeze(2) == top10.unsqueeze(1)).any(1).float()
                 assert torch.equal(idx.sort(1).values, shortlist[:, :k].sort(1).values)
-                rows.append({
-                    "k": k,
-                    "recall_of_exact_top10": round(float(inside.mean()), 4),
-                    "queries_with_full_top10": round(float((inside.sum(1) == 10).float().mean()), 4),
-                    "top1_agreement": round(float((idx[:, 0] == top10[:, 0]).float().mean()), 4),
-                    "max_abs_diff_vs_exact": float((scores - exact.gather(1, idx)).abs().max()),
-                    "rerank_seconds": round(seconds, 3),
-                })
-                print(f"gamma={gamma} K={k}: recall of exact top-10 {rows[-1]['recall_of_exact_top10']}, top-1 "
-                      f"agreement {rows[-1]['top1_agreement']}, rerank {seconds:.2f} s", flush=True)
+                rows.append(
+                    {
+                        "k": k,
+                        "recall_of_exact_top10": round(float(inside.mean()), 4),
+                        "queries_with_full_top10": round(float((inside.sum(1) == 10).float().mean()), 4),
+                        "top1_agreement": round(float((idx[:, 0] == top10[:, 0]).float().mean()), 4),
+                        "max_abs_diff_vs_exact": float((scores - exact.gather(1, idx)).abs().max()),
+                        "rerank_seconds": round(seconds, 3),
+                    }
+                )
+                print(
+                    f"gamma={gamma} K={k}: recall of exact top-10 {rows[-1]['recall_of_exact_top10']}, top-1 "
+                    f"agreement {rows[-1]['top1_agreement']}, rerank {seconds:.2f} s",
+                    flush=True,
+                )
             out["gammas"].append({"gamma": gamma, "gt_exhaustive": gt_recalls(exact, truth), "rerank": rows})
         out["gt_gamma0"] = gt_recalls(components["regular"], truth)
     return out
@@ -215,9 +241,13 @@ def main() -> None:
     parser.add_argument("--proxies", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reps", type=int, default=3, help="alternated repetitions (minimum kept)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads in every measurement (0 = torch's default); 1 is the steadier measure "
-                             "on a machine shared with other jobs, where a descheduled thread stalls every parallel op")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads in every measurement (0 = torch's default); 1 is the steadier measure "
+        "on a machine shared with other jobs, where a descheduled thread stalls every parallel op",
+    )
     parser.add_argument("--rerank-texts", type=int, default=500)
     parser.add_argument("--rerank-videos", type=int, default=5000)
     parser.add_argument("--clusters", type=int, default=100)
@@ -265,15 +295,23 @@ def main() -> None:
                         paths[method] = os.path.join(tmp, f"{method}.pt") if method != "gemm" else None
                         r = run_worker(method, n_t, n_v, dash, args, paths[method])
                         runs[method].append(r)
-                        print(f"[{n_t}x{n_v} {dash} rep {rep + 1}/{args.reps}] {method:5s} {r['seconds']:8.3f} s  "
-                              f"peak RSS {r['peak_rss_mib']:7.1f} MiB (+{r['rss_increase_mib']:.1f})", flush=True)
+                        print(
+                            f"[{n_t}x{n_v} {dash} rep {rep + 1}/{args.reps}] {method:5s} {r['seconds']:8.3f} s  "
+                            f"peak RSS {r['peak_rss_mib']:7.1f} MiB (+{r['rss_increase_mib']:.1f})",
+                            flush=True,
+                        )
                     if "block" in paths:
                         diff = (torch.load(paths["fast"]) - torch.load(paths["block"])).abs().max()
                         max_diff = max(max_diff, float(diff))
 
                 pairs = n_t * n_v
-                entry = {"n_texts": n_t, "n_videos": n_v, "dash": dash, "pairs": pairs,
-                         **{m: summarize_runs(runs[m]) for m in methods}}
+                entry = {
+                    "n_texts": n_t,
+                    "n_videos": n_v,
+                    "dash": dash,
+                    "pairs": pairs,
+                    **{m: summarize_runs(runs[m]) for m in methods},
+                }
                 t_fast, t_gemm = entry["fast"]["seconds_min"], entry["gemm"]["seconds_min"]
                 entry["gemm_gmac_per_s"] = round(5 * pairs * args.dim**2 / t_gemm / 1e9, 1)
                 entry["efficiency_vs_5D2_gemm"] = round(t_gemm / t_fast, 3)
@@ -282,17 +320,23 @@ def main() -> None:
                     entry["block_over_fast"] = round(entry["block"]["seconds_min"] / t_fast, 2)
                     entry["max_abs_diff_fast_vs_block"] = max_diff
                 results.append(entry)
-                print(f"{n_t}x{n_v} {dash}: efficiency {entry['efficiency_vs_5D2_gemm']} (gemm "
-                      f"{entry['gemm_gmac_per_s']} GMAC/s), {entry['fast_us_per_pair']} µs/pair"
-                      + (f", block/fast {entry['block_over_fast']}x, max |diff| {max_diff:.2g}"
-                         if "block" in methods else ""), flush=True)
+                print(
+                    f"{n_t}x{n_v} {dash}: efficiency {entry['efficiency_vs_5D2_gemm']} (gemm "
+                    f"{entry['gemm_gmac_per_s']} GMAC/s), {entry['fast_us_per_pair']} µs/pair"
+                    + (
+                        f", block/fast {entry['block_over_fast']}x, max |diff| {max_diff:.2g}"
+                        if "block" in methods
+                        else ""
+                    ),
+                    flush=True,
+                )
 
     breakdown = profile_breakdown(args, *sizes[0])
     print("where the factorised scorer's time goes:", json.dumps(breakdown), flush=True)
     rerank = rerank_part(args)
     result = {
         "benchmark": "TV-ProxyNet pairwise scoring: factorised exact scorer vs 5·D² GEMM floor vs reference-style "
-                     "block path; two-stage rerank recall",
+        "block path; two-stage rerank recall",
         "command": command,
         "machine": {
             "cpu_count": os.cpu_count(),
@@ -303,7 +347,7 @@ def main() -> None:
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],
         },
         "generator": "random: default init + Linear biases N(0, 0.02), LayerNorm gamma N(1, 0.2), beta N(0, 0.2); "
-                     f"D = ffn_dim = {args.dim}, M = {args.proxies}, 2 layers, 1 head, delta = eta = 1, gamma = 1",
+        f"D = ffn_dim = {args.dim}, M = {args.proxies}, 2 layers, 1 head, delta = eta = 1, gamma = 1",
         "scoring": results,
         "profile_fast": {"size": list(sizes[0]), "top_ops": breakdown},
         "rerank": rerank,

@@ -46,8 +46,9 @@ from tvr.utils.io import atomic_write_json  # noqa: E402
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "rerank_recall.json"
 
 
-def make_eval_set(n_texts: int, n_videos: int, clusters: int, dim: int, frames: int, seed: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_eval_set(
+    n_texts: int, n_videos: int, clusters: int, dim: int, frames: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     root = math.sqrt(dim)
     centres = torch.randn(clusters, dim, generator=g) * (8.0 / root)
@@ -107,9 +108,12 @@ def main() -> None:
         top10 = exact.topk(10, dim=1).indices
         index_s, index = timed(lambda: head.shortlist_videos(vs), args.reps)  # built once per gallery
         short_dense = head.shortlist_texts(ts) @ index.T
-        print(f"exhaustive exact: {exact_s:.2f} s for {args.n_texts} x {args.n_videos} "
-              f"({1e3 * exact_s / args.n_texts:.2f} ms/query); GT {gt_recalls(exact, truth)}; "
-              f"shortlist-only GT {gt_recalls(short_dense, truth)}; index {index_s:.2f} s", flush=True)
+        print(
+            f"exhaustive exact: {exact_s:.2f} s for {args.n_texts} x {args.n_videos} "
+            f"({1e3 * exact_s / args.n_texts:.2f} ms/query); GT {gt_recalls(exact, truth)}; "
+            f"shortlist-only GT {gt_recalls(short_dense, truth)}; index {index_s:.2f} s",
+            flush=True,
+        )
         rows = []
         for k in ks:
 
@@ -139,10 +143,13 @@ def main() -> None:
                 "distinct_shortlisted_videos": int(torch.unique(idx).numel()),
             }
             rows.append(row)
-            print(f"K={k}: recall of exact top-10 {row['recall_of_exact_top10']:.4f}, top-1 agreement "
-                  f"{row['top1_agreement']:.4f}, GT {row['gt_reranked']}, batched {row['batched_ms_per_query']} "
-                  f"ms/query, single query {row['single_query_ms_median']} ms "
-                  f"(max |diff| vs exact {row['max_abs_diff_vs_exact']:.2g})", flush=True)
+            print(
+                f"K={k}: recall of exact top-10 {row['recall_of_exact_top10']:.4f}, top-1 agreement "
+                f"{row['top1_agreement']:.4f}, GT {row['gt_reranked']}, batched {row['batched_ms_per_query']} "
+                f"ms/query, single query {row['single_query_ms_median']} ms "
+                f"(max |diff| vs exact {row['max_abs_diff_vs_exact']:.2g})",
+                flush=True,
+            )
 
     result = {
         "benchmark": "GARE two-stage scoring: mean-cos shortlist + exact rerank",

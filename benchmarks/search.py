@@ -191,8 +191,12 @@ def scale_psi(head, synth: Synthetic, gallery: np.ndarray, frames: int, ratio: f
     head.psi.delta_proj.weight.mul_(factor)
     head.psi.delta_proj.bias.mul_(factor)
     after = float(gare_delta(head.psi, text, video, head.options).norm(dim=-1).mean())
-    return {"mean_delta_norm_random_init": round(before, 4), "output_scale": round(factor, 4),
-            "mean_delta_norm": round(after, 4), "mean_text_norm": 1.0}
+    return {
+        "mean_delta_norm_random_init": round(before, 4),
+        "output_scale": round(factor, 4),
+        "mean_delta_norm": round(after, 4),
+        "mean_text_norm": 1.0,
+    }
 
 
 def state_lookup(n_state: int, shard: int):

@@ -280,8 +280,11 @@ def test_msvd_decompression_bombs_are_refused_in_a_line(tmp_path):
     long_word = "w" * 100_000
     shared_word = {f"v{k}": [[long_word] * 100] for k in range(500)} | {"a": [["x"]], "b": [["y"]], "c": [["z"]]}
     long_caption = {"a": [["x"] * 5000], "b": [["y"]], "c": [["z"]]}
-    for bomb, message in ((shared_lists, "referenced twice"), (shared_word, "more than .* characters of text"),
-                          (long_caption, "a caption of 5000 words")):
+    for bomb, message in (
+        (shared_lists, "referenced twice"),
+        (shared_word, "more than .* characters of text"),
+        (long_caption, "a caption of 5000 words"),
+    ):
         data = pickle.dumps(bomb)
         assert len(data) < 300_000  # small on disk
         (tmp_path / "raw-captions.pkl").write_bytes(data)

@@ -45,15 +45,28 @@ def video_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # a, b, c have 3, 1 and 2 captions, interleaved as MSR-VTT's sentence list is; d appears twice with two spans
 RECORDS = [
-    Rec("a", "a0"), Rec("b", "b0"), Rec("a", "a1"), Rec("c", "c0"), Rec("a", "a2"), Rec("c", "c1"),
-    Rec("d", "d-early", 0.0, 1.0), Rec("d", "d-late", 1.0, 2.0),
+    Rec("a", "a0"),
+    Rec("b", "b0"),
+    Rec("a", "a1"),
+    Rec("c", "c0"),
+    Rec("a", "a2"),
+    Rec("c", "c1"),
+    Rec("d", "d-early", 0.0, 1.0),
+    Rec("d", "d-late", 1.0, 2.0),
 ]
 CAPTIONS = [["a0", "a1", "a2"], ["b0"], ["c0", "c1"], ["d-early"], ["d-late"]]
 
 
 def _cfg(**overrides) -> DataConfig:
-    base = dict(max_frames=3, image_size=16, max_words=8, sampling="clipvip", caption_sampling="one_per_video",
-                pixel_mean=CLIP_MEAN, pixel_std=CLIP_STD)
+    base = dict(
+        max_frames=3,
+        image_size=16,
+        max_words=8,
+        sampling="clipvip",
+        caption_sampling="one_per_video",
+        pixel_mean=CLIP_MEAN,
+        pixel_std=CLIP_STD,
+    )
     base.update(overrides)
     return DataConfig(**base)
 
@@ -76,8 +89,9 @@ def test_the_draw_is_the_documented_function_of_seed_epoch_and_video(video_dir: 
     for epoch in range(4):
         ds.set_epoch(epoch)
         for k, captions in enumerate(CAPTIONS):
-            expected = captions[int(caption_rng(5, epoch, k).integers(len(captions)))] if len(captions) > 1 \
-                else captions[0]
+            expected = (
+                captions[int(caption_rng(5, epoch, k).integers(len(captions)))] if len(captions) > 1 else captions[0]
+            )
             assert ds[k]["caption"] == expected
             assert ds[k]["video_id"] == RECORDS[ds.video_groups[k][0]].video_id
 

@@ -65,8 +65,15 @@ def bad_set(tmp_path: Path) -> Path:
 
 
 def _cfg(root: Path, **data) -> Config:
-    values = {"dataset": "generic", "annotations": str(root), "video_dir": str(root / "videos"),
-              "video_pattern": "{video_id}", "val_fraction": 0.25, "max_words": 8, "max_frames": 4}
+    values = {
+        "dataset": "generic",
+        "annotations": str(root),
+        "video_dir": str(root / "videos"),
+        "video_pattern": "{video_id}",
+        "val_fraction": 0.25,
+        "max_words": 8,
+        "max_frames": 4,
+    }
     values.update(data)
     return resolve_config(config_from_dict({"data": values, "train": {"batch_size": 2}}))
 
@@ -137,9 +144,11 @@ def test_a_clean_dataset_passes_and_the_cli_exit_codes(bad_set: Path, tmp_path: 
 
 def test_caption_truncation_duplicates_and_overlaps(tmp_path: Path) -> None:
     long = "a very long caption " * 6
-    write_didemo(tmp_path, {"train": ["a", "b", "c"], "val": ["d"], "test": ["c", "e"]},
-                 captions={"a": ["x one", "x one"], "b": [long], "c": ["c"], "d": ["same words"],
-                           "e": ["same words"]})
+    write_didemo(
+        tmp_path,
+        {"train": ["a", "b", "c"], "val": ["d"], "test": ["c", "e"]},
+        captions={"a": ["x one", "x one"], "b": [long], "c": ["c"], "d": ["same words"], "e": ["same words"]},
+    )
     (tmp_path / "videos").mkdir()
     cfg = _cfg(tmp_path, dataset="didemo", video_pattern="{video_id}.mp4", max_words=8)
     report = check_data(cfg, progress=False)
@@ -161,9 +170,18 @@ def test_count_tokens_equals_encode_lengths(shared_data: Path, tmp_path: Path) -
     merges = read_clip_merges(shared_data / "clip_bpe" / "bpe_simple_vocab_16e6.txt.gz")
     tok = ClipTokenizer({t: i for i, t in enumerate(vocabulary_from_merges(merges))}, merges, backend="python")
     texts = [
-        "A man is cooking pasta.", "  spaces   everywhere\tand\ttabs\n", "it's a dog's life, isn't it?!",
-        "Café über-fast naïve résumé", "fish &amp; chips &lt;b&gt;", "emoji 🐶🐱 and 中文字符", "numbers 12345 x2",
-        "mojibake Ã©tÃ© here", "", "   ", "A&B", "UPPER lower MiXeD",
+        "A man is cooking pasta.",
+        "  spaces   everywhere\tand\ttabs\n",
+        "it's a dog's life, isn't it?!",
+        "Café über-fast naïve résumé",
+        "fish &amp; chips &lt;b&gt;",
+        "emoji 🐶🐱 and 中文字符",
+        "numbers 12345 x2",
+        "mojibake Ã©tÃ© here",
+        "",
+        "   ",
+        "A&B",
+        "UPPER lower MiXeD",
     ]
     assert tok.count_tokens(texts) == [len(tok.encode(t)) for t in texts]
 
@@ -174,11 +192,15 @@ def test_real_annotation_files_without_videos(shared_data: Path, tmp_path: Path)
     videos.mkdir()
     bpe = shared_data / "clip_bpe" / "bpe_simple_vocab_16e6.txt.gz"
     config = tmp_path / "msrvtt.yaml"
-    config.write_text(yaml.safe_dump({"data": {"dataset": "msrvtt", "annotations": str(shared_data / "msrvtt"),
-                                               "video_dir": str(videos)}}))
+    config.write_text(
+        yaml.safe_dump(
+            {"data": {"dataset": "msrvtt", "annotations": str(shared_data / "msrvtt"), "video_dir": str(videos)}}
+        )
+    )
     json_path = tmp_path / "msrvtt.json"
-    result = CliRunner().invoke(app, ["check-data", "-c", str(config), "--tokenizer", str(bpe),
-                                      "--json", str(json_path)])
+    result = CliRunner().invoke(
+        app, ["check-data", "-c", str(config), "--tokenizer", str(bpe), "--json", str(json_path)]
+    )
     assert result.exit_code == 1
     assert "10000 missing" in result.output and "video0" in result.output and "more (every one" in result.output
     report = json.loads(json_path.read_text())
@@ -188,15 +210,34 @@ def test_real_annotation_files_without_videos(shared_data: Path, tmp_path: Path)
     assert report["splits"]["train"]["truncated_captions"] > 0
 
     for dataset, referenced in (("didemo", 8394 + 1065 + 1002), ("activitynet", 10006 + 4917)):
-        cfg = resolve_config(config_from_dict({"data": {"dataset": dataset, "annotations": str(shared_data / dataset),
-                                                        "video_dir": str(videos), "max_words": 64}}))
+        cfg = resolve_config(
+            config_from_dict(
+                {
+                    "data": {
+                        "dataset": dataset,
+                        "annotations": str(shared_data / dataset),
+                        "video_dir": str(videos),
+                        "max_words": 64,
+                    }
+                }
+            )
+        )
         report = check_data(cfg, tokenizer=bpe, progress=False)
         assert report["videos"]["referenced"] == referenced
         assert report["videos"]["by_reason"] == {"missing": referenced} and not report["ok"]
         assert all(report["splits"][s]["status"] == "ok" for s in ("train", "val", "test"))
 
-    cfg = resolve_config(config_from_dict({"data": {"dataset": "didemo", "annotations": str(shared_data / "didemo"),
-                                                    "video_dir": str(tmp_path / "not_there")}}))
+    cfg = resolve_config(
+        config_from_dict(
+            {
+                "data": {
+                    "dataset": "didemo",
+                    "annotations": str(shared_data / "didemo"),
+                    "video_dir": str(tmp_path / "not_there"),
+                }
+            }
+        )
+    )
     report = check_data(cfg, progress=False)
     assert any("video folder not found" in e for e in report["errors"])
     assert report["videos"]["by_reason"] == {"missing": 8394 + 1065 + 1002}
@@ -208,13 +249,19 @@ def test_a_caption_with_a_huge_word_is_reported_not_tokenized(tmp_path: Path) ->
     for k in range(4):
         write_test_video(root / "videos" / f"v{k}.mp4", 4, 2.0, size=(32, 24))
     word = "qwertyuiop" * 100_000  # 1 MB without a space: CLIP's BPE is quadratic in it
-    rows = [("v0.mp4", "a dog runs", "train"), ("v1.mp4", "a cat sits", "train"), ("v2.mp4", f"look {word}", "train"),
-            ("v3.mp4", "a car", "test")]
-    (root / "captions.jsonl").write_text("".join(json.dumps({"video": v, "caption": c, "split": s}) + "\n"
-                                                 for v, c, s in rows))
+    rows = [
+        ("v0.mp4", "a dog runs", "train"),
+        ("v1.mp4", "a cat sits", "train"),
+        ("v2.mp4", f"look {word}", "train"),
+        ("v3.mp4", "a car", "test"),
+    ]
+    (root / "captions.jsonl").write_text(
+        "".join(json.dumps({"video": v, "caption": c, "split": s}) + "\n" for v, c, s in rows)
+    )
     report = check_data(_cfg(root, generic_file="captions.jsonl"), workers=1, progress=False)
     assert report["splits"]["train"]["status"] == "ok", report["errors"]
     assert report["splits"]["train"]["long_word_captions"] == 1
-    assert any("1 caption(s) hold a word longer than 20,000 bytes (e.g. on video 'v2.mp4'" in w
-               for w in report["warnings"])
+    assert any(
+        "1 caption(s) hold a word longer than 20,000 bytes (e.g. on video 'v2.mp4'" in w for w in report["warnings"]
+    )
     assert report["splits"]["train"]["caption_tokens"]["max"] >= 1_000_000 // 32

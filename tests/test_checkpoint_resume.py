@@ -559,8 +559,12 @@ def test_best_checkpoint_follows_select_metric(tmp_path) -> None:
     data = DatasetTrainData(ToyDataset(n=12), BATCH, collate, seed=1)  # 3 steps per epoch
     summary = Trainer(make_model(), cfg, data, tmp_path, evaluate_fn=evaluate).fit()
     evals = read_jsonl(tmp_path / "val_log.jsonl")
-    assert [(e["step"], e["value"], e["best"]) for e in evals] == [(2, 10, True), (3, 30, True), (4, 20, False),
-                                                                    (6, 30, False)]
+    assert [(e["step"], e["value"], e["best"]) for e in evals] == [
+        (2, 10, True),
+        (3, 30, True),
+        (4, 20, False),
+        (6, 30, False),
+    ]
     assert summary["best_metric"] == 30.0 and summary["best_step"] == 3
     best = read_checkpoint(tmp_path / "best.pt")
     assert best["state"]["global_step"] == 3 and best["optimizer"] is None

@@ -30,8 +30,17 @@ from tvr.models.clipvip import (
 from tvr.utils.errors import UserError
 
 TINY = TinyClipConfig(
-    embed_dim=12, text_width=16, text_layers=1, text_heads=2, vision_width=16, vision_layers=2, vision_heads=2,
-    image_size=16, patch_size=8, context_length=16, vocab_size=600,
+    embed_dim=12,
+    text_width=16,
+    text_layers=1,
+    text_heads=2,
+    vision_width=16,
+    vision_layers=2,
+    vision_heads=2,
+    image_size=16,
+    patch_size=8,
+    context_length=16,
+    vocab_size=600,
 )
 L = (TINY.image_size // TINY.patch_size) ** 2  # patches per frame
 
@@ -40,8 +49,9 @@ def _model_cfg(**clipvip) -> ModelConfig:
     return ModelConfig(clip="tiny", tiny=TINY, backbone="clipvip", temporal="none", clipvip=ClipVipConfig(**clipvip))
 
 
-def _backbone(num_proxies: int = 4, temporal_slots: int = 12, with_proxies: bool = False, seed: int = 0,
-              randomise: bool = True) -> ClipVipBackbone:
+def _backbone(
+    num_proxies: int = 4, temporal_slots: int = 12, with_proxies: bool = False, seed: int = 0, randomise: bool = True
+) -> ClipVipBackbone:
     """A float64 tiny CLIP-ViP; ``randomise`` gives the temporal table non-zero values so its placement matters."""
     torch.manual_seed(seed)
     bb = ClipVipBackbone.from_config(
@@ -85,8 +95,9 @@ def _allowed(m: int, t: int, frame_mask: Tensor | None = None) -> Tensor:
     allowed[m:, m:] = frame[m:, None] == frame[None, m:]  # ... and their own frame
     if frame_mask is None:
         return allowed
-    real = torch.cat([torch.ones(frame_mask.shape[0], m, dtype=torch.bool),
-                      (frame_mask != 0).repeat_interleave(L, dim=1)], dim=1)  # [N, S]
+    real = torch.cat(
+        [torch.ones(frame_mask.shape[0], m, dtype=torch.bool), (frame_mask != 0).repeat_interleave(L, dim=1)], dim=1
+    )  # [N, S]
     out = allowed.expand(frame_mask.shape[0], s, s).clone()
     out[:, :m, :] &= real[:, None, :]
     return out
@@ -228,8 +239,9 @@ def test_all_padding_video_keeps_only_its_proxies_and_reports_mask_zero() -> Non
 @pytest.mark.parametrize("size", [32, 8, 5, 1])
 def test_temporal_interpolation_matches_hand_computed_linear(size: int) -> None:
     table = torch.randn(12, 7, dtype=torch.float64)
-    torch.testing.assert_close(interpolate_temporal(table, size), _hand_interpolation(table, size),
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        interpolate_temporal(table, size), _hand_interpolation(table, size), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_temporal_interpolation_values_by_hand() -> None:
@@ -264,8 +276,9 @@ def test_one_proxy_one_frame_no_time_is_plain_clip_image_encoding() -> None:
         clip_frames = ClipBackbone(bb.clip).encode_frames(pixels)
         cls_hidden = bb.clip.vision_model(pixel_values=pixels[:, 0]).last_hidden_state[:, 0]
     torch.testing.assert_close(video.frames, clip_frames.float(), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(video.proxies[:, 0], bb.visual_projection_patch(cls_hidden).float(),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        video.proxies[:, 0], bb.visual_projection_patch(cls_hidden).float(), rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("with_proxies", [False, True])
@@ -351,8 +364,13 @@ def test_fp16_weights_give_float32_outputs_close_to_fp32() -> None:
 # --------------------------------------------------------------------------------------------- checkpoints
 
 
-def _synthetic_clipvip_file(bb: ClipVipBackbone, path: Path, dtype: torch.dtype = torch.float16,
-                            extra: dict[str, Tensor] | None = None, slots: int = 12) -> dict[str, Tensor]:
+def _synthetic_clipvip_file(
+    bb: ClipVipBackbone,
+    path: Path,
+    dtype: torch.dtype = torch.float16,
+    extra: dict[str, Tensor] | None = None,
+    slots: int = 12,
+) -> dict[str, Tensor]:
     """A file in the documented ``pretrain_clipvip_base_32.pt`` layout, every tensor distinct random values."""
     g = torch.Generator().manual_seed(123)
     state: dict[str, Tensor] = {}
@@ -378,10 +396,12 @@ def test_post_pretrained_checkpoint_lands_where_it_should(tmp_path: Path) -> Non
 
     for key, value in bb.clip.state_dict().items():
         torch.testing.assert_close(value, state[CKPT_PREFIX + key].float(), rtol=0, atol=0, msg=key)
-    torch.testing.assert_close(bb.added_class_embedding.data, state[CKPT_PREFIX + CKPT_ADDED_CLS].float(),
-                               rtol=0, atol=0)
-    torch.testing.assert_close(bb.temporal_embedding.data, state[CKPT_PREFIX + CKPT_TEMPORAL][0].float(),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        bb.added_class_embedding.data, state[CKPT_PREFIX + CKPT_ADDED_CLS].float(), rtol=0, atol=0
+    )
+    torch.testing.assert_close(
+        bb.temporal_embedding.data, state[CKPT_PREFIX + CKPT_TEMPORAL][0].float(), rtol=0, atol=0
+    )
     assert bb.logit_scale_value == pytest.approx(float(state[CKPT_PREFIX + "logit_scale"]))
     assert report.missing == []
     assert report.unexpected == ["text_proxy.leader.weight"]
@@ -456,7 +476,10 @@ def test_config_checkpoint_and_save_roundtrips(tmp_path: Path) -> None:
     cfg = _model_cfg(num_proxies=3, proxy_projection=True, checkpoint=str(folder / TOKENS_FILE))
     again = ClipVipBackbone.from_config(dataclasses.replace(cfg, clip=str(folder)))
     assert sorted(again.load_report.mapped.values()) == [
-        "added_class_embedding", "temporal_embedding", "visual_projection_patch.weight"]
+        "added_class_embedding",
+        "temporal_embedding",
+        "visual_projection_patch.weight",
+    ]
     with torch.no_grad():
         c = again.eval().encode_video(pixels, mask)
     torch.testing.assert_close(c.frames, a.frames, rtol=0, atol=0)
@@ -485,8 +508,12 @@ PRESETS = Path(__file__).resolve().parents[1] / "tvr" / "configs" / "clipvip"
 
 @pytest.mark.parametrize(
     ("name", "frames", "words", "lr", "captions"),
-    [("msrvtt", 12, 50, 1e-6, "one_per_video"), ("msrvtt_b16", 12, 50, 1e-6, "one_per_video"),
-     ("didemo", 12, 50, 2e-6, "all_pairs"), ("activitynet", 32, 70, 2e-6, "all_pairs")],
+    [
+        ("msrvtt", 12, 50, 1e-6, "one_per_video"),
+        ("msrvtt_b16", 12, 50, 1e-6, "one_per_video"),
+        ("didemo", 12, 50, 2e-6, "all_pairs"),
+        ("activitynet", 32, 70, 2e-6, "all_pairs"),
+    ],
 )
 def test_presets_load_with_the_clipvip_recipe(name: str, frames: int, words: int, lr: float, captions: str) -> None:
     from tvr.pipeline import resolve_config
@@ -522,17 +549,47 @@ def test_tiny_clipvip_trains_end_to_end_on_generated_videos(tmp_path: Path) -> N
     (root / "videos").mkdir()
     for k, vid in enumerate(vids):
         write_test_video(root / "videos" / f"{vid}.mp4", num_frames=6 + k % 3, fps=4, size=(32, 32))
-    tiny = {"embed_dim": 32, "text_width": 32, "text_layers": 2, "text_heads": 2, "vision_width": 32,
-            "vision_layers": 1, "vision_heads": 2, "image_size": 32, "patch_size": 16}
+    tiny = {
+        "embed_dim": 32,
+        "text_width": 32,
+        "text_layers": 2,
+        "text_heads": 2,
+        "vision_width": 32,
+        "vision_layers": 1,
+        "vision_heads": 2,
+        "image_size": 32,
+        "patch_size": 16,
+    }
     values = {
-        "data": {"dataset": "msrvtt", "annotations": str(root), "video_dir": str(root / "videos"), "max_words": 16,
-                 "max_frames": 3, "image_size": 32, "val_fraction": 0.25, "sampling": "clipvip",
-                 "caption_sampling": "one_per_video"},
-        "model": {"clip": "tiny", "tiny": tiny, "backbone": "clipvip", "temporal": "none",
-                  "clipvip": {"num_proxies": 4, "temporal_slots": 12}},
+        "data": {
+            "dataset": "msrvtt",
+            "annotations": str(root),
+            "video_dir": str(root / "videos"),
+            "max_words": 16,
+            "max_frames": 3,
+            "image_size": 32,
+            "val_fraction": 0.25,
+            "sampling": "clipvip",
+            "caption_sampling": "one_per_video",
+        },
+        "model": {
+            "clip": "tiny",
+            "tiny": tiny,
+            "backbone": "clipvip",
+            "temporal": "none",
+            "clipvip": {"num_proxies": 4, "temporal_slots": 12},
+        },
         "head": {"name": "clip4clip", "clip4clip": {"video_pool": "mean"}, "logit_scale_max": math.log(200)},
-        "train": {"epochs": 2, "batch_size": 2, "lr": 1e-3, "backbone_lr_coef": 1.0, "warmup": 0.01, "log_every": 1,
-                  "device": "cpu", "num_threads": 1},
+        "train": {
+            "epochs": 2,
+            "batch_size": 2,
+            "lr": 1e-3,
+            "backbone_lr_coef": 1.0,
+            "warmup": 0.01,
+            "log_every": 1,
+            "device": "cpu",
+            "num_threads": 1,
+        },
         "eval": {"batch_size": 8},
     }
     cfg = config_from_dict(values)

@@ -99,8 +99,10 @@ def test_choice_lists_match_the_implementations() -> None:
 
 def test_switching_the_head_drops_the_previous_heads_options(tmp_path: Path) -> None:
     gare = CONFIGS / "gare" / "msrvtt.yaml"
-    for overrides in (["head.name=clip4clip", "head.options.video_pool=mean"],
-                      ["head.options.video_pool=mean", "head.name=clip4clip"]):
+    for overrides in (
+        ["head.name=clip4clip", "head.options.video_pool=mean"],
+        ["head.options.video_pool=mean", "head.name=clip4clip"],
+    ):
         cfg = load_config(gare, overrides)
         assert cfg.head.name == "clip4clip" and cfg.head.options == {"video_pool": "mean"}
     kept = load_config(gare, ["head.name=gare"])  # same head: options stay

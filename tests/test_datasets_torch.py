@@ -59,8 +59,16 @@ def video_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cfg(**overrides) -> DataConfig:
-    base = dict(max_frames=4, frame_rate=1.0, image_size=16, max_words=8, sampling="clip4clip", augment=False,
-                pixel_mean=CLIP_MEAN, pixel_std=CLIP_STD)
+    base = dict(
+        max_frames=4,
+        frame_rate=1.0,
+        image_size=16,
+        max_words=8,
+        sampling="clip4clip",
+        augment=False,
+        pixel_mean=CLIP_MEAN,
+        pixel_std=CLIP_STD,
+    )
     base.update(overrides)
     return DataConfig(**base)
 
@@ -171,8 +179,9 @@ def test_train_item_matches_load_clip_with_the_item_rng(video_dir: Path) -> None
     cfg = _cfg(sampling="clipvip", augment=True, max_frames=3)
     ds = PairDataset([Rec("b", "x")], FakeTokenizer(), VideoResolver(video_dir), cfg, train=True, seed=3)
     ds.set_epoch(2)
-    expected, _ = load_clip(video_dir / "b.mp4", 3, 1.0, 16, sampling="clipvip", train=True,
-                            rng=item_rng(3, 2, 0), augment=ds.augment)
+    expected, _ = load_clip(
+        video_dir / "b.mp4", 3, 1.0, 16, sampling="clipvip", train=True, rng=item_rng(3, 2, 0), augment=ds.augment
+    )
     torch.testing.assert_close(ds[0]["video"], expected, rtol=0, atol=0)
 
 
@@ -248,14 +257,16 @@ def _frame_cache(videos: Path, cache: Path, cfg: DataConfig) -> Path:
 @pytest.mark.parametrize("sampling", ["clip4clip", "clipvip"])
 def test_frame_cache_gives_the_decoded_tensors(video_dir: Path, tmp_path: Path, sampling: str) -> None:
     cfg = _cfg(sampling=sampling, augment=True, max_frames=3)
-    cached_cfg = dataclasses.replace(cfg, video_dir=str(video_dir),
-                                     frame_cache=str(_frame_cache(video_dir, tmp_path / "cache", cfg)))
+    cached_cfg = dataclasses.replace(
+        cfg, video_dir=str(video_dir), frame_cache=str(_frame_cache(video_dir, tmp_path / "cache", cfg))
+    )
     resolver = VideoResolver(video_dir)
     ids = ["a", "b", "c", "bad"]
     plain, cached = VideoDataset(ids, None, resolver, cfg), VideoDataset(ids, None, resolver, cached_cfg)
     for k in range(3):
-        assert torch.equal(cached[k]["video"], plain[k]["video"]) and torch.equal(cached[k]["video_mask"],
-                                                                                  plain[k]["video_mask"])
+        assert torch.equal(cached[k]["video"], plain[k]["video"]) and torch.equal(
+            cached[k]["video_mask"], plain[k]["video_mask"]
+        )
     assert cached[3]["skipped"] == "bad"  # not in the cache: decoded, and unreadable as before
     # training items, RandAugment included, are the same with and without the cache
     records = [Rec(v, "x") for v in ("a", "b", "c")]
@@ -283,12 +294,14 @@ def test_frame_cache_is_read_where_it_applies_and_damage_falls_back(video_dir: P
     assert torch.equal(window, VideoDataset(["a"], [(1.0, 3.0)], resolver, cfg)[0]["video"])
     # CLIP-ViP training jitter picks new frames every epoch: decoded even with a cache of the eval sampling
     vip = _cfg(sampling="clipvip", max_frames=3)
-    vip_cached = dataclasses.replace(vip, video_dir=str(video_dir),
-                                     frame_cache=str(_frame_cache(video_dir, tmp_path / "vip", vip)))
+    vip_cached = dataclasses.replace(
+        vip, video_dir=str(video_dir), frame_cache=str(_frame_cache(video_dir, tmp_path / "vip", vip))
+    )
     np.save(tmp_path / "vip" / "a.npy", np.zeros_like(np.load(tmp_path / "vip" / "a.npy")))
     jittered = PairDataset([Rec("a", "x")], FakeTokenizer(), resolver, vip_cached, train=True, seed=1)[0]["video"]
-    assert torch.equal(jittered, PairDataset([Rec("a", "x")], FakeTokenizer(), resolver, vip, train=True,
-                                             seed=1)[0]["video"])
+    assert torch.equal(
+        jittered, PairDataset([Rec("a", "x")], FakeTokenizer(), resolver, vip, train=True, seed=1)[0]["video"]
+    )
     # a damaged entry is decoded from the video instead
     (cache / "a.npy").write_bytes(b"not an array")
     assert torch.equal(VideoDataset(["a"], None, resolver, cached_cfg)[0]["video"], decoded)

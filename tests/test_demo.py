@@ -65,8 +65,9 @@ def test_an_interrupted_set_is_regenerated_and_a_foreign_folder_is_left_alone(tm
     assert (foreign / "notes.txt").read_text() == "my own files"
 
 
-def test_the_demo_says_which_run_it_replaces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_the_demo_says_which_run_it_replaces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     import tvr.demo
     import tvr.pipeline
 
@@ -89,8 +90,9 @@ def test_the_demo_says_which_run_it_replaces(tmp_path: Path, monkeypatch: pytest
 
 
 def test_describe_run(tmp_path: Path) -> None:
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"head": {"name": "gare"},
-                                                          "train": {"max_steps": 0, "epochs": 15}}))
+    (tmp_path / "config.yaml").write_text(
+        yaml.safe_dump({"head": {"name": "gare"}, "train": {"max_steps": 0, "epochs": 15}})
+    )
     assert _describe_run(tmp_path) == "head gare, 15 epochs"
     (tmp_path / "config.yaml").write_text(": not yaml [")
     assert _describe_run(tmp_path) == "a run whose config.yaml cannot be read"

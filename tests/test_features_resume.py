@@ -81,8 +81,9 @@ def test_overwrite_rebuilds_with_the_new_settings(values, tmp_path: Path) -> Non
     manifest = build_feature_cache(cfg, cache, ["train"], shard_size=3, progress=False, overwrite=True)
     assert manifest["settings"]["shard_size"] == 3
     shards = sorted(p.name for p in (cache / "train").iterdir())
-    assert shards == sorted(Path(p).name for p in manifest["splits"]["train"]["video_shards"]
-                            + manifest["splits"]["train"]["text_shards"])
+    assert shards == sorted(
+        Path(p).name for p in manifest["splits"]["train"]["video_shards"] + manifest["splits"]["train"]["text_shards"]
+    )
     assert load_cached_split(cache, "train").video_ids == load_split(cfg.data, "train").videos
 
 

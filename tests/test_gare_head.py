@@ -28,6 +28,8 @@ def load(path: Path) -> Config:
     cfg = load_config(path)
     resolve_head_config(cfg.head)
     return cfg
+
+
 D = 32
 
 

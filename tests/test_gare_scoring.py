@@ -38,8 +38,15 @@ def random_psi(dim: int = D, seed: int = 0, eps: tuple[float, float, float] = (1
     return psi.eval()
 
 
-def random_inputs(n_t: int = N_T, n_v: int = N_V, dim: int = D, frames: int = FR, words: int = L, seed: int = 1,
-                  dtype: torch.dtype = torch.float32) -> dict:
+def random_inputs(
+    n_t: int = N_T,
+    n_v: int = N_V,
+    dim: int = D,
+    frames: int = FR,
+    words: int = L,
+    seed: int = 1,
+    dtype: torch.dtype = torch.float32,
+) -> dict:
     g = torch.Generator().manual_seed(seed)
     frame_mask = torch.ones(n_v, frames, dtype=torch.long)
     frame_mask[1, 1:] = 0  # a video with a single real frame
@@ -64,23 +71,34 @@ def features(inp: dict, masks: bool = True) -> tuple[TextFeatures, VideoFeatures
     return TextFeatures(inp["text"], inp["words"], wm), VideoFeatures(inp["frames"], fm)
 
 
-def options(side: str = "text", context: str = "frames", pool: str = "text_softmax", eta: float = 1.0,
-            gap: bool = True, mask_frames: bool = False) -> GareOptions:
-    return GareOptions(corrected_side=side, context=context, video_pool=pool, eta=eta, gap_query=gap,
-                       mask_frames=mask_frames)
+def options(
+    side: str = "text",
+    context: str = "frames",
+    pool: str = "text_softmax",
+    eta: float = 1.0,
+    gap: bool = True,
+    mask_frames: bool = False,
+) -> GareOptions:
+    return GareOptions(
+        corrected_side=side, context=context, video_pool=pool, eta=eta, gap_query=gap, mask_frames=mask_frames
+    )
 
 
 def fast(psi, inp, masks: bool = True, text_chunk=None, video_chunk=None, **kw):
-    return gare_pairwise_scores(psi, *features(inp, masks), options(**kw), text_chunk=text_chunk,
-                                video_chunk=video_chunk)
+    return gare_pairwise_scores(
+        psi, *features(inp, masks), options(**kw), text_chunk=text_chunk, video_chunk=video_chunk
+    )
 
 
 def reference(psi, inp, masks: bool = True, text_chunk: int = 16, video_chunk: int = 16, **kw):
     return gare_reference_scores(psi, *features(inp, masks), options(**kw), text_chunk, video_chunk)
 
 
-VARIANTS = list(itertools.product(["text", "video"], ["frames", "words"], ["mean", "text_softmax"], [1.0, -1.0],
-                                  [True, False], [False, True]))
+VARIANTS = list(
+    itertools.product(
+        ["text", "video"], ["frames", "words"], ["mean", "text_softmax"], [1.0, -1.0], [True, False], [False, True]
+    )
+)
 KEYS = ("side", "context", "pool", "eta", "gap", "mask_frames")
 
 
@@ -108,8 +126,9 @@ def test_fast_equals_reference(psi, inputs, side, context, pool, eta, gap, mask_
     assert (got - ref).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("side,context,pool", list(itertools.product(["text", "video"], ["frames", "words"],
-                                                                       ["mean", "text_softmax"])))
+@pytest.mark.parametrize(
+    "side,context,pool", list(itertools.product(["text", "video"], ["frames", "words"], ["mean", "text_softmax"]))
+)
 def test_fast_is_exact_in_float64(psi, side, context, pool) -> None:
     """In float64 the factorisation agrees to rounding: it is an identity, not an approximation."""
     inp = random_inputs(dtype=torch.float64)
@@ -171,8 +190,19 @@ def test_chunking_does_not_change_scores(psi, inputs, context) -> None:
 # ----------------------------------------------------------------------------- the direct path itself
 
 
-def naive_pair_scores(psi: Psi, inp: dict, *, side: str, context: str, pool: str, eta: float, gap: bool,
-                      mask_frames: bool, masks: bool, temp: float = 3.0) -> torch.Tensor:
+def naive_pair_scores(
+    psi: Psi,
+    inp: dict,
+    *,
+    side: str,
+    context: str,
+    pool: str,
+    eta: float,
+    gap: bool,
+    mask_frames: bool,
+    masks: bool,
+    temp: float = 3.0,
+) -> torch.Tensor:
     """One pair at a time, straight from spec §3.1/§3.8: ψ is called on a single query with its own context."""
     t_all, x_all, w_all = inp["text"].double(), inp["frames"].double(), inp["words"].double()
     psi = copy.deepcopy(psi).double()
@@ -249,8 +279,9 @@ class MaxNumel(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("context,pool", [("frames", "text_softmax"), ("frames", "mean"), ("words", "mean"),
-                                          ("words", "text_softmax")])
+@pytest.mark.parametrize(
+    "context,pool", [("frames", "text_softmax"), ("frames", "mean"), ("words", "mean"), ("words", "text_softmax")]
+)
 def test_fast_path_never_allocates_per_pair_vectors(context, pool) -> None:
     """No tensor of N_t·N_v·D/4 elements or more appears in the fast path (per-pair state is O(F)); the
     reference path with whole-gallery blocks does allocate such tensors, so the check can fail."""
@@ -334,8 +365,9 @@ def test_bad_inputs_are_named(psi, inputs) -> None:
 # ----------------------------------------------------------------------------- given pairs
 
 
-@pytest.mark.parametrize("pool,mask_frames,side", [("text_softmax", False, "text"), ("mean", True, "video"),
-                                                   ("text_softmax", True, "video")])
+@pytest.mark.parametrize(
+    "pool,mask_frames,side", [("text_softmax", False, "text"), ("mean", True, "video"), ("text_softmax", True, "video")]
+)
 def test_pair_scores_equal_the_dense_matrix(psi, pool, mask_frames, side) -> None:
     """The ragged per-video path scores exactly the requested pairs, in any order, with repeats."""
     inp = random_inputs(n_t=11, n_v=23)

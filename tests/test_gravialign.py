@@ -141,6 +141,7 @@ def test_default_quality_stays_in_zero_one(quality: str, per_dim_mean: bool) -> 
 def test_the_literal_quality_is_unbounded() -> None:
     """Spec §5.2 item 1: H/(1 + H) has a pole at H = −1: the literal m exceeds 1 for −1 < H < 0, explodes towards
     the pole and drops below e^−λ past it (more certainty, less mass)."""
+
     def literal(h: float) -> float:
         return float(sgi_quality(torch.full((1, 4), 2.0 * h, dtype=torch.float64), lam=1.0, quality="literal")[0])
 
@@ -240,8 +241,9 @@ def test_the_expected_whitened_sample_distance_is_q_plus_d() -> None:
     assert abs(float(whitened.mean()) - (q + dim)) < 4.0 * standard_error
     kw = {"G": 1.7, "T": 0.6, "lam": 0.8}
     for per_dim_mean, d in ((True, math.sqrt(q / dim + 1.0)), (False, math.sqrt(q + dim))):
-        terms = sgi_align_terms(mu_v[None], lv_v[None], mu_t[None], lv_t[None], per_dim_mean=per_dim_mean,
-                                a_distance="expected", **kw)
+        terms = sgi_align_terms(
+            mu_v[None], lv_v[None], mu_t[None], lv_t[None], per_dim_mean=per_dim_mean, a_distance="expected", **kw
+        )
         m_v = float(sgi_quality(lv_v[None], lam=0.8, per_dim_mean=per_dim_mean))
         m_t = float(sgi_quality(lv_t[None], lam=0.8, per_dim_mean=per_dim_mean))
         assert float(terms["A"][0]) == pytest.approx(1.7 / 0.6 * m_v * m_t / d, rel=1e-12)
@@ -255,21 +257,38 @@ def contrastive_reference(mu_v, lv_v, mu_t, lv_t, tau: float, **kw) -> torch.Ten
     """½[CE_rows + CE_cols] of κ·S/τ, S from ``sgi_align`` pair by pair, in float64, written out by hand."""
     n, dim = mu_v.shape
     kappa = dim if kw.get("per_dim_mean", True) else 1
-    scores = torch.stack([sgi_align(mu_v, lv_v, mu_t[i : i + 1].expand(n, -1), lv_t[i : i + 1].expand(n, -1), **kw)
-                          for i in range(n)]) * kappa / tau
+    scores = (
+        torch.stack(
+            [
+                sgi_align(mu_v, lv_v, mu_t[i : i + 1].expand(n, -1), lv_t[i : i + 1].expand(n, -1), **kw)
+                for i in range(n)
+            ]
+        )
+        * kappa
+        / tau
+    )
     rows = -(scores.diagonal() - scores.logsumexp(dim=1)).mean()
     cols = -(scores.diagonal() - scores.logsumexp(dim=0)).mean()
     return 0.5 * (rows + cols)
 
 
-@pytest.mark.parametrize("per_dim_mean,terms,a_distance", [(True, "ABC", "centre"), (False, "BC", "centre"),
-                                                             (True, "ABC", "expected")])
-def test_the_contrastive_objective_is_an_infonce_over_every_pair(per_dim_mean: bool, terms: str,
-                                                                 a_distance: str) -> None:
+@pytest.mark.parametrize(
+    "per_dim_mean,terms,a_distance", [(True, "ABC", "centre"), (False, "BC", "centre"), (True, "ABC", "expected")]
+)
+def test_the_contrastive_objective_is_an_infonce_over_every_pair(
+    per_dim_mean: bool, terms: str, a_distance: str
+) -> None:
     mu_v, lv_v = gaussians(6, 8, seed=12, centre=-1.0)
     mu_t, lv_t = gaussians(6, 8, seed=13, centre=-1.0)
-    kw = {"G": 1.2, "T": 0.9, "lam": 0.7, "per_dim_mean": per_dim_mean, "eps": 1e-2, "terms": terms,
-          "a_distance": a_distance}
+    kw = {
+        "G": 1.2,
+        "T": 0.9,
+        "lam": 0.7,
+        "per_dim_mean": per_dim_mean,
+        "eps": 1e-2,
+        "terms": terms,
+        "a_distance": a_distance,
+    }
     ours = sgi_align_nce(mu_v, lv_v, mu_t, lv_t, tau=0.4, **kw)
     assert float(ours) == pytest.approx(float(contrastive_reference(mu_v, lv_v, mu_t, lv_t, 0.4, **kw)), rel=1e-12)
     # its gradient (through the chunked backward) is the reference's
@@ -301,8 +320,10 @@ def test_the_contrastive_objective_is_clips_infonce_for_isotropic_variances() ->
         assert float(loss) == pytest.approx(float(clip), rel=1e-12)
     # one isotropic variance per item: a per-pair temperature (and a per-pair bias from the volume term)
     g = torch.Generator().manual_seed(16)
-    var_v, var_t = torch.rand(n, dtype=torch.float64, generator=g) * 0.1 + 0.01, torch.rand(
-        n, dtype=torch.float64, generator=g) * 0.1 + 0.01
+    var_v, var_t = (
+        torch.rand(n, dtype=torch.float64, generator=g) * 0.1 + 0.01,
+        torch.rand(n, dtype=torch.float64, generator=g) * 0.1 + 0.01,
+    )
     lv_v, lv_t = var_v.log()[:, None].expand(n, dim), var_t.log()[:, None].expand(n, dim)
     s = var_t[:, None] + var_v[None, :]
     kernel = cos / s - 1.0 / s - dim / 2.0 * torch.log(s)
@@ -317,8 +338,9 @@ def test_the_contrastive_objective_prices_the_collapse_at_ln_b() -> None:
     the contrastive one sits at ln B, worse than at distinct, aligned pairs."""
     n, dim = 8, 12
     mu_v, lv = gaussians(n, dim, seed=17)
-    mu_t = F.normalize(mu_v + 0.05 * torch.randn(n, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(
-        18)), dim=-1)
+    mu_t = F.normalize(
+        mu_v + 0.05 * torch.randn(n, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(18)), dim=-1
+    )
     same_lv = torch.full((n, dim), -2.0, dtype=torch.float64)
     one = mu_v[:1].expand(n, -1)
     kw = {"G": 1.0, "T": 1.0, "lam": 1.0}
@@ -336,23 +358,44 @@ def test_the_contrastive_objective_prices_the_collapse_at_ln_b() -> None:
 @pytest.mark.parametrize("per_dim_mean", [True, False])
 @pytest.mark.parametrize(
     "quality,terms,a_distance",
-    [("softplus", "ABC", "centre"), ("clamp", "BC", "centre"), ("literal", "A", "centre"), ("softplus", "AC", "centre"),
-     ("softplus", "ABC", "expected")],
+    [
+        ("softplus", "ABC", "centre"),
+        ("clamp", "BC", "centre"),
+        ("literal", "A", "centre"),
+        ("softplus", "AC", "centre"),
+        ("softplus", "ABC", "expected"),
+    ],
 )
 @pytest.mark.parametrize("n_t,n_v,dim", [(7, 9, 32), (13, 5, 33), (1, 1, 3), (11, 17, 96)])
-def test_pairwise_equals_every_pair(per_dim_mean: bool, quality: str, terms: str, a_distance: str, n_t: int,
-                                    n_v: int, dim: int) -> None:
+def test_pairwise_equals_every_pair(
+    per_dim_mean: bool, quality: str, terms: str, a_distance: str, n_t: int, n_v: int, dim: int
+) -> None:
     """Both all-pairs paths (the pure ``sgi_align_pairwise`` and the head's fast ``s_align_scores``) equal
     ``sgi_align`` of every pair in float64, whatever the chunks, the product groups and the number of workers."""
     # centre −4 (the init): the literal quality's pole at H = −1 would be a per-dimension centre of −2
     mu_v, lv_v = gaussians(n_v, dim, seed=5, centre=-4.0)
     mu_t, lv_t = gaussians(n_t, dim, seed=6, centre=-4.0)
     mu_v, lv_v, mu_t, lv_t = (x.float() for x in (mu_v, lv_v.clamp(-10, 5), mu_t, lv_t.clamp(-10, 5)))
-    kw = {"G": 1.3, "T": 0.7, "lam": 0.9, "per_dim_mean": per_dim_mean, "quality": quality, "terms": terms,
-          "a_distance": a_distance}
+    kw = {
+        "G": 1.3,
+        "T": 0.7,
+        "lam": 0.9,
+        "per_dim_mean": per_dim_mean,
+        "quality": quality,
+        "terms": terms,
+        "a_distance": a_distance,
+    }
     expected = torch.stack(
-        [sgi_align(mu_v.double(), lv_v.double(), mu_t[i : i + 1].double().expand(n_v, -1),
-                   lv_t[i : i + 1].double().expand(n_v, -1), **kw) for i in range(n_t)]
+        [
+            sgi_align(
+                mu_v.double(),
+                lv_v.double(),
+                mu_t[i : i + 1].double().expand(n_v, -1),
+                lv_t[i : i + 1].double().expand(n_v, -1),
+                **kw,
+            )
+            for i in range(n_t)
+        ]
     )
     scale = float(expected.abs().max()) + 1.0
     for scorer in (sgi_align_pairwise, s_align_scores):
@@ -409,8 +452,10 @@ def test_pairwise_gradient_equals_the_broadcast_gradient(per_dim_mean: bool, a_d
     kw = {"G": 1.3, "T": 0.8, "lam": 0.7, "per_dim_mean": per_dim_mean, "eps": 1e-3, "a_distance": a_distance}
     weights = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     grads = []
-    for fn in (lambda *x: sgi_align_pairwise(*x, text_chunk=3, video_chunk=2, **kw),
-               lambda *x: broadcast_pairwise(*x, **kw)):
+    for fn in (
+        lambda *x: sgi_align_pairwise(*x, text_chunk=3, video_chunk=2, **kw),
+        lambda *x: broadcast_pairwise(*x, **kw),
+    ):
         inputs = [x.clone().requires_grad_(True) for x in (mu_v, lv_v, mu_t, lv_t)]
         out = fn(*inputs)
         assert out.dtype == torch.float64
@@ -567,8 +612,11 @@ def test_loss_is_infonce_plus_alpha_sgi(infonce_on: str) -> None:
 def test_sgi_can_be_kept_from_the_backbone() -> None:
     """sgi_to_backbone: false: the features' gradient is the InfoNCE's alone; the heads still get L_SGI's."""
     grads = {}
-    for name, opts in (("detached", {"sgi_to_backbone": False, "alpha": 0.5}), ("infonce", {"alpha": 0.0}),
-                       ("shared", {"alpha": 0.5})):
+    for name, opts in (
+        ("detached", {"sgi_to_backbone": False, "alpha": 0.5}),
+        ("infonce", {"alpha": 0.0}),
+        ("shared", {"alpha": 0.5}),
+    ):
         h = head(**opts).eval()
         text, video = features(5, 5)
         text.eot.requires_grad_(True)
@@ -589,16 +637,18 @@ def test_the_mu_heads_alone_can_reach_the_collapse() -> None:
     guarded = head(sgi_to_backbone=False, eps=1e-2, alpha=1.0).eval()
     contrastive = head(sgi_to_backbone=False, eps=1e-2, alpha=1.0, sgi_objective="contrastive").eval()
     contrastive.load_state_dict(guarded.state_dict())
-    before = {name: float(h.loss(text, video)["sgi"]) for name, h in (("positive", guarded),
-                                                                        ("contrastive", contrastive))}
+    before = {
+        name: float(h.loss(text, video)["sgi"]) for name, h in (("positive", guarded), ("contrastive", contrastive))
+    }
     for h in (guarded, contrastive):
         with torch.no_grad():
             for module in (h.gauss_text, h.gauss_video):
                 module.mu_fc.weight.zero_()
                 module.mu_fc.bias.copy_(torch.linspace(-1.0, 1.0, D))
                 module.logvar_fc.weight.zero_()
-    after = {name: float(h.loss(text, video)["sgi"]) for name, h in (("positive", guarded),
-                                                                       ("contrastive", contrastive))}
+    after = {
+        name: float(h.loss(text, video)["sgi"]) for name, h in (("positive", guarded), ("contrastive", contrastive))
+    }
     ts = guarded.encode_texts(text)
     assert float(1.0 - ts.mu.detach().mean(dim=0).square().sum()) < 1e-6  # every μ the same
     assert after["positive"] < before["positive"]
@@ -700,8 +750,7 @@ def test_running_statistics_move_by_the_momentum(momentum: float) -> None:
         batch = sgi_align_pairwise(vs.mu, vs.logvar, ts.mu, ts.logvar, **h.sgi_kwargs()).double()
     h.loss(text, video)
     assert abs(float(batch.mean()) - prev_mean) > 1e-3  # the batches differ, so the weight shows
-    assert float(h.s_align_mean) == pytest.approx((1 - momentum) * prev_mean + momentum * float(batch.mean()),
-                                                  rel=1e-5)
+    assert float(h.s_align_mean) == pytest.approx((1 - momentum) * prev_mean + momentum * float(batch.mean()), rel=1e-5)
     assert float(h.s_align_var) == pytest.approx((1 - momentum) * prev_var + momentum * float(batch.var()), rel=1e-4)
 
 
@@ -765,14 +814,23 @@ def test_inference_setting_and_statistics_travel_with_the_checkpoint(tmp_path: P
     h.eval()
     other.head.eval()
     ts, vs = h.encode_texts(text), h.encode_videos(video)
-    torch.testing.assert_close(other.head.score(other.head.encode_texts(text), other.head.encode_videos(video)),
-                               h.score(ts, vs), rtol=0, atol=0)
+    torch.testing.assert_close(
+        other.head.score(other.head.encode_texts(text), other.head.encode_videos(video)),
+        h.score(ts, vs),
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_candidates_and_setting_errors() -> None:
     h = GraviAlignHead(D, GraviAlignOptions(mixed_weights=(0.1, 0.1, 0.5, 0.5)))
-    assert h.inference_candidates() == [{"mode": "cos_f"}, {"mode": "cos_mu"}, {"mode": "s_align"},
-                                        {"mode": "mixed", "w": 0.1}, {"mode": "mixed", "w": 0.5}]
+    assert h.inference_candidates() == [
+        {"mode": "cos_f"},
+        {"mode": "cos_mu"},
+        {"mode": "s_align"},
+        {"mode": "mixed", "w": 0.1},
+        {"mode": "mixed", "w": 0.5},
+    ]
     assert h.baseline_settings() == {"cos_f": {"mode": "cos_f"}}
     assert GraviAlignHead(D, GraviAlignOptions(select_modes="")).inference_candidates() == []
     fixed = GraviAlignHead(D, GraviAlignOptions(inference_mode="mixed", mixed_weight=0.4))
@@ -872,8 +930,10 @@ def test_validation_chooses_the_mode() -> None:
     cfg.train.select_metric = "t2v/MnR"
     ts, vs = h.encode_texts(encoded.text), h.encode_videos(encoded.video)
     components = h.score_components(ts, vs)
-    results = [(c, evaluate(h.combine_scores(components, c), encoded.text_video, "one_to_one"))
-               for c in h.inference_candidates()]
+    results = [
+        (c, evaluate(h.combine_scores(components, c), encoded.text_video, "one_to_one"))
+        for c in h.inference_candidates()
+    ]
     best = results[_pick(results, "t2v/MnR")][0]
     metrics = evaluate_encoded(model, encoded, cfg, torch.device("cpu"), select_inference=True)
     assert h.inference_setting() == best == metrics["info"]["inference_setting"]
@@ -881,10 +941,13 @@ def test_validation_chooses_the_mode() -> None:
     assert len(metrics["info"]["inference_selection"]) == 7  # cos_f, cos_mu, s_align, mixed × 4 weights
 
 
-@pytest.mark.parametrize("stored,passes", [({"mode": "cos_f"}, 0), ({"mode": "cos_mu"}, 0), ({"mode": "s_align"}, 1),
-                                           ({"mode": "mixed", "w": 0.5}, 1)])
-def test_test_time_computes_s_align_only_for_a_mode_that_uses_it(stored: dict, passes: int,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "stored,passes",
+    [({"mode": "cos_f"}, 0), ({"mode": "cos_mu"}, 0), ({"mode": "s_align"}, 1), ({"mode": "mixed", "w": 0.5}, 1)],
+)
+def test_test_time_computes_s_align_only_for_a_mode_that_uses_it(
+    stored: dict, passes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """At test time the evaluator names the settings it combines (the cos_f row): a stored cos_f / cos_mu mode
     spends no S_align pass, a pairwise mode exactly one; validation (choosing among every mode) one."""
     from tvr.eval.runner import evaluate_encoded
@@ -916,8 +979,22 @@ def test_gravialign_trains_and_evaluates_through_the_cli(tmp_path: Path) -> None
     config.write_text(yaml.safe_dump(make_msrvtt(tmp_path / "data")))
     run = tmp_path / "run"
     runner = CliRunner()
-    result = runner.invoke(app, ["train", "--config", str(config), "--out", str(run), "--set", "head.name=gravialign",
-                                 "--set", "train.max_steps=2", "--set", "head.options.mixed_weights=[0.5,1,2,4]"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--config",
+            str(config),
+            "--out",
+            str(run),
+            "--set",
+            "head.name=gravialign",
+            "--set",
+            "train.max_steps=2",
+            "--set",
+            "head.options.mixed_weights=[0.5,1,2,4]",
+        ],
+    )
     assert result.exit_code == 0, result.output
     metrics = json.loads((run / "test_best" / "metrics.json").read_text())
     setting = metrics["inference_setting"]  # metrics.json lifts "info" to the top level
@@ -927,8 +1004,9 @@ def test_gravialign_trains_and_evaluates_through_the_cli(tmp_path: Path) -> None
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     assert {"infonce", "sgi", "term_A", "term_B", "term_C"} <= {key for rec in log for key in rec}
     ev = tmp_path / "eval"
-    result = runner.invoke(app, ["eval", "--config", str(run / "config.yaml"), "--checkpoint", str(run / "best.pt"),
-                                 "--out", str(ev)])
+    result = runner.invoke(
+        app, ["eval", "--config", str(run / "config.yaml"), "--checkpoint", str(run / "best.pt"), "--out", str(ev)]
+    )
     assert result.exit_code == 0, result.output
     again = json.loads((ev / "metrics.json").read_text())
     assert again["t2v"] == metrics["t2v"] and again["inference_setting"] == setting
@@ -945,9 +1023,19 @@ def load(path: Path) -> Config:
 
 def test_presets_exist_and_follow_the_clipvip_recipe() -> None:
     names = {p.relative_to(REPO / "tvr" / "configs" / "gravialign").as_posix() for p in PRESETS}
-    assert {"msrvtt.yaml", "msrvtt_b16.yaml", "didemo.yaml", "activitynet.yaml", "ablations/no_a.yaml",
-            "ablations/no_b.yaml", "ablations/no_c.yaml", "ablations/literal.yaml", "ablations/guarded.yaml",
-            "ablations/contrastive.yaml", "ablations/soft_a.yaml"} <= names
+    assert {
+        "msrvtt.yaml",
+        "msrvtt_b16.yaml",
+        "didemo.yaml",
+        "activitynet.yaml",
+        "ablations/no_a.yaml",
+        "ablations/no_b.yaml",
+        "ablations/no_c.yaml",
+        "ablations/literal.yaml",
+        "ablations/guarded.yaml",
+        "ablations/contrastive.yaml",
+        "ablations/soft_a.yaml",
+    } <= names
     for path in PRESETS:
         cfg = load(path)
         clipvip = load(REPO / "tvr" / "configs" / "clipvip" / f"{cfg.data.dataset}.yaml")
@@ -968,8 +1056,12 @@ def test_presets_exist_and_follow_the_clipvip_recipe() -> None:
     assert soft_a.head.options == dataclasses.replace(default, a_distance="expected")
     base = load(REPO / "tvr" / "configs" / "gravialign" / "msrvtt.yaml")
     for variant in (contrastive, soft_a):  # the head's options are the only difference
-        assert (variant.data, variant.model, variant.train, variant.eval) == (base.data, base.model, base.train,
-                                                                              base.eval)
+        assert (variant.data, variant.model, variant.train, variant.eval) == (
+            base.data,
+            base.model,
+            base.train,
+            base.eval,
+        )
     literal = load(REPO / "tvr" / "configs" / "gravialign" / "ablations" / "literal.yaml").head.options
     assert literal == dataclasses.replace(default, per_dim_mean=False, quality="literal", logvar_clamp=False, eps=0.0)
 
@@ -981,9 +1073,19 @@ def test_preset_runs_a_training_step_on_a_tiny_clipvip(path: Path) -> None:
 
     cfg = load(path)
     cfg.model.clip = "tiny"
-    cfg.model.tiny = TinyClipConfig(embed_dim=16, text_width=16, text_layers=1, text_heads=2, vision_width=16,
-                                    vision_layers=1, vision_heads=2, image_size=16, patch_size=8, context_length=16,
-                                    vocab_size=300)
+    cfg.model.tiny = TinyClipConfig(
+        embed_dim=16,
+        text_width=16,
+        text_layers=1,
+        text_heads=2,
+        vision_width=16,
+        vision_layers=1,
+        vision_heads=2,
+        image_size=16,
+        patch_size=8,
+        context_length=16,
+        vocab_size=300,
+    )
     cfg.model.clipvip.checkpoint = ""
     torch.manual_seed(0)
     model = build_model(cfg)
@@ -1005,9 +1107,14 @@ def test_preset_runs_a_training_step_on_a_tiny_clipvip(path: Path) -> None:
     assert model.head.gauss_video.logvar_fc.weight.grad is not None
 
 
-@pytest.mark.parametrize("name,options", [("gravialign/msrvtt", {}),
-                                          ("gravialign/ablations/guarded", {"eps": 1e-2, "sgi_to_backbone": False}),
-                                          ("gravialign/ablations/contrastive", {"sgi_objective": "contrastive"})])
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("gravialign/msrvtt", {}),
+        ("gravialign/ablations/guarded", {"eps": 1e-2, "sgi_to_backbone": False}),
+        ("gravialign/ablations/contrastive", {"sgi_objective": "contrastive"}),
+    ],
+)
 def test_the_method_comparison_presets_are_addressable_by_name(name: str, options: dict) -> None:
     """GraviAlign as specified, guarded and contrastive: the three rows of a method comparison, by preset name."""
     cfg = load_config(name, ["head.options.mixed_weights=[0.5]"])
@@ -1042,8 +1149,10 @@ def test_a_collapse_of_the_features_is_reported_once(caplog: pytest.LogCaptureFi
     # every text and video the same vector: all similarities equal (InfoNCE = ln B) and δ = 0 (A at its ceiling)
     batch = 8
     same = torch.randn(1, D).expand(batch, D).contiguous()
-    collapsed = (TextFeatures(same), VideoFeatures(same[:, None].expand(batch, 3, D).contiguous(),
-                                                   torch.ones(batch, 3, dtype=torch.long)))
+    collapsed = (
+        TextFeatures(same),
+        VideoFeatures(same[:, None].expand(batch, 3, D).contiguous(), torch.ones(batch, 3, dtype=torch.long)),
+    )
     h = head()
     h.train()
     parts = h.loss(*collapsed)

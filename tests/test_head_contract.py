@@ -121,8 +121,7 @@ def test_contract_chunked_scoring_pairs_and_two_stage(name: str) -> None:
     shortlist = top_k_by_dot(head.shortlist_videos(vs), head.shortlist_texts(ts), 3)[0]
     assert torch.equal(idx.sort(1).values, shortlist.sort(1).values)
     if head.indexable:  # the score is the dot product of the shortlist embeddings
-        torch.testing.assert_close(head.shortlist_texts(ts) @ head.shortlist_videos(vs).T, full, rtol=1e-5,
-                                   atol=1e-5)
+        torch.testing.assert_close(head.shortlist_texts(ts) @ head.shortlist_videos(vs).T, full, rtol=1e-5, atol=1e-5)
 
 
 def _settings_to_check(head: RetrievalHead) -> list[dict]:
@@ -352,8 +351,19 @@ def test_a_head_outside_the_package_trains_and_evaluates_from_the_cli(tmp_path: 
     config.write_text(yaml.safe_dump(make_msrvtt(tmp_path / "data")))
     runner = CliRunner()
     run = tmp_path / "run"
-    args = ["train", "--config", str(config), "--out", str(run), "--set", f"head.name={TOY}",
-            "--set", "head.options.proj_dim=8", "--set", "train.max_steps=2"]
+    args = [
+        "train",
+        "--config",
+        str(config),
+        "--out",
+        str(run),
+        "--set",
+        f"head.name={TOY}",
+        "--set",
+        "head.options.proj_dim=8",
+        "--set",
+        "train.max_steps=2",
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     saved = load_config(run / "config.yaml")
@@ -363,8 +373,9 @@ def test_a_head_outside_the_package_trains_and_evaluates_from_the_cli(tmp_path: 
 
     # the saved config re-evaluates the checkpoint
     ev = tmp_path / "eval"
-    result = runner.invoke(app, ["eval", "--config", str(run / "config.yaml"), "--checkpoint", str(run / "best.pt"),
-                                 "--out", str(ev)])
+    result = runner.invoke(
+        app, ["eval", "--config", str(run / "config.yaml"), "--checkpoint", str(run / "best.pt"), "--out", str(ev)]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads((ev / "metrics.json").read_text())["t2v"] == metrics["t2v"]
 
@@ -373,8 +384,18 @@ def test_a_head_outside_the_package_trains_and_evaluates_from_the_cli(tmp_path: 
     result = runner.invoke(app, ["eval", "--checkpoint", str(run / "best.pt"), "--out", str(ev2)])
     assert result.exit_code == 0, result.output
     assert json.loads((ev2 / "metrics.json").read_text())["t2v"] == metrics["t2v"]
-    result = runner.invoke(app, ["eval", "--checkpoint", str(run / "best.pt"), "--out", str(tmp_path / "ev3"),
-                                 "--set", "head.options.pool=median"])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "--checkpoint",
+            str(run / "best.pt"),
+            "--out",
+            str(tmp_path / "ev3"),
+            "--set",
+            "head.options.pool=median",
+        ],
+    )
     assert result.exit_code == 2 and "head.options.pool = 'median'" in result.output
 
     # reusing the run folder needs --resume or --overwrite, and a bad option value fails at load

@@ -31,29 +31,51 @@ EOT = VOCAB - 1
 
 
 def _cfg(head: str = "clip4clip", temporal: str = "seqTransf", layers: int = TEMPORAL_LAYERS) -> Config:
-    return config_from_dict({
-        "model": {
-            "clip": "tiny", "temporal": temporal, "temporal_layers": layers,
-            "tiny": {"embed_dim": D, "text_width": D, "text_layers": TEXT_LAYERS, "text_heads": HEADS,
-                     "vision_width": V_WIDTH, "vision_layers": V_LAYERS, "vision_heads": V_HEADS,
-                     "image_size": IMAGE, "patch_size": PATCH, "context_length": CTX, "vocab_size": VOCAB},
-        },
-        "head": {"name": head, "gare": {"psi_dropout": 0.3, "pool_temperature": 3.0}},
-    })
+    return config_from_dict(
+        {
+            "model": {
+                "clip": "tiny",
+                "temporal": temporal,
+                "temporal_layers": layers,
+                "tiny": {
+                    "embed_dim": D,
+                    "text_width": D,
+                    "text_layers": TEXT_LAYERS,
+                    "text_heads": HEADS,
+                    "vision_width": V_WIDTH,
+                    "vision_layers": V_LAYERS,
+                    "vision_heads": V_HEADS,
+                    "image_size": IMAGE,
+                    "patch_size": PATCH,
+                    "context_length": CTX,
+                    "vocab_size": VOCAB,
+                },
+            },
+            "head": {"name": head, "gare": {"psi_dropout": 0.3, "pool_temperature": 3.0}},
+        }
+    )
 
 
 def _block(sd: dict[str, Tensor], prefix: str, width: int, g: torch.Generator) -> None:
     def r(*shape: int, scale: float = 0.1) -> Tensor:
         return scale * torch.randn(*shape, generator=g)
 
-    sd.update({
-        prefix + "attn.in_proj_weight": r(3 * width, width), prefix + "attn.in_proj_bias": r(3 * width),
-        prefix + "attn.out_proj.weight": r(width, width), prefix + "attn.out_proj.bias": r(width),
-        prefix + "ln_1.weight": 1 + r(width), prefix + "ln_1.bias": r(width),
-        prefix + "mlp.c_fc.weight": r(4 * width, width), prefix + "mlp.c_fc.bias": r(4 * width),
-        prefix + "mlp.c_proj.weight": r(width, 4 * width), prefix + "mlp.c_proj.bias": r(width),
-        prefix + "ln_2.weight": 1 + r(width), prefix + "ln_2.bias": r(width),
-    })
+    sd.update(
+        {
+            prefix + "attn.in_proj_weight": r(3 * width, width),
+            prefix + "attn.in_proj_bias": r(3 * width),
+            prefix + "attn.out_proj.weight": r(width, width),
+            prefix + "attn.out_proj.bias": r(width),
+            prefix + "ln_1.weight": 1 + r(width),
+            prefix + "ln_1.bias": r(width),
+            prefix + "mlp.c_fc.weight": r(4 * width, width),
+            prefix + "mlp.c_fc.bias": r(4 * width),
+            prefix + "mlp.c_proj.weight": r(width, 4 * width),
+            prefix + "mlp.c_proj.bias": r(width),
+            prefix + "ln_2.weight": 1 + r(width),
+            prefix + "ln_2.bias": r(width),
+        }
+    )
 
 
 def clip4clip_release(seed: int = 0, temporal: bool = True) -> dict[str, Tensor]:
@@ -65,13 +87,20 @@ def clip4clip_release(seed: int = 0, temporal: bool = True) -> dict[str, Tensor]
 
     grid = IMAGE // PATCH
     sd = {
-        "clip.positional_embedding": r(CTX, D), "clip.text_projection": r(D, D, scale=D**-0.5),
-        "clip.logit_scale": torch.tensor(math.log(80.0)), "clip.token_embedding.weight": r(VOCAB, D),
-        "clip.ln_final.weight": 1 + r(D), "clip.ln_final.bias": r(D),
-        "clip.visual.class_embedding": r(V_WIDTH), "clip.visual.positional_embedding": r(grid * grid + 1, V_WIDTH),
-        "clip.visual.proj": r(V_WIDTH, D, scale=V_WIDTH**-0.5), "clip.visual.conv1.weight": r(V_WIDTH, 3, PATCH, PATCH),
-        "clip.visual.ln_pre.weight": 1 + r(V_WIDTH), "clip.visual.ln_pre.bias": r(V_WIDTH),
-        "clip.visual.ln_post.weight": 1 + r(V_WIDTH), "clip.visual.ln_post.bias": r(V_WIDTH),
+        "clip.positional_embedding": r(CTX, D),
+        "clip.text_projection": r(D, D, scale=D**-0.5),
+        "clip.logit_scale": torch.tensor(math.log(80.0)),
+        "clip.token_embedding.weight": r(VOCAB, D),
+        "clip.ln_final.weight": 1 + r(D),
+        "clip.ln_final.bias": r(D),
+        "clip.visual.class_embedding": r(V_WIDTH),
+        "clip.visual.positional_embedding": r(grid * grid + 1, V_WIDTH),
+        "clip.visual.proj": r(V_WIDTH, D, scale=V_WIDTH**-0.5),
+        "clip.visual.conv1.weight": r(V_WIDTH, 3, PATCH, PATCH),
+        "clip.visual.ln_pre.weight": 1 + r(V_WIDTH),
+        "clip.visual.ln_pre.bias": r(V_WIDTH),
+        "clip.visual.ln_post.weight": 1 + r(V_WIDTH),
+        "clip.visual.ln_post.bias": r(V_WIDTH),
     }
     for i in range(TEXT_LAYERS):
         _block(sd, f"clip.transformer.resblocks.{i}.", D, g)
@@ -107,8 +136,14 @@ def gare_release(seed: int = 0) -> dict[str, Tensor]:
     for prefix in ("agent.psi.", "psi."):
         sd.update({prefix + k: v for k, v in psi.items()})
     width = D // 1  # GARE's weight_fc: Linear(2w, 4w), ReLU, Linear(4w, 1), unused
-    sd.update({"weight_fc.0.weight": r(4 * width, 2 * width), "weight_fc.0.bias": r(4 * width),
-               "weight_fc.2.weight": r(1, 4 * width), "weight_fc.2.bias": r(1)})
+    sd.update(
+        {
+            "weight_fc.0.weight": r(4 * width, 2 * width),
+            "weight_fc.0.bias": r(4 * width),
+            "weight_fc.2.weight": r(1, 4 * width),
+            "weight_fc.2.bias": r(1),
+        }
+    )
     return sd
 
 
@@ -123,8 +158,21 @@ def _ref_block(x: Tensor, sd: dict[str, Tensor], p: str, heads: int, mask: Tenso
     """OpenAI ResidualAttentionBlock on x [L, N, W] (sequence first, as nn.MultiheadAttention)."""
     h = _ln(x, sd, p + "ln_1")
     attn, _ = F.multi_head_attention_forward(
-        h, h, h, x.shape[-1], heads, sd[p + "attn.in_proj_weight"], sd[p + "attn.in_proj_bias"], None, None, False,
-        0.0, sd[p + "attn.out_proj.weight"], sd[p + "attn.out_proj.bias"], training=False, need_weights=False,
+        h,
+        h,
+        h,
+        x.shape[-1],
+        heads,
+        sd[p + "attn.in_proj_weight"],
+        sd[p + "attn.in_proj_bias"],
+        None,
+        None,
+        False,
+        0.0,
+        sd[p + "attn.out_proj.weight"],
+        sd[p + "attn.out_proj.bias"],
+        training=False,
+        need_weights=False,
         attn_mask=mask,
     )
     x = x + attn
@@ -289,8 +337,12 @@ def test_gare_release_maps_psi_and_scores_like_the_reference() -> None:
         assert torch.equal(psi[f"{name}_proj.weight"], sd[f"agent.psi.layers.0.cross_attn.{name}_proj.weight"])
     ignored = set(report.ignored)
     assert {k for k in sd if k.startswith("psi.")} <= ignored  # the alias
-    assert {"agent.psi.log_std_proj.weight", "agent.psi.layers.0.linear2.bias", "agent.psi.layers.0.mlp.2.weight",
-            "weight_fc.0.weight"} <= ignored
+    assert {
+        "agent.psi.log_std_proj.weight",
+        "agent.psi.layers.0.linear2.bias",
+        "agent.psi.layers.0.mlp.2.weight",
+        "weight_fc.0.weight",
+    } <= ignored
     assert not report.unexpected and not report.missing
 
     model.eval()
@@ -353,8 +405,19 @@ def test_cli_writes_a_checkpoint_eval_loads(tmp_path: Path) -> None:
     config_path = tmp_path / "gare.yaml"
     config_path.write_text(yaml.safe_dump(config_to_dict(cfg)))
     out = tmp_path / "imported" / "best.pt"
-    result = CliRunner().invoke(app, ["import-checkpoint", str(src), "-c", str(config_path), "-o", str(out),
-                                      "--report", str(tmp_path / "report.json")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "import-checkpoint",
+            str(src),
+            "-c",
+            str(config_path),
+            "-o",
+            str(out),
+            "--report",
+            str(tmp_path / "report.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["layout"] == "gare" and not report["missing"] and not report["unexpected"]
@@ -363,8 +426,19 @@ def test_cli_writes_a_checkpoint_eval_loads(tmp_path: Path) -> None:
     assert torch.equal(own["backbone.clip.visual_projection.weight"], sd["clip.visual.proj"].half().float().t())
     assert torch.equal(own["head.psi.q_proj.weight"], sd["agent.psi.layers.0.cross_attn.q_proj.weight"])
 
-    bad = CliRunner().invoke(app, ["import-checkpoint", str(src), "-c", str(config_path), "-o", str(tmp_path / "x.pt"),
-                                   "--set", "head.name=clip4clip"])
+    bad = CliRunner().invoke(
+        app,
+        [
+            "import-checkpoint",
+            str(src),
+            "-c",
+            str(config_path),
+            "-o",
+            str(tmp_path / "x.pt"),
+            "--set",
+            "head.name=clip4clip",
+        ],
+    )
     assert bad.exit_code == 2 and "not gare" in bad.output and not (tmp_path / "x.pt").exists()
 
 

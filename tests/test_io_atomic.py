@@ -66,8 +66,15 @@ def test_temporary_names_have_the_documented_shape(tmp_path: Path) -> None:
     name = temporary_path(tmp_path / "last.pt").name
     assert name.startswith(".last.pt.tvr-") and name.endswith(".tmp") and len(name) == len(".last.pt.tvr-") + 8 + 4
     assert is_temporary_name(name)
-    for other in ("last.pt", ".last.pt", ".last.pt.tmp", ".last.pt.abc.tmp", ".last.pt.ABCDEFGH.tmp", "x.abcdefgh.tmp",
-                  ".last.pt.tvr-abc.tmp"):
+    for other in (
+        "last.pt",
+        ".last.pt",
+        ".last.pt.tmp",
+        ".last.pt.abc.tmp",
+        ".last.pt.ABCDEFGH.tmp",
+        "x.abcdefgh.tmp",
+        ".last.pt.tvr-abc.tmp",
+    ):
         assert not is_temporary_name(other), other
 
 

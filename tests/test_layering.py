@@ -96,7 +96,8 @@ def test_imports_point_down_the_layers(module: str) -> None:
     part = part_of(module)
     assert part in ALLOWED, f"{module}: new top-level part {part!r}; add it to ALLOWED with its place in the layers"
     bad = sorted(
-        target for target in tvr_imports(MODULES[module])
+        target
+        for target in tvr_imports(MODULES[module])
         if part_of(target) != part and part_of(target) != "__init__" and part_of(target) not in ALLOWED[part]
     )
     assert not bad, f"{module} ({part}) imports {bad}; {part} may import only {sorted(ALLOWED[part])}"
@@ -121,7 +122,7 @@ def test_no_import_cycles_among_tvr_modules() -> None:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt])
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt)
         stack.pop()

@@ -24,8 +24,9 @@ runner = CliRunner()
 
 def test_brackets_in_errors_print_as_written(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    result = runner.invoke(app, ["train", "-c", "gravialign/msrvtt", "-o", str(out), "--set",
-                                 "head.options.logvar_init=20"])
+    result = runner.invoke(
+        app, ["train", "-c", "gravialign/msrvtt", "-o", str(out), "--set", "head.options.logvar_init=20"]
+    )
     assert result.exit_code == 2
     assert "must lie in [logvar_min, logvar_max] = [-10.0, 5.0]" in result.output
     assert "--set head.options.logvar_init=20" in result.output  # blamed on the --set, not the preset
@@ -41,8 +42,17 @@ def test_checkpoint_key_lists_print_in_full(tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(values))
     ckpt = tmp_path / "other.pt"
-    torch.save({"format": "tvr-checkpoint", "version": 1, "model_class": "RetrievalModel",
-                "model": {"head.stray.weight": torch.zeros(1)}, "state": {}, "rng": {}}, ckpt)
+    torch.save(
+        {
+            "format": "tvr-checkpoint",
+            "version": 1,
+            "model_class": "RetrievalModel",
+            "model": {"head.stray.weight": torch.zeros(1)},
+            "state": {},
+            "rng": {},
+        },
+        ckpt,
+    )
     result = runner.invoke(app, ["eval", "-c", str(config), "--checkpoint", str(ckpt), "-o", str(tmp_path / "ev")])
     assert result.exit_code == 2
     assert "unexpected keys [head.stray.weight]" in result.output
@@ -75,8 +85,9 @@ def test_import_checkpoint_key_lists_and_flag_names(tmp_path: Path) -> None:
 
 
 def test_text_fields_take_set_values_literally() -> None:
-    cfg = load_config("clip4clip/msrvtt", ["data.video_pattern={video_id}.mp4", "data.annotations=[x]/y",
-                                           "model.clip={a: b}"])
+    cfg = load_config(
+        "clip4clip/msrvtt", ["data.video_pattern={video_id}.mp4", "data.annotations=[x]/y", "model.clip={a: b}"]
+    )
     assert cfg.data.video_pattern == "{video_id}.mp4"
     assert cfg.data.annotations == "[x]/y" and cfg.model.clip == "{a: b}"
     with pytest.raises(ConfigError, match=r"--set train\.lr=\{a\}: train\.lr: expected a number"):
@@ -103,11 +114,17 @@ def test_a_file_where_a_folder_belongs_reads_the_same_everywhere(tmp_path: Path)
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(values))
     commands = {
-        "--out": [["train", "-c", str(config), "-o", str(a_file)], ["features", "-c", str(config), "-o", str(a_file)],
-                  ["synth", "-o", str(a_file)], ["demo", "-o", str(a_file)],
-                  ["eval", "-c", str(config), "--checkpoint", str(a_file), "-o", str(a_file)]],
-        "DST": [["prepare", "videos", str(tmp_path / "data" / "videos"), str(a_file)],
-                ["prepare", "frames", str(tmp_path / "data" / "videos"), str(a_file)]],
+        "--out": [
+            ["train", "-c", str(config), "-o", str(a_file)],
+            ["features", "-c", str(config), "-o", str(a_file)],
+            ["synth", "-o", str(a_file)],
+            ["demo", "-o", str(a_file)],
+            ["eval", "-c", str(config), "--checkpoint", str(a_file), "-o", str(a_file)],
+        ],
+        "DST": [
+            ["prepare", "videos", str(tmp_path / "data" / "videos"), str(a_file)],
+            ["prepare", "frames", str(tmp_path / "data" / "videos"), str(a_file)],
+        ],
         "OUT": [["tokenizer", str(a_file), str(a_file)]],
     }
     for flag, invocations in commands.items():
@@ -135,8 +152,21 @@ def test_prepare_frames_takes_set(tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(values))
     cache = tmp_path / "frames"
-    result = runner.invoke(app, ["prepare", "frames", str(tmp_path / "data" / "videos"), str(cache), "-c",
-                                 str(config), "--set", "data.max_frames=3", "-j", "1"])
+    result = runner.invoke(
+        app,
+        [
+            "prepare",
+            "frames",
+            str(tmp_path / "data" / "videos"),
+            str(cache),
+            "-c",
+            str(config),
+            "--set",
+            "data.max_frames=3",
+            "-j",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads((cache / "frames_manifest.json").read_text())["settings"]["max_frames"] == 3
 
@@ -149,8 +179,22 @@ def test_eval_into_the_run_folder_keeps_the_runs_config(tmp_path: Path) -> None:
     recorded = (run / "config.yaml").read_text()
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(values))
-    result = runner.invoke(app, ["eval", "-c", str(config), "--checkpoint", str(run / "last.pt"), "-o", str(run),
-                                 "--set", "eval.split=val", "--set", "eval.batch_size=2"])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "-c",
+            str(config),
+            "--checkpoint",
+            str(run / "last.pt"),
+            "-o",
+            str(run),
+            "--set",
+            "eval.split=val",
+            "--set",
+            "eval.batch_size=2",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert (run / "config.yaml").read_text() == recorded
     evaluated = yaml.safe_load((run / "eval_config.yaml").read_text())
@@ -226,8 +270,9 @@ def test_a_backbone_of_another_image_size_stops_at_preflight(tmp_path: Path) -> 
     values["model"]["tokenizer"] = str(tmp_path / "tok")
     config.write_text(yaml.safe_dump(values))
     result = runner.invoke(app, ["train", "-c", str(config), "-o", str(out)])
-    assert result.exit_code == 2 and f"model.clip = '{folder}' (its config.json vision_config.image_size)" in \
-        result.output
+    assert (
+        result.exit_code == 2 and f"model.clip = '{folder}' (its config.json vision_config.image_size)" in result.output
+    )
 
 
 def test_a_damaged_clip_folder_or_clipvip_checkpoint_is_one_line(tmp_path: Path) -> None:
@@ -286,8 +331,11 @@ def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch) -> None:
     monkeypatch.setattr(clip_backbone.socket, "create_connection", no_network)
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(ConfigError, match=r"not in the local Hugging Face cache and the hub cannot be reached "
-                                          r"\(huggingface\.co: Name or service not known\); offline\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"not in the local Hugging Face cache and the hub cannot be reached "
+        r"\(huggingface\.co: Name or service not known\); offline\?",
+    ):
         clip_backbone.load_clip_model("openai/clip-vit-base-patch32")
     assert [c.get("local_files_only") for c in calls] == [True]  # never an online attempt that retries
     calls.clear()

@@ -179,8 +179,9 @@ def test_head_param_rules_make_groups_with_their_own_lr_decay_and_schedule() -> 
     model = RetrievalModel(_Backbone(), _Temporal(), _RuledHead())
     cfg = TrainConfig(lr=1e-3, backbone_lr_coef=0.1, weight_decay=0.2, warmup=0.5)
     opt = build_optimizer(model, cfg)
-    groups = {name: (g, names) for name, g, names in zip(group_names(opt), opt.param_groups, opt.tvr_param_names,
-                                                            strict=True)}
+    groups = {
+        name: (g, names) for name, g, names in zip(group_names(opt), opt.param_groups, opt.tvr_param_names, strict=True)
+    }
     assert groups["proj"][1] == ["head.proj.weight"] and groups["proj"][0]["lr"] == pytest.approx(3e-3)
     assert groups["proj"][0]["weight_decay"] == 0.2
     assert groups["proj-fixed-nodecay"][1] == ["head.proj.bias"]
@@ -189,8 +190,14 @@ def test_head_param_rules_make_groups_with_their_own_lr_decay_and_schedule() -> 
     assert groups["backbone-ln"][1] == ["backbone.ln_post.weight", "backbone.ln_post.bias"]
     assert groups["backbone-ln"][0]["weight_decay"] == 0.2 and groups["backbone-ln"][0]["lr"] == pytest.approx(1e-4)
     # the default groups keep their order ahead of the ruled ones (so older optimizer states still load)
-    assert group_names(opt) == ["head-nodecay", "backbone", "backbone-nodecay", "proj", "proj-fixed-nodecay",
-                                "backbone-ln"]
+    assert group_names(opt) == [
+        "head-nodecay",
+        "backbone",
+        "backbone-nodecay",
+        "proj",
+        "proj-fixed-nodecay",
+        "backbone-ln",
+    ]
     assert "head.norm.weight" in groups["head-nodecay"][1] and "head.logit_scale" in groups["head-nodecay"][1]
     sched = build_scheduler(opt, "warmup_cosine", 10, 0.5)
     lrs = []

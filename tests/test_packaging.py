@@ -13,8 +13,14 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+; 3.10 has no TOML reade
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 #: distribution name → the module it is imported as
-IMPORT_NAMES = {"pyyaml": "yaml", "scikit-learn": "sklearn", "pillow": "PIL", "faiss-cpu": "faiss",
-                "sentence-transformers": "sentence_transformers", "scikit-image": "skimage"}
+IMPORT_NAMES = {
+    "pyyaml": "yaml",
+    "scikit-learn": "sklearn",
+    "pillow": "PIL",
+    "faiss-cpu": "faiss",
+    "sentence-transformers": "sentence_transformers",
+    "scikit-image": "skimage",
+}
 #: tools run from the command line, not imported
 COMMAND_LINE_TOOLS = {"ruff"}
 #: packages that ship data (pretrained weights, sample photographs), located with importlib.util.find_spec rather
@@ -51,7 +57,8 @@ def test_every_runtime_dependency_is_imported_by_the_package() -> None:
     used = imported_modules("tvr")
     source = "\n".join(p.read_text() for p in (REPO / "tvr").rglob("*.py"))
     unused = [
-        req for req in PYPROJECT["project"]["dependencies"]
+        req
+        for req in PYPROJECT["project"]["dependencies"]
         if module_of(req) not in used
         and not (distribution(req) in DATA_PACKAGES and (module_of(req) in source or distribution(req) in source))
     ]
@@ -62,9 +69,12 @@ def test_every_extra_is_used_where_it_is_declared_for() -> None:
     extras = PYPROJECT["project"].get("optional-dependencies", {})
     used = imported_modules("tvr", "tests", "benchmarks")
     for extra, requirements in extras.items():
-        unused = [req for req in requirements
-                  if distribution(req) not in COMMAND_LINE_TOOLS
-                  and IMPORTED_THROUGH.get(distribution(req), module_of(req)) not in used]
+        unused = [
+            req
+            for req in requirements
+            if distribution(req) not in COMMAND_LINE_TOOLS
+            and IMPORTED_THROUGH.get(distribution(req), module_of(req)) not in used
+        ]
         assert not unused, f"extra {extra!r} declares {unused}, which nothing imports"
 
 

@@ -117,7 +117,10 @@ def test_kill_9_mid_run_then_resume_gives_identical_files(raw_videos: Path, tmp_
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tvr", "prepare", "videos", str(raw_videos), str(dst), "-j", "1"],
-        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     caught = None
     deadline = time.monotonic() + 120
@@ -167,7 +170,11 @@ def test_failures_are_reported_or_copied(tmp_path: Path) -> None:
     errors = {e["source"]: e["error"] for e in report["files"] if e["status"] == "failed"}
     assert "taken by twin.mkv" in errors["twin.mp4"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "good.mp4", "prepare_manifest.json", "prepare_report.json", "twin.mp4"]
+        "good.mp4",
+        "prepare_manifest.json",
+        "prepare_report.json",
+        "twin.mp4",
+    ]
 
     copied = prepare_videos(src, tmp_path / "copied", copy_on_failure=True, workers=1, progress=False)
     entry = next(e for e in copied["files"] if e["source"] == "broken.avi")
@@ -222,11 +229,13 @@ def test_a_copied_mp4_is_reported_as_copied_on_rerun(tmp_path: Path) -> None:
     src.mkdir()
     write_test_video(src / "good.mp4", 10, 10.0, size=(64, 48))
     (src / "broken.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + os.urandom(3000))
-    result = CliRunner().invoke(app, ["prepare", "videos", str(src), str(tmp_path / "out"), "-j", "1",
-                                      "--copy-on-failure"])
+    result = CliRunner().invoke(
+        app, ["prepare", "videos", str(src), str(tmp_path / "out"), "-j", "1", "--copy-on-failure"]
+    )
     assert "1 file(s) could not be re-encoded and were copied unchanged" in result.output
-    result = CliRunner().invoke(app, ["prepare", "videos", str(src), str(tmp_path / "out"), "-j", "1",
-                                      "--copy-on-failure"])
+    result = CliRunner().invoke(
+        app, ["prepare", "videos", str(src), str(tmp_path / "out"), "-j", "1", "--copy-on-failure"]
+    )
     assert "1 copied" in result.output and "1 skipped" in result.output
     assert "1 file(s) could not be re-encoded and were copied unchanged" in result.output
 

@@ -16,8 +16,17 @@ from tvr.data.transforms import CLIP_NORM, PixelNorm
 from tvr.models.preprocess import HUB_IMAGE_SIZES, Preprocess, backbone_preprocess, clip_image_size
 from tvr.pipeline import resolve_config
 
-TINY = {"embed_dim": 16, "text_width": 16, "text_layers": 1, "text_heads": 2, "vision_width": 16,
-        "vision_layers": 1, "vision_heads": 2, "image_size": 48, "patch_size": 8}
+TINY = {
+    "embed_dim": 16,
+    "text_width": 16,
+    "text_layers": 1,
+    "text_heads": 2,
+    "vision_width": 16,
+    "vision_layers": 1,
+    "vision_heads": 2,
+    "image_size": 48,
+    "patch_size": 8,
+}
 
 
 def config(**sections: dict) -> object:
@@ -40,9 +49,20 @@ def test_the_backbone_fills_what_the_config_leaves_unset() -> None:
 
     from tvr.models.image_tower import EFFICIENTNET_LITE_NORM
 
-    towers = resolve_config(config(model={"backbone": "two_tower", "two_tower": {
-        "text_model": "tiny", "image_model": "tiny", "image_weights": "random", "bridge": "projection",
-        "tiny": {"image_size": 40}}}))
+    towers = resolve_config(
+        config(
+            model={
+                "backbone": "two_tower",
+                "two_tower": {
+                    "text_model": "tiny",
+                    "image_model": "tiny",
+                    "image_weights": "random",
+                    "bridge": "projection",
+                    "tiny": {"image_size": 40},
+                },
+            }
+        )
+    )
     assert (towers.data.image_size, towers.data.sampling) == (40, "clip4clip")
     assert PixelNorm(towers.data.pixel_mean, towers.data.pixel_std) == EFFICIENTNET_LITE_NORM
 
@@ -99,8 +119,9 @@ def test_the_data_pipeline_makes_the_backbones_frames(tmp_path: Path) -> None:
     dataset = VideoDataset(["a"], None, VideoResolver.from_config(cfg.data), cfg.data)
     assert dataset[0]["video"].shape == (2, 3, 48, 48)
     # a normalisation the config sets is the one the frames get: (x − 0) / 1 keeps the [0, 1] pixels
-    plain = resolve_config(config(data={"video_dir": str(videos), "max_frames": 2, "pixel_mean": [0, 0, 0],
-                                        "pixel_std": [1, 1, 1]}))
+    plain = resolve_config(
+        config(data={"video_dir": str(videos), "max_frames": 2, "pixel_mean": [0, 0, 0], "pixel_std": [1, 1, 1]})
+    )
     pixels = VideoDataset(["a"], None, VideoResolver.from_config(plain.data), plain.data)[0]["video"]
     assert 0.0 <= float(pixels.min()) and float(pixels.max()) <= 1.0
     mean, std = torch.tensor(CLIP_NORM.mean).view(3, 1, 1), torch.tensor(CLIP_NORM.std).view(3, 1, 1)

@@ -223,8 +223,13 @@ def test_metrics_notes_name_the_setting_and_the_chance_level(tmp_path) -> None:
 
     metrics = evaluate(MC_SIM, MC_TV, "multi_caption")
     metrics["t2v@gamma=0"] = metrics["t2v"]
-    info = {"num_texts": 5, "num_videos": 3, "protocol": "multi_caption", "inference_setting": {"gamma": 0.3},
-            "inference_selection": [{}, {}, {}]}
+    info = {
+        "num_texts": 5,
+        "num_videos": 3,
+        "protocol": "multi_caption",
+        "inference_setting": {"gamma": 0.3},
+        "inference_selection": [{}, {}, {}],
+    }
     notes = metrics_notes(metrics, info)
     assert notes == [
         "Inference setting: gamma = 0.3, chosen on this split among 3 candidates; rows `…@gamma=0`: the same model "
@@ -235,8 +240,10 @@ def test_metrics_notes_name_the_setting_and_the_chance_level(tmp_path) -> None:
     _, md_path = write_metrics(tmp_path, metrics, info)
     assert all(line in md_path.read_text() for line in notes)
     one_to_one = metrics_notes(metrics, {"num_texts": 1000, "num_videos": 1000, "protocol": "one_to_one"})
-    assert one_to_one == ["Chance level (a random ranking): t2v R@1 0.1, R@5 0.5, R@10 1, MdR 500.5, MnR 500.5 "
-                          "(1000 videos); v2t R@1 0.1, R@5 0.5, R@10 1, MdR 500.5, MnR 500.5 (1000 captions)."]
+    assert one_to_one == [
+        "Chance level (a random ranking): t2v R@1 0.1, R@5 0.5, R@10 1, MdR 500.5, MnR 500.5 "
+        "(1000 videos); v2t R@1 0.1, R@5 0.5, R@10 1, MdR 500.5, MnR 500.5 (1000 captions)."
+    ]
 
 
 def test_metrics_table_exact() -> None:

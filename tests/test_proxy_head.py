@@ -88,8 +88,11 @@ def oracle_proxy(gen: ProxyGenerator, t: torch.Tensor, memory: torch.Tensor) -> 
             heads.append((w / w.sum()) @ v[:, sl])
         x = x + layer.out_proj.weight @ torch.cat(heads) + layer.out_proj.bias
         x = ln(x, layer.norm3)
-        x = x + layer.linear2.weight @ torch.clamp(layer.linear1.weight @ x + layer.linear1.bias, min=0) \
+        x = (
+            x
+            + layer.linear2.weight @ torch.clamp(layer.linear1.weight @ x + layer.linear1.bias, min=0)
             + layer.linear2.bias
+        )
         x = ln(x, layer.norm4)
     leader = ln(x, gen.final_norm)
     d = gen.delta * t - gen.eta * leader
@@ -102,8 +105,9 @@ def oracle_proxy(gen: ProxyGenerator, t: torch.Tensor, memory: torch.Tensor) -> 
     return t + dash * d_hat
 
 
-def oracle_scores(gen: ProxyGenerator, text: torch.Tensor, video: torch.Tensor, proxies: torch.Tensor,
-                  gamma: float) -> torch.Tensor:
+def oracle_scores(
+    gen: ProxyGenerator, text: torch.Tensor, video: torch.Tensor, proxies: torch.Tensor, gamma: float
+) -> torch.Tensor:
     """cos(t_i, v_j) + γ·cos(t^p_ij, v_j), one pair at a time through the generator itself."""
     out = torch.empty(len(text), len(video), dtype=text.dtype)
     for i, j in itertools.product(range(len(text)), range(len(video))):
@@ -130,9 +134,10 @@ def test_generator_shapes_and_parameters(dash: str) -> None:
         assert not hasattr(gen, "theta")
 
 
-@pytest.mark.parametrize(("dash", "heads", "layers", "delta", "eta"),
-                         [("theta", 1, 2, 1.0, 1.0), ("linear", 1, 2, 1.0, 1.0), ("theta", 2, 1, -1.0, -1.0),
-                          ("linear", 4, 3, 0.5, -1.5)])
+@pytest.mark.parametrize(
+    ("dash", "heads", "layers", "delta", "eta"),
+    [("theta", 1, 2, 1.0, 1.0), ("linear", 1, 2, 1.0, 1.0), ("theta", 2, 1, -1.0, -1.0), ("linear", 4, 3, 0.5, -1.5)],
+)
 def test_generator_equals_the_formulas(dash: str, heads: int, layers: int, delta: float, eta: float) -> None:
     gen = make_generator(torch.float64, dash=dash, heads=heads, layers=layers, delta=delta, eta=eta)
     text, _, proxies = make_inputs(3, 4, torch.float64)
@@ -204,13 +209,16 @@ def test_head_loss_uses_own_proxies_and_the_positive_proxy() -> None:
     feats_v = VideoFeatures(video[:, None] * 2.0, torch.ones(b, 1, dtype=torch.long), proxies)
     out = head.loss(feats_t, feats_v)
     with torch.no_grad():
-        tp = torch.stack([torch.stack([oracle_proxy(head.generator, text[i], proxies[j]) for j in range(b)])
-                          for i in range(b)])
+        tp = torch.stack(
+            [torch.stack([oracle_proxy(head.generator, text[i], proxies[j]) for j in range(b)]) for i in range(b)]
+        )
         sim_r = text @ video.T
-        sim_p = torch.stack([torch.stack([F.cosine_similarity(tp[i, j], video[j], dim=0) for j in range(b)])
-                             for i in range(b)])
-        sim_pos = torch.stack([torch.stack([F.cosine_similarity(tp[i, i], video[k], dim=0) for k in range(b)])
-                               for i in range(b)])
+        sim_p = torch.stack(
+            [torch.stack([F.cosine_similarity(tp[i, j], video[j], dim=0) for j in range(b)]) for i in range(b)]
+        )
+        sim_pos = torch.stack(
+            [torch.stack([F.cosine_similarity(tp[i, i], video[k], dim=0) for k in range(b)]) for i in range(b)]
+        )
         expected = text_proxy_loss(sim_r, sim_p, sim_pos, torch.tensor(1.5), alpha=0.7, beta=0.3)
     torch.testing.assert_close(out["loss"], expected, rtol=1e-5, atol=1e-5)
     assert set(out) == {"loss", "regular", "proxy", "positive", "logit_scale"}
@@ -260,8 +268,9 @@ def test_fast_scorer_equals_a_per_pair_loop_over_the_generator(dtype: torch.dtyp
             block = proxy_pairwise_scores(gen, text, video, proxies, 0.7, method="block")
             torch.testing.assert_close(block, expected, rtol=0, atol=atol)
             pairs = proxy_pair_scores(gen, text, video, proxies, ti, vi, method="fast")
-            torch.testing.assert_close(0.7 * pairs + (text[ti] * video[vi]).sum(-1), expected[ti, vi], rtol=0,
-                                       atol=atol)
+            torch.testing.assert_close(
+                0.7 * pairs + (text[ti] * video[vi]).sum(-1), expected[ti, vi], rtol=0, atol=atol
+            )
 
 
 def test_chunked_equals_unchunked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -310,8 +319,12 @@ def test_the_fast_path_refuses_active_dropout() -> None:
     gen.train()
     for layer in gen.layers:
         layer.dropout.p = 0.0
-    torch.testing.assert_close(proxy_scores(gen, text, video, proxies, method="fast"),
-                               proxy_scores(gen.eval(), text, video, proxies), rtol=0, atol=0)
+    torch.testing.assert_close(
+        proxy_scores(gen, text, video, proxies, method="fast"),
+        proxy_scores(gen.eval(), text, video, proxies),
+        rtol=0,
+        atol=0,
+    )
 
 
 # --------------------------------------------------------------------------------------------- the head and γ
@@ -320,8 +333,10 @@ def test_the_fast_path_refuses_active_dropout() -> None:
 def head_features(n_t: int, n_v: int, seed: int = 0) -> tuple[TextFeatures, VideoFeatures]:
     text, video, proxies = make_inputs(n_t, n_v, seed=seed)
     g = torch.Generator().manual_seed(seed + 10)
-    return (TextFeatures(text * 2 + 0.1 * torch.randn(n_t, D, generator=g)),
-            VideoFeatures(video[:, None] * 3, torch.ones(n_v, 1, dtype=torch.long), proxies))
+    return (
+        TextFeatures(text * 2 + 0.1 * torch.randn(n_t, D, generator=g)),
+        VideoFeatures(video[:, None] * 3, torch.ones(n_v, 1, dtype=torch.long), proxies),
+    )
 
 
 def test_gamma_zero_is_the_clipvip_baseline() -> None:
@@ -339,10 +354,10 @@ def test_gamma_zero_is_the_clipvip_baseline() -> None:
     assert torch.equal(head.combine_scores(components, {"gamma": 0.0}), base)
     # γ > 0: S^r + γ·S^p from the components equals scoring with γ stored
     head.set_inference_setting({"gamma": 0.6})
-    torch.testing.assert_close(head.combine_scores(components, {"gamma": 0.6}), head.score(ts, vs), rtol=0,
-                               atol=1e-6)
-    torch.testing.assert_close(components["proxy"], proxy_scores(head.generator, ts.emb, vs.emb, vs.proxies),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(head.combine_scores(components, {"gamma": 0.6}), head.score(ts, vs), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        components["proxy"], proxy_scores(head.generator, ts.emb, vs.emb, vs.proxies), rtol=0, atol=0
+    )
     assert head.baseline_settings() == {"gamma=0": {"gamma": 0.0}}
 
 
@@ -399,8 +414,11 @@ def test_validation_selects_gamma_and_the_checkpoint_keeps_it(tmp_path: Path) ->
     ts, vs = head.encode_texts(text), head.encode_videos(video)
     expected = {}
     for gamma in head.options.gamma_grid():
-        expected[gamma] = evaluate(proxy_pairwise_scores(head.generator, ts.emb, vs.emb, vs.proxies, gamma).float(),
-                                   list(range(12)), "one_to_one")
+        expected[gamma] = evaluate(
+            proxy_pairwise_scores(head.generator, ts.emb, vs.emb, vs.proxies, gamma).float(),
+            list(range(12)),
+            "one_to_one",
+        )
     grid = head.options.gamma_grid()
     best = min(grid, key=lambda g: (expected[g]["t2v"]["MnR"], grid.index(g)))
 
@@ -432,8 +450,17 @@ def test_two_stage_reranks_by_the_gamma_zero_score() -> None:
 
 
 def tiny_overrides(**extra: str) -> list[str]:
-    tiny = {"embed_dim": D, "text_width": 16, "text_layers": 1, "text_heads": 2, "vision_width": 16,
-            "vision_layers": 1, "vision_heads": 2, "image_size": 16, "patch_size": 8}
+    tiny = {
+        "embed_dim": D,
+        "text_width": 16,
+        "text_layers": 1,
+        "text_heads": 2,
+        "vision_width": 16,
+        "vision_layers": 1,
+        "vision_heads": 2,
+        "image_size": 16,
+        "patch_size": 8,
+    }
     out = ["model.clip=tiny", "model.clipvip.checkpoint=", "head.options.ffn_dim=24", "train.device=cpu"]
     out += [f"model.tiny.{k}={v}" for k, v in tiny.items()]
     return out + [f"{k}={v}" for k, v in extra.items()]
@@ -462,9 +489,19 @@ def test_proxy_lr_falls_back_to_the_coefficient(lr_groups: str) -> None:
 
 
 #: full-size CLIP ViT-B/32 (the released TV-ProxyNet backbone), built on the meta device: names and shapes only
-FULL_CLIP = {"embed_dim": 512, "text_width": 512, "text_layers": 12, "text_heads": 8, "vision_width": 768,
-             "vision_layers": 12, "vision_heads": 12, "image_size": 224, "patch_size": 32, "context_length": 77,
-             "vocab_size": 49408}
+FULL_CLIP = {
+    "embed_dim": 512,
+    "text_width": 512,
+    "text_layers": 12,
+    "text_heads": 8,
+    "vision_width": 768,
+    "vision_layers": 12,
+    "vision_heads": 12,
+    "image_size": 224,
+    "patch_size": 32,
+    "context_length": 77,
+    "vocab_size": 49408,
+}
 
 
 def release_param_group(name: str, clip_lr: float, tp_lr: float) -> tuple[float, str, bool]:
@@ -487,8 +524,10 @@ def test_reference_lr_groups_are_the_released_grouping_on_a_full_size_model() ->
     from tvr.train.optim import build_optimizer
 
     overrides = ["model.clip=tiny", "model.clipvip.checkpoint=", "head.options.lr_groups=reference"]
-    cfg = load_config(REPO / "tvr" / "configs" / "proxy" / "msrvtt.yaml",
-                      overrides + [f"model.tiny.{k}={v}" for k, v in FULL_CLIP.items()])
+    cfg = load_config(
+        REPO / "tvr" / "configs" / "proxy" / "msrvtt.yaml",
+        overrides + [f"model.tiny.{k}={v}" for k, v in FULL_CLIP.items()],
+    )
     resolve_head_config(cfg.head)
     with torch.device("meta"):
         backbone = build_backbone(cfg.model)
@@ -528,8 +567,13 @@ def test_lr_groups_intended_and_reference() -> None:
 
     cfg, model, opt = build_run(preset, tiny_overrides(**{"head.options.lr_groups": "reference"}))
     names = dict(zip(opt.tvr_group_names, opt.tvr_param_names, strict=True))
-    assert set(names) == {"backbone", "proxy", "proxy-constant-nodecay", "logit-scale-constant-nodecay",
-                          "backbone-constant-nodecay"}
+    assert set(names) == {
+        "backbone",
+        "proxy",
+        "proxy-constant-nodecay",
+        "logit-scale-constant-nodecay",
+        "backbone-constant-nodecay",
+    }
     assert names["logit-scale-constant-nodecay"] == ["head.logit_scale"]
     assert all(n.startswith("backbone.") for n in names["backbone-constant-nodecay"])
     assert "head.generator.layers.0.q_proj.bias" in names["proxy-constant-nodecay"]
@@ -571,8 +615,10 @@ def test_presets_exist_and_follow_the_paper() -> None:
         assert cfg.data.max_frames == frames and cfg.data.sampling == "clipvip"
         assert ("16" in cfg.model.clip) == (name == "msrvtt_b16")
     # B/16 = the B/32 preset on the B/16 CLIP-ViP recipe with δ = η = −1, nothing else
-    b32, b16 = (dataclasses.asdict(load_config(REPO / "tvr" / "configs" / "proxy" / f"{n}.yaml"))
-                for n in ("msrvtt", "msrvtt_b16"))
+    b32, b16 = (
+        dataclasses.asdict(load_config(REPO / "tvr" / "configs" / "proxy" / f"{n}.yaml"))
+        for n in ("msrvtt", "msrvtt_b16")
+    )
     changed = {f"{s}.{k}" for s in b32 for k in b32[s] if b32[s][k] != b16[s][k]}
     assert changed == {"model.clip", "model.clipvip", "head.options"}
     assert b16["model"]["clipvip"] == {**b32["model"]["clipvip"], "checkpoint": b16["model"]["clipvip"]["checkpoint"]}
@@ -584,8 +630,10 @@ def test_presets_exist_and_follow_the_paper() -> None:
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
 def test_preset_loads_and_runs_one_training_step(path: Path) -> None:
-    cfg, model, opt = build_run(path, tiny_overrides() if "baseline" not in path.stem else
-                                [o for o in tiny_overrides() if "head.options" not in o])
+    cfg, model, opt = build_run(
+        path,
+        tiny_overrides() if "baseline" not in path.stem else [o for o in tiny_overrides() if "head.options" not in o],
+    )
     b, frames, size = 3, cfg.data.max_frames, cfg.model.tiny.image_size
     g = torch.Generator().manual_seed(0)
     batch = {
@@ -616,8 +664,9 @@ def test_train_and_eval_through_the_cli_report_gamma(tmp_path: Path) -> None:
 
     values = make_msrvtt(tmp_path / "data")
     values["data"].update({"sampling": "clipvip", "max_frames": 3})
-    values["model"].update({"backbone": "clipvip", "temporal": "none",
-                            "clipvip": {"num_proxies": 4, "proxy_projection": True}})
+    values["model"].update(
+        {"backbone": "clipvip", "temporal": "none", "clipvip": {"num_proxies": 4, "proxy_projection": True}}
+    )
     values["head"] = {"name": "proxy", "options": {"ffn_dim": 16, "gamma_max": 1.0, "gamma_step": 0.5}}
     values["train"]["max_steps"] = 2
     config = tmp_path / "proxy.yaml"
@@ -626,16 +675,16 @@ def test_train_and_eval_through_the_cli_report_gamma(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["train", "--config", str(config), "--out", str(run)])
     assert result.exit_code == 0, result.output
     val = [json.loads(line) for line in (run / "val_log.jsonl").read_text().splitlines()]
-    assert val and [r["setting"]["gamma"] for r in val[-1]["metrics"]["info"]["inference_selection"]] == \
-        [0.0, 0.5, 1.0]
+    assert val and [r["setting"]["gamma"] for r in val[-1]["metrics"]["info"]["inference_selection"]] == [0.0, 0.5, 1.0]
     metrics = json.loads((run / "test_best" / "metrics.json").read_text())
     chosen = metrics["inference_setting"]["gamma"]  # metrics.json carries the info fields at the top level
     assert chosen in (0.0, 0.5, 1.0) and "t2v@gamma=0" in metrics and "v2t@gamma=0" in metrics
     assert metrics["head"] == "proxy" and metrics["indexable"] is False
 
     ev = tmp_path / "eval"
-    result = CliRunner().invoke(app, ["eval", "--config", str(run / "config.yaml"), "--checkpoint",
-                                      str(run / "best.pt"), "--out", str(ev)])
+    result = CliRunner().invoke(
+        app, ["eval", "--config", str(run / "config.yaml"), "--checkpoint", str(run / "best.pt"), "--out", str(ev)]
+    )
     assert result.exit_code == 0, result.output
     again = json.loads((ev / "metrics.json").read_text())
     assert again["inference_setting"] == {"gamma": chosen}  # stored with the checkpoint

@@ -21,8 +21,9 @@ BETA = 20.0
 
 
 def naive_log_norm(bank: np.ndarray, beta: float) -> np.ndarray:
-    return np.array([math.log(sum(math.exp(beta * bank[b, g]) for b in range(bank.shape[0])))
-                     for g in range(bank.shape[1])])
+    return np.array(
+        [math.log(sum(math.exp(beta * bank[b, g]) for b in range(bank.shape[0]))) for g in range(bank.shape[1])]
+    )
 
 
 def naive_activation(bank: np.ndarray, k: int) -> set[int]:
@@ -163,7 +164,8 @@ def test_runner_adds_rows_without_touching_the_plain_ones() -> None:
 
 def test_query_bank_from_training_captions(tmp_path) -> None:
     (tmp_path / "captions.csv").write_text(
-        "video,caption,split\n" + "".join(f"v{k},caption number {k} of a dog,train\n" for k in range(7))
+        "video,caption,split\n"
+        + "".join(f"v{k},caption number {k} of a dog,train\n" for k in range(7))
         + "t0,a test caption,test\n"
     )
     cfg = Config()

@@ -58,12 +58,13 @@ def test_resume_may_change_how_long_and_how_it_runs_and_records_it(data_values, 
     assert record["train"]["max_steps"] == 2 and record["eval"]["batch_size"] == 2
     (entry,) = [json.loads(line) for line in (out / "config_changes.jsonl").read_text().splitlines()]
     assert entry["resumed_at_step"] == 1
-    assert entry["changes"] == {"eval.batch_size": {"before": 8, "after": 2},
-                                "train.max_steps": {"before": 1, "after": 2}}
+    assert entry["changes"] == {
+        "eval.batch_size": {"before": 8, "after": 2},
+        "train.max_steps": {"before": 1, "after": 2},
+    }
 
 
-def test_overwrite_removes_the_earlier_run_before_the_new_one_starts(data_values, tmp_path: Path,
-                                                                     monkeypatch) -> None:
+def test_overwrite_removes_the_earlier_run_before_the_new_one_starts(data_values, tmp_path: Path, monkeypatch) -> None:
     out = tmp_path / "run"
     run_train(config_from_dict(data_values), out)  # with its test results
     assert (out / "last.pt").is_file() and (out / "test_last" / "metrics.json").is_file()
@@ -111,8 +112,9 @@ def test_a_killed_holder_leaves_no_lock_behind(tmp_path: Path, caplog) -> None:
             time.sleep(120)
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()}
+    )
     try:
         assert proc.stdout.readline().strip() == "LOCKED"
         with pytest.raises(FolderBusyError, match=rf"pid {proc.pid}"):

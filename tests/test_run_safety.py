@@ -149,8 +149,9 @@ def test_user_errors_are_short_and_exit_2(tmp_path: Path) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        result = runner.invoke(app, ["train", "-c", str(cfg_path), "-o", str(tmp_path / "r3"), "--set",
-                                     "train.device=cuda"])
+        result = runner.invoke(
+            app, ["train", "-c", str(cfg_path), "-o", str(tmp_path / "r3"), "--set", "train.device=cuda"]
+        )
         _short_error(result, "CUDA is not available")
         assert not (tmp_path / "r3").exists()
 
@@ -169,13 +170,17 @@ def test_a_frame_cache_trains_like_the_videos_and_a_mismatched_one_stops_the_run
     values["data"]["augment"] = True  # augmentation runs on cached frames exactly as on decoded ones
     values["train"]["max_steps"] = 2
     data = values["data"]
-    extract_frames(data["video_dir"], tmp_path / "cache",
-                   FrameSettings(data["max_frames"], data["frame_rate"], data["image_size"], "clip4clip"),
-                   progress=False)
+    extract_frames(
+        data["video_dir"],
+        tmp_path / "cache",
+        FrameSettings(data["max_frames"], data["frame_rate"], data["image_size"], "clip4clip"),
+        progress=False,
+    )
     plain = run_train(config_from_dict(values), tmp_path / "plain")
     cached_values = {**values, "data": {**data, "frame_cache": str(tmp_path / "cache")}}
     cached = run_train(config_from_dict(cached_values), tmp_path / "cached")
     assert plain["test"]["last"]["t2v"] == cached["test"]["last"]["t2v"]
+
     def losses(run: str) -> list[float]:
         return [r["loss"] for r in read_jsonl(tmp_path / run / "train_log.jsonl") if "loss" in r]
 

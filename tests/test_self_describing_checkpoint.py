@@ -16,9 +16,21 @@ from tvr.train.checkpoint import save_checkpoint
 from tvr.types import TextFeatures, VideoFeatures
 
 VALUES = {
-    "model": {"clip": "tiny", "temporal": "meanP", "tiny": {"embed_dim": 16, "text_width": 16, "vision_width": 16,
-                                                             "text_layers": 1, "vision_layers": 1, "text_heads": 2,
-                                                             "vision_heads": 2, "image_size": 16, "patch_size": 8}},
+    "model": {
+        "clip": "tiny",
+        "temporal": "meanP",
+        "tiny": {
+            "embed_dim": 16,
+            "text_width": 16,
+            "vision_width": 16,
+            "text_layers": 1,
+            "vision_layers": 1,
+            "text_heads": 2,
+            "vision_heads": 2,
+            "image_size": 16,
+            "patch_size": 8,
+        },
+    },
     "head": {"name": "gare", "options": {"context": "words", "kl_weight": 0.05}},
     "data": {"max_frames": 3, "image_size": 16},
     "train": {"seed": 7},

@@ -269,8 +269,7 @@ def test_long_word_merging_equals_clips_loop() -> None:
 def test_check_data_bounds_the_work_on_a_megabyte_word(monkeypatch) -> None:
     from tvr.data import tokenizer as tokenizer_module
 
-    tok = ClipTokenizer.from_dir(build_tiny_tokenizer_files(Path(__import__("tempfile").mkdtemp())),
-                                 backend="python")
+    tok = ClipTokenizer.from_dir(build_tiny_tokenizer_files(Path(__import__("tempfile").mkdtemp())), backend="python")
     huge = "a" + "bcdefghij" * 120_000  # one 1 MB "word"
     seen: list[int] = []
     word_ids = tok._python._word_ids

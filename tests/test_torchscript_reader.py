@@ -24,10 +24,9 @@ from tvr.models.torchscript_reader import TorchScriptArchiveError, _rebuild_tens
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-
 def _evil_archive(path: Path, marker: Path) -> None:
     """A scripted module whose compiled ``__setstate__`` writes ``marker`` (via torch.from_file) when loaded."""
-    source = f'''
+    source = f"""
 import torch
 from typing import Tuple
 from torch import nn, Tensor
@@ -50,7 +49,7 @@ class Evil(nn.Module):
         t.fill_(65)
         self.w = state[0] + t.float() * 0.0
         self.training = state[1]
-'''
+"""
     module_file = path.parent / "evil_module_src.py"
     module_file.write_text(source)
     namespace: dict = {}
@@ -122,7 +121,7 @@ def _archive_with_pickle(path: Path, data: bytes, storages: dict[str, bytes] | N
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("m/data.pkl", data)
         archive.writestr("m/constants.pkl", pickle.dumps(()))
-        archive.writestr("m/code/__torch__.py", "class M(Module):\n  __parameters__ = [\"w\", ]\n  __buffers__ = []\n")
+        archive.writestr("m/code/__torch__.py", 'class M(Module):\n  __parameters__ = ["w", ]\n  __buffers__ = []\n')
         for key, raw in (storages or {}).items():
             archive.writestr(f"m/data/{key}", raw)
 
@@ -130,8 +129,12 @@ def _archive_with_pickle(path: Path, data: bytes, storages: dict[str, bytes] | N
 def test_names_outside_a_module_tree_are_refused(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     # GLOBAL os.system, then call it: what a plain pickle load would run
-    payload = b"\x80\x02cos\nsystem\nq\x00X" + len(f"touch {marker}").to_bytes(4, "little") + \
-        f"touch {marker}".encode() + b"\x85R."
+    payload = (
+        b"\x80\x02cos\nsystem\nq\x00X"
+        + len(f"touch {marker}").to_bytes(4, "little")
+        + f"touch {marker}".encode()
+        + b"\x85R."
+    )
     path = tmp_path / "m.pt"
     _archive_with_pickle(path, payload)
     with pytest.raises(TorchScriptArchiveError, match=r"refers to os\.system.*refusing"):
@@ -176,7 +179,9 @@ def test_convert_openai_checks_the_bpe_first_and_writes_usual_modes(tmp_path: Pa
     assert result.exit_code == 0, result.output
     assert not stale.exists()
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {
-        "config.json": 0o644, "model.safetensors": 0o644}
+        "config.json": 0o644,
+        "model.safetensors": 0o644,
+    }
 
     result = runner.invoke(app, ["convert-openai", str(src), str(out)])
     assert result.exit_code == 2 and "already exists" in result.output and "--overwrite" in result.output
@@ -185,8 +190,9 @@ def test_convert_openai_checks_the_bpe_first_and_writes_usual_modes(tmp_path: Pa
     assert result.exit_code == 0 and (out / "model.safetensors").stat().st_mtime_ns >= before
 
 
-def test_convert_openai_with_the_real_bpe_writes_the_tokenizer_in_the_same_folder(shared_data: Path,
-                                                                                  tmp_path: Path) -> None:
+def test_convert_openai_with_the_real_bpe_writes_the_tokenizer_in_the_same_folder(
+    shared_data: Path, tmp_path: Path
+) -> None:
     bpe = shared_data / "clip_bpe" / "bpe_simple_vocab_16e6.txt.gz"
     if not bpe.is_file():
         pytest.skip(f"CLIP merges file not found: {bpe}")

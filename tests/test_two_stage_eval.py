@@ -53,8 +53,13 @@ def split(n_videos: int, captions: int, seed: int) -> EncodedSplit:
     text_video = [j for j in range(n_videos) for _ in range(captions)]
     texts = 0.4 * videos[text_video] + torch.randn(len(text_video), D, generator=g)
     protocol = "one_to_one" if captions == 1 else "multi_caption"
-    return EncodedSplit(TextFeatures(texts), VideoFeatures(videos[:, None], torch.ones(n_videos, 1)), text_video,
-                        [f"v{j}" for j in range(n_videos)], protocol)
+    return EncodedSplit(
+        TextFeatures(texts),
+        VideoFeatures(videos[:, None], torch.ones(n_videos, 1)),
+        text_video,
+        [f"v{j}" for j in range(n_videos)],
+        protocol,
+    )
 
 
 def run(encoded: EncodedSplit, k: int, tie_mode: str = "optimistic") -> dict:

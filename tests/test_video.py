@@ -232,8 +232,13 @@ def test_decode_rejects_out_of_range_and_negative(videos: dict[str, Path]) -> No
 
 @pytest.mark.parametrize(
     ("name", "reason"),
-    [("missing", "missing"), ("empty", "empty"), ("garbage", "unreadable"), ("no_index", "unreadable"),
-     ("audio", "no video stream")],
+    [
+        ("missing", "missing"),
+        ("empty", "empty"),
+        ("garbage", "unreadable"),
+        ("no_index", "unreadable"),
+        ("audio", "no video stream"),
+    ],
 )
 def test_unusable_files_raise_with_path_and_cause(videos: dict[str, Path], name: str, reason: str) -> None:
     for call in (lambda p: probe_video(p), lambda p: decode_frames(p, [0]), lambda p: load_clip(p, 4, 1.0, 32)):
@@ -296,10 +301,8 @@ def test_load_clip_clipvip_square_and_full_mask(videos: dict[str, Path]) -> None
     pixels, mask = load_clip(videos["portrait"], 4, 1.0, 16, sampling="clipvip")
     assert pixels.shape == (4, 3, 16, 16) and mask.tolist() == [1, 1, 1, 1]
     assert _identify_pixels(pixels) == np.linspace(0, 29, 4).astype(int).tolist()
-    train_a, _ = load_clip(videos["portrait"], 4, 1.0, 16, sampling="clipvip", train=True,
-                           rng=np.random.default_rng(3))
-    train_b, _ = load_clip(videos["portrait"], 4, 1.0, 16, sampling="clipvip", train=True,
-                           rng=np.random.default_rng(3))
+    train_a, _ = load_clip(videos["portrait"], 4, 1.0, 16, sampling="clipvip", train=True, rng=np.random.default_rng(3))
+    train_b, _ = load_clip(videos["portrait"], 4, 1.0, 16, sampling="clipvip", train=True, rng=np.random.default_rng(3))
     torch.testing.assert_close(train_a, train_b, rtol=0, atol=0)
     reference = np.random.default_rng(3)
     start, end = int(reference.integers(0, 11)), int(reference.integers(19, 30))  # interval = 30 // 3 = 10

@@ -30,9 +30,16 @@ def layout(tmp_path: Path) -> dict[str, Path]:
 
 def _cfg(layout: dict[str, Path], **kw) -> DataConfig:
     base = dict(
-        dataset="generic", annotations=str(layout["root"]), generic_file="captions.csv",
-        video_dir=str(layout["videos"]), video_pattern="{video_id}", max_frames=2, image_size=16, sampling="clip4clip",
-        pixel_mean=CLIP_MEAN, pixel_std=CLIP_STD,
+        dataset="generic",
+        annotations=str(layout["root"]),
+        generic_file="captions.csv",
+        video_dir=str(layout["videos"]),
+        video_pattern="{video_id}",
+        max_frames=2,
+        image_size=16,
+        sampling="clip4clip",
+        pixel_mean=CLIP_MEAN,
+        pixel_std=CLIP_STD,
     )
     base.update(kw)
     return DataConfig(**base)
@@ -136,16 +143,23 @@ def test_ids_that_cannot_name_a_file_are_skipped_everywhere(tmp_path: Path) -> N
     rows = []
     for k in range(10):
         write_test_video(root / "videos" / f"clip{k}.mp4", 5, 4.0, size=(32, 32))
-        rows.append({"video": f"clip{k}.mp4", "caption": f"clip {k} shows thing {k % 3}",
-                     "split": "test" if k >= 8 else "train"})
+        rows.append(
+            {
+                "video": f"clip{k}.mp4",
+                "caption": f"clip {k} shows thing {k % 3}",
+                "split": "test" if k >= 8 else "train",
+            }
+        )
     (root / "videos" / "loop_a.mp4").symlink_to(root / "videos" / "loop_b.mp4")
     (root / "videos" / "loop_b.mp4").symlink_to(root / "videos" / "loop_a.mp4")
-    bad = {"nul\x00byte.mp4": "NUL byte", "x" * 300 + ".mp4": "longer than the file system allows",
-           "loop_a.mp4": "symbolic link loop"}
+    bad = {
+        "nul\x00byte.mp4": "NUL byte",
+        "x" * 300 + ".mp4": "longer than the file system allows",
+        "loop_a.mp4": "symbolic link loop",
+    }
     rows += [{"video": vid, "caption": f"bad video {k}", "split": "train"} for k, vid in enumerate(bad)]
     write_generic(root, rows, fmt="jsonl")
-    values = tiny_config("generic", root, generic_file="captions.jsonl", video_pattern="{video_id}",
-                         val_fraction=0.2)
+    values = tiny_config("generic", root, generic_file="captions.jsonl", video_pattern="{video_id}", val_fraction=0.2)
     values["train"]["batch_size"] = 2
     cfg = resolve_config(config_from_dict(values))  # the backbone's frame settings, as every job resolves them
 

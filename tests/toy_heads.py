@@ -146,6 +146,8 @@ class MixtureHead(RetrievalHead):
         out = []
         for t, frames in zip(text.eot, video.frames, strict=True):
             query = self.proj(t)
-            out.append(F.cosine_similarity(query, frames.mean(0), dim=0)
-                       + float(self.gamma) * F.cosine_similarity(query, frames[0], dim=0))
+            out.append(
+                F.cosine_similarity(query, frames.mean(0), dim=0)
+                + float(self.gamma) * F.cosine_similarity(query, frames[0], dim=0)
+            )
         return torch.stack(out)

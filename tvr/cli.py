@@ -28,8 +28,10 @@ CONFIG_HELP = "YAML file or shipped preset name, e.g. gare/msrvtt (`tvr presets`
 #: a full disk (or quota): the machine's state, not a bug; every file is written whole or not at all
 _DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 #: what a command interrupted by Ctrl-C leaves, when it says nothing more specific
-INTERRUPTED = ("interrupted: everything finished so far is kept (every file is written whole or not at all); "
-               "rerun the same command to continue")
+INTERRUPTED = (
+    "interrupted: everything finished so far is kept (every file is written whole or not at all); "
+    "rerun the same command to continue"
+)
 
 
 def say(label: str, text: str, style: str = "red") -> None:
@@ -46,9 +48,11 @@ def _is_user_error(exc: BaseException) -> bool:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
         where = f" writing {exc.filename}" if exc.filename else ""
-        return (f"no space left on the device{where} ({exc.strerror or exc}); nothing already written was lost (every "
-                "file is written whole or not at all, a half-written one is removed): free some space and rerun "
-                "(tvr train: with --resume)")
+        return (
+            f"no space left on the device{where} ({exc.strerror or exc}); nothing already written was lost (every "
+            "file is written whole or not at all, a half-written one is removed): free some space and rerun "
+            "(tvr train: with --resume)"
+        )
     if isinstance(exc, OSError) and not isinstance(exc, UserError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror or exc}"
     return str(exc)
@@ -160,8 +164,12 @@ def _print_metrics(metrics: dict, title: str) -> None:
         print(line)
     skipped = metrics.get("info", {}).get("skipped_videos") or []
     if skipped:
-        say(f"{len(skipped)} unreadable video(s) left out", ", ".join(str(s["id"]) for s in skipped[:10])
-            + (f", … ({len(skipped)} in all)" if len(skipped) > 10 else ""), "yellow")
+        say(
+            f"{len(skipped)} unreadable video(s) left out",
+            ", ".join(str(s["id"]) for s in skipped[:10])
+            + (f", … ({len(skipped)} in all)" if len(skipped) > 10 else ""),
+            "yellow",
+        )
 
 
 @app.callback()
@@ -209,12 +217,16 @@ def _train_interrupted(out: Path) -> str:
         state = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["state"]
         where = f"step {state['global_step']}, epoch {state['epoch'] + 1} batch {state['batch_in_epoch']}"
     except FileNotFoundError:
-        return (f"stopped before the first checkpoint: {out} holds no last.pt, so there is nothing to resume; rerun "
-                "the command to start again")
+        return (
+            f"stopped before the first checkpoint: {out} holds no last.pt, so there is nothing to resume; rerun "
+            "the command to start again"
+        )
     except Exception:  # noqa: BLE001 - only for the message
         where = "its position unreadable"
-    return (f"{last} ({where}) is kept, with the logs up to it; the same command with --resume continues from it "
-            "exactly where it stopped")
+    return (
+        f"{last} ({where}) is kept, with the logs up to it; the same command with --resume continues from it "
+        "exactly where it stopped"
+    )
 
 
 @app.command("eval")
@@ -332,10 +344,21 @@ def synth(
 
     summary = generate_synthetic_dataset(
         out,
-        SynthConfig(num_videos=num_videos, num_test=num_test, captions_per_video=captions, seed=seed,
-                    content=content, size=size, seconds=seconds, fps=fps, pair_prob=pair_prob,
-                    shared_attributes=shared_attributes, paraphrase=paraphrase, distractor_prob=distractor_prob,
-                    distractor_motion=distractor_motion),
+        SynthConfig(
+            num_videos=num_videos,
+            num_test=num_test,
+            captions_per_video=captions,
+            seed=seed,
+            content=content,
+            size=size,
+            seconds=seconds,
+            fps=fps,
+            pair_prob=pair_prob,
+            shared_attributes=shared_attributes,
+            paraphrase=paraphrase,
+            distractor_prob=distractor_prob,
+            distractor_motion=distractor_motion,
+        ),
         progress=True,
     )
     console.print(summary)
@@ -401,8 +424,10 @@ def heads() -> None:
         cls = head_class(name)
         # indexability may depend on the options (CLIP4Clip: mean pooling only); show it for the defaults
         indexable = cls(8, cls.Options()).indexable
-        table = Table(title=f"head.name: {name} (indexable with its defaults: {'yes' if indexable else 'no'})",
-                      title_justify="left")
+        table = Table(
+            title=f"head.name: {name} (indexable with its defaults: {'yes' if indexable else 'no'})",
+            title_justify="left",
+        )
         for column in ("option", "default", "allowed", "description"):
             table.add_column(column)
         comments = field_comments(cls.Options)
@@ -558,8 +583,15 @@ def prepare_videos_cmd(
     from tvr.data.prepare import EncodeSettings, prepare_videos
 
     out_folder(dst, "DST")
-    report = prepare_videos(src, dst, EncodeSettings(fps=fps, short_side=size, codec=codec, crf=crf, preset=preset),
-                            workers=workers, copy_on_failure=copy_on_failure, progress=True, flat=flat)
+    report = prepare_videos(
+        src,
+        dst,
+        EncodeSettings(fps=fps, short_side=size, codec=codec, crf=crf, preset=preset),
+        workers=workers,
+        copy_on_failure=copy_on_failure,
+        progress=True,
+        flat=flat,
+    )
     _prepare_summary(report, "prepare videos", "prepare_report.json")
 
 
@@ -567,9 +599,12 @@ def prepare_videos_cmd(
 def prepare_frames_cmd(
     src: Path = typer.Argument(..., help="Folder of (prepared) videos."),
     dst: Path = typer.Argument(..., help="Frame cache folder (<name>.npy per video); rerun to resume."),
-    config: str | None = typer.Option(None, "--config", "-c",
-                                      help="YAML file or preset name: take max_frames / frame_rate / image_size / "
-                                      "sampling from data.*"),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help="YAML file or preset name: take max_frames / frame_rate / image_size / sampling from data.*",
+    ),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override of --config, e.g. --set data.max_frames=8."),
     max_frames: int = typer.Option(12, help="Frames per clip (data.max_frames)."),
     frame_rate: float = typer.Option(1.0, help="Candidate frames per second (data.frame_rate)."),
@@ -588,8 +623,9 @@ def prepare_frames_cmd(
     if config is not None:
         data = _load(config, set_).data
         max_frames, frame_rate, image_size, sampling = data.max_frames, data.frame_rate, data.image_size, data.sampling
-    report = extract_frames(src, dst, FrameSettings(max_frames, frame_rate, image_size, sampling),
-                            workers=workers, progress=True, flat=flat)
+    report = extract_frames(
+        src, dst, FrameSettings(max_frames, frame_rate, image_size, sampling), workers=workers, progress=True, flat=flat
+    )
     _prepare_summary(report, "prepare frames", "frames_report.json")
 
 
@@ -600,11 +636,15 @@ def prepare_frames_cmd(
 def index_cmd(
     videos: Path = typer.Argument(..., help="Folder of videos (searched recursively) or a list file (a path a line)."),
     out: Path = typer.Option(..., "--out", "-o", help="Index folder; run again to resume or to update it."),
-    checkpoint: Path | None = typer.Option(None, "--checkpoint", dir_okay=False,
-                                           help="A tvr checkpoint (default: the default encoder)."),
-    config: str | None = typer.Option(None, "--config", "-c",
-                                      help="Index with the model a config builds (no checkpoint), e.g. a local CLIP: "
-                                      + CONFIG_HELP),
+    checkpoint: Path | None = typer.Option(
+        None, "--checkpoint", dir_okay=False, help="A tvr checkpoint (default: the default encoder)."
+    ),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help="Index with the model a config builds (no checkpoint), e.g. a local CLIP: " + CONFIG_HELP,
+    ),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override of --config (repeatable)."),
     window: float = typer.Option(10.0, "--window", help="Window length in seconds."),
     stride: float = typer.Option(5.0, "--stride", help="Seconds between window starts."),
@@ -620,11 +660,17 @@ def index_cmd(
     from tvr.pipeline.search import run_index
     from tvr.search.build import IndexOptions
 
-    options = IndexOptions(window=window, stride=stride, workers=workers, ann_kind=ann_kind,
-                           ann_threshold=ann_threshold, nlist=nlist, state_dtype=state_dtype,
-                           shard_windows=shard_windows)
-    report = run_index(videos, out, options, checkpoint=checkpoint, config=config, overrides=set_ or [],
-                       device=device)
+    options = IndexOptions(
+        window=window,
+        stride=stride,
+        workers=workers,
+        ann_kind=ann_kind,
+        ann_threshold=ann_threshold,
+        nlist=nlist,
+        state_dtype=state_dtype,
+        shard_windows=shard_windows,
+    )
+    report = run_index(videos, out, options, checkpoint=checkpoint, config=config, overrides=set_ or [], device=device)
     if not report:  # not rank 0
         return
     console.print(
@@ -650,8 +696,9 @@ def search_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
     video: Path | None = typer.Option(None, "--video", dir_okay=False, help="Rank --captions for this clip."),
     captions: Path | None = typer.Option(None, "--captions", dir_okay=False, help="Captions, one per line."),
-    checkpoint: Path | None = typer.Option(None, "--checkpoint", dir_okay=False,
-                                           help="Where the index's checkpoint is now (if it moved)."),
+    checkpoint: Path | None = typer.Option(
+        None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
+    ),
     nprobe: int | None = typer.Option(None, "--nprobe", help="IVF cells probed per query (default: the index's)."),
 ) -> None:
     """Search an index by text (or rank captions for a clip with --video and --captions)."""
@@ -683,8 +730,12 @@ def search_cmd(
     for column in columns:
         table.add_column(column)
     for row in rows:
-        table.add_row(*(f"{row[c]:.4f}" if c == "score" else f"{row[c]:.1f}" if c in ("start", "end")
-                        else str(row[c]) for c in columns))
+        table.add_row(
+            *(
+                f"{row[c]:.4f}" if c == "score" else f"{row[c]:.1f}" if c in ("start", "end") else str(row[c])
+                for c in columns
+            )
+        )
     Console().print(table)
 
 
@@ -693,8 +744,9 @@ def serve_cmd(
     index: Path = typer.Argument(..., help="An index folder made by tvr index."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, "--port"),
-    checkpoint: Path | None = typer.Option(None, "--checkpoint", dir_okay=False,
-                                           help="Where the index's checkpoint is now (if it moved)."),
+    checkpoint: Path | None = typer.Option(
+        None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
+    ),
 ) -> None:
     """Serve a search page and a JSON API (GET /api/search?q=...&k=...; OpenAPI docs at /docs)."""
     import uvicorn

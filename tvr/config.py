@@ -625,8 +625,11 @@ def _is_text_field(annotation: Any) -> bool:
     if annotation is str:
         return True
     args = typing.get_args(annotation)
-    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and str in args and len(
-        [a for a in args if a is not type(None)]) == 1
+    return (
+        typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        and str in args
+        and len([a for a in args if a is not type(None)]) == 1
+    )
 
 
 def _parse_override_for_field(text: str) -> tuple[list[str], Any]:

@@ -87,8 +87,13 @@ def demo_config(data_dir: Path, quick: bool = False, method: str = "clip4clip") 
     if "proxies" in head.requires:
         # a head that reads per-video proxies runs on the CLIP-ViP tower (same tiny CLIP), which pools the video
         # itself (no temporal module) and brings CLIP-ViP's frame sampling with it
-        values["model"].update({"backbone": "clipvip", "temporal": "none",
-                                "clipvip": {"num_proxies": 4, "temporal_slots": 12, "proxy_projection": True}})
+        values["model"].update(
+            {
+                "backbone": "clipvip",
+                "temporal": "none",
+                "clipvip": {"num_proxies": 4, "temporal_slots": 12, "proxy_projection": True},
+            }
+        )
     if quick:
         for section, entries in QUICK_OVERRIDES.items():
             values[section].update(entries)

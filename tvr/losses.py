@@ -162,8 +162,11 @@ SGI_CHUNK_ELEMENTS = 1 << 20
 
 
 def _check_terms(terms: str) -> str:
-    if not isinstance(terms, str) or not terms or any(c not in SGI_TERMS for c in terms) or len(set(terms)) != len(
-        terms
+    if (
+        not isinstance(terms, str)
+        or not terms
+        or any(c not in SGI_TERMS for c in terms)
+        or len(set(terms)) != len(terms)
     ):
         raise ValueError(f"terms = {terms!r}: expected a non-empty subset of 'ABC' such as 'ABC' or 'BC'")
     return terms
@@ -211,8 +214,17 @@ def sgi_softening(*, eps: float, a_distance: str, per_dim_mean: bool, dim: int) 
     return 1.0 if per_dim_mean else float(dim)
 
 
-def sgi_terms_from_moments(q: Tensor, logdet: Tensor, m_v: Tensor | None, m_t: Tensor | None, *, G: float, T: float,
-                           softening: float, terms: str) -> dict[str, Tensor]:
+def sgi_terms_from_moments(
+    q: Tensor,
+    logdet: Tensor,
+    m_v: Tensor | None,
+    m_t: Tensor | None,
+    *,
+    G: float,
+    T: float,
+    softening: float,
+    terms: str,
+) -> dict[str, Tensor]:
     """The enabled terms from the reduced q (Mahalanobis), logdet (Σ or mean of log s), the qualities (None when
     "A" is off) and the softening c of d = √(q + c) (:func:`sgi_softening`)."""
     out: dict[str, Tensor] = {}
@@ -288,10 +300,23 @@ def sgi_align(
     ``a_distance`` as in :func:`sgi_softening`. The paper's L_SGI is −mean of this over the positive pairs."""
     _check_gaussians(mu_v, logvar_v, mu_t, logvar_t, "sgi_align")
     if mu_v.shape != mu_t.shape:
-        raise ValueError(f"sgi_align: aligned pairs need as many videos as texts, got {mu_v.shape[0]} and "
-                         f"{mu_t.shape[0]}")
-    parts = sgi_align_terms(mu_v, logvar_v, mu_t, logvar_t, G=G, T=T, lam=lam, per_dim_mean=per_dim_mean, eps=eps,
-                            quality=quality, terms=terms, a_distance=a_distance)
+        raise ValueError(
+            f"sgi_align: aligned pairs need as many videos as texts, got {mu_v.shape[0]} and {mu_t.shape[0]}"
+        )
+    parts = sgi_align_terms(
+        mu_v,
+        logvar_v,
+        mu_t,
+        logvar_t,
+        G=G,
+        T=T,
+        lam=lam,
+        per_dim_mean=per_dim_mean,
+        eps=eps,
+        quality=quality,
+        terms=terms,
+        a_distance=a_distance,
+    )
     return torch.stack(list(parts.values())).sum(dim=0)
 
 
@@ -309,8 +334,15 @@ class _PairMoments(torch.autograd.Function):
     neither direction ever holds more than one [text_chunk, video_chunk, D] block (never N_t × N_v × D)."""
 
     @staticmethod
-    def forward(ctx, mu_v: Tensor, var_v: Tensor, mu_t: Tensor, var_t: Tensor, text_chunk: int,  # noqa: ANN001
-                video_chunk: int) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx,
+        mu_v: Tensor,
+        var_v: Tensor,
+        mu_t: Tensor,
+        var_t: Tensor,
+        text_chunk: int,  # noqa: ANN001
+        video_chunk: int,
+    ) -> tuple[Tensor, Tensor]:
         n_t, n_v = mu_t.shape[0], mu_v.shape[0]
         q = mu_v.new_empty(n_t, n_v)
         logs = mu_v.new_empty(n_t, n_v)
@@ -349,8 +381,15 @@ class _PairMoments(torch.autograd.Function):
         return g_mu_v, g_var_v, g_mu_t, g_var_t, None, None
 
 
-def sgi_pair_moments(mu_v: Tensor, var_v: Tensor, mu_t: Tensor, var_t: Tensor, *, text_chunk: int | None = None,
-                     video_chunk: int | None = None) -> tuple[Tensor, Tensor]:
+def sgi_pair_moments(
+    mu_v: Tensor,
+    var_v: Tensor,
+    mu_t: Tensor,
+    var_t: Tensor,
+    *,
+    text_chunk: int | None = None,
+    video_chunk: int | None = None,
+) -> tuple[Tensor, Tensor]:
     """(q, L), each [N_t, N_v]: q_ij = Σ_k (μ_vjk − μ_tik)²/s_ijk and L_ij = Σ_k log s_ijk with s = var_v[j] + var_t[i]
     (variances, not log variances). Chunked in both directions; differentiable (chunked analytic backward)."""
     n_t, n_v, dim = mu_t.shape[0], mu_v.shape[0], mu_v.shape[1]
@@ -358,8 +397,21 @@ def sgi_pair_moments(mu_v: Tensor, var_v: Tensor, mu_t: Tensor, var_t: Tensor, *
     return _PairMoments.apply(mu_v, var_v, mu_t, var_t, text_chunk, video_chunk)
 
 
-def check_sgi_arguments(mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, logvar_t: Tensor, name: str, *, G: float,
-                        T: float, lam: float, eps: float, quality: str, terms: str, a_distance: str) -> str:
+def check_sgi_arguments(
+    mu_v: Tensor,
+    logvar_v: Tensor,
+    mu_t: Tensor,
+    logvar_t: Tensor,
+    name: str,
+    *,
+    G: float,
+    T: float,
+    lam: float,
+    eps: float,
+    quality: str,
+    terms: str,
+    a_distance: str,
+) -> str:
     """The checks every all-pairs S_align function runs (shapes and options; ValueError naming ``name``); returns
     ``terms``."""
     _check_gaussians(mu_v, logvar_v, mu_t, logvar_t, name)
@@ -393,14 +445,27 @@ def sgi_align_pairwise(
     carry their own backward): the contrastive L_SGI-NCE runs on it. A pure function: no threads, no global state.
     Test-time scoring of large galleries uses the head's faster kernel
     (``tvr.models.heads.gravialign_scoring.s_align_scores``), which gives the same values."""
-    terms = check_sgi_arguments(mu_v, logvar_v, mu_t, logvar_t, "sgi_align_pairwise", G=G, T=T, lam=lam, eps=eps,
-                                quality=quality, terms=terms, a_distance=a_distance)
+    terms = check_sgi_arguments(
+        mu_v,
+        logvar_v,
+        mu_t,
+        logvar_t,
+        "sgi_align_pairwise",
+        G=G,
+        T=T,
+        lam=lam,
+        eps=eps,
+        quality=quality,
+        terms=terms,
+        a_distance=a_distance,
+    )
     dtype = torch.promote_types(torch.promote_types(mu_v.dtype, mu_t.dtype), torch.float32)
     mu_v, logvar_v, mu_t, logvar_t = (x.to(dtype) for x in (mu_v, logvar_v, mu_t, logvar_t))
     dim = mu_v.shape[1]
     try:
-        q, logdet = sgi_pair_moments(mu_v, logvar_v.exp(), mu_t, logvar_t.exp(), text_chunk=text_chunk,
-                                     video_chunk=video_chunk)
+        q, logdet = sgi_pair_moments(
+            mu_v, logvar_v.exp(), mu_t, logvar_t.exp(), text_chunk=text_chunk, video_chunk=video_chunk
+        )
     except ValueError as exc:
         raise ValueError(f"sgi_align_pairwise: {exc}") from None
     if per_dim_mean:
@@ -451,9 +516,22 @@ def sgi_align_nce(
     for isotropic variances σ²I it is CLIP's InfoNCE on cos(μ_t, μ_v) with a per-pair temperature 1/(s_v + s_t)."""
     _check_gaussians(mu_v, logvar_v, mu_t, logvar_t, "sgi_align_nce")
     if mu_v.shape != mu_t.shape:
-        raise ValueError(f"sgi_align_nce: aligned pairs need as many videos as texts, got {mu_v.shape[0]} and "
-                         f"{mu_t.shape[0]}")
+        raise ValueError(
+            f"sgi_align_nce: aligned pairs need as many videos as texts, got {mu_v.shape[0]} and {mu_t.shape[0]}"
+        )
     scale = sgi_nce_scale(tau=tau, per_dim_mean=per_dim_mean, dim=mu_v.shape[1])
-    scores = sgi_align_pairwise(mu_v, logvar_v, mu_t, logvar_t, G=G, T=T, lam=lam, per_dim_mean=per_dim_mean, eps=eps,
-                                quality=quality, terms=terms, a_distance=a_distance)
+    scores = sgi_align_pairwise(
+        mu_v,
+        logvar_v,
+        mu_t,
+        logvar_t,
+        G=G,
+        T=T,
+        lam=lam,
+        per_dim_mean=per_dim_mean,
+        eps=eps,
+        quality=quality,
+        terms=terms,
+        a_distance=a_distance,
+    )
     return symmetric_infonce(scale * scores)

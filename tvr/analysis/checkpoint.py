@@ -107,8 +107,7 @@ def analyze_encoded(
     tv = torch.as_tensor(encoded.text_video).long()
     figures: list[FigureFiles] = [
         plot_score_distributions(out, sim, tv, split=split, head=name, setting=setting),
-        plot_rank_histogram(out, sim, tv, encoded.protocol, split=split, head=name, setting=setting,
-                            v2t_sim=v2t_sim),
+        plot_rank_histogram(out, sim, tv, encoded.protocol, split=split, head=name, setting=setting, v2t_sim=v2t_sim),
     ]
     if isinstance(head, GareHead):
         figures += _gare(head, encoded, text_state, video_state, cfg, out, split, device, options)

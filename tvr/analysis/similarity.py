@@ -25,8 +25,7 @@ ROW_ELEMENTS = 1 << 22
 RANK_BIN_TOPS = (1, 2, 3, 4, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
 
-def protocol_ranks(sim: Tensor, text_video: Any, protocol: str, v2t_sim: Tensor | None = None
-                   ) -> dict[str, np.ndarray]:
+def protocol_ranks(sim: Tensor, text_video: Any, protocol: str, v2t_sim: Tensor | None = None) -> dict[str, np.ndarray]:
     """1-based GT ranks of every t2v query (each caption) and every v2t query (each video), ties optimistic, as the
     evaluator ranks them: one-to-one / paragraph: the transposed matrix for v2t; multi-caption: v2t ranks caption
     groups scored by their best caption (spec §6.4). ``v2t_sim`` ([N_t, N_v], default ``sim``): the matrix video
@@ -162,7 +161,14 @@ def plot_score_distributions(
 
 
 def plot_rank_histogram(
-    out_dir: Path, sim: Tensor, text_video: Any, protocol: str, *, split: str, head: str, setting: dict | None = None,
+    out_dir: Path,
+    sim: Tensor,
+    text_video: Any,
+    protocol: str,
+    *,
+    split: str,
+    head: str,
+    setting: dict | None = None,
     v2t_sim: Tensor | None = None,
 ) -> FigureFiles:
     ranks = protocol_ranks(sim, text_video, protocol, v2t_sim)

@@ -579,8 +579,12 @@ def _load_msvd_captions(path: Path) -> dict[str, list[str]]:
                 where = key if k == 0 else f"{key}[{k - 1}]"
                 if isinstance(words, (list, tuple)):
                     if id(words) in seen_lists:
-                        raise _fail(path, "the same list is referenced twice (a pickle's shared reference, as a "
-                                    "decompression bomb uses); every caption must be its own list", field_path=where)
+                        raise _fail(
+                            path,
+                            "the same list is referenced twice (a pickle's shared reference, as a "
+                            "decompression bomb uses); every caption must be its own list",
+                            field_path=where,
+                        )
                     seen_lists.add(id(words))
                 if k == 0:
                     continue
@@ -589,13 +593,19 @@ def _load_msvd_captions(path: Path) -> dict[str, list[str]]:
                 if not isinstance(words, (list, tuple)) or not words or not all(isinstance(w, str) for w in words):
                     raise _fail(path, f"expected a non-empty list of word strings ({expected})", field_path=where)
                 if len(words) > MSVD_MAX_WORDS_PER_CAPTION:
-                    raise _fail(path, f"a caption of {len(words)} words; captions have at most "
-                                f"{MSVD_MAX_WORDS_PER_CAPTION}", field_path=where)
+                    raise _fail(
+                        path,
+                        f"a caption of {len(words)} words; captions have at most {MSVD_MAX_WORDS_PER_CAPTION}",
+                        field_path=where,
+                    )
                 total += sum(len(w) + 1 for w in words)
                 if total > budget:
-                    raise _fail(path, f"the captions hold more than {budget:,} characters of text, more than a "
-                                f"{len(data):,}-byte file can honestly hold (shared references to long words?)",
-                                field_path=where)
+                    raise _fail(
+                        path,
+                        f"the captions hold more than {budget:,} characters of text, more than a "
+                        f"{len(data):,}-byte file can honestly hold (shared references to long words?)",
+                        field_path=where,
+                    )
                 texts.append(" ".join(words))
             out[vid] = texts
         return out

@@ -197,8 +197,9 @@ def affine(x: Tensor, matrix: tuple[float, ...], interpolation: str, fill: tuple
     (a·X + b·Y + c, d·X + e·Y + f), with X = x + 0.5, Y = y + 0.5 (pixel centres); outside → ``fill``."""
     n, _, h, w = x.shape
     a, b, c, d, e, f = matrix
-    ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float64) + 0.5, torch.arange(w, dtype=torch.float64) + 0.5,
-                            indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(h, dtype=torch.float64) + 0.5, torch.arange(w, dtype=torch.float64) + 0.5, indexing="ij"
+    )
     u = a * xs + b * ys + c
     v = d * xs + e * ys + f
     grid = torch.stack([2.0 * u / w - 1.0, 2.0 * v / h - 1.0], dim=-1).to(torch.float32)
@@ -295,8 +296,10 @@ class VideoRandAugment:
         self.magnitude_max = magnitude_max
 
     def __repr__(self) -> str:
-        return (f"VideoRandAugment(num_ops={self.num_ops}, magnitude={self.magnitude}, "
-                f"magnitude_std={self.magnitude_std}, prob={self.prob}, ops={len(self.ops)})")
+        return (
+            f"VideoRandAugment(num_ops={self.num_ops}, magnitude={self.magnitude}, "
+            f"magnitude_std={self.magnitude_std}, prob={self.prob}, ops={len(self.ops)})"
+        )
 
     def sample_plan(self, short_side: int = 224, generator: torch.Generator | None = None) -> list[AugStep]:
         """Draw the clip's ops: op ids, then per op (apply?, magnitude noise, sign, interpolation)."""

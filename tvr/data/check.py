@@ -55,8 +55,17 @@ def probe_file(path: str, full: bool = False) -> dict[str, Any]:
     "width", "height", "decoded"}`` (``decoded``: frames decoded, only with ``full``)."""
     import av
 
-    out: dict[str, Any] = {"ok": False, "reason": None, "detail": "", "fps": None, "num_frames": None,
-                           "duration": None, "width": None, "height": None, "decoded": None}
+    out: dict[str, Any] = {
+        "ok": False,
+        "reason": None,
+        "detail": "",
+        "fps": None,
+        "num_frames": None,
+        "duration": None,
+        "width": None,
+        "height": None,
+        "decoded": None,
+    }
 
     def fail(reason: str, detail: str) -> dict[str, Any]:
         out.update(reason=reason, detail=detail)
@@ -125,8 +134,9 @@ def _probe_task(task: tuple[int, str, bool]) -> tuple[int, dict[str, Any]]:
     return index, probe_file(path, full)
 
 
-def probe_files(paths: Sequence[str], full: bool = False, workers: int = 0, progress: bool = True
-                ) -> list[dict[str, Any]]:
+def probe_files(
+    paths: Sequence[str], full: bool = False, workers: int = 0, progress: bool = True
+) -> list[dict[str, Any]]:
     """Probe ``paths`` with ``workers`` processes (0 = one per CPU, at most 8); results in input order."""
     tasks = [(k, p, full) for k, p in enumerate(paths)]
     results: list[dict[str, Any] | None] = [None] * len(tasks)
@@ -138,8 +148,9 @@ def probe_files(paths: Sequence[str], full: bool = False, workers: int = 0, prog
 # --------------------------------------------------------------------------------------------- tokens
 
 
-def caption_token_counter(cfg: Config, tokenizer: str | os.PathLike | None = None
-                          ) -> tuple[Callable[[list[str]], tuple[list[int], list[int]]] | None, str]:
+def caption_token_counter(
+    cfg: Config, tokenizer: str | os.PathLike | None = None
+) -> tuple[Callable[[list[str]], tuple[list[int], list[int]]] | None, str]:
     """A function counting CLIP BPE tokens per caption (:meth:`ClipTokenizer.count_tokens_checked`: counts, and the
     positions of captions whose count is a lower bound), and where its vocabulary came from.
 
@@ -151,8 +162,10 @@ def caption_token_counter(cfg: Config, tokenizer: str | os.PathLike | None = Non
 
     if cfg.model.backbone == "two_tower" and not tokenizer:
         # its text model brings its own (WordPiece/SentencePiece) tokenizer; counting CLIP tokens would mislead
-        return None, ("model.backbone=two_tower tokenizes with its text model's own tokenizer; caption lengths in "
-                      "CLIP tokens are not checked")
+        return None, (
+            "model.backbone=two_tower tokenizes with its text model's own tokenizer; caption lengths in "
+            "CLIP tokens are not checked"
+        )
     source = str(tokenizer or cfg.model.tokenizer or "")
     clip = str(cfg.model.clip)
     if not source and clip != "tiny" and Path(clip).is_dir():
@@ -163,15 +176,16 @@ def caption_token_counter(cfg: Config, tokenizer: str | os.PathLike | None = Non
             tok = ClipTokenizer.from_dir(path, backend="python")
         else:
             merges = read_clip_merges(path)
-            tok = ClipTokenizer({t: i for i, t in enumerate(vocabulary_from_merges(merges))}, merges,
-                                backend="python")
+            tok = ClipTokenizer({t: i for i, t in enumerate(vocabulary_from_merges(merges))}, merges, backend="python")
         return tok.count_tokens_checked, str(path)
     if clip == "tiny":
         with tempfile.TemporaryDirectory() as folder:
             tok = ClipTokenizer.from_dir(build_tiny_tokenizer_files(folder), backend="python")
         return tok.count_tokens_checked, "the tiny model's tokenizer (model.clip: tiny)"
-    return None, (f"no CLIP tokenizer configured for model.clip={clip!r}: pass --tokenizer "
-                  "bpe_simple_vocab_16e6.txt.gz (or set model.tokenizer) to check caption lengths")
+    return None, (
+        f"no CLIP tokenizer configured for model.clip={clip!r}: pass --tokenizer "
+        "bpe_simple_vocab_16e6.txt.gz (or set model.tokenizer) to check caption lengths"
+    )
 
 
 def _stats(values: Sequence[float]) -> dict[str, float] | None:
@@ -182,8 +196,15 @@ def _stats(values: Sequence[float]) -> dict[str, float] | None:
     def q(p: float) -> float:
         return vals[min(len(vals) - 1, max(0, round(p * (len(vals) - 1))))]
 
-    return {"count": len(vals), "min": vals[0], "p5": q(0.05), "median": statistics.median(vals),
-            "mean": statistics.fmean(vals), "p95": q(0.95), "max": vals[-1]}
+    return {
+        "count": len(vals),
+        "min": vals[0],
+        "p5": q(0.05),
+        "median": statistics.median(vals),
+        "mean": statistics.fmean(vals),
+        "p95": q(0.95),
+        "max": vals[-1],
+    }
 
 
 def _tried(paths: Sequence[str]) -> str:
@@ -238,8 +259,13 @@ def check_data(
             errors.append(f"{name} split: {exc}")
             continue
         loaded[name] = split
-        splits[name] = {"status": "ok", "files": split.files, "protocol": split.protocol,
-                        "num_texts": split.num_texts, "num_videos": split.num_videos}
+        splits[name] = {
+            "status": "ok",
+            "files": split.files,
+            "protocol": split.protocol,
+            "num_texts": split.num_texts,
+            "num_videos": split.num_videos,
+        }
     report["splits"] = splits
 
     # 2. resolve every referenced video ---------------------------------------------------------------------
@@ -254,22 +280,38 @@ def check_data(
     if folder is None or not folder.is_dir():
         what = "data.video_dir is empty" if folder is None else f"video folder not found: {folder}"
         errors.append(f"{what} (data.video_dir); none of the {len(ids)} referenced videos can be read")
-        problems = [{"id": v, "splits": video_splits[v], "reason": "missing", "detail": what, "path": None}
-                    for v in ids]
+        problems = [
+            {"id": v, "splits": video_splits[v], "reason": "missing", "detail": what, "path": None} for v in ids
+        ]
     else:
         resolver = VideoResolver.from_config(data)
         for vid in ids:
             try:
                 paths[vid] = resolver(vid)
             except VideoOutsideDirError as exc:
-                problems.append({"id": vid, "splits": video_splits[vid], "reason": exc.reason, "detail": exc.detail,
-                                 "path": exc.path})
+                problems.append(
+                    {
+                        "id": vid,
+                        "splits": video_splits[vid],
+                        "reason": exc.reason,
+                        "detail": exc.detail,
+                        "path": exc.path,
+                    }
+                )
             except VideoNotFoundError as exc:
-                problems.append({"id": vid, "splits": video_splits[vid], "reason": "missing",
-                                 "detail": _tried(exc.tried), "path": None})
+                problems.append(
+                    {
+                        "id": vid,
+                        "splits": video_splits[vid],
+                        "reason": "missing",
+                        "detail": _tried(exc.tried),
+                        "path": None,
+                    }
+                )
             except VideoDecodeError as exc:  # an id that cannot name a file (NUL byte, too long, symlink loop)
-                problems.append({"id": vid, "splits": video_splits[vid], "reason": exc.reason, "detail": exc.detail,
-                                 "path": None})
+                problems.append(
+                    {"id": vid, "splits": video_splits[vid], "reason": exc.reason, "detail": exc.detail, "path": None}
+                )
 
     # 3. probe the files that exist ------------------------------------------------------------------------
     probed_ids = list(paths)
@@ -279,8 +321,15 @@ def check_data(
         if res["ok"]:
             info[vid] = res
         else:
-            problems.append({"id": vid, "splits": video_splits[vid], "reason": res["reason"],
-                             "detail": res["detail"], "path": str(paths[vid])})
+            problems.append(
+                {
+                    "id": vid,
+                    "splits": video_splits[vid],
+                    "reason": res["reason"],
+                    "detail": res["detail"],
+                    "path": str(paths[vid]),
+                }
+            )
     order = {r: k for k, r in enumerate(REASONS)}
     position = {v: k for k, v in enumerate(ids)}
     problems.sort(key=lambda p: (order.get(p["reason"], len(REASONS)), position[p["id"]]))
@@ -302,14 +351,18 @@ def check_data(
         by_file[str(path.resolve())].append(vid)
     same_file = {f: v for f, v in by_file.items() if len(v) > 1}
     if same_file:
-        warnings.append(f"{len(same_file)} file(s) are referenced by more than one video id, e.g. "
-                        f"{next(iter(same_file.values()))}")
+        warnings.append(
+            f"{len(same_file)} file(s) are referenced by more than one video id, e.g. {next(iter(same_file.values()))}"
+        )
 
     # 4. statistics of the usable videos -------------------------------------------------------------------
     stats = {key: _stats([r[key] for r in info.values()]) for key in ("duration", "fps", "num_frames")}
     if data.sampling == "clip4clip" and info:
-        sampled = [len(clip4clip_indices(r["num_frames"], r["fps"], data.max_frames, data.frame_rate))
-                   for r in info.values() if r["num_frames"] and r["fps"]]
+        sampled = [
+            len(clip4clip_indices(r["num_frames"], r["fps"], data.max_frames, data.frame_rate))
+            for r in info.values()
+            if r["num_frames"] and r["fps"]
+        ]
         stats["sampled_frames"] = _stats(sampled)
         padded = sum(1 for n in sampled if n < data.max_frames)
         stats["padded_videos"] = padded
@@ -329,17 +382,22 @@ def check_data(
         if not usable:
             errors.append(f"{name} split: none of its {split.num_videos} videos is usable")
         elif name == "val" and len(usable) < SMALL_VAL:
-            warnings.append(f"val split: only {len(usable)} usable video(s); R@1 moves in steps of "
-                            f"{100 / len(usable):.1f} points and model selection is noisy")
+            warnings.append(
+                f"val split: only {len(usable)} usable video(s); R@1 moves in steps of "
+                f"{100 / len(usable):.1f} points and model selection is noisy"
+            )
         if name == "train" and entry["usable_texts"] < cfg.train.batch_size:
-            errors.append(f"train split: {entry['usable_texts']} usable pairs, fewer than "
-                          f"train.batch_size={cfg.train.batch_size}")
+            errors.append(
+                f"train split: {entry['usable_texts']} usable pairs, fewer than train.batch_size={cfg.train.batch_size}"
+            )
         pairs = Counter(zip(split.text_video, split.texts, strict=True))
         dup_pairs = [(split.videos[v], t) for (v, t), n in pairs.items() if n > 1]
         entry["duplicate_pairs"] = len(dup_pairs)
         if dup_pairs:
-            warnings.append(f"{name} split: {len(dup_pairs)} (video, caption) pairs appear more than once, e.g. "
-                            f"{dup_pairs[0][0]!r}: {_excerpt(dup_pairs[0][1], 60)!r}")
+            warnings.append(
+                f"{name} split: {len(dup_pairs)} (video, caption) pairs appear more than once, e.g. "
+                f"{dup_pairs[0][0]!r}: {_excerpt(dup_pairs[0][1], 60)!r}"
+            )
         if name != "train":
             owners: dict[str, set[int]] = defaultdict(set)
             for v, t in zip(split.text_video, split.texts, strict=True):
@@ -348,9 +406,11 @@ def check_data(
             entry["captions_on_several_videos"] = len(shared)
             if shared:
                 text, vs = next(iter(shared.items()))
-                warnings.append(f"{name} split: {len(shared)} caption(s) belong to several videos, so their ground "
-                                f"truth is ambiguous, e.g. {_excerpt(text, 60)!r} on "
-                                f"{sorted(split.videos[v] for v in vs)[:3]}")
+                warnings.append(
+                    f"{name} split: {len(shared)} caption(s) belong to several videos, so their ground "
+                    f"truth is ambiguous, e.g. {_excerpt(text, 60)!r} on "
+                    f"{sorted(split.videos[v] for v in vs)[:3]}"
+                )
         if counter is not None:
             lengths, bounded = counter(split.texts)
             if bounded:
@@ -358,28 +418,37 @@ def check_data(
 
                 first = bounded[0]
                 example = split.videos[split.text_video[first]]
-                warnings.append(f"{name} split: {len(bounded)} caption(s) hold a word longer than "
-                                f"{MAX_COUNTED_WORD_BYTES:,} bytes (e.g. on video {example!r}, "
-                                f"{len(split.texts[first]):,} characters): not tokenized, their token counts are "
-                                "lower bounds; a run truncates them to data.max_words")
+                warnings.append(
+                    f"{name} split: {len(bounded)} caption(s) hold a word longer than "
+                    f"{MAX_COUNTED_WORD_BYTES:,} bytes (e.g. on video {example!r}, "
+                    f"{len(split.texts[first]):,} characters): not tokenized, their token counts are "
+                    "lower bounds; a run truncates them to data.max_words"
+                )
             entry["long_word_captions"] = len(bounded)
             limit = data.max_words - 2  # SOT and EOT take two places
-            cut = [(split.videos[v], t, n) for v, t, n in zip(split.text_video, split.texts, lengths, strict=True)
-                   if n > limit]
+            cut = [
+                (split.videos[v], t, n)
+                for v, t, n in zip(split.text_video, split.texts, lengths, strict=True)
+                if n > limit
+            ]
             entry["caption_tokens"] = _stats(lengths)
             entry["truncated_captions"] = len(cut)
             entry["truncated_examples"] = [{"id": v, "tokens": n, "caption": _excerpt(t)} for v, t, n in cut[:EXAMPLES]]
             if cut:
-                warnings.append(f"{name} split: {len(cut)} of {len(lengths)} captions exceed data.max_words="
-                                f"{data.max_words} ({limit} BPE tokens + SOT/EOT) and are truncated")
+                warnings.append(
+                    f"{name} split: {len(cut)} of {len(lengths)} captions exceed data.max_words="
+                    f"{data.max_words} ({limit} BPE tokens + SOT/EOT) and are truncated"
+                )
 
     # 6. a video in two splits -----------------------------------------------------------------------------
     overlap = {v: s for v, s in video_splits.items() if len(set(s)) > 1}
     report["videos_in_several_splits"] = [{"id": v, "splits": s} for v, s in overlap.items()]
     if overlap:
         v, s = next(iter(overlap.items()))
-        errors.append(f"{len(overlap)} video(s) are in more than one split (e.g. {v!r} in {s}): evaluation would "
-                      "score videos the model trained on")
+        errors.append(
+            f"{len(overlap)} video(s) are in more than one split (e.g. {v!r} in {s}): evaluation would "
+            "score videos the model trained on"
+        )
 
     report["errors"] = errors
     report["warnings"] = warnings
@@ -397,12 +466,23 @@ def render_report(report: dict[str, Any], console: Any, json_path: str | os.Path
     from rich.markup import escape
     from rich.table import Table
 
-    full = (f"every one is in the JSON report {json_path}" if json_path is not None
-            else "pass --json FILE for the full report, every one listed")
+    full = (
+        f"every one is in the JSON report {json_path}"
+        if json_path is not None
+        else "pass --json FILE for the full report, every one listed"
+    )
 
     table = Table(title=f"{escape(report['dataset'])}: splits", title_justify="left")
-    for col in ("split", "status", "protocol", "texts", "videos", "usable videos", "truncated captions",
-                "tokens (median / max)"):
+    for col in (
+        "split",
+        "status",
+        "protocol",
+        "texts",
+        "videos",
+        "usable videos",
+        "truncated captions",
+        "tokens (median / max)",
+    ):
         table.add_column(col, justify="left" if col in ("split", "status", "protocol") else "right")
     for name, entry in report["splits"].items():
         if entry["status"] != "ok":
@@ -410,16 +490,20 @@ def render_report(report: dict[str, Any], console: Any, json_path: str | os.Path
             continue
         tokens = entry.get("caption_tokens")
         table.add_row(
-            name, "ok", escape(entry["protocol"]), str(entry["num_texts"]), str(entry["num_videos"]),
-            str(entry.get("usable_videos", "")), str(entry.get("truncated_captions", "–")),
+            name,
+            "ok",
+            escape(entry["protocol"]),
+            str(entry["num_texts"]),
+            str(entry["num_videos"]),
+            str(entry.get("usable_videos", "")),
+            str(entry.get("truncated_captions", "–")),
             f"{tokens['median']:g} / {tokens['max']:g}" if tokens else "–",
         )
     console.print(table)
 
     videos = report["videos"]
     if videos["problems"]:
-        bad = Table(title=f"unusable videos: {len(videos['problems'])} of {videos['referenced']}",
-                    title_justify="left")
+        bad = Table(title=f"unusable videos: {len(videos['problems'])} of {videos['referenced']}", title_justify="left")
         bad.add_column("reason")
         bad.add_column("count", justify="right")
         bad.add_column("examples (id: detail)")
@@ -446,13 +530,22 @@ def render_report(report: dict[str, Any], console: Any, json_path: str | os.Path
             st.add_row(key, *(f"{s[c]:.4g}" for c in ("min", "p5", "median", "mean", "p95", "max")))
         console.print(st)
         if "padded_videos" in stats:
-            console.print(f"{stats['padded_videos']} usable video(s) give fewer sampled frames than data.max_frames "
-                          "(zero-padded, masked)")
+            console.print(
+                f"{stats['padded_videos']} usable video(s) give fewer sampled frames than data.max_frames "
+                "(zero-padded, masked)"
+            )
     for line in report["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True)
     for line in report["errors"]:
         console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
-    details = (f"details in the JSON report {json_path}" if json_path is not None
-               else "for every detail, rerun with --json FILE")
-    console.print("[green]OK: a run would not trip over this data[/green]" if report["ok"]
-                  else f"[red]NOT OK: fix the errors above ({escape(details)})[/red]", soft_wrap=True)
+    details = (
+        f"details in the JSON report {json_path}"
+        if json_path is not None
+        else "for every detail, rerun with --json FILE"
+    )
+    console.print(
+        "[green]OK: a run would not trip over this data[/green]"
+        if report["ok"]
+        else f"[red]NOT OK: fix the errors above ({escape(details)})[/red]",
+        soft_wrap=True,
+    )

@@ -83,7 +83,8 @@ class VideoOutsideDirError(VideoDecodeError):
         self.real = str(real)
         self.video_dir = str(video_dir)
         super().__init__(
-            path, self.REASON,
+            path,
+            self.REASON,
             f"resolves to {self.real}, not inside {self.video_dir}; set data.allow_outside_video_dir: true to allow",
         )
 
@@ -198,8 +199,9 @@ def build_augment(data_cfg: DataConfig) -> VideoRandAugment | None:
     """The training augmentation the config asks for (``rand-m{magnitude}-n{num_ops}-mstd0.5-inc1``), or None."""
     if not data_cfg.augment:
         return None
-    return VideoRandAugment(num_ops=data_cfg.augment_num_ops, magnitude=data_cfg.augment_magnitude,
-                            magnitude_std=0.5, increasing=True)
+    return VideoRandAugment(
+        num_ops=data_cfg.augment_num_ops, magnitude=data_cfg.augment_magnitude, magnitude_std=0.5, increasing=True
+    )
 
 
 def check_pixel_settings(data_cfg: DataConfig, image_size: bool = True) -> None:
@@ -263,8 +265,18 @@ def read_clip(
             if clip is not None:
                 return clip
     return load_clip(
-        path, data_cfg.max_frames, data_cfg.frame_rate, data_cfg.image_size, sampling=data_cfg.sampling,
-        start=start, end=end, train=train, rng=rng, augment=augment, allow_partial=allow_partial, norm=norm,
+        path,
+        data_cfg.max_frames,
+        data_cfg.frame_rate,
+        data_cfg.image_size,
+        sampling=data_cfg.sampling,
+        start=start,
+        end=end,
+        train=train,
+        rng=rng,
+        augment=augment,
+        allow_partial=allow_partial,
+        norm=norm,
     )
 
 
@@ -348,8 +360,16 @@ class PairDataset(Dataset):
         rng = item_rng(self.seed, self.epoch, index)
         try:
             video, video_mask = read_clip(
-                self.resolver(record.video_id), self.cfg, self.frame_cache, start=record.start, end=record.end,
-                train=self.train, rng=rng, augment=self.augment, allow_partial=self.allow_partial, norm=self.norm,
+                self.resolver(record.video_id),
+                self.cfg,
+                self.frame_cache,
+                start=record.start,
+                end=record.end,
+                train=self.train,
+                rng=rng,
+                augment=self.augment,
+                allow_partial=self.allow_partial,
+                norm=self.norm,
             )
         except VideoDecodeError as exc:
             logger.warning("skipping video %s: %s", record.video_id, exc)
@@ -401,8 +421,16 @@ class VideoDataset(Dataset):
         start, end = self.spans[index]
         try:
             video, video_mask = read_clip(
-                self.resolver(video_id), self.cfg, self.frame_cache, start=start, end=end, train=False, rng=None,
-                augment=None, allow_partial=self.allow_partial, norm=self.norm,
+                self.resolver(video_id),
+                self.cfg,
+                self.frame_cache,
+                start=start,
+                end=end,
+                train=False,
+                rng=None,
+                augment=None,
+                allow_partial=self.allow_partial,
+                norm=self.norm,
             )
         except VideoDecodeError as exc:
             logger.warning("skipping video %s: %s", video_id, exc)

@@ -37,11 +37,29 @@ CACHE_FORMAT = 1
 #: the settings that decide what a cache holds: its manifest records them before the first shard is written, and
 #: ``tvr features`` resumes a cache only with the same values (else shards of two models or two shardings mix)
 FEATURE_SETTINGS = (
-    "model.clip", "model.tiny", "model.backbone", "model.clipvip", "model.two_tower", "model.tokenizer",
+    "model.clip",
+    "model.tiny",
+    "model.backbone",
+    "model.clipvip",
+    "model.two_tower",
+    "model.tokenizer",
     "model.clip_fp16_on_cuda",
-    "data.dataset", "data.annotations", "data.video_dir", "data.video_pattern", "data.allow_outside_video_dir",
-    "data.train_split", "data.generic_file", "data.val_fraction", "data.val_seed", "data.max_words",
-    "data.max_frames", "data.frame_rate", "data.image_size", "data.sampling", "data.limit_train", "data.limit_eval",
+    "data.dataset",
+    "data.annotations",
+    "data.video_dir",
+    "data.video_pattern",
+    "data.allow_outside_video_dir",
+    "data.train_split",
+    "data.generic_file",
+    "data.val_fraction",
+    "data.val_seed",
+    "data.max_words",
+    "data.max_frames",
+    "data.frame_rate",
+    "data.image_size",
+    "data.sampling",
+    "data.limit_train",
+    "data.limit_eval",
 )
 
 
@@ -55,8 +73,10 @@ def cache_settings(cfg: Config, shard_size: int, dtype: torch.dtype) -> dict[str
         section, key = name.split(".")
         settings[name] = values[section][key]
     # a randomly initialised backbone (tiny CLIP, CLIP-ViP's new tokens without a checkpoint) depends on the seed
-    if cfg.model.clip == "tiny" or cfg.model.backbone == "two_tower" or (
-        cfg.model.backbone == "clipvip" and not cfg.model.clipvip.checkpoint
+    if (
+        cfg.model.clip == "tiny"
+        or cfg.model.backbone == "two_tower"
+        or (cfg.model.backbone == "clipvip" and not cfg.model.clipvip.checkpoint)
     ):
         settings["train.seed"] = cfg.train.seed
     return settings
@@ -111,14 +131,16 @@ def read_manifest(cache_dir: str | Path) -> dict:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as exc:
-        raise FeatureCacheError(
-            f"{path}: damaged ({exc}); rebuild the cache (tvr features ... --overwrite)"
-        ) from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict) or not isinstance(
-        manifest.get("config"), dict
+        raise FeatureCacheError(f"{path}: damaged ({exc}); rebuild the cache (tvr features ... --overwrite)") from None
+    if (
+        not isinstance(manifest, dict)
+        or not isinstance(manifest.get("splits"), dict)
+        or not isinstance(manifest.get("config"), dict)
     ):
-        raise FeatureCacheError(f"{path}: not a feature cache manifest (no splits / config); rebuild the cache "
-                                "(tvr features ... --overwrite)")
+        raise FeatureCacheError(
+            f"{path}: not a feature cache manifest (no splits / config); rebuild the cache "
+            "(tvr features ... --overwrite)"
+        )
     if manifest.get("format") != CACHE_FORMAT:
         raise FeatureCacheError(f"{path}: cache format {manifest.get('format')!r}, expected {CACHE_FORMAT}")
     return manifest

@@ -48,8 +48,9 @@ def read_frame_settings(cache_dir: str | os.PathLike) -> FrameSettings:
         saved = json.loads(path.read_text(encoding="utf-8"))["settings"]
         return FrameSettings(**{f.name: saved[f.name] for f in dataclasses.fields(FrameSettings)})
     except (ValueError, KeyError, TypeError) as exc:
-        raise FrameCacheError(f"{path}: damaged ({type(exc).__name__}: {exc}); rebuild the frame cache "
-                              "(tvr prepare frames)") from None
+        raise FrameCacheError(
+            f"{path}: damaged ({type(exc).__name__}: {exc}); rebuild the frame cache (tvr prepare frames)"
+        ) from None
 
 
 def load_cached_clip(
@@ -108,8 +109,7 @@ class FrameCacheReader:
         # the resolver's paths are data.video_dir joined with the file name, not resolved (the folder may be a link)
         self.video_root = Path(video_dir).absolute()
 
-    def entry(self, video_path: str | os.PathLike, start: float | None, end: float | None, train: bool
-              ) -> Path | None:
+    def entry(self, video_path: str | os.PathLike, start: float | None, end: float | None, train: bool) -> Path | None:
         """The cached ``.npy`` standing in for this clip, or None when the clip must be decoded."""
         if start is not None or end is not None or (train and self.settings.sampling != "clip4clip"):
             return None
@@ -123,15 +123,28 @@ class FrameCacheReader:
         path = self.cache_dir / rel.with_suffix(".npy")
         return path if path.is_file() else None
 
-    def load(self, path: Path, augment: Callable[..., Any] | None, rng: np.random.Generator | None,
-             norm: PixelNorm = CLIP_NORM) -> tuple[Any, Any] | None:
+    def load(
+        self,
+        path: Path,
+        augment: Callable[..., Any] | None,
+        rng: np.random.Generator | None,
+        norm: PixelNorm = CLIP_NORM,
+    ) -> tuple[Any, Any] | None:
         """The clip's tensors from the cached ``path``; None (decode instead) when the file is damaged."""
         try:
-            return load_cached_clip(path, self.settings.max_frames, self.settings.image_size,
-                                    resize=self.settings.resize, augment=augment, rng=rng, norm=norm)
+            return load_cached_clip(
+                path,
+                self.settings.max_frames,
+                self.settings.image_size,
+                resize=self.settings.resize,
+                augment=augment,
+                rng=rng,
+                norm=norm,
+            )
         except (OSError, ValueError) as exc:
             import logging
 
-            logging.getLogger(__name__).warning("frame cache entry %s is unreadable (%s); decoding the video", path,
-                                                exc)
+            logging.getLogger(__name__).warning(
+                "frame cache entry %s is unreadable (%s); decoding the video", path, exc
+            )
             return None

@@ -79,8 +79,18 @@ class PrepareError(UserError, ValueError):
 
 
 #: libx264's presets (``--preset``), checked before anything is written
-X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow",
-                "placebo")
+X264_PRESETS = (
+    "ultrafast",
+    "superfast",
+    "veryfast",
+    "faster",
+    "fast",
+    "medium",
+    "slow",
+    "slower",
+    "veryslow",
+    "placebo",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,15 +236,21 @@ def _check_complete(stream: Any, decoded: int, last_time: float) -> None:
     rate = float(stream.average_rate or stream.guessed_rate or 0) or 25.0
     # the last frame starts one frame before the end; allow a second (or 5%) of slack for rounding and edits
     if duration - (last_time + 1.0 / rate) > max(1.0, 0.05 * duration):
-        raise ValueError(f"truncated: the frames decode to {last_time + 1.0 / rate:.2f} s of the {duration:.2f} s "
-                         "the container announces")
+        raise ValueError(
+            f"truncated: the frames decode to {last_time + 1.0 / rate:.2f} s of the {duration:.2f} s "
+            "the container announces"
+        )
 
 
 # --------------------------------------------------------------------------------------------- walking SRC
 
 
-def find_videos(src: Path, exclude: Path | None = None, extensions: Sequence[str] = VIDEO_EXTENSIONS,
-                problems: list[dict[str, Any]] | None = None) -> list[Path]:
+def find_videos(
+    src: Path,
+    exclude: Path | None = None,
+    extensions: Sequence[str] = VIDEO_EXTENSIONS,
+    problems: list[dict[str, Any]] | None = None,
+) -> list[Path]:
     """Video files under ``src`` (recursively, symlinked folders followed, sorted, hidden files and our temporaries
     skipped), as paths relative to ``src``; ``exclude`` (a folder inside ``src``, e.g. the destination) is not
     entered. Every file with a video suffix is listed, so a FIFO or a broken link is reported, not skipped in
@@ -257,8 +273,13 @@ def find_videos(src: Path, exclude: Path | None = None, extensions: Sequence[str
                     here_real = here.resolve()
                     loop = real == here_real or real in here_real.parents
                     what = "a symlink loop" if loop else "a second link to one folder"
-                    problems.append({"source": str(path.relative_to(src)), "status": "ignored",
-                                     "error": f"{what}: the same folder as {walked[real]} (walked once)"})
+                    problems.append(
+                        {
+                            "source": str(path.relative_to(src)),
+                            "status": "ignored",
+                            "error": f"{what}: the same folder as {walked[real]} (walked once)",
+                        }
+                    )
                 continue
             walked[real] = path.relative_to(src)
             kept.append(d)
@@ -281,13 +302,21 @@ def _not_a_regular_file(path: Path) -> str | None:
         return f"cannot stat it ({exc.strerror})"
     if stat.S_ISREG(mode):
         return None
-    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    kind = (
+        "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "not a regular file"
+    )
     return f"{kind}, not a regular file; only regular files are read"
 
 
-def _plan(src: Path, dst: Path, suffix: str, flat: bool = False
-          ) -> tuple[list[tuple[Path, Path]], list[dict[str, Any]]]:
+def _plan(
+    src: Path, dst: Path, suffix: str, flat: bool = False
+) -> tuple[list[tuple[Path, Path]], list[dict[str, Any]]]:
     """(source, output) pairs, and clashes: two sources whose outputs would share a name (the first one wins).
     ``flat``: every output directly in ``dst`` (sub-folders of ``src`` dropped), as ``data.video_dir`` needs."""
     if not src.is_dir():
@@ -305,14 +334,21 @@ def _plan(src: Path, dst: Path, suffix: str, flat: bool = False
             continue
         target = Path(rel.name).with_suffix(suffix) if flat else rel.with_suffix(suffix)
         if target in owner:
-            clashes.append({"source": str(rel), "status": "failed",
-                            "error": f"output name {target} is already taken by {owner[target]}"})
+            clashes.append(
+                {
+                    "source": str(rel),
+                    "status": "failed",
+                    "error": f"output name {target} is already taken by {owner[target]}",
+                }
+            )
             continue
         owner[target] = rel
         plan.append((src / rel, dst / target))
     if not plan and not any(e["status"] == "failed" for e in clashes):
-        raise PrepareError(f"no video files under {src} (looked for {', '.join(VIDEO_EXTENSIONS)}, in sub-folders "
-                           "too); check the folder")
+        raise PrepareError(
+            f"no video files under {src} (looked for {', '.join(VIDEO_EXTENSIONS)}, in sub-folders "
+            "too); check the folder"
+        )
     return plan, clashes
 
 
@@ -326,8 +362,10 @@ def _check_manifest(dst: Path, name: str, settings: dict[str, Any], outputs: Seq
             if not isinstance(saved, dict):
                 raise TypeError(f"settings is a {type(saved).__name__}, not a mapping")
         except (ValueError, KeyError, TypeError) as exc:
-            raise PrepareError(f"{path}: damaged ({exc}), so the settings of the outputs in {dst} are unknown; "
-                               "delete it and those outputs to start over, or use another destination") from None
+            raise PrepareError(
+                f"{path}: damaged ({exc}), so the settings of the outputs in {dst} are unknown; "
+                "delete it and those outputs to start over, or use another destination"
+            ) from None
         differ = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
         if differ and any(output.is_file() for output in outputs):
             shown = ", ".join(f"{k}: {a!r} before, {b!r} now" for k, (a, b) in differ.items())
@@ -338,8 +376,9 @@ def _check_manifest(dst: Path, name: str, settings: dict[str, Any], outputs: Seq
     atomic_write_json(path, {"settings": settings})
 
 
-def _run_pool(task: Callable[[Any], dict[str, Any]], items: list[Any], workers: int, progress: bool, what: str
-              ) -> list[dict[str, Any]]:
+def _run_pool(
+    task: Callable[[Any], dict[str, Any]], items: list[Any], workers: int, progress: bool, what: str
+) -> list[dict[str, Any]]:
     return list(parallel_map(task, items, workers, what, progress))
 
 
@@ -358,8 +397,13 @@ def _encode_task(item: tuple[str, str, str, EncodeSettings, bool, str]) -> dict[
     start = time.perf_counter()
     try:
         info = encode_video(src, dst, settings)
-        return {"source": rel, "output": str(dst), "status": "encoded", **info,
-                "seconds": round(time.perf_counter() - start, 3)}
+        return {
+            "source": rel,
+            "output": str(dst),
+            "status": "encoded",
+            **info,
+            "seconds": round(time.perf_counter() - start, 3),
+        }
     except Exception as exc:  # noqa: BLE001 - every failure is reported, never raised out of the pool
         entry = {"source": rel, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
         if copy_on_failure:
@@ -411,8 +455,12 @@ def prepare_videos(
     start = time.perf_counter()
     plan, entries = _plan(src, dst, ".mp4", flat)
     with folder_lock(dst, "prepare destination"):
-        _check_manifest(dst, MANIFEST, {**dataclasses.asdict(settings), "container": "mp4", "pix_fmt": "yuv420p",
-                                        "flat": flat}, [output for _, output in plan])
+        _check_manifest(
+            dst,
+            MANIFEST,
+            {**dataclasses.asdict(settings), "container": "mp4", "pix_fmt": "yuv420p", "flat": flat},
+            [output for _, output in plan],
+        )
         stale = remove_stale_temporaries(dst, recursive=True)
         journal = dst / COPIES
         copies = _read_copies(journal)
@@ -421,8 +469,14 @@ def prepare_videos(
             rel = str(source.relative_to(src))
             copy = output.with_suffix(source.suffix)
             if rel in copies and copy.is_file():
-                entries.append({"source": rel, "output": str(copy), "status": "copied",
-                                "error": f"copied unchanged by an earlier run: {copies[rel].get('error', '')}"})
+                entries.append(
+                    {
+                        "source": rel,
+                        "output": str(copy),
+                        "status": "copied",
+                        "error": f"copied unchanged by an earlier run: {copies[rel].get('error', '')}",
+                    }
+                )
             elif output.is_file():
                 entries.append({"source": rel, "output": str(output), "status": "skipped"})
             else:
@@ -454,8 +508,9 @@ def cache_frames(src: str | os.PathLike, settings: FrameSettings) -> np.ndarray:
 
     info = probe_video(src)
     try:
-        indices = sample_indices(info, settings.max_frames, settings.frame_rate, settings.sampling, None, None,
-                                 train=False, rng=None)
+        indices = sample_indices(
+            info, settings.max_frames, settings.frame_rate, settings.sampling, None, None, train=False, rng=None
+        )
     except ValueError as exc:
         raise VideoDecodeError(src, "no frame rate", str(exc)) from exc
     frames = to_tensor_frames(decode_frames(src, indices))
@@ -473,8 +528,14 @@ def _frames_task(item: tuple[str, str, str, FrameSettings]) -> dict[str, Any]:
     try:
         frames = cache_frames(src, settings)
         atomic_write(dst, lambda handle: np.save(handle, frames, allow_pickle=False))
-        return {"source": rel, "output": str(dst), "status": "extracted", "frames": int(frames.shape[0]),
-                "shape": list(frames.shape[1:]), "seconds": round(time.perf_counter() - start, 3)}
+        return {
+            "source": rel,
+            "output": str(dst),
+            "status": "extracted",
+            "frames": int(frames.shape[0]),
+            "shape": list(frames.shape[1:]),
+            "seconds": round(time.perf_counter() - start, 3),
+        }
     except Exception as exc:  # noqa: BLE001
         return {"source": rel, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
 
@@ -498,8 +559,12 @@ def extract_frames(
     start = time.perf_counter()
     plan, entries = _plan(src, dst, ".npy", flat)
     with folder_lock(dst, "frame cache"):
-        _check_manifest(dst, FRAMES_MANIFEST, {**dataclasses.asdict(settings), "resize": settings.resize,
-                                               "flat": flat}, [output for _, output in plan])
+        _check_manifest(
+            dst,
+            FRAMES_MANIFEST,
+            {**dataclasses.asdict(settings), "resize": settings.resize, "flat": flat},
+            [output for _, output in plan],
+        )
         remove_stale_temporaries(dst, recursive=True)
         todo = []
         for source, output in plan:
@@ -510,7 +575,12 @@ def extract_frames(
                 todo.append((str(source), str(output), rel, settings))
         entries += _run_pool(_frames_task, todo, workers, progress, "extracting frames")
     entries.sort(key=lambda e: e["source"])
-    report = {"source": str(src), "destination": str(dst), "settings": dataclasses.asdict(settings),
-              "summary": _summarise(entries, time.perf_counter() - start), "files": entries}
+    report = {
+        "source": str(src),
+        "destination": str(dst),
+        "settings": dataclasses.asdict(settings),
+        "summary": _summarise(entries, time.perf_counter() - start),
+        "files": entries,
+    }
     atomic_write_json(dst / FRAMES_REPORT, report)
     return report

@@ -478,9 +478,7 @@ def _sequence_spec(rng: np.random.Generator, photos: tuple[str, ...]) -> VideoSp
     return VideoSpec("sequence", "grey", 0, objects)
 
 
-def _base_spec(
-    rng: np.random.Generator, family: str, cfg: SynthConfig, photos: tuple[str, ...] = ()
-) -> VideoSpec:
+def _base_spec(rng: np.random.Generator, family: str, cfg: SynthConfig, photos: tuple[str, ...] = ()) -> VideoSpec:
     """A video of ``family``'s first motion (e.g. move_right), with random attributes and layout. ``photos``: the
     photographs content "objects" draws from (shapes ignore it)."""
     if family == "sequence":
@@ -764,9 +762,7 @@ def _one_caption(spec: VideoSpec, rng: np.random.Generator, full: bool, diversit
     return text
 
 
-def _captions(
-    spec: VideoSpec, rng: np.random.Generator, count: int, diversity: float = 1.0
-) -> tuple[list[str], int]:
+def _captions(spec: VideoSpec, rng: np.random.Generator, count: int, diversity: float = 1.0) -> tuple[list[str], int]:
     """``count`` distinct captions (duplicates only if the templates run out) in random order, plus the index of
     the one that names every attribute."""
     captions = [_one_caption(spec, rng, full=True, diversity=diversity)]
@@ -1077,19 +1073,25 @@ def dials_summary(specs: list[VideoSpec], cfg: SynthConfig) -> dict[str, Any]:
         sharing[split] = sum(1 for key in keys if counts[key] > 1)
     summary: dict[str, Any] = {
         "content": cfg.content,
-        "temporal_order": {"pair_prob": cfg.pair_prob,
-                           "videos_with_twin": sum(s.twin is not None for s in specs)},
-        "false_negatives": {"shared_attributes": cfg.shared_attributes,
-                            "videos_sharing_caption_attributes_within_split": sharing},
-        "paraphrase": {"diversity": cfg.paraphrase,
-                       "distinct_caption_fraction": round(len(set(captions)) / max(len(captions), 1), 4),
-                       "vocabulary_size": len({w for c in captions for w in c.split()})},
+        "temporal_order": {"pair_prob": cfg.pair_prob, "videos_with_twin": sum(s.twin is not None for s in specs)},
+        "false_negatives": {
+            "shared_attributes": cfg.shared_attributes,
+            "videos_sharing_caption_attributes_within_split": sharing,
+        },
+        "paraphrase": {
+            "diversity": cfg.paraphrase,
+            "distinct_caption_fraction": round(len(set(captions)) / max(len(captions), 1), 4),
+            "vocabulary_size": len({w for c in captions for w in c.split()}),
+        },
         "clip_length": {"seconds": cfg.seconds, "fps": cfg.fps, "frames": cfg.num_frames, "size": cfg.size},
-        "distractors": {"distractor_prob": cfg.distractor_prob, "distractor_motion": cfg.distractor_motion,
-                        "videos_with_distractor": sum(len(s.objects) > 1 and s.family not in ORDER_FAMILIES
-                                                      for s in specs),
-                        "moving_distractors": sum(len(s.objects) > 1 and s.family not in ORDER_FAMILIES
-                                                  and s.objects[1].moves for s in specs)},
+        "distractors": {
+            "distractor_prob": cfg.distractor_prob,
+            "distractor_motion": cfg.distractor_motion,
+            "videos_with_distractor": sum(len(s.objects) > 1 and s.family not in ORDER_FAMILIES for s in specs),
+            "moving_distractors": sum(
+                len(s.objects) > 1 and s.family not in ORDER_FAMILIES and s.objects[1].moves for s in specs
+            ),
+        },
     }
     if cfg.content == "objects":
         summary["photos"] = _photo_sources(sorted({o.photo for s in specs for o in s.objects if o.photo}))
@@ -1133,8 +1135,9 @@ def _readme(cfg: SynthConfig, codec: str, specs: list[VideoSpec]) -> str:
         f"- captions: {cfg.captions_per_video} per video, {cfg.captions_per_video * len(specs)} in all",
         f"- temporal twin pairs: {pairs} (a video and its time reversal, or the same two events in swapped order)",
         "- videos whose caption attributes another video of their split shares (false negatives): "
-        + str(sum(dials_summary(specs, cfg)["false_negatives"]["videos_sharing_caption_attributes_within_split"]
-                  .values())),
+        + str(
+            sum(dials_summary(specs, cfg)["false_negatives"]["videos_sharing_caption_attributes_within_split"].values())
+        ),
         "- motions: " + ", ".join(f"{m} {n}" for m, n in motions.items()),
         "",
         "## Files",

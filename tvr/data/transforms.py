@@ -46,8 +46,13 @@ def _check_frames(x: Tensor, name: str = "frames") -> None:
 def _resize(x: Tensor, height: int, width: int, mode: str) -> Tensor:
     if (x.shape[-2], x.shape[-1]) == (height, width):
         return x.clone()  # torchvision returns the image untouched when the size already matches
-    out = F.interpolate(x.float(), size=(height, width), mode=mode, antialias=mode in ("bilinear", "bicubic"),
-                        align_corners=False if mode in ("bilinear", "bicubic") else None)
+    out = F.interpolate(
+        x.float(),
+        size=(height, width),
+        mode=mode,
+        antialias=mode in ("bilinear", "bicubic"),
+        align_corners=False if mode in ("bilinear", "bicubic") else None,
+    )
     out = out.clamp_(0.0, 255.0)
     if x.dtype == torch.uint8:
         return out.round_().to(torch.uint8)

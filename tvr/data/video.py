@@ -335,8 +335,9 @@ def load_clip(
     if sampling not in SAMPLING_MODES:
         raise ValueError(f"unknown sampling {sampling!r}; expected one of {SAMPLING_MODES}")
     if max_frames <= 0 or frame_rate <= 0 or image_size <= 0:
-        raise ValueError(f"max_frames, frame_rate and image_size must be positive, got {max_frames}, {frame_rate}, "
-                         f"{image_size}")
+        raise ValueError(
+            f"max_frames, frame_rate and image_size must be positive, got {max_frames}, {frame_rate}, {image_size}"
+        )
     if resize is None:
         resize = "square" if sampling == "clipvip" else "short_side"
     info = probe_video(path)

@@ -59,8 +59,11 @@ def metrics_notes(metrics: dict[str, Any], info: dict[str, Any]) -> list[str]:
     lines = []
     setting = info.get("inference_setting")
     if setting:
-        where = ("chosen on this split among " + str(len(info["inference_selection"])) + " candidates"
-                 if info.get("inference_selection") else "as stored in the checkpoint (chosen on the validation split)")
+        where = (
+            "chosen on this split among " + str(len(info["inference_selection"])) + " candidates"
+            if info.get("inference_selection")
+            else "as stored in the checkpoint (chosen on the validation split)"
+        )
         baselines = sorted({k.split("@", 1)[1] for k in metrics if "@" in k})
         also = f"; rows `…@{'`, `…@'.join(baselines)}`: the same model with that setting" if baselines else ""
         lines.append(f"Inference setting: {_setting_text(setting)}, {where}{also}.")
@@ -73,11 +76,15 @@ def metrics_notes(metrics: dict[str, Any], info: dict[str, Any]) -> list[str]:
         def chance(n: int) -> str:
             row = chance_metrics(n)
             # recalls to 3 significant digits (0.0037 % for a 27k-caption gallery), ranks to one decimal
-            return ", ".join(f"{COLUMN_TITLES[k]} " + (f"{row[k]:.3g}" if k.startswith("R") else f"{row[k]:.1f}")
-                             for k in METRIC_KEYS)
+            return ", ".join(
+                f"{COLUMN_TITLES[k]} " + (f"{row[k]:.3g}" if k.startswith("R") else f"{row[k]:.1f}")
+                for k in METRIC_KEYS
+            )
 
-        lines.append(f"Chance level (a random ranking): t2v {chance(n_videos)} ({n_videos} videos); "
-                     f"v2t {chance(v2t_gallery)} ({v2t_gallery} {v2t_items}).")
+        lines.append(
+            f"Chance level (a random ranking): t2v {chance(n_videos)} ({n_videos} videos); "
+            f"v2t {chance(v2t_gallery)} ({v2t_gallery} {v2t_items})."
+        )
     return lines
 
 

@@ -65,8 +65,9 @@ def _filter(split_videos: list[str], text_video: list[int], kept_ids: list[str])
 
 
 @torch.no_grad()
-def encode_split_raw(model: RetrievalModel, split, tokenizer, cfg: Config, device: torch.device, *,
-                     distributed: bool = False) -> EncodedSplit:
+def encode_split_raw(
+    model: RetrievalModel, split, tokenizer, cfg: Config, device: torch.device, *, distributed: bool = False
+) -> EncodedSplit:
     """Encode a split from video files and caption strings. ``distributed``: every rank of the process group encodes
     its share and gets the whole encoded split (every rank must call it; :mod:`tvr.eval.sharding`)."""
     from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
@@ -111,8 +112,9 @@ def _shard(n: int, distributed: bool) -> RowShard:
 
 
 @torch.no_grad()
-def cached_text_features(model: RetrievalModel, cached, rows: list[int], cfg: Config, device: torch.device
-                         ) -> TextFeatures:
+def cached_text_features(
+    model: RetrievalModel, cached, rows: list[int], cfg: Config, device: torch.device
+) -> TextFeatures:
     """Cached caption features of ``rows`` as the model sees them: through its bridge when it has one (a two-tower
     cache holds tower features), else as stored."""
     if model.bridge is None:
@@ -120,18 +122,23 @@ def cached_text_features(model: RetrievalModel, cached, rows: list[int], cfg: Co
     parts = []
     for start in range(0, len(rows), cfg.eval.batch_size):
         part = rows[start : start + cfg.eval.batch_size]
-        batch = {"text_eot": cached.eot[part].float().to(device), "text_words": cached.words[part].float().to(device),
-                 "text_word_mask": cached.word_mask[part].to(device)}
+        batch = {
+            "text_eot": cached.eot[part].float().to(device),
+            "text_words": cached.words[part].float().to(device),
+            "text_word_mask": cached.word_mask[part].to(device),
+        }
         parts.append(model.text_features(batch).to("cpu", torch.float32))
     if not parts:
-        return model.text_features({"text_eot": cached.eot[:0].float().to(device), "text_words": None,
-                                    "text_word_mask": None}).to("cpu", torch.float32)
+        return model.text_features(
+            {"text_eot": cached.eot[:0].float().to(device), "text_words": None, "text_word_mask": None}
+        ).to("cpu", torch.float32)
     return TextFeatures.cat(parts)
 
 
 @torch.no_grad()
-def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, device: torch.device, *,
-                        distributed: bool = False) -> EncodedSplit:
+def encode_split_cached(
+    model: RetrievalModel, split, cached, cfg: Config, device: torch.device, *, distributed: bool = False
+) -> EncodedSplit:
     """Encode a split from a feature cache (only the temporal module runs). ``distributed`` as in
     :func:`encode_split_raw`."""
     model.eval()
@@ -171,8 +178,9 @@ def encode_split_cached(model: RetrievalModel, split, cached, cfg: Config, devic
 
 
 @torch.no_grad()
-def score_matrices(model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device
-                   ) -> tuple[Tensor, Tensor | None]:
+def score_matrices(
+    model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device
+) -> tuple[Tensor, Tensor | None]:
     """(the [N_t, N_v] matrix text queries rank, the one video queries rank or None when it is the same) for an
     encoded split with the head's current inference setting, as :func:`evaluate_encoded` ranks them (under
     ``eval.rerank_k`` each direction has its own shortlists, :func:`shortlist_matrix`)."""
@@ -194,8 +202,15 @@ def _two_stage(head: Any, k: int, n_videos: int) -> bool:
     return k > 0 and not head.indexable and n_videos > k
 
 
-def _score_states(head: Any, text_state: Any, video_state: Any, cfg: Config, text_video: list[int],
-                  distributed: bool = False, device: torch.device | None = None) -> tuple[Tensor, Tensor | None]:
+def _score_states(
+    head: Any,
+    text_state: Any,
+    video_state: Any,
+    cfg: Config,
+    text_video: list[int],
+    distributed: bool = False,
+    device: torch.device | None = None,
+) -> tuple[Tensor, Tensor | None]:
     """(the matrix t2v ranks, the matrix v2t ranks or None when it is the same one), both [N_t, N_v] on CPU.
 
     Exhaustive: every pair's exact score, for both directions. Two-stage (``eval.rerank_k`` = K on a non-indexable
@@ -212,14 +227,16 @@ def _score_states(head: Any, text_state: Any, video_state: Any, cfg: Config, tex
         pairs_video = torch.as_tensor(text_video, dtype=torch.long)
         mine = (pairs_text >= texts_shard.start) & (pairs_text < texts_shard.stop)
         t2v_idx, t2v_scores = head.rerank(own_texts, video_state, k)
-        t2v = shortlist_matrix(t2v_idx, t2v_scores, len(video_state), pairs_text[mine] - texts_shard.start,
-                               pairs_video[mine])
+        t2v = shortlist_matrix(
+            t2v_idx, t2v_scores, len(video_state), pairs_text[mine] - texts_shard.start, pairs_video[mine]
+        )
         videos_shard = _shard(len(video_state), distributed)
         own_videos = video_state[videos_shard.rows] if distributed else video_state
         mine = (pairs_video >= videos_shard.start) & (pairs_video < videos_shard.stop)
         v2t_idx, v2t_scores = head.rerank_texts(text_state, own_videos, min(k, len(text_state)))
-        v2t = shortlist_matrix(v2t_idx, v2t_scores, len(text_state), pairs_video[mine] - videos_shard.start,
-                               pairs_text[mine])
+        v2t = shortlist_matrix(
+            v2t_idx, v2t_scores, len(text_state), pairs_video[mine] - videos_shard.start, pairs_text[mine]
+        )
         return gather_rows(t2v, texts_shard, device), gather_rows(v2t, videos_shard, device).t()
     sim = head.score(
         own_texts, video_state, text_chunk=cfg.eval.text_chunk or None, video_chunk=cfg.eval.video_chunk or None
@@ -227,8 +244,9 @@ def _score_states(head: Any, text_state: Any, video_state: Any, cfg: Config, tex
     return gather_rows(sim, texts_shard, device), None
 
 
-def shortlist_matrix(indices: Tensor, scores: Tensor, n_gallery: int, match_query: Tensor, match_item: Tensor
-                     ) -> Tensor:
+def shortlist_matrix(
+    indices: Tensor, scores: Tensor, n_gallery: int, match_query: Tensor, match_item: Tensor
+) -> Tensor:
     """Two-stage results (each query's shortlisted gallery ``indices`` [N_q, K] and their exact ``scores``) as a
     dense [N_q, n_gallery] matrix the ordinary metrics rank.
 
@@ -253,8 +271,10 @@ def scoring_mode(model: RetrievalModel, encoded: EncodedSplit, cfg: Config) -> s
     protocol)."""
     k = cfg.eval.rerank_k
     if _two_stage(model.head, k, len(encoded.video)):
-        return (f"two-stage: each text shortlists {k} videos and each video {min(k, len(encoded.text))} texts by the "
-                "head's shortlist embedding, exact rerank; a match outside its shortlist ranks last")
+        return (
+            f"two-stage: each text shortlists {k} videos and each video {min(k, len(encoded.text))} texts by the "
+            "head's shortlist embedding, exact rerank; a match outside its shortlist ranks last"
+        )
     if k > 0 and model.head.indexable:
         return "exhaustive (eval.rerank_k ignored: an indexable head scores every pair with one matrix product)"
     return "exhaustive"
@@ -286,8 +306,9 @@ def select_query_bank(num_texts: int, size: int) -> list[int]:
 
 
 @torch.no_grad()
-def encode_query_bank(model: RetrievalModel, texts: list[str], tokenizer, cfg: Config, device: torch.device
-                      ) -> TextFeatures:
+def encode_query_bank(
+    model: RetrievalModel, texts: list[str], tokenizer, cfg: Config, device: torch.device
+) -> TextFeatures:
     """Encode caption strings with the model's backbone (kept on CPU, float32), ``eval.batch_size`` at a time."""
     if not texts:
         raise ValueError("the query bank is empty (no training captions)")
@@ -300,8 +321,9 @@ def encode_query_bank(model: RetrievalModel, texts: list[str], tokenizer, cfg: C
     return TextFeatures.cat(parts)
 
 
-def training_query_bank(model: RetrievalModel, cfg: Config, device: torch.device, tokenizer=None
-                        ) -> TextFeatures | None:
+def training_query_bank(
+    model: RetrievalModel, cfg: Config, device: torch.device, tokenizer=None
+) -> TextFeatures | None:
     """The query bank ``evaluate_encoded`` needs for ``eval.qbnorm`` / ``eval.inverted_softmax``: the training
     split's captions (``eval.query_bank_size`` of them) encoded by ``model``; from the feature cache when
     ``data.features_dir`` is set, else through the backbone with ``tokenizer``. None when neither option is on.
@@ -325,8 +347,9 @@ def training_query_bank(model: RetrievalModel, cfg: Config, device: torch.device
 
 
 @torch.no_grad()
-def query_bank_statistics(model: RetrievalModel, encoded: EncodedSplit, bank: TextFeatures, cfg: Config,
-                          device: torch.device) -> tuple[Tensor, Tensor]:
+def query_bank_statistics(
+    model: RetrievalModel, encoded: EncodedSplit, bank: TextFeatures, cfg: Config, device: torch.device
+) -> tuple[Tensor, Tensor]:
     """(log_norm [N_v], active [N_v]) of ``bank`` against the gallery of ``encoded`` (see
     :func:`tvr.eval.postprocess.querybank_statistics`), scoring ``QUERY_BANK_BLOCK`` bank captions at a time."""
     from tvr.eval.postprocess import querybank_statistics
@@ -338,15 +361,20 @@ def query_bank_statistics(model: RetrievalModel, encoded: EncodedSplit, bank: Te
     def blocks():
         for start in range(0, len(bank), QUERY_BANK_BLOCK):
             state = head.encode_texts(bank[start : start + QUERY_BANK_BLOCK].to(device))
-            yield head.score(state, video_state, text_chunk=cfg.eval.text_chunk or None,
-                             video_chunk=cfg.eval.video_chunk or None)
+            yield head.score(
+                state, video_state, text_chunk=cfg.eval.text_chunk or None, video_chunk=cfg.eval.video_chunk or None
+            )
 
     log_norm, active = querybank_statistics(blocks(), cfg.eval.qbnorm_beta, cfg.eval.qbnorm_k)
     return log_norm.cpu(), active.cpu()
 
 
 def querybank_rows(
-    model: RetrievalModel, encoded: EncodedSplit, sim: Tensor, cfg: Config, device: torch.device,
+    model: RetrievalModel,
+    encoded: EncodedSplit,
+    sim: Tensor,
+    cfg: Config,
+    device: torch.device,
     query_bank: TextFeatures | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The extra metric rows of ``eval.inverted_softmax`` (``t2v_invsoftmax``) and ``eval.qbnorm`` (``t2v_qbnorm``)
@@ -361,8 +389,12 @@ def querybank_rows(
     beta = cfg.eval.qbnorm_beta
     if query_bank is not None:
         log_norm, active = query_bank_statistics(model, encoded, query_bank, cfg, device)
-        bank_info: dict[str, Any] = {"source": "training captions", "size": len(query_bank), "beta": beta,
-                                     "k": cfg.eval.qbnorm_k}
+        bank_info: dict[str, Any] = {
+            "source": "training captions",
+            "size": len(query_bank),
+            "beta": beta,
+            "k": cfg.eval.qbnorm_k,
+        }
     elif cfg.eval.qbnorm:
         raise ValueError(
             "eval.qbnorm needs a query bank of training captions: pass query_bank= to evaluate_encoded "
@@ -374,12 +406,12 @@ def querybank_rows(
     rows: dict[str, Any] = {}
     if cfg.eval.inverted_softmax:
         rescored = inverted_softmax(sim, log_norm, beta)
-        rows["t2v_invsoftmax"] = evaluate(rescored, encoded.text_video, encoded.protocol,
-                                          tie_mode=cfg.eval.tie_mode)["t2v"]
+        rows["t2v_invsoftmax"] = evaluate(rescored, encoded.text_video, encoded.protocol, tie_mode=cfg.eval.tie_mode)[
+            "t2v"
+        ]
     if cfg.eval.qbnorm:
         rescored, normalised = dynamic_inverted_softmax(sim, log_norm, active, beta)
-        rows["t2v_qbnorm"] = evaluate(rescored, encoded.text_video, encoded.protocol,
-                                      tie_mode=cfg.eval.tie_mode)["t2v"]
+        rows["t2v_qbnorm"] = evaluate(rescored, encoded.text_video, encoded.protocol, tie_mode=cfg.eval.tie_mode)["t2v"]
         bank_info["activation_set"] = int(active.sum())
         bank_info["queries_normalised"] = int(normalised.sum())
     return rows, {"query_bank": bank_info}

@@ -31,8 +31,10 @@ def check_data_fits_backbone(cfg: Config) -> None:
 
     size = native_image_size(cfg.model.two_tower)
     if cfg.data.image_size is not None and cfg.data.image_size != size:  # unset: resolution gives it the native size
-        raise ConfigError(f"data.image_size = {cfg.data.image_size}: the two-tower image tower "
-                          f"{cfg.model.two_tower.image_model!r} takes {size}-pixel frames; set data.image_size={size}")
+        raise ConfigError(
+            f"data.image_size = {cfg.data.image_size}: the two-tower image tower "
+            f"{cfg.model.two_tower.image_model!r} takes {size}-pixel frames; set data.image_size={size}"
+        )
 
 
 def proxies_to_derive(cfg: Config) -> int:

@@ -148,4 +148,3 @@ def load_model(checkpoint: str | os.PathLike, cfg: Config | None = None) -> tupl
         seed_everything(cfg.train.seed)
         model.backbone = build_backbone(cfg.model)
     return model.eval(), cfg
-

@@ -105,8 +105,10 @@ def load_clip_model(spec: str) -> CLIPModel:
 
 
 def _offline_requested() -> bool:
-    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def hub_unreachable(timeout: float = 3.0) -> str | None:
@@ -130,18 +132,24 @@ def hub_unreachable(timeout: float = 3.0) -> str | None:
 def _load_hub_model(spec: str) -> CLIPModel:
     """A hub model from the local cache without touching the network; online only when the hub answers. Offline,
     this fails in seconds with what to do, instead of retrying for a minute."""
-    advice = ("download it once online (it is cached then), or set model.clip to a local HF CLIP folder or an "
-              "OpenAI .pt file (tvr convert-openai)")
+    advice = (
+        "download it once online (it is cached then), or set model.clip to a local HF CLIP folder or an "
+        "OpenAI .pt file (tvr convert-openai)"
+    )
     try:
         return CLIPModel.from_pretrained(spec, dtype=torch.float32, local_files_only=True)
     except OSError as cached_miss:
         if _offline_requested():
-            raise ConfigError(f"model.clip: hub model {spec!r} is not in the local Hugging Face cache and offline mode "
-                              f"is on (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE): {advice}") from cached_miss
+            raise ConfigError(
+                f"model.clip: hub model {spec!r} is not in the local Hugging Face cache and offline mode "
+                f"is on (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE): {advice}"
+            ) from cached_miss
     unreachable = hub_unreachable()
     if unreachable is not None:
-        raise ConfigError(f"model.clip: hub model {spec!r} is not in the local Hugging Face cache and the hub cannot "
-                          f"be reached ({unreachable}); offline? {advice}")
+        raise ConfigError(
+            f"model.clip: hub model {spec!r} is not in the local Hugging Face cache and the hub cannot "
+            f"be reached ({unreachable}); offline? {advice}"
+        )
     try:
         return CLIPModel.from_pretrained(spec, dtype=torch.float32)
     except OSError as exc:
@@ -174,8 +182,11 @@ def backbone_image_size(model_cfg: ModelConfig) -> tuple[int, str] | None:
         size = json.loads(config_file.read_text(encoding="utf-8"))["vision_config"]["image_size"]
     except (ValueError, KeyError, TypeError, OSError):
         return None  # a damaged config.json is reported when the model loads
-    return (int(size), f"model.clip = {spec!r} (its config.json vision_config.image_size)") if isinstance(
-        size, int) else None
+    return (
+        (int(size), f"model.clip = {spec!r} (its config.json vision_config.image_size)")
+        if isinstance(size, int)
+        else None
+    )
 
 
 def clip_from_config(model_cfg: ModelConfig) -> CLIPModel:

@@ -84,8 +84,12 @@ def proxy_guided_attention(
 
     # proxies: M queries over all M + T·L keys
     out_proxy = F.scaled_dot_product_attention(
-        q[:, :m].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=proxy_key_mask, dropout_p=drop, scale=attn.scale,
+        q[:, :m].transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=proxy_key_mask,
+        dropout_p=drop,
+        scale=attn.scale,
     )  # [N, H, M, d]
 
     # patches: N·T independent blocks, each L queries over [the M proxies, its own L patches]
@@ -171,13 +175,17 @@ def _unwrap_state(obj: Any, where: str) -> dict[str, Tensor]:
                 obj = obj[key]
                 break
     if not isinstance(obj, dict) or not obj:
-        raise ClipVipCheckpointError(f"model.clipvip.checkpoint {where}: holds a {type(obj).__name__}"
-                                     f"{' (empty)' if isinstance(obj, dict) else ''}; expected a CLIP-ViP state dict "
-                                     "(a mapping of tensor names to tensors)")
+        raise ClipVipCheckpointError(
+            f"model.clipvip.checkpoint {where}: holds a {type(obj).__name__}"
+            f"{' (empty)' if isinstance(obj, dict) else ''}; expected a CLIP-ViP state dict "
+            "(a mapping of tensor names to tensors)"
+        )
     bad = [k for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
     if bad:
-        raise ClipVipCheckpointError(f"model.clipvip.checkpoint {where}: expected a flat mapping of names to tensors; "
-                                     f"entry {bad[0]!r} is not one")
+        raise ClipVipCheckpointError(
+            f"model.clipvip.checkpoint {where}: expected a flat mapping of names to tensors; "
+            f"entry {bad[0]!r} is not one"
+        )
     return obj
 
 
@@ -220,8 +228,9 @@ class ClipVipBackbone(ClipBackbone):
         if self.num_proxies > 1:  # a 0-row parameter would be a DDP nuisance; M = 1 simply has none
             added = nn.Parameter(torch.randn(self.num_proxies - 1, width, dtype=ref.dtype, device=ref.device))
         self.register_parameter("added_class_embedding", added)
-        self.temporal_embedding = nn.Parameter(torch.zeros(self.temporal_slots, width, dtype=ref.dtype,
-                                                           device=ref.device))
+        self.temporal_embedding = nn.Parameter(
+            torch.zeros(self.temporal_slots, width, dtype=ref.dtype, device=ref.device)
+        )
         projection = None
         if self.with_proxies:
             projection = nn.Linear(width, self.embed_dim, bias=False).to(device=ref.device, dtype=ref.dtype)
@@ -282,12 +291,13 @@ class ClipVipBackbone(ClipBackbone):
         from tvr.utils.io import atomic_torch_save
 
         extra = {k: v.cpu() for k, v in self.clipvip_state_dict().items() if not self._is_clip_key(k)}
-        return save_clip_atomic(self.clip, out_dir, overwrite=True,
-                                extra=lambda folder: atomic_torch_save(extra, folder / TOKENS_FILE))
+        return save_clip_atomic(
+            self.clip, out_dir, overwrite=True, extra=lambda folder: atomic_torch_save(extra, folder / TOKENS_FILE)
+        )
 
     @staticmethod
     def _is_clip_key(key: str) -> bool:
-        name = key[len(CKPT_PREFIX):]
+        name = key[len(CKPT_PREFIX) :]
         return name not in (CKPT_ADDED_CLS, CKPT_TEMPORAL, CKPT_PROXY_PROJ)
 
     def _target(self, name: str, clip_state: dict[str, Tensor]) -> tuple[str, Tensor] | None:
@@ -328,7 +338,7 @@ class ClipVipBackbone(ClipBackbone):
                     "CLIP-ViP's pretrain_clipvip_base_32.pt layout"
                 ) from exc
             state = _unwrap_state(raw, where)
-        names = {k[len("module."):] if k.startswith("module.") else k: k for k in state}
+        names = {k[len("module.") :] if k.startswith("module.") else k: k for k in state}
         prefixed = any(k.startswith(CKPT_PREFIX) for k in names)
         clip_state = self.clip.state_dict(keep_vars=True)
         planned: list[tuple[str, str, Tensor, Tensor]] = []
@@ -466,6 +476,4 @@ class ClipVipBackbone(ClipBackbone):
                 pooled.append(self.clip.visual_projection(vision.post_layernorm(hidden[:, 0])).float())
                 if self.visual_projection_patch is not None:
                     proxies.append(self.visual_projection_patch(hidden[:, : self.num_proxies]).float())
-        return VideoFeatures(
-            torch.cat(pooled).unsqueeze(1), out_mask, torch.cat(proxies) if proxies else None
-        )
+        return VideoFeatures(torch.cat(pooled).unsqueeze(1), out_mask, torch.cat(proxies) if proxies else None)

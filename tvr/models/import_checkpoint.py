@@ -68,9 +68,7 @@ PSI_MAP = {
     "mean_proj.bias": "delta_proj.bias",
 }
 #: source keys that exist in the releases but take no part in the released model's computation (spec §3.2)
-_IGNORED = re.compile(
-    r"^(weight_fc\.|(agent\.)?psi\.(log_std_proj\.|layers\.0\.linear2\.|layers\.0\.mlp\.))"
-)
+_IGNORED = re.compile(r"^(weight_fc\.|(agent\.)?psi\.(log_std_proj\.|layers\.0\.linear2\.|layers\.0\.mlp\.))")
 _WRAPPERS = ("state_dict", "model_state_dict", "model")
 
 
@@ -220,7 +218,9 @@ def map_release_state_dict(
     origins: dict[str, str] = {}
     try:
         hf, clip_used = map_state_dict(
-            clip, count_blocks(clip, "transformer.resblocks."), count_blocks(clip, "visual.transformer.resblocks."),
+            clip,
+            count_blocks(clip, "transformer.resblocks."),
+            count_blocks(clip, "visual.transformer.resblocks."),
             origins,
         )
     except ConversionError as exc:
@@ -239,8 +239,9 @@ def map_release_state_dict(
     blocks = sorted({int(m.group(1)) for k in state if (m := re.match(r"^transformerClip\.resblocks\.(\d+)\.", k))})
     for i in blocks:
         block_origins: dict[str, str] = {}
-        mapped = map_residual_block(take_from, f"transformerClip.resblocks.{i}.", f"temporal.blocks.{i}.",
-                                    block_origins)
+        mapped = map_residual_block(
+            take_from, f"transformerClip.resblocks.{i}.", f"temporal.blocks.{i}.", block_origins
+        )
         for dst, value in mapped.items():
             put(block_origins[dst], dst, value)
 
@@ -303,8 +304,10 @@ def import_release_checkpoint(
         if any(k.startswith(("transformerClip.", "frame_position")) for k in report.unexpected):
             hints.append("the checkpoint has seqTransf blocks the model lacks: check model.temporal / temporal_layers")
         if any(k.startswith("temporal.") for k in report.missing):
-            hints.append("the model's temporal module has weights the checkpoint lacks: check model.temporal / "
-                         "temporal_layers (a meanP checkpoint has none)")
+            hints.append(
+                "the model's temporal module has weights the checkpoint lacks: check model.temporal / "
+                "temporal_layers (a meanP checkpoint has none)"
+            )
         if report.mismatched:
             hints.append("shapes differ: model.clip must name the CLIP the checkpoint was trained from")
         raise CheckpointImportError(

@@ -33,8 +33,9 @@ def _is_no_decay(name: str, param: nn.Parameter) -> bool:
 
 
 class RetrievalModel(nn.Module):
-    def __init__(self, backbone: nn.Module | None, temporal: nn.Module, head: RetrievalHead,
-                 bridge: nn.Module | None = None) -> None:
+    def __init__(
+        self, backbone: nn.Module | None, temporal: nn.Module, head: RetrievalHead, bridge: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.backbone = backbone
         self.bridge = bridge
@@ -103,7 +104,8 @@ class RetrievalModel(nn.Module):
             no_decay = _is_no_decay(name, param)
             index = next(
                 (
-                    k for k, r in enumerate(rules)
+                    k
+                    for k, r in enumerate(rules)
                     if name.startswith(r.prefix)
                     and (r.contains is None or r.contains in name)
                     and (r.applies_to == "all" or (r.applies_to == "nodecay") == no_decay)
@@ -117,14 +119,27 @@ class RetrievalModel(nn.Module):
                 ruled.setdefault((index, no_decay if forced is None else not forced), []).append((name, param))
         out = []
         for (is_backbone, no_decay), items in sorted(default.items()):
-            out.append(_group(items, lr * (backbone_lr_coef if is_backbone else 1.0),
-                              0.0 if no_decay else weight_decay,
-                              f"{'backbone' if is_backbone else 'head'}{'-nodecay' if no_decay else ''}", None))
+            out.append(
+                _group(
+                    items,
+                    lr * (backbone_lr_coef if is_backbone else 1.0),
+                    0.0 if no_decay else weight_decay,
+                    f"{'backbone' if is_backbone else 'head'}{'-nodecay' if no_decay else ''}",
+                    None,
+                )
+            )
         for (index, no_decay), items in sorted(ruled.items()):
             rule = rules[index]
             base = lr * (backbone_lr_coef if items[0][0].startswith("backbone.") else 1.0)
-            out.append(_group(items, rule.lr if rule.lr is not None else base, 0.0 if no_decay else weight_decay,
-                              f"{rule.group}{'-nodecay' if no_decay else ''}", rule.schedule))
+            out.append(
+                _group(
+                    items,
+                    rule.lr if rule.lr is not None else base,
+                    0.0 if no_decay else weight_decay,
+                    f"{rule.group}{'-nodecay' if no_decay else ''}",
+                    rule.schedule,
+                )
+            )
         return out
 
 
@@ -141,10 +156,16 @@ def _takes_shard(head_type: type) -> bool:
     return "shard" in inspect.signature(head_type.loss).parameters
 
 
-def _group(items: list[tuple[str, nn.Parameter]], lr: float, weight_decay: float, name: str,
-           schedule: str | None) -> dict:
-    group = {"params": [p for _, p in items], "names": [n for n, _ in items], "lr": lr,
-             "weight_decay": weight_decay, "group": name}
+def _group(
+    items: list[tuple[str, nn.Parameter]], lr: float, weight_decay: float, name: str, schedule: str | None
+) -> dict:
+    group = {
+        "params": [p for _, p in items],
+        "names": [n for n, _ in items],
+        "lr": lr,
+        "weight_decay": weight_decay,
+        "group": name,
+    }
     if schedule is not None:
         group["schedule"] = schedule
     return group

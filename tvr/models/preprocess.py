@@ -21,8 +21,14 @@ from tvr.config import Config, ConfigError, ModelConfig
 from tvr.data.transforms import CLIP_NORM, PixelNorm
 from tvr.models.clip_backbone import backbone_image_size
 
-__all__ = ["HUB_IMAGE_SIZES", "Preprocess", "backbone_norm", "backbone_preprocess", "clip_image_size",
-           "resolve_preprocess"]
+__all__ = [
+    "HUB_IMAGE_SIZES",
+    "Preprocess",
+    "backbone_norm",
+    "backbone_preprocess",
+    "clip_image_size",
+    "resolve_preprocess",
+]
 
 
 @dataclass(frozen=True)

@@ -99,8 +99,9 @@ def _identity(value: Any, *_: Any) -> Any:
 
 
 def _check_dims(values: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(values, tuple) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                 for v in values):
+    if not isinstance(values, tuple) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
+    ):
         raise TorchScriptArchiveError(f"a tensor's {what} is {values!r}; expected a tuple of non-negative integers")
     return values
 
@@ -128,10 +129,17 @@ class _Unpickler(pickle.Unpickler):
         ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
         ("torch._utils", "_rebuild_parameter"): _identity,
         ("collections", "OrderedDict"): OrderedDict,
-        **{("torch.jit._pickle", name): _identity for name in (
-            "build_intlist", "build_doublelist", "build_boollist", "build_tensorlist", "build_genericlist",
-            "restore_type_tag",
-        )},
+        **{
+            ("torch.jit._pickle", name): _identity
+            for name in (
+                "build_intlist",
+                "build_doublelist",
+                "build_boollist",
+                "build_tensorlist",
+                "build_genericlist",
+                "restore_type_tag",
+            )
+        },
     }
 
     def __init__(self, data: bytes, read_storage: Callable[[str, _StorageType, int], Tensor]) -> None:
@@ -149,13 +157,21 @@ class _Unpickler(pickle.Unpickler):
             return _StorageType(name)
         found = self._ALLOWED.get((module, name))
         if found is None:
-            raise TorchScriptArchiveError(f"the archive's pickle refers to {module}.{name}, which a module tree of "
-                                          "parameters does not need; refusing to load it")
+            raise TorchScriptArchiveError(
+                f"the archive's pickle refers to {module}.{name}, which a module tree of "
+                "parameters does not need; refusing to load it"
+            )
         return found
 
     def persistent_load(self, pid: Any) -> Any:
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)
-                and isinstance(pid[2], str) and isinstance(pid[4], int)):
+        if not (
+            isinstance(pid, tuple)
+            and len(pid) == 5
+            and pid[0] == "storage"
+            and isinstance(pid[1], _StorageType)
+            and isinstance(pid[2], str)
+            and isinstance(pid[4], int)
+        ):
             raise TorchScriptArchiveError(f"unknown persistent id {pid!r:.80} in the archive's pickle")
         return self._read_storage(pid[2], pid[1], pid[4])
 
@@ -171,7 +187,7 @@ def _class_definitions(archive: zipfile.ZipFile, root: str) -> dict[str, tuple[b
         total += info.file_size
         if total > MAX_CODE_BYTES:
             raise TorchScriptArchiveError(f"the archive's class definitions exceed {MAX_CODE_BYTES >> 20} MB")
-        module = info.filename[len(prefix):-len(".py")].replace("/", ".")
+        module = info.filename[len(prefix) : -len(".py")].replace("/", ".")
         text = archive.read(info).decode("utf-8", errors="replace")
         if not text.endswith("\n"):
             text += "\n"
@@ -222,8 +238,9 @@ def read_torchscript_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
 
         info = archive.getinfo(f"{root}/data.pkl")
         if info.file_size > MAX_PICKLE_BYTES:
-            raise TorchScriptArchiveError(f"{path}: its module pickle is {info.file_size} bytes; expected a module "
-                                          "tree of a few MB at most")
+            raise TorchScriptArchiveError(
+                f"{path}: its module pickle is {info.file_size} bytes; expected a module tree of a few MB at most"
+            )
         try:
             tree = _Unpickler(archive.read(info), read_storage).load()
         except TorchScriptArchiveError as exc:
@@ -238,8 +255,14 @@ def read_torchscript_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     return out
 
 
-def _collect(obj: _ScriptObject, prefix: str, classes: dict[str, tuple[bool, list[str], list[str]]],
-             out: dict[str, Tensor], path: Path, active: set[int]) -> None:
+def _collect(
+    obj: _ScriptObject,
+    prefix: str,
+    classes: dict[str, tuple[bool, list[str], list[str]]],
+    out: dict[str, Tensor],
+    path: Path,
+    active: set[int],
+) -> None:
     if id(obj) in active:
         raise TorchScriptArchiveError(f"{path}: module {prefix.rstrip('.') or '<root>'} contains itself")
     definition = classes.get(obj.qualified)

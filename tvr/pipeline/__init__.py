@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 #: the config an evaluation ran with, written into its ``--out`` folder
 EVAL_CONFIG = "eval_config.yaml"
 
+
 def resolve_config(cfg: Config) -> Config:
     """Check what the config layer cannot check alone (the head name and its options) and return ``cfg`` with
     ``head.options`` as the head's options dataclass and the preprocessing the config leaves to the backbone
@@ -85,8 +86,15 @@ class SplitEvaluator:
     rank gets the metrics of one process (:mod:`tvr.eval.sharding`), and chooses the same inference setting. The
     query-bank rows (``eval.qbnorm`` / ``eval.inverted_softmax``) are computed by rank 0 alone."""
 
-    def __init__(self, cfg: Config, split_name: str, tokenizer=None, select_inference: bool = False,
-                 split: Any = None, distributed: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        split_name: str,
+        tokenizer=None,
+        select_inference: bool = False,
+        split: Any = None,
+        distributed: bool = False,
+    ) -> None:
         from tvr.data.annotations import load_split
 
         self.cfg = cfg
@@ -119,7 +127,12 @@ class SplitEvaluator:
         if not self.distributed or is_main_process():
             bank = training_query_bank(model, self.cfg, device, self.tokenizer)
         metrics = evaluate_encoded(
-            model, encoded, self.cfg, device, select_inference=self.select_inference, query_bank=bank,
+            model,
+            encoded,
+            self.cfg,
+            device,
+            select_inference=self.select_inference,
+            query_bank=bank,
             distributed=self.distributed,
         )
         model.train(was_training)
@@ -227,8 +240,9 @@ def _checkpoint_step(path: Path) -> int | None:
         return None
 
 
-def _train_and_test(cfg: Config, out_dir: Path, resume: bool, final_test: bool, dist: DistInfo, checked: Any
-                    ) -> dict[str, Any]:
+def _train_and_test(
+    cfg: Config, out_dir: Path, resume: bool, final_test: bool, dist: DistInfo, checked: Any
+) -> dict[str, Any]:
     from tvr.data.tokenizer import build_tokenizer
     from tvr.models.build import build_model
     from tvr.train.checkpoint import load_checkpoint
@@ -246,8 +260,9 @@ def _train_and_test(cfg: Config, out_dir: Path, resume: bool, final_test: bool, 
         model.backbone.maybe_half(dist.device)
     train_data = _train_data(cfg, out_dir, tokenizer, dist.rank, dist.world_size, checked.splits["train"])
     # under torchrun every rank takes part in validation and the final test (sharded evaluation)
-    validator = SplitEvaluator(cfg, "val", tokenizer, select_inference=True, split=checked.splits["val"],
-                               distributed=dist.distributed)
+    validator = SplitEvaluator(
+        cfg, "val", tokenizer, select_inference=True, split=checked.splits["val"], distributed=dist.distributed
+    )
     trainer = Trainer(model, cfg, train_data, out_dir, evaluate_fn=validator, dist_info=dist)
     summary = trainer.fit(resume=resume)
 

@@ -84,8 +84,9 @@ def _earlier_shard(path: Path) -> dict | None:
 
 
 @torch.no_grad()
-def _build(cfg: Config, out_dir: Path, splits: list[str], shard_size: int, dtype: torch.dtype, progress: bool,
-           overwrite: bool) -> dict:
+def _build(
+    cfg: Config, out_dir: Path, splits: list[str], shard_size: int, dtype: torch.dtype, progress: bool, overwrite: bool
+) -> dict:
     manifest_path = out_dir / MANIFEST
     if overwrite:
         for path in [manifest_path, *_shard_files(out_dir)]:

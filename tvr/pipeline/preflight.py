@@ -76,12 +76,14 @@ def preflight(cfg: Config, out_dir: str | Path, final_test: bool = True, progres
         step = 100.0 / usable
         warnings.append(
             f"the validation split has only {usable} usable video(s): R@1 moves in steps of {step:.3g} points, so "
-            f"best.pt is chosen on a coarse signal" + (" (every metric is trivially perfect)" if usable == 1 else "")
+            f"best.pt is chosen on a coarse signal"
+            + (" (every metric is trivially perfect)" if usable == 1 else "")
             + "; raise data.val_fraction or use the official validation split"
         )
     if problems:
-        warnings.append(f"{len(problems)} validation video(s) cannot be read and will be left out: "
-                        + "; ".join(problems[:3]))
+        warnings.append(
+            f"{len(problems)} validation video(s) cannot be read and will be left out: " + "; ".join(problems[:3])
+        )
     for message in warnings:
         log.warning(message)
     return Preflight(splits, warnings)

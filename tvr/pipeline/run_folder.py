@@ -34,15 +34,32 @@ RUN_CHECKPOINTS = ("last.pt", "best.pt")
 #: everything a training run writes into its folder (files, then folders); ``--overwrite`` removes these and only
 #: these, so a user's own files in the folder survive
 RUN_FILES = (
-    "last.pt", "best.pt", CONFIG, CONFIG_CHANGES, "summary.json", "splits.json", "train_log.jsonl", "train_log.csv",
-    "val_log.jsonl", "skipped_videos.json", "skipped_videos_cache.json",
+    "last.pt",
+    "best.pt",
+    CONFIG,
+    CONFIG_CHANGES,
+    "summary.json",
+    "splits.json",
+    "train_log.jsonl",
+    "train_log.csv",
+    "val_log.jsonl",
+    "skipped_videos.json",
+    "skipped_videos_cache.json",
 )
 RUN_FOLDERS = ("test_last", "test_best", "tokenizer")
 #: settings a resume may change: how the run executes and how often it logs, validates and checkpoints, and where
 #: the same videos / frame cache now lie. Every ``eval.*`` setting may change too (validation only).
 RESUME_MAY_CHANGE = (
-    "train.max_steps", "train.device", "train.num_threads", "train.log_every", "train.checkpoint_every",
-    "train.eval_every", "data.num_workers", "data.video_dir", "data.frame_cache", "model.frame_chunk",
+    "train.max_steps",
+    "train.device",
+    "train.num_threads",
+    "train.log_every",
+    "train.checkpoint_every",
+    "train.eval_every",
+    "data.num_workers",
+    "data.video_dir",
+    "data.frame_cache",
+    "model.frame_chunk",
 )
 
 
@@ -140,11 +157,17 @@ def resume_changes(cfg: Config, out_dir: Path) -> dict[str, tuple[Any, Any]]:
 def record_config(cfg: Config, out_dir: Path, changes: dict[str, tuple[Any, Any]], step: int | None) -> None:
     """Write ``config.yaml``; a resume that changed settings also appends them to ``config_changes.jsonl``."""
     if changes:
-        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed_at_step": step,
-                 "changes": {k: {"before": a, "after": b} for k, (a, b) in changes.items()}}
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "resumed_at_step": step,
+            "changes": {k: {"before": a, "after": b} for k, (a, b) in changes.items()},
+        }
         path = out_dir / CONFIG_CHANGES
         previous = path.read_text() if path.is_file() else ""
         atomic_write_text(path, previous + json.dumps(entry) + "\n")
-        log.info("resume with changed settings (recorded in %s): %s", path,
-                 ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
+        log.info(
+            "resume with changed settings (recorded in %s): %s",
+            path,
+            ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()),
+        )
     save_config(cfg, out_dir / CONFIG)

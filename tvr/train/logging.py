@@ -189,6 +189,12 @@ class TrainProgress:
         if self.log_enabled:
             log.info(
                 "epoch %d/%d step %d/%d loss %.4f lr %s %.2f it/s",
-                epoch + 1, self.epochs, step, self.total_steps, loss, _format_lr(lrs), its,
+                epoch + 1,
+                self.epochs,
+                step,
+                self.total_steps,
+                loss,
+                _format_lr(lrs),
+                its,
             )
         return its

@@ -40,9 +40,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
         clean.append({key: value for key, value in group.items() if key not in _META_KEYS})
     if len(set(group_names)) != len(group_names):
         raise ValueError(f"parameter group names must be unique, got {group_names}")
-    optimizer = torch.optim.AdamW(
-        clean, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
-    )
+    optimizer = torch.optim.AdamW(clean, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
     optimizer.tvr_group_names = group_names  # type: ignore[attr-defined]
     optimizer.tvr_param_names = param_names  # type: ignore[attr-defined]
     return optimizer

@@ -222,7 +222,11 @@ class Trainer:
         ):
             log.warning(
                 "%s was written with %s batches/epoch on %s ranks, now %d on %d: the data order will differ",
-                path, state.get("len_epoch"), state.get("world_size"), self.len_epoch, self.dist.world_size,
+                path,
+                state.get("len_epoch"),
+                state.get("world_size"),
+                self.len_epoch,
+                self.dist.world_size,
             )
         if state.get("seed") not in (None, self.tc.seed):
             log.warning("%s was trained with seed %s, the config says %d", path, state.get("seed"), self.tc.seed)

@@ -31,9 +31,7 @@ _RANDOM_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789_"
 _RANDOM_LENGTH = 8
 #: what marks a temporary as tvr's own: the sweep never touches a name without it
 TEMP_MARKER = "tvr-"
-_TEMP_PATTERN = re.compile(
-    rf"^\.(?P<name>.+)\.{re.escape(TEMP_MARKER)}[{_RANDOM_ALPHABET}]{{{_RANDOM_LENGTH}}}\.tmp$"
-)
+_TEMP_PATTERN = re.compile(rf"^\.(?P<name>.+)\.{re.escape(TEMP_MARKER)}[{_RANDOM_ALPHABET}]{{{_RANDOM_LENGTH}}}\.tmp$")
 
 
 def _random_part() -> str:

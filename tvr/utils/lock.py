@@ -98,10 +98,18 @@ def folder_lock(folder: str | os.PathLike, what: str = "folder") -> Iterator[Pat
     try:
         previous = _read_holder(fd)
         if previous:
-            log.warning("%s %s: the lock of an earlier job (%s) was never released (it crashed or was killed); "
-                        "taking it over", what, folder, _describe(previous))
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-              "command": " ".join(sys.argv)[:500]}
+            log.warning(
+                "%s %s: the lock of an earlier job (%s) was never released (it crashed or was killed); taking it over",
+                what,
+                folder,
+                _describe(previous),
+            )
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.time(),
+            "command": " ".join(sys.argv)[:500],
+        }
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, json.dumps(me).encode("utf-8"))

@@ -43,5 +43,6 @@ def parallel_map(
     processes = min(workers, len(items))
     chunk = max(1, min(16, len(items) // (processes * 8)))
     with context.Pool(processes) as pool:
-        yield from progress_bar(pool.imap_unordered(fn, items, chunksize=chunk), description, enabled=progress,
-                                total=len(items))
+        yield from progress_bar(
+            pool.imap_unordered(fn, items, chunksize=chunk), description, enabled=progress, total=len(items)
+        )

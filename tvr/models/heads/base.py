@@ -217,9 +217,7 @@ class RetrievalHead(nn.Module, ABC):
         rows = []
         for a in range(0, n_t, text_chunk):
             ts = text_state[a : a + text_chunk]
-            cols = [
-                self.score_block(ts, video_state[b : b + video_chunk]).float() for b in range(0, n_v, video_chunk)
-            ]
+            cols = [self.score_block(ts, video_state[b : b + video_chunk]).float() for b in range(0, n_v, video_chunk)]
             rows.append(torch.cat(cols, dim=1) if cols else torch.zeros(len(ts), 0))
         if not rows:
             return torch.zeros(n_t, n_v)

@@ -29,8 +29,10 @@ def mean_pooled_video(frames: Tensor, frame_mask: Tensor) -> Tensor:
 def check_frames(frames: Tensor, frame_mask: Tensor) -> None:
     """Raise a ValueError unless ``frames`` is [N, F, D] and ``frame_mask`` [N, F]."""
     if frames.ndim != 3 or tuple(frame_mask.shape) != tuple(frames.shape[:2]):
-        raise ValueError(f"video features: expected frames [N, F, D] and frame_mask [N, F], got "
-                         f"{tuple(frames.shape)} and {tuple(frame_mask.shape)}")
+        raise ValueError(
+            f"video features: expected frames [N, F, D] and frame_mask [N, F], got "
+            f"{tuple(frames.shape)} and {tuple(frame_mask.shape)}"
+        )
 
 
 def check_pairs(text_index: Tensor, video_index: Tensor, n_t: int, n_v: int) -> tuple[Tensor, Tensor]:

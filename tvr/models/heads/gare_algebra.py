@@ -24,8 +24,18 @@ from torch import Tensor, nn
 
 from tvr.models.heads.gare_psi import Psi
 
-__all__ = ["Algebra", "Owner", "PsiPair", "Workspace", "buffer", "clear_cache", "covered_psi", "owner_state",
-           "psi_algebra", "psi_pair"]
+__all__ = [
+    "Algebra",
+    "Owner",
+    "PsiPair",
+    "Workspace",
+    "buffer",
+    "clear_cache",
+    "covered_psi",
+    "owner_state",
+    "psi_algebra",
+    "psi_pair",
+]
 
 
 @dataclass
@@ -144,10 +154,24 @@ def _fold(psi: Psi, dtype: torch.dtype, device: torch.device) -> Algebra:
         b1=out(b1),
         mq=out(mq),
         u_beta=out(u_beta),
-        proj=out(torch.cat([a_o, a_z, a_w, (a_z @ cc)[:, None], (a_w @ e)[:, None], (a_w @ d)[:, None],
-                            u_beta[:, None]], dim=1)),
-        proj_bias=out(torch.cat([c_o, c_z, c_w, (c_z @ cc).view(1), (c_w @ e).view(1), (c_w @ d).view(1),
-                                 torch.zeros(1, dtype=wd, device=device)])),
+        proj=out(
+            torch.cat(
+                [a_o, a_z, a_w, (a_z @ cc)[:, None], (a_w @ e)[:, None], (a_w @ d)[:, None], u_beta[:, None]], dim=1
+            )
+        ),
+        proj_bias=out(
+            torch.cat(
+                [
+                    c_o,
+                    c_z,
+                    c_w,
+                    (c_z @ cc).view(1),
+                    (c_w @ e).view(1),
+                    (c_w @ d).view(1),
+                    torch.zeros(1, dtype=wd, device=device),
+                ]
+            )
+        ),
         cc=out(cc),
         e=out(e),
         d=out(d),
@@ -201,8 +225,12 @@ def owner_state(alg: Algebra, ctx: Tensor, key_mask: Tensor | None, ws: Workspac
     if key_mask is not None:
         beta = beta.masked_fill(~key_mask, float("-inf"))
     grams = torch.cat(
-        [torch.bmm(co, co.transpose(1, 2)), torch.bmm(cz, cz.transpose(1, 2)), torch.bmm(w, w.transpose(1, 2)),
-         lin[:, :3]],
+        [
+            torch.bmm(co, co.transpose(1, 2)),
+            torch.bmm(cz, cz.transpose(1, 2)),
+            torch.bmm(w, w.transpose(1, 2)),
+            lin[:, :3],
+        ],
         dim=1,
     )
     return Owner(ell, w, beta, grams)

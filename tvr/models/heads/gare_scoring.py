@@ -38,8 +38,14 @@ from tvr.models.heads.gare_algebra import Algebra, Workspace, buffer, covered_ps
 from tvr.models.heads.gare_psi import GareOptions
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
 
-__all__ = ["GareRerankState", "fast_path_support", "gare_pair_scores", "gare_pairwise_scores", "gare_rerank_scores",
-           "gare_rerank_state"]
+__all__ = [
+    "GareRerankState",
+    "fast_path_support",
+    "gare_pair_scores",
+    "gare_pairwise_scores",
+    "gare_rerank_scores",
+    "gare_rerank_state",
+]
 
 #: frame context: texts × videos per chunk. Per-pair state is O(F), so a chunk of 1024 texts × 64 videos holds
 #: ~40 MB of intermediates while every matrix product stays large enough for BLAS (measured best of 128-1024 texts
@@ -74,8 +80,11 @@ class _Inputs:
 def _check_inputs(psi: nn.Module, text: TextFeatures, video: VideoFeatures, options: GareOptions) -> _Inputs:
     if not isinstance(options, GareOptions):
         raise TypeError(f"options: expected GareOptions, got {type(options).__name__}")
-    eot, frames, frame_mask = getattr(text, "eot", None), getattr(video, "frames", None), getattr(video, "frame_mask",
-                                                                                                 None)
+    eot, frames, frame_mask = (
+        getattr(text, "eot", None),
+        getattr(video, "frames", None),
+        getattr(video, "frame_mask", None),
+    )
     if not isinstance(eot, Tensor) or eot.ndim != 2:
         raise ValueError(f"text: expected TextFeatures with eot [N_t, D], got {_shape(eot)}")
     if not isinstance(frames, Tensor) or frames.ndim != 3:
@@ -98,8 +107,9 @@ def _check_inputs(psi: nn.Module, text: TextFeatures, video: VideoFeatures, opti
             raise ValueError(f"text.words: expected shape [{eot.shape[0]}, L, {dim}], got {tuple(words.shape)}")
         if word_mask is not None:
             if tuple(word_mask.shape) != tuple(words.shape[:2]):
-                raise ValueError(f"text.word_mask: expected shape {tuple(words.shape[:2])}, got "
-                                 f"{tuple(word_mask.shape)}")
+                raise ValueError(
+                    f"text.word_mask: expected shape {tuple(words.shape[:2])}, got {tuple(word_mask.shape)}"
+                )
             word_mask = word_mask.to(words.device).bool()
         words = words.to(dtype)
     return _Inputs(eot.to(dtype), frames.to(dtype), frame_mask.to(frames.device).bool(), words, word_mask)
@@ -152,8 +162,6 @@ def _finish(
     return num / den
 
 
-
-
 # ============================================================================================ frame context
 
 
@@ -179,8 +187,9 @@ class _VideoState:
     vv: Tensor  # [n, 1] ‖v̄‖²
 
 
-def _video_state(alg: Algebra, x: Tensor, xm: Tensor | None, v: GareOptions, ws: Workspace | None = None
-                 ) -> _VideoState:
+def _video_state(
+    alg: Algebra, x: Tensor, xm: Tensor | None, v: GareOptions, ws: Workspace | None = None
+) -> _VideoState:
     n, f, dim = x.shape
     softmax = v.video_pool == "text_softmax"
     mu = _mean_weights(xm, n, f, v.mask_frames, x)
@@ -265,8 +274,7 @@ def _text_state(alg: Algebra, t: Tensor, v: GareOptions) -> _TextState:
     )
 
 
-def _frames_pairs(alg: Algebra, vs: _VideoState, ts: _TextState, v: GareOptions, ws: Workspace | None = None
-                  ) -> Tensor:
+def _frames_pairs(alg: Algebra, vs: _VideoState, ts: _TextState, v: GareOptions, ws: Workspace | None = None) -> Tensor:
     """Scores [n_v, n_t] of a video chunk against a text chunk (grid) or against per-video text slots (ragged).
 
     Layout [video, frame, text]: the softmaxes run over the middle axis with the texts contiguous, and the
@@ -278,11 +286,17 @@ def _frames_pairs(alg: Algebra, vs: _VideoState, ts: _TextState, v: GareOptions,
         nt = ts.t.shape[0]
         ell2, w2 = vs.ell.view(nf, dim), vs.w.reshape(nf, dim)
         out1 = buffer(ws, "s1", (nf, nt), ts.t)
-        s1 = (torch.addmm(vs.kappa, ell2, ts.uk.T, out=out1) if vs.kappa is not None
-              else torch.mm(ell2, ts.uk.T, out=out1)).view(n, f, nt)
+        s1 = (
+            torch.addmm(vs.kappa, ell2, ts.uk.T, out=out1)
+            if vs.kappa is not None
+            else torch.mm(ell2, ts.uk.T, out=out1)
+        ).view(n, f, nt)
         sw = torch.mm(w2, ts.t.T, out=buffer(ws, "sw", (nf, nt), ts.t)).view(n, f, nt)
-        sx = (torch.mm(vs.x.view(nf, dim), ts.ts.T, out=buffer(ws, "sx", (nf, nt), ts.t)).view(n, f, nt)
-              if softmax else None)
+        sx = (
+            torch.mm(vs.x.view(nf, dim), ts.ts.T, out=buffer(ws, "sx", (nf, nt), ts.t)).view(n, f, nt)
+            if softmax
+            else None
+        )
         sv = vs.vbar @ ts.t.T
     else:  # ragged: ts.t is [n, slots, D]
         nt = ts.t.shape[1]
@@ -345,8 +359,6 @@ def _fast_frames(alg: Algebra, inp: _Inputs, v: GareOptions, text_chunk: int, vi
             sl_t = slice(a, a + text_chunk)
             out[sl_t, sl_v] = _frames_pairs(alg, vs, ts_all.rows(sl_t), v, ws).T
     return out
-
-
 
 
 # ============================================================================================ word context
@@ -419,7 +431,7 @@ def _fast_words(alg: Algebra, inp: _Inputs, v: GareOptions, text_chunk: int, vid
                 if pool_mask is not None:
                     pi = pi * pool_mask[sl_v]
                 t_vp = (sx * pi).sum(2) * v.pool_temperature
-                n_vp = (torch.bmm(pi.transpose(0, 1), torch.bmm(xc, xc.transpose(1, 2))) * pi.transpose(0, 1))
+                n_vp = torch.bmm(pi.transpose(0, 1), torch.bmm(xc, xc.transpose(1, 2))) * pi.transpose(0, 1)
                 n_vp = n_vp.sum(2).T
                 x2 = xc.reshape(nv * f, dim)
                 e_vp = (pi * x2.mv(alg.e).view(1, nv, f)).sum(2)
@@ -441,10 +453,9 @@ def _fast_words(alg: Algebra, inp: _Inputs, v: GareOptions, text_chunk: int, vid
     return out
 
 
-
-
-def _pairs_frames(alg: Algebra, inp: _Inputs, v: GareOptions, flat_t: Tensor, flat_v: Tensor,
-                  video_chunk: int) -> Tensor:
+def _pairs_frames(
+    alg: Algebra, inp: _Inputs, v: GareOptions, flat_t: Tensor, flat_v: Tensor, video_chunk: int
+) -> Tensor:
     """Exact scores of the pairs (flat_t[p], flat_v[p]), frame context: each named video's ψ state is built once
     and scored against just the texts paired with it (a ragged grid, padded per chunk of similar counts)."""
     n_pairs = flat_t.shape[0]
@@ -467,7 +478,7 @@ def _pairs_frames(alg: Algebra, inp: _Inputs, v: GareOptions, flat_t: Tensor, fl
         slots = int(cnt.max())
         ar = torch.arange(slots, device=flat_t.device)
         valid = ar.unsqueeze(0) < cnt.unsqueeze(1)  # [nv, slots]
-        src = (starts[sel].unsqueeze(1) + ar.unsqueeze(0).clamp_max(cnt.unsqueeze(1) - 1))  # pad with the last text
+        src = starts[sel].unsqueeze(1) + ar.unsqueeze(0).clamp_max(cnt.unsqueeze(1) - 1)  # pad with the last text
         text_idx = st[src]
         vids = uniq[sel]
         vs = _video_state(alg, inp.frames[vids], inp.frame_mask[vids] if inp.frame_mask is not None else None, v)
@@ -480,8 +491,9 @@ def _pairs_frames(alg: Algebra, inp: _Inputs, v: GareOptions, flat_t: Tensor, fl
 # ============================================================================================ entry points
 
 
-def fast_path_support(psi: nn.Module, options: GareOptions, n_words: int | None = None,
-                      n_frames: int | None = None) -> tuple[bool, bool, str]:
+def fast_path_support(
+    psi: nn.Module, options: GareOptions, n_words: int | None = None, n_frames: int | None = None
+) -> tuple[bool, bool, str]:
     """(covered, preferred, reason): whether the factorised scorer computes this ψ / variant exactly, whether it is
     the cheaper path, and why not when it is not."""
     why = covered_psi(psi)
@@ -490,9 +502,13 @@ def fast_path_support(psi: nn.Module, options: GareOptions, n_words: int | None 
     if options.context == "words" and options.video_pool == "text_softmax" and n_words and n_frames:
         dim = psi.dim
         if n_words * n_frames > dim:
-            return True, False, (
-                f"word context with text_softmax pooling needs an L×F = {n_words}×{n_frames} cross-Gram per pair, "
-                f"more than the D = {dim} floats of the direct path's per-pair vector"
+            return (
+                True,
+                False,
+                (
+                    f"word context with text_softmax pooling needs an L×F = {n_words}×{n_frames} cross-Gram per pair, "
+                    f"more than the D = {dim} floats of the direct path's per-pair vector"
+                ),
             )
     return True, True, ""
 
@@ -590,10 +606,20 @@ def _stored(vs: _VideoState, softmax: bool, frame_mask: Tensor) -> GareRerankSta
     if softmax:
         pool_mask = vs.pool_mask.view(n, f) if vs.pool_mask is not None else frame_mask.to(vs.x.dtype)
     return GareRerankState(
-        ell=vs.ell.contiguous(), w=vs.w.contiguous(), x=vs.x.contiguous(), vbar=vs.vbar, beta=vs.beta.view(n, f),
-        grams=vs.grams.contiguous(), ncv=vs.ncv.view(n), mv=vs.mv.view(n), ev=vs.ev.view(n), dv=vs.dv.view(n),
-        vv=vs.vv.view(n), kappa=vs.kappa.view(n, f) if vs.kappa is not None else None,
-        pgrams=vs.pgrams.contiguous() if vs.pgrams is not None else None, pool_mask=pool_mask,
+        ell=vs.ell.contiguous(),
+        w=vs.w.contiguous(),
+        x=vs.x.contiguous(),
+        vbar=vs.vbar,
+        beta=vs.beta.view(n, f),
+        grams=vs.grams.contiguous(),
+        ncv=vs.ncv.view(n),
+        mv=vs.mv.view(n),
+        ev=vs.ev.view(n),
+        dv=vs.dv.view(n),
+        vv=vs.vv.view(n),
+        kappa=vs.kappa.view(n, f) if vs.kappa is not None else None,
+        pgrams=vs.pgrams.contiguous() if vs.pgrams is not None else None,
+        pool_mask=pool_mask,
     )
 
 
@@ -603,18 +629,29 @@ def _restored(state: GareRerankState, dtype: torch.dtype) -> _VideoState:
 
     n, f = state.ell.shape[:2]
     return _VideoState(
-        n=n, f=f, ell=cast(state.ell), w=cast(state.w), x=cast(state.x), vbar=cast(state.vbar),
+        n=n,
+        f=f,
+        ell=cast(state.ell),
+        w=cast(state.w),
+        x=cast(state.x),
+        vbar=cast(state.vbar),
         kappa=cast(state.kappa).reshape(n * f, 1) if state.kappa is not None else None,
-        beta=cast(state.beta).unsqueeze(2), grams=cast(state.grams), pgrams=cast(state.pgrams),
+        beta=cast(state.beta).unsqueeze(2),
+        grams=cast(state.grams),
+        pgrams=cast(state.pgrams),
         pool_mask=cast(state.pool_mask).unsqueeze(2) if state.pool_mask is not None else None,
-        ncv=cast(state.ncv).unsqueeze(1), mv=cast(state.mv).unsqueeze(1), ev=cast(state.ev).unsqueeze(1),
-        dv=cast(state.dv).unsqueeze(1), vv=cast(state.vv).unsqueeze(1),
+        ncv=cast(state.ncv).unsqueeze(1),
+        mv=cast(state.mv).unsqueeze(1),
+        ev=cast(state.ev).unsqueeze(1),
+        dv=cast(state.dv).unsqueeze(1),
+        vv=cast(state.vv).unsqueeze(1),
     )
 
 
 @torch.no_grad()
-def gare_rerank_state(psi: nn.Module, video: VideoFeatures, options: GareOptions, *, chunk: int = FAST_VIDEO_CHUNK
-                      ) -> GareRerankState:
+def gare_rerank_state(
+    psi: nn.Module, video: VideoFeatures, options: GareOptions, *, chunk: int = FAST_VIDEO_CHUNK
+) -> GareRerankState:
     """The per-video ψ state of ``video`` (frame context), ``chunk`` videos at a time; see :class:`GareRerankState`."""
     if options.context != "frames":
         raise ValueError("gare_rerank_state covers frame context only (head.options.context = 'frames')")

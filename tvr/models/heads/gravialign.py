@@ -133,12 +133,15 @@ class GraviAlignOptions:
         if self.logvar_clamp and not self.logvar_min < self.logvar_max:
             raise ValueError(f"logvar_min = {self.logvar_min}: must be below logvar_max = {self.logvar_max}")
         if self.logvar_clamp and not self.logvar_min <= self.logvar_init <= self.logvar_max:
-            raise ValueError(f"logvar_init = {self.logvar_init}: must lie in [logvar_min, logvar_max] = "
-                             f"[{self.logvar_min}, {self.logvar_max}]")
+            raise ValueError(
+                f"logvar_init = {self.logvar_init}: must lie in [logvar_min, logvar_max] = "
+                f"[{self.logvar_min}, {self.logvar_max}]"
+            )
         parse_modes(self.select_modes)
         weights = list(self.mixed_weights)
-        if not weights or any(isinstance(w, bool) or not isinstance(w, (int, float)) or not (0.0 <= w < math.inf)
-                              for w in weights):
+        if not weights or any(
+            isinstance(w, bool) or not isinstance(w, (int, float)) or not (0.0 <= w < math.inf) for w in weights
+        ):
             raise ValueError(f"mixed_weights = {weights}: expected one or more numbers >= 0")
 
 
@@ -199,8 +202,10 @@ def pooled_video(video: VideoFeatures) -> Tensor:
     features after the temporal module. A video without a real frame gets the zero vector."""
     frames = video.frames.float()
     if frames.ndim != 3 or tuple(video.frame_mask.shape) != tuple(frames.shape[:2]):
-        raise ValueError(f"video features: expected frames [N, F, D] and frame_mask [N, F], got "
-                         f"{tuple(frames.shape)} and {tuple(video.frame_mask.shape)}")
+        raise ValueError(
+            f"video features: expected frames [N, F, D] and frame_mask [N, F], got "
+            f"{tuple(frames.shape)} and {tuple(video.frame_mask.shape)}"
+        )
     mask = video.frame_mask.to(frames.dtype).unsqueeze(-1)
     return (frames * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
 
@@ -261,8 +266,16 @@ class GraviAlignHead(RetrievalHead):
         """The S_align settings of this head, as keyword arguments of ``tvr.losses.sgi_align*`` (and of
         ``gravialign_scoring.s_align_scores``)."""
         o = self.options
-        return {"G": o.G, "T": o.T, "lam": o.lam, "per_dim_mean": o.per_dim_mean, "eps": o.eps, "quality": o.quality,
-                "terms": o.terms, "a_distance": o.a_distance}
+        return {
+            "G": o.G,
+            "T": o.T,
+            "lam": o.lam,
+            "per_dim_mean": o.per_dim_mean,
+            "eps": o.eps,
+            "quality": o.quality,
+            "terms": o.terms,
+            "a_distance": o.a_distance,
+        }
 
     def param_rules(self, lr: float, backbone_lr: float) -> list[ParamRule]:
         if self.options.module_lr > 0:
@@ -294,15 +307,15 @@ class GraviAlignHead(RetrievalHead):
     # ------------------------------------------------------------------ scoring
     def s_align_block(self, text_state: GraviState, video_state: GraviState) -> Tensor:
         """S_align of every pair of a block: [n_t, n_v] (the fast test-time kernel, on the process's scoring pool)."""
-        return s_align_scores(video_state.mu, video_state.logvar, text_state.mu, text_state.logvar,
-                              **self.sgi_kwargs())
+        return s_align_scores(video_state.mu, video_state.logvar, text_state.mu, text_state.logvar, **self.sgi_kwargs())
 
     def standardise(self, s_align: Tensor) -> Tensor:
         """(S_align − running mean) / running std: the training batches' statistics, fixed at test time."""
         return (s_align - self.s_align_mean) / torch.sqrt(self.s_align_var.clamp_min(_EPS))
 
-    def _combine(self, mode: str, w: float, cos_f: Tensor | None, cos_mu: Tensor | None,
-                 s_align: Tensor | None) -> Tensor:
+    def _combine(
+        self, mode: str, w: float, cos_f: Tensor | None, cos_mu: Tensor | None, s_align: Tensor | None
+    ) -> Tensor:
         if mode == "cos_f":
             return cos_f
         if mode == "cos_mu":
@@ -323,8 +336,13 @@ class GraviAlignHead(RetrievalHead):
         return self._combine(mode, self._current()[1], text_state.f @ video_state.f.T, None, s_align)
 
     @torch.no_grad()
-    def score(self, text_state: GraviState, video_state: GraviState, text_chunk: int | None = None,
-              video_chunk: int | None = None) -> Tensor:
+    def score(
+        self,
+        text_state: GraviState,
+        video_state: GraviState,
+        text_chunk: int | None = None,
+        video_chunk: int | None = None,
+    ) -> Tensor:
         """As :meth:`RetrievalHead.score`; a pairwise mode reuses the S_align matrix that :meth:`score_components`
         just computed for these very states (evaluation computes the components, then the chosen score)."""
         cache, self._s_cache = self._s_cache, None
@@ -334,8 +352,9 @@ class GraviAlignHead(RetrievalHead):
         return super().score(text_state, video_state, text_chunk, video_chunk)
 
     @torch.no_grad()
-    def score_pairs(self, text_state: GraviState, video_state: GraviState, text_index: Tensor,
-                    video_index: Tensor) -> Tensor:
+    def score_pairs(
+        self, text_state: GraviState, video_state: GraviState, text_index: Tensor, video_index: Tensor
+    ) -> Tensor:
         """Exact scores of given pairs straight from ``sgi_align`` on the gathered pairs (no grids)."""
         if self.indexable:
             return super().score_pairs(text_state, video_state, text_index, video_index)
@@ -397,9 +416,14 @@ class GraviAlignHead(RetrievalHead):
         return {"cos_f": {"mode": "cos_f"}}
 
     @torch.no_grad()
-    def score_components(self, text_state: GraviState, video_state: GraviState, text_chunk: int | None = None,
-                         video_chunk: int | None = None, settings: list[dict[str, Any]] | None = None
-                         ) -> dict[str, Tensor]:
+    def score_components(
+        self,
+        text_state: GraviState,
+        video_state: GraviState,
+        text_chunk: int | None = None,
+        video_chunk: int | None = None,
+        settings: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Tensor]:
         """cos_f, cos_mu and (when one of ``settings`` needs it) S_align, each [N_t, N_v], so every setting is
         combined without rescoring. ``settings`` None: every candidate and the current setting; at test time the
         evaluator names only the baseline rows (cos_f), so no S_align pass is spent for a stored cos_f / cos_mu
@@ -410,8 +434,10 @@ class GraviAlignHead(RetrievalHead):
         wanted = {setting["mode"] for setting in settings}
         if wanted & {"s_align", "mixed"}:
             step = text_chunk or len(text_state) or 1
-            parts = [self.s_align_block(text_state[a : a + step], video_state).float()
-                     for a in range(0, len(text_state), step)]
+            parts = [
+                self.s_align_block(text_state[a : a + step], video_state).float()
+                for a in range(0, len(text_state), step)
+            ]
             out["s_align"] = torch.cat(parts, dim=0) if parts else out["cos_f"].new_zeros(0, len(video_state))
             self._s_cache = (text_state, video_state, out["s_align"])
         return out
@@ -420,8 +446,13 @@ class GraviAlignHead(RetrievalHead):
         mode = setting["mode"]
         if mode in ("s_align", "mixed") and "s_align" not in components:
             raise ValueError(f"GraviAlign: the {mode} score needs the 's_align' component")
-        return self._combine(mode, float(setting.get("w", self._current()[1])), components.get("cos_f"),
-                             components.get("cos_mu"), components.get("s_align"))
+        return self._combine(
+            mode,
+            float(setting.get("w", self._current()[1])),
+            components.get("cos_f"),
+            components.get("cos_mu"),
+            components.get("s_align"),
+        )
 
     @torch.no_grad()
     def reference_pair_scores(self, text: TextFeatures, video: VideoFeatures) -> Tensor:
@@ -436,8 +467,12 @@ class GraviAlignHead(RetrievalHead):
             mu_v, logvar_v = self._gaussian(self.gauss_video, f_v)
             cos_f = F.cosine_similarity(f_t, f_v, eps=_EPS)[0]
             s_align = sgi_align(mu_v, logvar_v, mu_t, logvar_t, **self.sgi_kwargs())[0]
-            scores = {"cos_f": cos_f, "cos_mu": (mu_t * mu_v).sum(), "s_align": s_align,
-                      "mixed": cos_f + w * (s_align - self.s_align_mean) / self.s_align_var.clamp_min(_EPS).sqrt()}
+            scores = {
+                "cos_f": cos_f,
+                "cos_mu": (mu_t * mu_v).sum(),
+                "s_align": s_align,
+                "mixed": cos_f + w * (s_align - self.s_align_mean) / self.s_align_var.clamp_min(_EPS).sqrt(),
+            }
             out.append(scores[mode])
         return torch.stack(out).float() if out else torch.zeros(0)
 
@@ -478,7 +513,10 @@ class GraviAlignHead(RetrievalHead):
                 "positive-only L_SGI is maximised by giving every item the same mean. Lower head.options.alpha and "
                 "raise head.options.eps (e.g. alpha=0.01, eps=1e-2), set head.options.sgi_to_backbone=false, or use "
                 "the contrastive objective head.options.sgi_objective=contrastive (docs/methods/gravialign.md)",
-                float(infonce), batch, math.log(batch), spread,
+                float(infonce),
+                batch,
+                math.log(batch),
+                spread,
             )
 
     def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
@@ -497,8 +535,10 @@ class GraviAlignHead(RetrievalHead):
         if o.sgi_to_backbone:
             sgi_inputs = (mu_v, logvar_v, mu_t, logvar_t)
         else:
-            sgi_inputs = (*self._gaussian(self.gauss_video, f_v.detach()),
-                          *self._gaussian(self.gauss_text, f_t.detach()))
+            sgi_inputs = (
+                *self._gaussian(self.gauss_video, f_v.detach()),
+                *self._gaussian(self.gauss_text, f_t.detach()),
+            )
         scale = self.logit_scale.exp()
         losses = []
         if o.infonce_on in ("f", "both"):
@@ -511,8 +551,7 @@ class GraviAlignHead(RetrievalHead):
         if o.sgi_objective == "contrastive":
             # every pair of the (gathered) batch, chunked, with its own chunked backward (never B×B×D at once)
             all_pairs = sgi_align_pairwise(*sgi_inputs, **self.sgi_kwargs())
-            sgi = symmetric_infonce(sgi_nce_scale(tau=o.sgi_tau, per_dim_mean=o.per_dim_mean, dim=self.dim)
-                                    * all_pairs)
+            sgi = symmetric_infonce(sgi_nce_scale(tau=o.sgi_tau, per_dim_mean=o.per_dim_mean, dim=self.dim) * all_pairs)
             with torch.no_grad():
                 parts = sgi_align_terms(*sgi_inputs, **self.sgi_kwargs())
         else:

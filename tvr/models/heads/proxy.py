@@ -114,14 +114,15 @@ class ProxyOptions:
         if not (math.isfinite(self.delta) and math.isfinite(self.eta)):
             raise ValueError(f"delta = {self.delta!r}, eta = {self.eta!r}: expected finite numbers")
         if self.gamma_max / self.gamma_step > 1000:
-            raise ValueError(f"gamma_step = {self.gamma_step!r}: more than 1000 γ candidates up to gamma_max "
-                             f"{self.gamma_max!r}; use a coarser step")
+            raise ValueError(
+                f"gamma_step = {self.gamma_step!r}: more than 1000 γ candidates up to gamma_max "
+                f"{self.gamma_max!r}; use a coarser step"
+            )
 
     def gamma_grid(self) -> list[float]:
         """0, step, 2·step, … up to gamma_max (inclusive, up to rounding)."""
         count = int(math.floor(self.gamma_max / self.gamma_step + 1e-9))
         return [round(k * self.gamma_step, 10) for k in range(count + 1)]
-
 
 
 # --------------------------------------------------------------------------------------------- the head
@@ -157,16 +158,25 @@ class ProxyHead(RetrievalHead):
         if dim % opts.heads:
             raise ValueError(f"head.options.heads = {opts.heads}: must divide the feature dimension {dim}")
         self.generator = ProxyGenerator(
-            dim, layers=opts.layers, heads=opts.heads, ffn_dim=opts.ffn_dim, dash=opts.dash,
-            num_proxies=opts.num_proxies, delta=opts.delta, eta=opts.eta, dropout=opts.dropout,
+            dim,
+            layers=opts.layers,
+            heads=opts.heads,
+            ffn_dim=opts.ffn_dim,
+            dash=opts.dash,
+            num_proxies=opts.num_proxies,
+            delta=opts.delta,
+            eta=opts.eta,
+            dropout=opts.dropout,
         )
         # γ travels with the checkpoint; float64 so the stored value is exactly the chosen candidate
         self.register_buffer("gamma", torch.tensor(float(opts.gamma), dtype=torch.float64))
 
     def extra_repr(self) -> str:
         o = self.options
-        return (f"dash={o.dash!r}, layers={o.layers}, M={o.num_proxies}, delta={o.delta}, eta={o.eta}, "
-                f"gamma={self.gamma_value}")
+        return (
+            f"dash={o.dash!r}, layers={o.layers}, M={o.num_proxies}, delta={o.delta}, eta={o.eta}, "
+            f"gamma={self.gamma_value}"
+        )
 
     @property
     def gamma_value(self) -> float:
@@ -192,8 +202,14 @@ class ProxyHead(RetrievalHead):
         return self.options.scorer
 
     def score_block(self, text_state: ProxyTextState, video_state: ProxyVideoState) -> Tensor:
-        return proxy_pairwise_scores(self.generator, text_state.emb, video_state.emb, video_state.proxies,
-                                     self.gamma_value, method=self._method())
+        return proxy_pairwise_scores(
+            self.generator,
+            text_state.emb,
+            video_state.emb,
+            video_state.proxies,
+            self.gamma_value,
+            method=self._method(),
+        )
 
     @torch.no_grad()
     def score(
@@ -205,9 +221,16 @@ class ProxyHead(RetrievalHead):
     ) -> Tensor:
         """All pairs in one call of the scorer, which tiles internally (bounded memory); explicit chunks are
         passed on to it."""
-        return proxy_pairwise_scores(self.generator, text_state.emb, video_state.emb, video_state.proxies,
-                                     self.gamma_value, method=self._method(), text_chunk=text_chunk,
-                                     video_chunk=video_chunk).float()
+        return proxy_pairwise_scores(
+            self.generator,
+            text_state.emb,
+            video_state.emb,
+            video_state.proxies,
+            self.gamma_value,
+            method=self._method(),
+            text_chunk=text_chunk,
+            video_chunk=video_chunk,
+        ).float()
 
     @torch.no_grad()
     def score_pairs(
@@ -222,8 +245,15 @@ class ProxyHead(RetrievalHead):
         regular = (t * v).sum(-1).float().cpu()
         if self.gamma_value == 0.0:
             return regular
-        proxy = proxy_pair_scores(self.generator, text_state.emb, video_state.emb, video_state.proxies, text_index,
-                                  video_index, method=self._method())
+        proxy = proxy_pair_scores(
+            self.generator,
+            text_state.emb,
+            video_state.emb,
+            video_state.proxies,
+            text_index,
+            video_index,
+            method=self._method(),
+        )
         return regular + self.gamma_value * proxy.float().cpu()
 
     def rerank_state(self, video_state: ProxyVideoState) -> ProxyVideoState | ProxyRerankState:
@@ -265,9 +295,17 @@ class ProxyHead(RetrievalHead):
         """S^r = cos(t_i, v_j) and S^p = cos(t^p_ij, v_j), each computed once: every γ is S^r + γ·S^p."""
         regular = (text_state.emb @ video_state.emb.t()).float()
         step = int(text_chunk or max(1, len(text_state)))
-        parts = [proxy_scores(self.generator, text_state.emb[a : a + step], video_state.emb, video_state.proxies,
-                              method=self._method(), video_chunk=video_chunk).float()
-                 for a in range(0, len(text_state), step)]
+        parts = [
+            proxy_scores(
+                self.generator,
+                text_state.emb[a : a + step],
+                video_state.emb,
+                video_state.proxies,
+                method=self._method(),
+                video_chunk=video_chunk,
+            ).float()
+            for a in range(0, len(text_state), step)
+        ]
         proxy = torch.cat(parts, dim=0) if parts else torch.zeros_like(regular)
         return {"regular": regular, "proxy": proxy}
 
@@ -303,12 +341,24 @@ class ProxyHead(RetrievalHead):
         # scheduler rewrites only groups 0-3 with the CLIP schedule: the proxy weights run at the CLIP peak lr and
         # schedule, and the no-decay groups keep their initial lr (CLIP's, the proxy module's) for the whole run.
         return [
-            ParamRule("head.generator.", "proxy-constant", lr=proxy_lr, schedule="constant", decay=False,
-                      contains=RELEASE_NO_DECAY),
+            ParamRule(
+                "head.generator.",
+                "proxy-constant",
+                lr=proxy_lr,
+                schedule="constant",
+                decay=False,
+                contains=RELEASE_NO_DECAY,
+            ),
             ParamRule("head.generator.", "proxy", lr=backbone_lr, decay=True),
             ParamRule("head.logit_scale", "logit-scale-constant", lr=backbone_lr, schedule="constant", decay=False),
-            ParamRule("backbone.", "backbone-constant", lr=backbone_lr, schedule="constant", decay=False,
-                      contains=RELEASE_NO_DECAY),
+            ParamRule(
+                "backbone.",
+                "backbone-constant",
+                lr=backbone_lr,
+                schedule="constant",
+                decay=False,
+                contains=RELEASE_NO_DECAY,
+            ),
             ParamRule("backbone.", "backbone", lr=backbone_lr, decay=True),
         ]
 
@@ -331,14 +381,21 @@ class ProxyHead(RetrievalHead):
             loss = 2.0 * loss  # the released code sums the two directions of each term instead of averaging them
         scale = self.logit_scale.exp().detach()
         with torch.no_grad():
-            parts = {name: symmetric_infonce(scale * sim) for name, sim in
-                     (("regular", sim_r), ("proxy", sim_p), ("positive", sim_pos))}
+            parts = {
+                name: symmetric_infonce(scale * sim)
+                for name, sim in (("regular", sim_r), ("proxy", sim_p), ("positive", sim_pos))
+            }
         return {"loss": loss, **parts, "logit_scale": scale}
 
 
 def _gamma_of(setting: dict[str, Any]) -> float:
     value = setting.get("gamma") if isinstance(setting, dict) else None
-    if set(setting or {}) != {"gamma"} or isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value < 0:
+    if (
+        set(setting or {}) != {"gamma"}
+        or isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
         raise ValueError(f"TV-ProxyNet inference setting {setting!r}: expected {{'gamma': a number >= 0}}")
     return float(value)

@@ -100,8 +100,13 @@ class ProxyGenerator(nn.Module):
         super().__init__()
         if dash not in DASHES:
             raise ValueError(f"head.options.dash = {dash!r}: expected one of {list(DASHES)}")
-        for name, value in (("dim", dim), ("layers", layers), ("heads", heads), ("ffn_dim", ffn_dim),
-                            ("num_proxies", num_proxies)):
+        for name, value in (
+            ("dim", dim),
+            ("layers", layers),
+            ("heads", heads),
+            ("ffn_dim", ffn_dim),
+            ("num_proxies", num_proxies),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ProxyGenerator: {name} = {value!r}, expected a positive integer")
         self.dim, self.dash, self.num_proxies = dim, dash, num_proxies
@@ -152,5 +157,3 @@ class ProxyGenerator(nn.Module):
         else:
             dash = torch.exp(self.dash_proj(sims))
         return text[:, None, :] + dash * direction
-
-

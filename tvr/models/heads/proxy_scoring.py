@@ -115,8 +115,14 @@ def _fold_ffn(gen: ProxyGenerator) -> list[_FfnFold]:
     out = []
     for layer in gen.layers:
         b2 = layer.linear2.bias
-        out.append(_FfnFold(layer.norm3.bias + b2, layer.linear1.bias - layer.linear1.weight @ b2,
-                            layer.linear1.weight.t(), layer.linear2.weight.t()))
+        out.append(
+            _FfnFold(
+                layer.norm3.bias + b2,
+                layer.linear1.bias - layer.linear1.weight @ b2,
+                layer.linear1.weight.t(),
+                layer.linear2.weight.t(),
+            )
+        )
     return out
 
 
@@ -171,7 +177,7 @@ def _proxy_cos_block(gen: ProxyGenerator, ffns: list[_FfnFold], tf: _TextFold, v
 
     video = vf.video
     if grid:
-        tv = (video @ tf.text.t())  # [B, n]
+        tv = video @ tf.text.t()  # [B, n]
         sims = (vf.proxies.reshape(-1, dim) @ tf.text_unit.t()).view(b_count, -1, n).transpose(1, 2)  # [B, n, M]
     else:
         tv = (video * tf.text).sum(-1, keepdim=True)
@@ -205,8 +211,10 @@ def _proxy_cos_block(gen: ProxyGenerator, ffns: list[_FfnFold], tf: _TextFold, v
 def _check_scoring_inputs(gen: ProxyGenerator, text: Tensor, video: Tensor, proxies: Tensor) -> None:
     gen.check_inputs(text, proxies)
     if video.ndim != 2 or video.shape != (proxies.shape[0], gen.dim):
-        raise ValueError(f"video must be [N_v, {gen.dim}] with one row per proxies row, got {tuple(video.shape)} "
-                         f"and proxies {tuple(proxies.shape)}")
+        raise ValueError(
+            f"video must be [N_v, {gen.dim}] with one row per proxies row, got {tuple(video.shape)} "
+            f"and proxies {tuple(proxies.shape)}"
+        )
 
 
 def weights_dtype(gen: ProxyGenerator) -> torch.dtype:
@@ -224,8 +232,10 @@ def use_fast(gen: ProxyGenerator, method: str) -> bool:
         return False
     if gen.dropout_active:
         if method == "fast":
-            raise RuntimeError("the factorised proxy scorer is exact only without dropout: call generator.eval() "
-                               "(or use method='block' / head.options.scorer=block in training mode)")
+            raise RuntimeError(
+                "the factorised proxy scorer is exact only without dropout: call generator.eval() "
+                "(or use method='block' / head.options.scorer=block in training mode)"
+            )
         return False  # training mode with dropout: the block path runs the generator itself
     return True
 
@@ -351,12 +361,12 @@ def proxy_pairwise_scores(
         return regular
     n_t = text.shape[0]
     step = int(text_chunk or max(1, n_t))
-    parts = [proxy_scores(generator, text[a : a + step], video, proxies, method=method, video_chunk=video_chunk)
-             for a in range(0, n_t, step)]
+    parts = [
+        proxy_scores(generator, text[a : a + step], video, proxies, method=method, video_chunk=video_chunk)
+        for a in range(0, n_t, step)
+    ]
     proxy = torch.cat(parts, dim=0) if parts else regular.new_zeros(0, video.shape[0])
     return regular + float(gamma) * proxy.to(regular.dtype)
-
-
 
 
 @dataclasses.dataclass
@@ -384,6 +394,8 @@ def proxy_rerank_scores(generator: ProxyGenerator, text: Tensor, state: ProxyRer
         return regular.float()
     ffns, tf = _fold_ffn(generator), _fold_texts(generator, text)
     step = max(1, _pair_block(text) // max(1, len(text)))
-    proxy = torch.cat([_proxy_cos_block(generator, ffns, tf, state[b : b + step], grid=True).t()
-                       for b in range(0, len(state), step)], dim=1)
+    proxy = torch.cat(
+        [_proxy_cos_block(generator, ffns, tf, state[b : b + step], grid=True).t() for b in range(0, len(state), step)],
+        dim=1,
+    )
     return (regular + gamma * proxy).float()

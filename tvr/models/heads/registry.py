@@ -157,8 +157,9 @@ def migrate_legacy_head_sections(values: dict) -> dict:
         if "options" in head:
             raise ConfigError(f"head: both head.options and the old head.{name} section are set; keep head.options")
         head["options"] = options
-    log.warning("config: head.%s sections are the old layout; head options now live under head.options",
-                "/".join(legacy))
+    log.warning(
+        "config: head.%s sections are the old layout; head options now live under head.options", "/".join(legacy)
+    )
     values["head"] = head
     return values
 
