@@ -155,16 +155,26 @@ class ShardReader:
 
 
 def gather_state(readers: list[ShardReader], shards: np.ndarray, rows: np.ndarray, cls: type) -> Any:
-    """The rerank state of the rows (``shards[i]``, ``rows[i]``), in that order, as ``cls``: each shard's rows are
-    copied out of its mapping in one fancy-indexed read."""
-    parts, order = [], []
+    """The rerank state of the rows (``shards[i]``, ``rows[i]``), in that order, as ``cls``. Each field is filled
+    shard by shard into one array, each shard's rows read from its mapping in ascending order (one fancy-indexed
+    read): no per-shard objects, no concatenation and no reordering copy, which at K = 100 candidates spread over
+    tens of shards cost more than the reads themselves."""
+    shards, rows = np.asarray(shards), np.asarray(rows)
+    groups = []
     for k in np.unique(shards):
         sel = np.nonzero(shards == k)[0]
-        parts.append(readers[int(k)].state(rows[sel], cls))
-        order.append(sel)
-    if len(parts) == 1:
-        return parts[0]
-    state = type(parts[0]).cat(parts)
-    inverse = np.empty(len(rows), dtype=np.int64)
-    inverse[np.concatenate(order)] = np.arange(len(rows))
-    return state[torch.from_numpy(inverse)]
+        sel = sel[np.argsort(rows[sel], kind="stable")]
+        groups.append((readers[int(k)], sel, rows[sel]))
+    template = groups[0][0] if groups else readers[0]
+    values: dict[str, Any] = {}
+    for name, info in template.meta["fields"].items():
+        if info is None:
+            values[name] = None
+            continue
+        like = template.fields[name]
+        out = np.empty((len(rows), *like.shape[1:]), dtype=like.dtype)
+        for reader, sel, local in groups:
+            out[sel] = reader.fields[name][local]
+        part = torch.from_numpy(out)
+        values[name] = part.bool() if info.get("bool") else part
+    return cls(**values)
