@@ -6,7 +6,8 @@ scores):
 
 * gallery: every window v = norm(g·u_v + s), a text query for window j is t = norm(g·u_t + s_j + noise), with s a
   topic centre plus an item part and u_v ⟂ u_t: the two modalities sit on opposite sides of a gap, as CLIP's do;
-* the shortlist index ``tvr index`` builds for that many windows (``--ann auto``: IVF), its build time and memory,
+* the shortlist index ``tvr index`` builds for that many windows (``--ann auto``: HNSW above 50k windows), its
+  build time and memory,
   recall@10 of its top 10 against exhaustive exact inner product, measured with text queries;
 * the rerank state of GARE (the factorised scorer's per-window ψ state) and TV-ProxyNet (folded rounds) for
   ``--state-windows`` windows, written as shards (float16 by default) and memory-mapped; bytes per window; the

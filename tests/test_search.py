@@ -24,6 +24,7 @@ from tvr.search import Hit, open_index
 from tvr.search.build import ANN_FILE, MANIFEST, TABLES, IndexOptions, build_index
 from tvr.search.encoders import CheckpointEncoder, EncoderMismatchError
 from tvr.search.windows import DEFAULT_STRIDE, DEFAULT_WINDOW, plan_windows
+from tvr.utils.errors import UserError
 from tvr.utils.io import is_temporary_name
 
 OPTIONS = IndexOptions(window=4.0, stride=2.0, workers=1, progress=False)
@@ -175,6 +176,11 @@ def test_ann_kinds_agree_on_the_small_index(search_setup, tmp_path: Path) -> Non
     options = IndexOptions(window=4.0, stride=2.0, workers=1, progress=False, ann_kind="hnsw")
     build_index(search_setup.videos, tmp_path / "hnsw2", encoder, options)
     assert (tmp_path / "hnsw2" / ANN_FILE).read_bytes() == (tmp_path / "hnsw" / ANN_FILE).read_bytes()
+    # a query's search effort: the index's setting unless the caller names one, and only a positive integer
+    assert open_index(tmp_path / "hnsw", encoder=encoder).ann.hnsw.efSearch == 256
+    assert open_index(tmp_path / "hnsw", encoder=encoder, ef_search=512).ann.hnsw.efSearch == 512
+    with pytest.raises(UserError, match="ef_search=0: expected a positive integer"):
+        open_index(tmp_path / "hnsw", encoder=encoder, ef_search=0)
 
 
 # --------------------------------------------------------------------------------------------- bad files

@@ -700,6 +700,9 @@ def search_cmd(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
     nprobe: int | None = typer.Option(None, "--nprobe", help="IVF cells probed per query (default: the index's)."),
+    ef_search: int | None = typer.Option(
+        None, "--ef-search", help="HNSW search beam (default: the index's, 256): larger finds more of the exact top k."
+    ),
 ) -> None:
     """Search an index by text (or rank captions for a clip with --video and --captions)."""
     import json
@@ -714,7 +717,7 @@ def search_cmd(
         raise UserError('give a query: tvr search INDEX "a dog runs on the beach" (or --video FILE --captions FILE)')
     if video is not None and query:
         raise UserError("give either a text query or --video/--captions, not both")
-    opened = open_index(index, checkpoint=checkpoint, nprobe=nprobe)
+    opened = open_index(index, checkpoint=checkpoint, nprobe=nprobe, ef_search=ef_search)
     if video is not None:
         rows = [h.to_dict() for h in opened.rank_captions(video, captions.read_text().splitlines())][:k]
         columns = ("rank", "score", "caption", "start", "end")

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_output
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
@@ -149,6 +150,9 @@ def save(index, path: Path) -> None:
 
 
 def load(path: Path, settings: dict[str, Any], nprobe: int | None = None, ef_search: int | None = None):
+    for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UserError(f"{name}={value!r}: expected a positive integer")
     faiss = _faiss()
     index = faiss.read_index(str(path))
     if settings.get("kind") == "ivf":

@@ -98,6 +98,7 @@ class SearchIndex:
         checkpoint: str | os.PathLike | None = None,
         device: str = "cpu",
         nprobe: int | None = None,
+        ef_search: int | None = None,
     ) -> None:
         self.path = Path(path)
         settings = read_settings(self.path)
@@ -128,7 +129,11 @@ class SearchIndex:
         self.state_cls = None
         if self.readers and not self.head.indexable:
             self.state_cls = state_class(self.readers[0].meta["state_class"])
-        self.ann = ann.load(self.path / ANN_FILE, self.manifest["ann"], nprobe=nprobe) if self.rows else None
+        self.ann = (
+            ann.load(self.path / ANN_FILE, self.manifest["ann"], nprobe=nprobe, ef_search=ef_search)
+            if self.rows
+            else None
+        )
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ helpers
@@ -226,10 +231,12 @@ def open_index(
     device: str = "cpu",
     encoder: SearchEncoder | None = None,
     nprobe: int | None = None,
+    ef_search: int | None = None,
 ) -> SearchIndex:
     """Open the index at ``path`` with the model it was built with (``checkpoint``: where that checkpoint is now;
-    ``encoder``: an encoder already loaded). Raises ``EncoderMismatchError`` for another model."""
-    return SearchIndex(path, encoder, checkpoint=checkpoint, device=device, nprobe=nprobe)
+    ``encoder``: an encoder already loaded). ``nprobe`` (IVF) / ``ef_search`` (HNSW): the shortlist's search effort
+    instead of the index's. Raises ``EncoderMismatchError`` for another model."""
+    return SearchIndex(path, encoder, checkpoint=checkpoint, device=device, nprobe=nprobe, ef_search=ef_search)
 
 
 __all__ = ["CaptionHit", "Hit", "SearchIndex", "embed_video", "open_index", "SETTINGS"]
