@@ -45,6 +45,7 @@ from tvr.models.heads.common import check_pairs
 from tvr.models.heads.gravialign_scoring import s_align_scores
 from tvr.models.heads.registry import register_head
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
+from tvr.utils.distributed import RowShard
 
 #: inference modes; the first two are dot products of per-item embeddings (indexable)
 MODES = ("cos_f", "cos_mu", "s_align", "mixed")
@@ -519,54 +520,62 @@ class GraviAlignHead(RetrievalHead):
                 spread,
             )
 
-    def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
+    def loss(self, text: TextFeatures, video: VideoFeatures, shard: RowShard | None = None) -> dict[str, Tensor]:
         """L = InfoNCE(exp(logit_scale)·cos) + α·L_SGI on B aligned pairs (spec §5.3), with L_SGI the paper's
         −mean_i S_align(v_i, t_i) (``sgi_objective: positive``) or L_SGI-NCE = ½[CE_rows + CE_cols] of κ·S/τ over the
         batch's B×B S_align matrix (``contrastive``; ``tvr.losses.sgi_align_nce``).
 
         In training mode the running statistics of S_align over all B×B pairs are updated (for ``mixed``); the
-        logged ``term_*`` are means over the positive pairs."""
+        logged ``term_*`` are means over the positive pairs.
+
+        Under DDP (``shard``: this rank's rows of the gathered batch) the pairwise work — S_align and the cosines of
+        this rank's texts against every video — is done for its own rows, the rows are all-gathered, and the
+        positive pairs' sums are summed over ranks (:mod:`tvr.train.distributed`)."""
         o = self.options
         f_t, f_v = text.eot.float(), pooled_video(video)
         if f_t.shape[0] != f_v.shape[0]:
             raise ValueError(f"GraviAlign loss needs aligned pairs, got {f_t.shape[0]} texts and {f_v.shape[0]} videos")
+        shard = shard or RowShard.whole(f_t.shape[0])
+        n, own = shard.total, shard.rows
         mu_t, logvar_t = self._gaussian(self.gauss_text, f_t)
         mu_v, logvar_v = self._gaussian(self.gauss_video, f_v)
         if o.sgi_to_backbone:
-            sgi_inputs = (mu_v, logvar_v, mu_t, logvar_t)
+            sgi_video, sgi_text = (mu_v, logvar_v), (mu_t, logvar_t)
         else:
-            sgi_inputs = (
-                *self._gaussian(self.gauss_video, f_v.detach()),
-                *self._gaussian(self.gauss_text, f_t.detach()),
-            )
+            sgi_video = self._gaussian(self.gauss_video, f_v.detach())
+            sgi_text = self._gaussian(self.gauss_text, f_t.detach())
+        own_text = (sgi_text[0][own], sgi_text[1][own])
+        own_pairs = (sgi_video[0][own], sgi_video[1][own], *own_text)  # this rank's aligned (video, text) pairs
         scale = self.logit_scale.exp()
         losses = []
         if o.infonce_on in ("f", "both"):
-            cos_f = F.normalize(f_t, dim=-1, eps=_EPS) @ F.normalize(f_v, dim=-1, eps=_EPS).T
-            losses.append(symmetric_infonce(scale * cos_f))
+            cos_f = F.normalize(f_t[own], dim=-1, eps=_EPS) @ F.normalize(f_v, dim=-1, eps=_EPS).T
+            losses.append(symmetric_infonce(scale * shard.gather(cos_f)))
         if o.infonce_on in ("mu", "both"):
-            losses.append(symmetric_infonce(scale * (mu_t @ mu_v.T)))
+            losses.append(symmetric_infonce(scale * shard.gather(mu_t[own] @ mu_v.T)))
         infonce = losses[0] if len(losses) == 1 else 0.5 * (losses[0] + losses[1])
         all_pairs = None
         if o.sgi_objective == "contrastive":
             # every pair of the (gathered) batch, chunked, with its own chunked backward (never B×B×D at once)
-            all_pairs = sgi_align_pairwise(*sgi_inputs, **self.sgi_kwargs())
+            all_pairs = shard.gather(sgi_align_pairwise(*sgi_video, *own_text, **self.sgi_kwargs()))
             sgi = symmetric_infonce(sgi_nce_scale(tau=o.sgi_tau, per_dim_mean=o.per_dim_mean, dim=self.dim) * all_pairs)
             with torch.no_grad():
-                parts = sgi_align_terms(*sgi_inputs, **self.sgi_kwargs())
+                parts = sgi_align_terms(*own_pairs, **self.sgi_kwargs())
         else:
-            parts = sgi_align_terms(*sgi_inputs, **self.sgi_kwargs())
-            sgi = -torch.stack(list(parts.values())).sum(dim=0).mean()
+            parts = sgi_align_terms(*own_pairs, **self.sgi_kwargs())
+            sgi = -shard.sum(torch.stack(list(parts.values())).sum(dim=0).sum()) / n
         # α = 0 still keeps the uncertainty heads in the graph (zero gradients; DDP expects every parameter used)
         total = infonce + o.alpha * sgi
         if self.training:
             if all_pairs is None:
                 # in the calling thread (workers=1): a training step starts no threads and leaves torch's settings
-                all_pairs = s_align_scores(mu_v, logvar_v, mu_t, logvar_t, workers=1, **self.sgi_kwargs())
+                rows = s_align_scores(mu_v, logvar_v, mu_t[own], logvar_t[own], workers=1, **self.sgi_kwargs())
+                all_pairs = shard.gather(rows.detach())
             self._update_statistics(all_pairs.detach())
             self._watch_collapse(infonce.detach(), mu_t.detach(), mu_v.detach())
         out = {"loss": total, "infonce": infonce.detach(), "sgi": sgi.detach()}
-        out.update({f"term_{k}": v.detach().mean() for k, v in parts.items()})
+        term_means = shard.sum(torch.stack([v.detach().sum() for v in parts.values()])) / n
+        out.update({f"term_{k}": mean for k, mean in zip(parts, term_means, strict=True)})
         out["logvar_text"] = logvar_t.detach().mean()
         out["logvar_video"] = logvar_v.detach().mean()
         out["logit_scale"] = scale.detach()

@@ -40,6 +40,7 @@ from tvr.models.heads.proxy_scoring import (
 )
 from tvr.models.heads.registry import register_head
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
+from tvr.utils.distributed import RowShard
 
 __all__ = [
     "DASHES",
@@ -363,18 +364,23 @@ class ProxyHead(RetrievalHead):
         ]
 
     # ------------------------------------------------------------------ training
-    def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
+    def loss(self, text: TextFeatures, video: VideoFeatures, shard: RowShard | None = None) -> dict[str, Tensor]:
         """text_proxy_loss on the B×B batch (spec §4.3): S^r, S^p over all B×B pairs (each video with its own
-        proxy t^p_ij) and S^pos_ik = cos(t^p_ii, v_k)."""
+        proxy t^p_ij) and S^pos_ik = cos(t^p_ii, v_k).
+
+        Under DDP (``shard``: this rank's rows of the gathered batch) the generator runs on this rank's texts × every
+        video only, and the rows of the three matrices are all-gathered in one collective
+        (:mod:`tvr.train.distributed`)."""
         ts, vs = self.encode_texts(text), self.encode_videos(video)
         if len(ts) != len(vs):
             raise ValueError(f"TV-ProxyNet loss needs aligned pairs, got {len(ts)} texts and {len(vs)} videos")
-        t, v = ts.emb, vs.emb
-        sim_r = t @ v.t()
-        proxy = F.normalize(self.generator(t, vs.proxies), dim=-1, eps=_EPS)  # [B, B, D]
-        sim_p = torch.einsum("ijd,jd->ij", proxy, v)
-        positive = proxy.diagonal(dim1=0, dim2=1).t()  # t^p_ii: [B, D]
-        sim_pos = positive @ v.t()
+        shard = shard or RowShard.whole(len(ts))
+        t, v = shard.local(ts).emb, vs.emb
+        proxy = F.normalize(self.generator(t, vs.proxies), dim=-1, eps=_EPS)  # [own texts, B, D]
+        rows = torch.stack(
+            [t @ v.t(), torch.einsum("ijd,jd->ij", proxy, v), shard.positives(proxy) @ v.t()], dim=1
+        )  # S^r, S^p, S^pos rows; S^pos's from t^p_ii
+        sim_r, sim_p, sim_pos = shard.gather(rows).unbind(dim=1)
         opts = self.options
         loss = text_proxy_loss(sim_r, sim_p, sim_pos, self.logit_scale, alpha=opts.alpha, beta=opts.beta)
         if opts.loss_scale == "release":
