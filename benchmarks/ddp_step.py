@@ -1,9 +1,10 @@
-"""Training steps per second of GARE and TV-ProxyNet on cached features: one process against two gloo processes at
-the same global batch, one torch thread per process (issue 26: two processes ≥ 1.7× one).
+"""Training steps per second of GARE, TV-ProxyNet and GraviAlign on cached features: one process against two gloo
+processes at the same global batch, one torch thread per process (issue 26: two processes ≥ 1.7× one).
 
 The step is what ``tvr train`` runs on a feature cache: the temporal module and the head of the preset
-(``gare/msrvtt``, ``proxy/msrvtt``: D = 512, seqTransf 4 layers with random weights, F = 12 frame slots for GARE,
-M = 4 proxies for TV-ProxyNet; dropout on, as in training), the feature all-gather, the head's loss, the backward
+(``gare/msrvtt``, ``proxy/msrvtt``, ``gravialign/msrvtt`` and its contrastive ablation: D = 512, seqTransf 4 layers
+with random weights, F = 12 frame slots for GARE, one pooled slot and M = 4 proxies for the CLIP-ViP presets;
+dropout on, as in training), the feature all-gather, the head's loss, the backward
 with DDP's gradient all-reduce, and an AdamW step. Three set-ups per head, each in fresh processes:
 
 * ``1 process``: the global batch (default 128, the papers') in one process;
@@ -41,7 +42,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "ddp_step.json"
-PRESETS = {"gare": "gare/msrvtt", "proxy": "proxy/msrvtt"}
+PRESETS = {
+    "gare": "gare/msrvtt",
+    "proxy": "proxy/msrvtt",
+    "gravialign": "gravialign/msrvtt",
+    "gravialign-contrastive": "gravialign/ablations/contrastive",
+}
 FRAMES, PROXIES = 12, 4
 
 
@@ -77,7 +83,7 @@ def global_batch(head: str, n: int, dim: int, seed: int = 0) -> dict:
     if head == "gare":
         batch["frame_feats"] = base[:, None] + torch.randn(n, FRAMES, dim, generator=g)
         batch["video_mask"] = torch.ones(n, FRAMES, dtype=torch.long)
-    else:  # CLIP-ViP: one pooled slot and M proxies
+    else:  # CLIP-ViP (TV-ProxyNet, GraviAlign): one pooled slot and M proxies
         batch["frame_feats"] = base[:, None] + 0.5 * torch.randn(n, 1, dim, generator=g)
         batch["video_mask"] = torch.ones(n, 1, dtype=torch.long)
         batch["video_proxies"] = base[:, None] + torch.randn(n, PROXIES, dim, generator=g)
