@@ -650,7 +650,9 @@ def index_cmd(
     stride: float = typer.Option(5.0, "--stride", help="Seconds between window starts."),
     workers: int = typer.Option(0, "--workers", "-j", help="Decoding processes (0 = one per CPU, at most 8)."),
     ann_kind: str = typer.Option("auto", "--ann", help="auto | flat | ivf | hnsw: the shortlist index."),
-    ann_threshold: int = typer.Option(50_000, "--ann-threshold", help="Windows above which auto builds HNSW (below: exact flat)."),
+    ann_threshold: int = typer.Option(
+        50_000, "--ann-threshold", help="Windows above which auto builds HNSW (below: exact flat)."
+    ),
     nlist: int = typer.Option(0, "--nlist", help="IVF cells (0 = about 4·√windows)."),
     state_dtype: str = typer.Option("float32", "--state-dtype", help="float32 | float16: the stored rerank state."),
     shard_windows: int = typer.Option(4096, "--shard-windows", help="Windows per shard (the unit a kill loses)."),
