@@ -117,3 +117,22 @@ def train_checkpoint(work: Path, videos: Path, head: str = "clip4clip", steps: i
     }
     run_train(config_from_dict(values), work / "run", final_test=False, overwrite=True)
     return work / "run" / "last.pt"
+
+
+def index_args(videos: Path, out: Path, checkpoint: Path, *extra: str) -> list[str]:
+    """``tvr index`` arguments; decoding in this process (-j 1) unless ``extra`` says otherwise."""
+    workers = [] if "-j" in extra else ["-j", "1"]
+    return [
+        "index",
+        str(videos),
+        "--out",
+        str(out),
+        "--checkpoint",
+        str(checkpoint),
+        "--window",
+        "4",
+        "--stride",
+        "2",
+        *workers,
+        *extra,
+    ]

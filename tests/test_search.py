@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from search_fixtures import VIDEOS, write_colour_video
+from search_fixtures import VIDEOS, index_args, write_colour_video
 from typer.testing import CliRunner
 
 from tvr.cli import app
@@ -29,25 +29,6 @@ from tvr.utils.io import is_temporary_name
 
 OPTIONS = IndexOptions(window=4.0, stride=2.0, workers=1, progress=False)
 runner = CliRunner()
-
-
-def index_args(videos: Path, out: Path, checkpoint: Path, *extra: str) -> list[str]:
-    """``tvr index`` arguments; decoding in this process (-j 1) unless ``extra`` says otherwise."""
-    workers = [] if "-j" in extra else ["-j", "1"]
-    return [
-        "index",
-        str(videos),
-        "--out",
-        str(out),
-        "--checkpoint",
-        str(checkpoint),
-        "--window",
-        "4",
-        "--stride",
-        "2",
-        *workers,
-        *extra,
-    ]
 
 
 def logical(index: Path) -> dict:

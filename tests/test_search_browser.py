@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from search_fixtures import index_args
 from typer.testing import CliRunner
 
 from tvr.cli import app as cli
@@ -66,21 +67,7 @@ def server(search_setup, tmp_path: Path):
     import uvicorn
 
     out = tmp_path / "idx"
-    args = [
-        "index",
-        str(search_setup.videos),
-        "--out",
-        str(out),
-        "--checkpoint",
-        str(search_setup.checkpoint),
-        "--window",
-        "4",
-        "--stride",
-        "2",
-        "-j",
-        "1",
-    ]
-    assert CliRunner().invoke(cli, args).exit_code == 0
+    assert CliRunner().invoke(cli, index_args(search_setup.videos, out, search_setup.checkpoint)).exit_code == 0
     port = _free_port()
     config = uvicorn.Config(create_app(open_index(out)), host="127.0.0.1", port=port, log_level="warning")
     uvi = uvicorn.Server(config)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from search_fixtures import index_args
 from typer.testing import CliRunner
 
 from tvr.cli import app as cli
@@ -21,21 +22,7 @@ from tvr.search.server import API_MAX_K, API_MAX_QUERY, create_app
 @pytest.fixture(scope="module")
 def served(search_setup, tmp_path_factory):
     out = tmp_path_factory.mktemp("served") / "idx"
-    args = [
-        "index",
-        str(search_setup.videos),
-        "--out",
-        str(out),
-        "--checkpoint",
-        str(search_setup.checkpoint),
-        "--window",
-        "4",
-        "--stride",
-        "2",
-        "-j",
-        "1",
-    ]
-    assert CliRunner().invoke(cli, args).exit_code == 0
+    assert CliRunner().invoke(cli, index_args(search_setup.videos, out, search_setup.checkpoint)).exit_code == 0
     index = open_index(out)
     return index, TestClient(create_app(index)), out
 
