@@ -13,6 +13,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+from test_end_to_end import TINY  # the end-to-end tests' tiny CLIP, used by the search tests too
 
 #: video name → (caption, RGB colour, seconds at 4 fps)
 VIDEOS = {
@@ -24,17 +25,6 @@ VIDEOS = {
 }
 FPS = 4
 SIZE = 32
-TINY = {
-    "embed_dim": 32,
-    "text_width": 32,
-    "text_layers": 2,
-    "text_heads": 2,
-    "vision_width": 32,
-    "vision_layers": 1,
-    "vision_heads": 2,
-    "image_size": 32,
-    "patch_size": 16,
-}
 
 
 def write_colour_video(

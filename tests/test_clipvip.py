@@ -549,17 +549,8 @@ def test_tiny_clipvip_trains_end_to_end_on_generated_videos(tmp_path: Path) -> N
     (root / "videos").mkdir()
     for k, vid in enumerate(vids):
         write_test_video(root / "videos" / f"{vid}.mp4", num_frames=6 + k % 3, fps=4, size=(32, 32))
-    tiny = {
-        "embed_dim": 32,
-        "text_width": 32,
-        "text_layers": 2,
-        "text_heads": 2,
-        "vision_width": 32,
-        "vision_layers": 1,
-        "vision_heads": 2,
-        "image_size": 32,
-        "patch_size": 16,
-    }
+    from test_end_to_end import TINY as END_TO_END_TINY  # image_size 32: the videos' crop
+
     values = {
         "data": {
             "dataset": "msrvtt",
@@ -574,7 +565,7 @@ def test_tiny_clipvip_trains_end_to_end_on_generated_videos(tmp_path: Path) -> N
         },
         "model": {
             "clip": "tiny",
-            "tiny": tiny,
+            "tiny": END_TO_END_TINY,
             "backbone": "clipvip",
             "temporal": "none",
             "clipvip": {"num_proxies": 4, "temporal_slots": 12},
