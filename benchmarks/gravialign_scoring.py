@@ -41,7 +41,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from benchmarks.measure import peak_rss_mib, rss_mib, run_worker_process, summarize_runs  # noqa: E402
+from benchmarks.measure import (  # noqa: E402
+    peak_rss_mib,
+    report_worker_call,
+    rss_mib,
+    run_worker_process,
+    summarize_runs,
+)
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "gravialign_scoring.json"
 SGI = {"G": 1.0, "T": 1.0, "lam": 1.0}  # the spec's ★ defaults; per_dim_mean, softplus quality, ε = 1e-6
@@ -106,18 +112,7 @@ def worker(args: argparse.Namespace) -> None:
     peak = peak_rss_mib()
     if args.save_scores:
         torch.save(scores, args.save_scores)
-    print(
-        json.dumps(
-            {
-                "method": args.method,
-                "seconds": seconds,
-                "peak_rss_mib": round(peak, 1),
-                "rss_before_call_mib": round(rss_before, 1),
-                "rss_increase_mib": round(peak - rss_before, 1),
-                "threads": torch.get_num_threads(),
-            }
-        )
-    )
+    report_worker_call(args.method, seconds, rss_before, peak)
 
 
 def run_worker(method: str, args: argparse.Namespace, save: str) -> dict:

@@ -33,6 +33,22 @@ def run_worker_process(script: str | Path, arguments: list[str]) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def report_worker_call(method: str, seconds: float, rss_before: float, peak: float) -> None:
+    """Print a worker's record for :func:`run_worker_process` (its last stdout line): the timed call's seconds,
+    the peak RSS read right after it (``peak``), the RSS before the call and the increase, torch's thread count."""
+    import torch
+
+    record = {
+        "method": method,
+        "seconds": seconds,
+        "peak_rss_mib": round(peak, 1),
+        "rss_before_call_mib": round(rss_before, 1),
+        "rss_increase_mib": round(peak - rss_before, 1),
+        "threads": torch.get_num_threads(),
+    }
+    print(json.dumps(record))
+
+
 def summarize_runs(runs: list[dict], digits: int = 4) -> dict:
     """Min and all of the records' ``seconds``, the largest peak RSS and RSS increase, and the fastest run's
     ``threads`` when the records carry it."""

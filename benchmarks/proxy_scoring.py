@@ -42,7 +42,13 @@ REPO = Path(__file__).resolve().parents[1]
 for _path in (REPO, REPO / "benchmarks"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
-from benchmarks.measure import peak_rss_mib, rss_mib, run_worker_process, summarize_runs  # noqa: E402
+from benchmarks.measure import (  # noqa: E402
+    peak_rss_mib,
+    report_worker_call,
+    rss_mib,
+    run_worker_process,
+    summarize_runs,
+)
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "proxy_scoring.json"
 GEMM_ROWS = 2048
@@ -119,18 +125,7 @@ def worker(args: argparse.Namespace) -> None:
     peak = peak_rss_mib()
     if args.save_scores and scores is not None:
         torch.save(scores, args.save_scores)
-    print(
-        json.dumps(
-            {
-                "method": args.worker,
-                "seconds": seconds,
-                "peak_rss_mib": round(peak, 1),
-                "rss_before_call_mib": round(rss_before, 1),
-                "rss_increase_mib": round(peak - rss_before, 1),
-                "threads": torch.get_num_threads(),
-            }
-        )
-    )
+    report_worker_call(args.worker, seconds, rss_before, peak)
 
 
 def run_worker(method: str, n_texts: int, n_videos: int, dash: str, args: argparse.Namespace, save: str | None) -> dict:
