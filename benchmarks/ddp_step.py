@@ -231,10 +231,10 @@ def main() -> None:
         },
         "results": results,
     }
+    from tvr.utils.io import atomic_write_json
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write_json(args.out, record)
     print(f"wrote {args.out}")
 
 

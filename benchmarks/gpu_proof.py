@@ -478,10 +478,10 @@ def main() -> None:
     if SMOKE["on"]:
         print("cpu smoke run: every part ran; nothing written")
         return
+    from tvr.utils.io import atomic_write_json
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write_json(args.out, record)
     print(f"wrote {args.out}")
 
 

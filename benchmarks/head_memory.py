@@ -259,10 +259,10 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average": load},
         "rows": rows,
     }
+    from tvr.utils.io import atomic_write_json
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write_json(args.out, record)
     print(f"wrote {args.out}")
 
 
