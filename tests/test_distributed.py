@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import time
-import traceback
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
+from two_process import free_port, run_two_processes
 
 from tvr.config import Config, TrainConfig
 from tvr.losses import symmetric_infonce
@@ -294,27 +293,9 @@ def _model(unused: bool = False) -> RetrievalModel:
     return RetrievalModel(None, _Temporal(), _Head(unused))
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
-    )
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    info = init_distributed("cpu")
+def _rank_checks(rank: int, world: int, info: DistInfo, out_dir: str) -> None:
     assert (info.rank, info.world_size, info.local_rank, info.device.type) == (rank, 2, rank, "cpu")
-    failure = None
-    try:
-        _worker_checks(rank, world, out_dir, info)
-    except BaseException:  # noqa: BLE001 - reported below, after the process group is torn down
-        failure = traceback.format_exc()
-    # Every DDP reducer holds the process group. If a reducer (freed with the GIL held) dropped the group's last
-    # reference, gloo's destructor would join its worker thread while that thread waits for the GIL to free a
-    # finished all-gather's tensors: a deadlock (seen about once in 15 runs). So the reducers die first, here,
-    # while the group is still registered, and destroy_process_group drops the last reference (GIL released).
-    gc.collect()
-    torch.distributed.destroy_process_group()
-    if failure is not None:
-        raise AssertionError(f"rank {rank} failed:\n{failure}")
+    _worker_checks(rank, world, out_dir, info)
 
 
 def _worker_checks(rank: int, world: int, out_dir: str, info: DistInfo) -> None:
@@ -397,12 +378,6 @@ def _worker_checks(rank: int, world: int, out_dir: str, info: DistInfo) -> None:
     assert summary.fit()["steps"] == 2
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _job_worker(rank: int, world: int, ports: tuple[int, int, int]) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -441,7 +416,7 @@ def _job_worker(rank: int, world: int, ports: tuple[int, int, int]) -> None:
 
 
 def test_a_job_destroys_only_the_process_group_it_created() -> None:
-    ports = (_free_port(), _free_port(), _free_port())
+    ports = (free_port(), free_port(), free_port())
     context = mp.start_processes(_job_worker, args=(2, ports), nprocs=2, join=False, start_method="fork")
     deadline = time.monotonic() + 120
     while not context.join(timeout=2):
@@ -452,16 +427,7 @@ def test_a_job_destroys_only_the_process_group_it_created() -> None:
 
 
 def test_two_process_gather_gradients_and_training(tmp_path) -> None:
-    # fork (not spawn) skips re-importing torch in the children; the workers use one thread each
-    context = mp.start_processes(
-        _worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False, start_method="fork"
-    )
-    deadline = time.monotonic() + 300  # a hung rank fails the test instead of stalling the suite
-    while not context.join(timeout=2):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the two-process run did not finish within 300 s")
+    run_two_processes(_rank_checks, str(tmp_path))
 
     from tvr.train.logging import read_jsonl
     from tvr.train.trainer import Trainer
