@@ -5,6 +5,7 @@ shortlist's rows)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from test_head_contract import HEADS, MIXTURE, TOY, build, features
@@ -14,6 +15,8 @@ from tvr.models.heads import registry
 from tvr.models.heads.base import LN_100
 from tvr.models.heads.gare_scoring import GareRerankState
 from tvr.models.heads.proxy import ProxyRerankState
+from tvr.search.store import ShardReader, write_shard
+from tvr.types import VideoFeatures
 
 D = 32
 
@@ -73,3 +76,22 @@ def test_proxy_stores_its_folded_rounds(options: dict) -> None:
 def test_proxy_gamma_zero_is_the_plain_cosine() -> None:
     head = _head("proxy", gamma=0.0, select_gamma=False)
     _check(head, ProxyRerankState)
+
+
+def test_gare_float16_index_is_as_precise_for_offset_features(tmp_path) -> None:
+    """GARE stores standardised frames z = (x − μ)/σ, not x, and keeps the fields that carry the features' own scale
+    in float32: features sharing a large offset (as some encoders' do) lose nothing more in a float16 index than
+    centred ones — with x, ‖v̄‖² or X Xᵀ in float16 they would overflow to inf and score NaN."""
+    head = _head("gare")
+    text, video = features(5, 9, seed=4)
+    assert "z" not in GareRerankState.full_precision and "vv" in GareRerankState.full_precision
+    for k, offset in enumerate((0.0, 40.0, 1000.0)):
+        moved = VideoFeatures(video.frames + offset, video.frame_mask, video.proxies)
+        ts, vs = head.encode_texts(text), head.encode_videos(moved)
+        expected = head.score(ts, vs)
+        state = head.rerank_state(vs)
+        torch.testing.assert_close(head.score_rerank(ts, state), expected, rtol=1e-5, atol=1e-5)
+        reader = ShardReader(write_shard(tmp_path, f"s{k}", torch.zeros(9, 1), state, [], half=True))
+        stored = reader.state(np.arange(9), GareRerankState)
+        assert stored.z.dtype == torch.float16 and stored.vv.dtype == torch.float32
+        torch.testing.assert_close(head.score_rerank(ts, stored), expected, rtol=0, atol=5e-3)

@@ -7,7 +7,7 @@ can slice any of them into chunks with ``x[a:b]`` without knowing what is inside
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor
@@ -17,7 +17,13 @@ T = TypeVar("T", bound="Sliceable")
 
 @dataclasses.dataclass
 class Sliceable:
-    """Mixin: index every tensor field along dim 0; ``None`` fields stay ``None``."""
+    """Mixin: index every tensor field along dim 0; ``None`` fields stay ``None``.
+
+    ``full_precision`` names fields a store keeps in float32 even when it stores the rest in float16: values whose
+    range float16 cannot hold (squared norms, raw feature sums), where its 65504 ceiling would turn a large but
+    valid feature into inf."""
+
+    full_precision: ClassVar[tuple[str, ...]] = ()
 
     def __getitem__(self: T, index: Any) -> T:
         values = {}

@@ -47,7 +47,8 @@ from tvr.utils.lock import folder_lock
 from tvr.utils.parallel import parallel_map
 
 FORMAT = "tvr-search-index"
-VERSION = 1
+#: 2: the rerank state packed one record per window (``state.<dtype>.npy``), GARE's as standardised frames
+VERSION = 2
 SETTINGS = "settings.json"
 MANIFEST = "manifest.json"
 REPORT = "report.json"
@@ -187,7 +188,10 @@ def read_settings(index: Path) -> dict[str, Any]:
     if not isinstance(settings, dict) or settings.get("format") != FORMAT:
         raise IndexFormatError(f"{path}: not a tvr search index")
     if settings.get("version") != VERSION:
-        raise IndexFormatError(f"{path}: index format version {settings.get('version')}, this tvr reads {VERSION}")
+        raise IndexFormatError(
+            f"{path}: index format version {settings.get('version')}, this tvr reads version {VERSION}: build the "
+            "index again with tvr index into a new --out folder (the model's stamp and the videos are unchanged)"
+        )
     return settings
 
 

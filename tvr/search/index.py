@@ -148,9 +148,10 @@ class SearchIndex:
         start, end = self.table_times[row]
         return int(self.table_video[row]), float(start), float(end)
 
-    def rerank_state(self, rows: np.ndarray) -> Any:
-        """The stored rerank state of global ``rows`` (in that order)."""
-        return gather_state(self.readers, self.table_shard[rows], self.table_row[rows], self.state_cls)
+    def rerank_state(self, rows: np.ndarray, dtype: torch.dtype | None = None) -> Any:
+        """The stored rerank state of global ``rows`` (in that order; floating fields in ``dtype``, default as
+        stored)."""
+        return gather_state(self.readers, self.table_shard[rows], self.table_row[rows], self.state_cls, dtype)
 
     # ------------------------------------------------------------------ text → video
     def search(self, text: str, k: int = 10, *, rerank: int | None = None, all_windows: bool = False) -> list[Hit]:
@@ -176,8 +177,11 @@ class SearchIndex:
             while True:
                 rows, scores = self._shortlist(query, min(want, self.rows))
                 if exact and rerank > 0:
-                    rows, scores = rows[: max(rerank, k)], scores[: max(rerank, k)]
-                    state = self.rerank_state(rows)
+                    rows = rows[: max(rerank, k)]
+                    shard, local = self.table_shard[rows], self.table_row[rows]
+                    stored = np.lexsort((local, shard))  # read in storage order: no reordering copy
+                    rows = rows[stored]
+                    state = gather_state(self.readers, shard[stored], local[stored], self.state_cls, torch.float32)
                     scores = self.head.score_rerank(text_state, state)[0].float().cpu().numpy().astype(np.float64)
                 order = np.lexsort((rows, -scores))
                 rows, scores = rows[order], scores[order]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -171,9 +172,10 @@ class _VideoState:
 
     n: int
     f: int
-    ell: Tensor  # [n, F, D] LN1(V_jf)
-    w: Tensor  # [n, F, D] (rows strided inside the projection buffer)
-    x: Tensor  # [n, F, D] raw frames
+    # the per-frame keys, None in a state restored from a GareRerankState (whose dots come from its z)
+    ell: Tensor | None  # [n, F, D] LN1(V_jf)
+    w: Tensor | None  # [n, F, D] (rows strided inside the projection buffer)
+    x: Tensor | None  # [n, F, D] raw frames
     vbar: Tensor  # [n, D]
     kappa: Tensor | None  # [n·F, 1] (η/√D)(v̄_j M_q)·ℓ_jf, the video's part of the gap query
     beta: Tensor  # [n, F, 1]
@@ -232,6 +234,17 @@ def _video_state(
 
 
 @dataclass
+class _Dots:
+    """Per-(pair, frame) inner products: s1 (gap-query logit numerators, κ included), sw = t·w_f, sx = t·x_f / τ
+    (text_softmax pooling only), each [n_v, F, n_t], and sv = t·v̄ [n_v, n_t]."""
+
+    s1: Tensor
+    sw: Tensor
+    sx: Tensor | None
+    sv: Tensor
+
+
+@dataclass
 class _TextState:
     """Per-text operands. ``t``/``uk``/``ts`` are [n, D] (a grid: every text against every video of the chunk)
     or [n_v, n, D] (ragged: each video against its own texts); the scalars broadcast against [n_v, n]."""
@@ -279,6 +292,11 @@ def _frames_pairs(alg: Algebra, vs: _VideoState, ts: _TextState, v: GareOptions,
 
     Layout [video, frame, text]: the softmaxes run over the middle axis with the texts contiguous, and the
     per-video Grams act on [F, n_t] blocks through one batched matrix product per chunk."""
+    return _frames_from_dots(alg, vs, ts, v, _frame_dots(alg, vs, ts, v, ws), ws)
+
+
+def _frame_dots(alg: Algebra, vs: _VideoState, ts: _TextState, v: GareOptions, ws: Workspace | None) -> _Dots:
+    """The per-(pair, frame) inner products of inner dimension D, from the per-frame ψ keys ℓ, w and frames x."""
     n, f, dim = vs.n, vs.f, alg.dim
     nf = n * f
     softmax = v.video_pool == "text_softmax"
@@ -308,6 +326,17 @@ def _frames_pairs(alg: Algebra, vs: _VideoState, ts: _TextState, v: GareOptions,
         sw = torch.bmm(vs.w, t_t)
         sx = torch.bmm(vs.x, ts.ts.transpose(1, 2)) if softmax else None
         sv = torch.bmm(vs.vbar.unsqueeze(1), t_t).squeeze(1)
+    return _Dots(s1, sw, sx, sv)
+
+
+def _frames_from_dots(
+    alg: Algebra, vs: _VideoState, ts: _TextState, v: GareOptions, dots: _Dots, ws: Workspace | None = None
+) -> Tensor:
+    """Scores [n_v, n_t] from the per-frame inner products: ψ's attention and Δ's scalars on O(F) per pair."""
+    n, f, dim = vs.n, vs.f, alg.dim
+    softmax = v.video_pool == "text_softmax"
+    s1, sw, sx, sv = dots.s1, dots.sw, dots.sx, dots.sv
+    nt = sw.shape[2]
     eta2 = v.eta * v.eta
     if v.gap_query:
         # σ1² = η²(‖Cv̄‖² − 2 t·Cv̄ + ‖Ct‖²)/D + eps1, with t·Cv̄ = t·v̄ − mean(v̄) Σ_d t_d
@@ -582,11 +611,31 @@ class GareRerankState(Sliceable):
     """The frame-context scorer's per-video ψ state (:class:`_VideoState`) with every field indexed by video, so a
     search index can store it (any float dtype; scored in float32) and score texts against stored rows without
     rebuilding it: the per-video work (LN, the ψ projections, the Grams: ≈ F·D² multiply-adds) is done once at
-    index time, a query pays only the ≈ 3·F·D per pair."""
+    index time, a query pays only the ≈ 3·F·D per pair.
 
-    ell: Tensor  # [n, F, D]
-    w: Tensor  # [n, F, D]
-    x: Tensor  # [n, F, D]
+    Of the per-frame D-vectors only the standardised frames z are kept: ψ's keys are affine in them
+    (ℓ = g₁ ⊙ z + b₁, w = ℓ A_w + c_w) and so are the frames (x = σ z + μ), so a query folds those maps into its
+    own three D-vectors and takes all three inner products from z, exactly — a third of the bytes a query reads
+    with ℓ, w and x stored. z is LN₁ before its affine map, of unit scale whatever the features' offset, which keeps
+    a float16 copy as precise as one of ℓ; the fields that carry the features' own scale (means, spreads, v̄, the
+    pooling Grams X Xᵀ, squared norms) stay float32 in a float16 index (:attr:`full_precision`)."""
+
+    full_precision: ClassVar[tuple[str, ...]] = (
+        "mu",
+        "sigma",
+        "vbar",
+        "ncv",
+        "mv",
+        "ev",
+        "dv",
+        "vv",
+        "kappa",
+        "pgrams",
+    )
+
+    z: Tensor  # [n, F, D] (x − μ)/σ per frame
+    mu: Tensor  # [n, F] frame means μ
+    sigma: Tensor  # [n, F] √(var + ε₁) of each frame (LN₁'s)
     vbar: Tensor  # [n, D]
     beta: Tensor  # [n, F]
     grams: Tensor  # [n, K, F]
@@ -600,15 +649,17 @@ class GareRerankState(Sliceable):
     pool_mask: Tensor | None = None  # [n, F] (text_softmax pooling; ones where every frame is real)
 
 
-def _stored(vs: _VideoState, softmax: bool, frame_mask: Tensor) -> GareRerankState:
+def _stored(alg: Algebra, vs: _VideoState, softmax: bool, frame_mask: Tensor) -> GareRerankState:
     n, f = vs.n, vs.f
     pool_mask = None
     if softmax:
         pool_mask = vs.pool_mask.view(n, f) if vs.pool_mask is not None else frame_mask.to(vs.x.dtype)
+    var, mu = torch.var_mean(vs.x, dim=-1, correction=0)
+    sigma = (var + alg.eps1).sqrt_()
     return GareRerankState(
-        ell=vs.ell.contiguous(),
-        w=vs.w.contiguous(),
-        x=vs.x.contiguous(),
+        z=(vs.x - mu.unsqueeze(2)).div_(sigma.unsqueeze(2)),
+        mu=mu,
+        sigma=sigma,
         vbar=vs.vbar,
         beta=vs.beta.view(n, f),
         grams=vs.grams.contiguous(),
@@ -624,18 +675,20 @@ def _stored(vs: _VideoState, softmax: bool, frame_mask: Tensor) -> GareRerankSta
 
 
 def _restored(state: GareRerankState, dtype: torch.dtype) -> _VideoState:
+    """The scalar and Gram fields of a stored state (the per-frame keys stay in ``state.z``)."""
+
     def cast(x: Tensor | None) -> Tensor | None:
         return x.to(dtype) if x is not None else None
 
-    n, f = state.ell.shape[:2]
+    n, f = state.z.shape[:2]
     return _VideoState(
         n=n,
         f=f,
-        ell=cast(state.ell),
-        w=cast(state.w),
-        x=cast(state.x),
+        ell=None,
+        w=None,
+        x=None,
         vbar=cast(state.vbar),
-        kappa=cast(state.kappa).reshape(n * f, 1) if state.kappa is not None else None,
+        kappa=None,
         beta=cast(state.beta).unsqueeze(2),
         grams=cast(state.grams),
         pgrams=cast(state.pgrams),
@@ -646,6 +699,28 @@ def _restored(state: GareRerankState, dtype: torch.dtype) -> _VideoState:
         dv=cast(state.dv).unsqueeze(1),
         vv=cast(state.vv).unsqueeze(1),
     )
+
+
+def _stored_dots(alg: Algebra, state: GareRerankState, ts: _TextState, v: GareOptions) -> _Dots:
+    """:func:`_frame_dots` from the standardised frames: ℓ·u = z·(g₁ ⊙ u) + b₁·u, w·t = ℓ·(t A_wᵀ) + c_w·t and
+    x·u = σ z·u + μ Σ_d u_d, so one product of z with three stacked query vectors gives every term."""
+    z = state.z.to(ts.t.dtype)
+    n, f, dim = z.shape
+    nt = ts.t.shape[0]
+    softmax = v.video_pool == "text_softmax"
+    a_w, c_w = alg.proj[:, 2 * dim : 3 * dim], alg.proj_bias[2 * dim : 3 * dim]
+    tw = ts.t @ a_w.T
+    queries = [alg.g1 * ts.uk, alg.g1 * tw] + ([ts.ts] if softmax else [])
+    dots = (z.reshape(n * f, dim) @ torch.cat(queries).T).view(n, f, len(queries) * nt)
+    s1 = dots[..., :nt] + ts.uk @ alg.b1
+    if state.kappa is not None:
+        s1 = s1 + state.kappa.to(z.dtype).unsqueeze(2)
+    sw = dots[..., nt : 2 * nt] + (tw @ alg.b1 + ts.t @ c_w)
+    sx = None
+    if softmax:
+        sigma, mu = state.sigma.to(z.dtype).unsqueeze(2), state.mu.to(z.dtype).unsqueeze(2)
+        sx = torch.addcmul(mu * ts.ts.sum(1), dots[..., 2 * nt :], sigma)
+    return _Dots(s1, sw, sx, state.vbar.to(z.dtype) @ ts.t.T)
 
 
 @torch.no_grad()
@@ -664,7 +739,7 @@ def gare_rerank_state(
     for b in range(0, inp.frames.shape[0], chunk):
         sl = slice(b, b + chunk)
         vs = _video_state(alg, inp.frames[sl], inp.frame_mask[sl], options)
-        parts.append(_stored(vs, softmax, inp.frame_mask[sl]))
+        parts.append(_stored(alg, vs, softmax, inp.frame_mask[sl]))
     if not parts:
         raise ValueError("gare_rerank_state: no videos")
     return GareRerankState.cat(parts) if len(parts) > 1 else parts[0]
@@ -678,8 +753,11 @@ def gare_rerank_scores(psi: nn.Module, text: TextFeatures, state: GareRerankStat
         raise ValueError("gare_rerank_scores covers frame context only (head.options.context = 'frames')")
     _require_covered(psi, options)
     t = text.eot.float()
-    if t.ndim != 2 or t.shape[1] != state.ell.shape[-1]:
-        raise ValueError(f"text: expected eot [N_t, {state.ell.shape[-1]}], got {tuple(t.shape)}")
+    if t.ndim != 2 or t.shape[1] != state.z.shape[-1]:
+        raise ValueError(f"text: expected eot [N_t, {state.z.shape[-1]}], got {tuple(t.shape)}")
     alg = psi_algebra(psi, t.dtype, t.device)  # type: ignore[arg-type]
-    vs = _restored(state.to(t.device), t.dtype)
-    return _frames_pairs(alg, vs, _text_state(alg, t, options), options).T.contiguous()
+    state = state.to(t.device)
+    ts = _text_state(alg, t, options)
+    return _frames_from_dots(
+        alg, _restored(state, t.dtype), ts, options, _stored_dots(alg, state, ts, options)
+    ).T.contiguous()
