@@ -58,9 +58,11 @@ def _expected(states: list[MixedState], shards: np.ndarray, rows: np.ndarray, ha
 @pytest.mark.parametrize("half", [False, True])
 def test_any_rows_in_any_order_come_back_exactly(tmp_path: Path, half: bool) -> None:
     readers, states = _shards(tmp_path, [7, 1, 12], half=half)
-    files = sorted(p.name for p in (tmp_path / "s0").iterdir())
-    wanted_float = "state.float16.npy" if half else "state.float32.npy"
-    assert files == sorted(["emb.npy", "meta.json", wanted_float, "state.uint8.npy", "state.int64.npy"])
+    assert sorted(p.name for p in (tmp_path / "s0").iterdir()) == ["emb.npy", "meta.json", "state.npy"]
+    meta = readers[0].meta
+    # one aligned record per window: int64 counts, then the floats, then the uint8 mask
+    assert meta["record_bytes"] == -(-(2 * 8 + 16 * (2 if half else 4) + 3) // 8) * 8
+    assert [meta["fields"][k]["offset"] for k in ("count", "frames", "scalar")] == [0, 16, 16 + 15 * (2 if half else 4)]
     shards = np.array([2, 0, 2, 2, 1, 0, 2, 0])
     rows = np.array([11, 6, 0, 0, 0, 3, 5, 4])  # unsorted, a repeated row, runs and gaps
     got = gather_state(readers, shards, rows, MixedState)
@@ -92,10 +94,11 @@ def test_one_read_per_run_of_consecutive_rows(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(store, "_PREADV", True)
     whole = readers[0].state(np.arange(50), MixedState)
     torch.testing.assert_close(whole.frames, states[0].frames, rtol=0, atol=0)
-    assert len(calls) == len(readers[0].arrays)  # one read per packed array for the whole shard
+    assert len(calls) == 1  # the whole shard in one read
     calls.clear()
-    readers[0].state(np.array([3, 4, 5, 20, 21, 40]), MixedState)
-    assert len(calls) == 3 * len(readers[0].arrays)
+    got = readers[0].state(np.array([40, 3, 4, 5, 20, 21]), MixedState)
+    assert len(calls) == 3  # three runs of consecutive rows
+    torch.testing.assert_close(got.count, states[0].count[[40, 3, 4, 5, 20, 21]], rtol=0, atol=0)
 
 
 def test_without_positional_reads_and_with_few_open_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,7 +121,7 @@ def test_rows_outside_a_shard_are_refused(tmp_path: Path) -> None:
 
 def test_a_truncated_state_file_names_the_shard(tmp_path: Path) -> None:
     _shards(tmp_path, [6])
-    path = tmp_path / "s0" / "state.float32.npy"
+    path = tmp_path / "s0" / "state.npy"
     with open(path, "r+b") as fh:
         fh.truncate(path.stat().st_size - 8)
     with pytest.raises(IndexFormatError, match=r"s0.*truncated.*re-embed"):
@@ -127,22 +130,26 @@ def test_a_truncated_state_file_names_the_shard(tmp_path: Path) -> None:
 
 def test_a_state_file_of_another_dtype_or_an_object_array_is_refused(tmp_path: Path) -> None:
     _shards(tmp_path, [3])
-    path = tmp_path / "s0" / "state.int64.npy"
-    np.save(path, np.zeros((3, 2), dtype=np.float64))
-    with pytest.raises(IndexFormatError, match="the shard says int64"):
+    path = tmp_path / "s0" / "state.npy"
+    record = json.loads((tmp_path / "s0" / "meta.json").read_text())["record_bytes"]
+    np.save(path, np.zeros((3, record // 8), dtype=np.float64))
+    with pytest.raises(IndexFormatError, match="the shard says uint8"):
         ShardReader(tmp_path / "s0")
-    np.save(path, np.array([[None, None]] * 3, dtype=object), allow_pickle=True)
+    np.save(path, np.array([[None] * record] * 3, dtype=object), allow_pickle=True)
     with pytest.raises(IndexFormatError, match="object"):
+        ShardReader(tmp_path / "s0")
+    np.save(path, np.zeros((3, record - 8), dtype=np.uint8))
+    with pytest.raises(IndexFormatError, match=rf"\(3, {record - 8}\), the shard says uint8 \(3, {record}\)"):
         ShardReader(tmp_path / "s0")
 
 
 def test_a_file_replaced_after_opening_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store._FILES, "limit", 1)  # one handle open at a time: a read reopens the file
-    readers, _ = _shards(tmp_path, [5])
-    path = tmp_path / "s0" / "state.float32.npy"
-    assert readers[0].arrays["state.float32.npy"] not in store._FILES._files
+    readers, _ = _shards(tmp_path, [5, 2])
+    path = tmp_path / "s0" / "state.npy"
+    assert readers[0].state_file not in store._FILES._files
     replacement = tmp_path / "other.npy"
-    np.save(replacement, np.zeros((5, 16), dtype=np.float32))
+    np.save(replacement, np.zeros((5, readers[0].record), dtype=np.uint8))
     os.replace(replacement, path)
     with pytest.raises(IndexFormatError, match="changed since the index was opened"):
         readers[0].state(np.arange(5), MixedState)
@@ -152,9 +159,10 @@ def test_a_field_layout_of_an_older_format_is_refused(tmp_path: Path) -> None:
     _shards(tmp_path, [2])
     meta_path = tmp_path / "s0" / "meta.json"
     meta = json.loads(meta_path.read_text())
+    del meta["record_bytes"]  # version 1: one file per field
     for info in meta["fields"].values():
         if info is not None:
-            del info["array"], info["offset"]  # version 1: one file per field
+            del info["offset"]
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(IndexFormatError, match="older format"):
         ShardReader(tmp_path / "s0")

@@ -61,6 +61,19 @@ class CaptionHit:
         return dataclasses.asdict(self)
 
 
+def exact_scores(
+    head: Any, text_state: Any, readers: list[ShardReader], shards: np.ndarray, rows: np.ndarray, state_cls: type
+) -> np.ndarray:
+    """The head's exact scores (float64 [n]) of one encoded text against the stored windows (``shards[i]``,
+    ``rows[i]``), in that order: the state is read in storage order, scored in float32, and only the scores are put
+    back in the caller's order."""
+    order = np.lexsort((rows, shards))
+    state = gather_state(readers, shards[order], rows[order], state_cls, torch.float32)
+    scores = np.empty(len(rows), dtype=np.float64)
+    scores[order] = head.score_rerank(text_state, state)[0].float().cpu().numpy()
+    return scores
+
+
 def encoder_for(
     stamp: dict[str, Any], checkpoint: str | os.PathLike | None = None, device: str = "cpu"
 ) -> SearchEncoder:
@@ -178,11 +191,14 @@ class SearchIndex:
                 rows, scores = self._shortlist(query, min(want, self.rows))
                 if exact and rerank > 0:
                     rows = rows[: max(rerank, k)]
-                    shard, local = self.table_shard[rows], self.table_row[rows]
-                    stored = np.lexsort((local, shard))  # read in storage order: no reordering copy
-                    rows = rows[stored]
-                    state = gather_state(self.readers, shard[stored], local[stored], self.state_cls, torch.float32)
-                    scores = self.head.score_rerank(text_state, state)[0].float().cpu().numpy().astype(np.float64)
+                    scores = exact_scores(
+                        self.head,
+                        text_state,
+                        self.readers,
+                        self.table_shard[rows],
+                        self.table_row[rows],
+                        self.state_cls,
+                    )
                 order = np.lexsort((rows, -scores))
                 rows, scores = rows[order], scores[order]
                 if not all_windows:
@@ -243,4 +259,4 @@ def open_index(
     return SearchIndex(path, encoder, checkpoint=checkpoint, device=device, nprobe=nprobe, ef_search=ef_search)
 
 
-__all__ = ["CaptionHit", "Hit", "SearchIndex", "embed_video", "open_index", "SETTINGS"]
+__all__ = ["CaptionHit", "Hit", "SearchIndex", "embed_video", "exact_scores", "open_index", "SETTINGS"]

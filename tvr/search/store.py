@@ -3,12 +3,12 @@
 A shard is a folder ``shards/<name>/`` holding, for the windows of the videos it covers:
 
 * ``emb.npy`` — the head's shortlist embedding, float32 [n, E] (what FAISS indexes);
-* ``state.<dtype>.npy`` — the head's rerank state (``head.rerank_state``) packed as one record per window: every
-  tensor field of one stored dtype (float16 or float32, with the state's ``full_precision`` fields float32 either
-  way; masks keep their integer dtype) flattened side by side,
-  [n, width] — so one window's state is one contiguous run of bytes, read with one system call;
-* ``meta.json`` — the state's dataclass (``module:qualname``), every field's dtype, shape, array and column
-  offset, and per video its relative path, size, mtime (ns), duration, windows (start, end seconds) and its rows
+* ``state.npy`` — the head's rerank state (``head.rerank_state``) as one byte record per window, uint8
+  [n, record_bytes]: every tensor field flattened at its own byte offset (float16 or float32 — a state's
+  ``full_precision`` fields float32 either way —, masks in their integer dtype; widest items first, so every field
+  is aligned), so one window's state is one contiguous run of bytes, read with one system call;
+* ``meta.json`` — the state's dataclass (``module:qualname``), the record's size, every field's dtype, shape and
+  byte offset, and per video its relative path, size, mtime (ns), duration, windows (start, end seconds) and its rows
   [first, last) in this shard.
 
 The folder is filled under a temporary name and renamed into place, so a shard either exists complete or not at
@@ -42,7 +42,9 @@ from tvr.utils.io import atomic_write_json, create_temporary_dir, fsync_path
 SHARDS = "shards"
 META = "meta.json"
 EMB = "emb.npy"
-STATE_PREFIX = "state."
+STATE = "state.npy"
+#: a record's size is a multiple of this, so every row starts aligned for every field
+_ALIGN = 8
 
 
 class IndexFormatError(UserError, ValueError):
@@ -67,8 +69,8 @@ def write_shard(folder: Path, name: str, emb: Tensor, state: Any, videos: list[d
     tmp = create_temporary_dir(target)
     try:
         np.save(tmp / EMB, np.ascontiguousarray(emb.detach().cpu().float().numpy()), allow_pickle=False)
+        arrays: dict[str, np.ndarray] = {}
         fields: dict[str, Any] = {}
-        columns: dict[str, list[np.ndarray]] = {}
         for f in dataclasses.fields(state):
             value = getattr(state, f.name)
             if not isinstance(value, Tensor):
@@ -77,21 +79,23 @@ def write_shard(folder: Path, name: str, emb: Tensor, state: Any, videos: list[d
             array = _to_numpy(value, half and f.name not in state.full_precision)
             if array.shape[:1] != (n,):
                 raise ValueError(f"rerank state field {f.name}: {tuple(array.shape)}, expected {n} rows")
-            file = f"{STATE_PREFIX}{array.dtype}.npy"
-            parts = columns.setdefault(file, [])
-            fields[f.name] = {
-                "dtype": str(array.dtype),
-                "shape": list(array.shape),
-                "bool": value.dtype == torch.bool,
-                "array": file,
-                "offset": sum(p.shape[1] for p in parts),
-            }
-            parts.append(array.reshape(n, math.prod(array.shape[1:])))
-        for file, parts in columns.items():
-            np.save(tmp / file, np.concatenate(parts, axis=1), allow_pickle=False)
+            arrays[f.name] = array
+            fields[f.name] = {"dtype": str(array.dtype), "shape": list(array.shape), "bool": value.dtype == torch.bool}
+        offset = 0
+        for name in sorted(arrays, key=lambda k: -arrays[k].dtype.itemsize):  # widest first: all aligned
+            fields[name]["offset"] = offset
+            offset += _row_bytes(fields[name])
+        record = -(-offset // _ALIGN) * _ALIGN
+        packed = np.zeros((n, record), dtype=np.uint8)
+        for name, array in arrays.items():
+            start = fields[name]["offset"]
+            width = _row_bytes(fields[name])
+            packed[:, start : start + width] = array.reshape(n, width // array.dtype.itemsize).view(np.uint8)
+        np.save(tmp / STATE, packed, allow_pickle=False)
         cls = type(state)
         meta = {
             "rows": n,
+            "record_bytes": record,
             "state_class": f"{cls.__module__}:{cls.__qualname__}",
             "fields": fields,
             "videos": videos,
@@ -106,6 +110,10 @@ def write_shard(folder: Path, name: str, emb: Tensor, state: Any, videos: list[d
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _row_bytes(info: dict[str, Any]) -> int:
+    return math.prod(info["shape"][1:]) * np.dtype(info["dtype"]).itemsize
 
 
 def read_meta(shard: Path) -> dict[str, Any]:
@@ -212,24 +220,13 @@ class RowFile:
             raise IndexFormatError(f"{self.path} changed since the index was opened: open the index again")
         return handle
 
-    def read(self, rows: np.ndarray, out: np.ndarray) -> None:
-        """Rows ``rows`` (ascending) into ``out`` [len(rows), width] (C-contiguous): one read per run of
-        consecutive rows."""
-        if not len(rows):
+    def read_into(self, view: memoryview, row: int) -> None:
+        """Rows from ``row`` on into ``view`` (a whole number of rows); the caller holds ``_FILES.lock``."""
+        handle = _FILES.get(self)
+        position = self.offset + row * self.row_bytes
+        if _PREADV and os.preadv(handle.fileno(), [view], position) == len(view):
             return
-        view = memoryview(out).cast("B")
-        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-        starts = [0, *breaks.tolist()]
-        ends = [*breaks.tolist(), len(rows)]
-        first = rows[starts].tolist()
-        rb = self.row_bytes
-        with _FILES.lock:
-            handle = _FILES.get(self)
-            for a, b, row in zip(starts, ends, first, strict=True):
-                self._read_exactly(handle, view[a * rb : b * rb], self.offset + row * rb)
-
-    def _read_exactly(self, handle: Any, view: memoryview, position: int) -> None:
-        while len(view):
+        while len(view):  # a short read (or no positional read on this platform): go on from where it stopped
             if _PREADV:
                 got = os.preadv(handle.fileno(), [view], position)
             else:
@@ -251,27 +248,30 @@ class ShardReader:
         self.meta = meta if meta is not None else read_meta(shard)
         self.rows = int(self.meta["rows"])
         self.emb = self._load(shard / EMB)
-        self.arrays: dict[str, RowFile] = {}
-        widths: dict[str, tuple[str, int]] = {}
+        self.fields: dict[str, dict[str, Any] | None] = self.meta["fields"]
+        self.state_file: RowFile | None = None
         try:
-            for name, info in self.meta["fields"].items():
-                if info is None:
-                    continue
-                dtype, width = widths.get(info["array"], (info["dtype"], 0))
-                end = int(info["offset"]) + math.prod(info["shape"][1:])
-                if info["dtype"] != dtype or "/" in info["array"] or not info["array"].startswith(STATE_PREFIX):
-                    raise ValueError(name)
-                widths[info["array"]] = (dtype, max(width, end))
-        except (KeyError, TypeError, ValueError) as exc:
+            record = int(self.meta.get("record_bytes", -1))
+            described = [info for info in self.fields.values() if info is not None]
+            for info in described:
+                start = int(info["offset"])
+                if not (
+                    0 <= start and start + _row_bytes(info) <= record and start % np.dtype(info["dtype"]).itemsize == 0
+                ):
+                    raise ValueError(info)
+        except (AttributeError, KeyError, TypeError, ValueError):
             raise IndexFormatError(
-                f"{shard / META}: field {exc} is not described as this tvr stores it (an index of an older format?); "
-                "build the index again"
+                f"{shard / META}: the rerank state is not described as this tvr stores it (an index of an older "
+                "format?); build the index again"
             ) from None
-        for file, (dtype, width) in widths.items():
-            self.arrays[file] = RowFile(shard / file, self.rows, dtype, width)
+        if described:
+            if record % _ALIGN:
+                raise IndexFormatError(f"{shard / META}: record_bytes {record} is not a multiple of {_ALIGN}")
+            self.state_file = RowFile(shard / STATE, self.rows, "uint8", record)
+        self.record = record
         # what gather_state compares across shards: the same head stores the same fields the same way
         self.layout = json.dumps(
-            {k: v and {**v, "shape": v["shape"][1:]} for k, v in self.meta["fields"].items()}, sort_keys=True
+            [record, {k: v and {**v, "shape": v["shape"][1:]} for k, v in self.fields.items()}], sort_keys=True
         )
 
     def _load(self, path: Path) -> np.ndarray:
@@ -295,35 +295,48 @@ def gather_state(
     readers: list[ShardReader], shards: np.ndarray, rows: np.ndarray, cls: type, dtype: torch.dtype | None = None
 ) -> Any:
     """The rerank state of the rows (``shards[i]``, ``rows[i]``), in that order, as ``cls``: floating fields in
-    ``dtype`` (default: as stored), every tensor contiguous and the caller's own. Rows are read in (shard, row)
+    ``dtype`` (default: as stored), every tensor contiguous and the caller's own. Records are read in (shard, row)
     order, one read per run of consecutive rows; passing them already in that order saves a reordering copy."""
     shards, rows = np.asarray(shards, dtype=np.int64), np.asarray(rows, dtype=np.int64)
     n = len(rows)
     order = np.lexsort((rows, shards))
     in_order = bool(np.array_equal(order, np.arange(n)))
     s_shards, s_rows = (shards, rows) if in_order else (shards[order], rows[order])
-    cut = [0, *(np.flatnonzero(np.diff(s_shards)) + 1).tolist(), n]
-    groups = [(readers[int(s_shards[a])], a, b) for a, b in zip(cut[:-1], cut[1:], strict=True) if a < b]
-    template = groups[0][0] if groups else readers[0]
-    for reader, a, b in groups:
-        if reader.layout != template.layout:
-            raise IndexFormatError(f"{reader.path}: its rerank state is stored unlike {template.path}'s")
-        if s_rows[a] < 0 or s_rows[b - 1] >= reader.rows:
-            raise IndexError(f"rows {s_rows[a]}..{s_rows[b - 1]} of {reader.path}, which has {reader.rows}")
-    buffers = {}
-    for file, spec in template.arrays.items():
-        buf = np.empty((n, spec.width), dtype=spec.dtype)
-        for reader, a, b in groups:
-            reader.arrays[file].read(s_rows[a:b], buf[a:b])
-        buffers[file] = torch.from_numpy(buf if in_order else buf[np.argsort(order)])
+    template = readers[int(s_shards[0])] if n else readers[0]
+    buf = np.empty((n, template.record if template.state_file is not None else 0), dtype=np.uint8)
+    if n and template.state_file is not None:
+        first = np.ones(n, dtype=bool)
+        first[1:] = (s_shards[1:] != s_shards[:-1]) | (s_rows[1:] != s_rows[:-1] + 1)
+        starts = np.flatnonzero(first)
+        ends = np.append(starts[1:], n)
+        for k in np.unique(s_shards).tolist():
+            reader = readers[k]
+            if reader.layout != template.layout:
+                raise IndexFormatError(f"{reader.path}: its rerank state is stored unlike {template.path}'s")
+        lasts = s_rows[ends - 1]
+        limits = np.array([readers[k].rows for k in s_shards[starts].tolist()])
+        if int(s_rows.min()) < 0 or bool((lasts >= limits).any()):
+            bad = int(np.flatnonzero((lasts >= limits) | (s_rows[starts] < 0))[0])
+            raise IndexError(
+                f"rows up to {lasts[bad]} of {readers[int(s_shards[starts[bad]])].path}, which has {limits[bad]}"
+            )
+        view = memoryview(buf).cast("B")
+        rb = template.record
+        with _FILES.lock:
+            for a, b, k, row in zip(
+                starts.tolist(), ends.tolist(), s_shards[starts].tolist(), s_rows[starts].tolist(), strict=True
+            ):
+                readers[k].state_file.read_into(view[a * rb : b * rb], row)
+    if not in_order:
+        buf = buf[np.argsort(order)]
     values: dict[str, Any] = {}
-    for name, info in template.meta["fields"].items():
+    for name, info in template.fields.items():
         if info is None:
             values[name] = None
             continue
-        shape = info["shape"][1:]
-        offset = int(info["offset"])
-        part = buffers[info["array"]][:, offset : offset + math.prod(shape)].reshape(n, *shape)
+        start = int(info["offset"])
+        part = torch.from_numpy(buf[:, start : start + _row_bytes(info)].view(info["dtype"]))
+        part = part.reshape(n, *info["shape"][1:])
         if info.get("bool"):
             part = part.bool()
         elif dtype is not None and part.is_floating_point():
