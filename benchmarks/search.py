@@ -174,7 +174,7 @@ def build_state(
         names.append(name)
     seconds = time.perf_counter() - start
     readers = [ShardReader(folder / name) for name in names]
-    size = sum(p.stat().st_size for p in folder.rglob("state.*.npy"))
+    size = sum(p.stat().st_size for p in folder.rglob("state*.npy"))
     return readers, seconds, size
 
 
@@ -376,7 +376,9 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
             state = gather_state(readers, shard[stored], local[stored], cls, torch.float32)
             t2 = time.perf_counter()
             scores = np.empty(len(stored))
-            scores[stored] = head.score_rerank(text_state(head, kind, torch.from_numpy(q[None])), state)[0].numpy()
+            with torch.inference_mode():
+                ts = text_state(head, kind, torch.from_numpy(q[None]))
+                scores[stored] = head.score_rerank(ts, state)[0].numpy()
             top = np.argpartition(-scores, 10)[:10]
             t3 = time.perf_counter()
             lat.append(1000 * (t3 - t))

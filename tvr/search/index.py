@@ -70,7 +70,8 @@ def exact_scores(
     order = np.lexsort((rows, shards))
     state = gather_state(readers, shards[order], rows[order], state_cls, torch.float32)
     scores = np.empty(len(rows), dtype=np.float64)
-    scores[order] = head.score_rerank(text_state, state)[0].float().cpu().numpy()
+    with torch.inference_mode():
+        scores[order] = head.score_rerank(text_state, state)[0].float().cpu().numpy()
     return scores
 
 
@@ -183,7 +184,8 @@ class SearchIndex:
             return []
         exact = not self.head.indexable
         rerank = DEFAULT_RERANK if rerank is None else rerank
-        with self._lock, torch.no_grad():
+        # inference mode: a query is dozens of small tensor operations, each cheaper without autograd's bookkeeping
+        with self._lock, torch.inference_mode():
             text_state = self.encoder.encode_texts([text])
             query = self.head.shortlist_texts(text_state).float().cpu().numpy()
             want = max(k, rerank if exact else 0)

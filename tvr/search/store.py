@@ -322,11 +322,17 @@ def gather_state(
             )
         view = memoryview(buf).cast("B")
         rb = template.record
+        run_shards = s_shards[starts].tolist()
         with _FILES.lock:
-            for a, b, k, row in zip(
-                starts.tolist(), ends.tolist(), s_shards[starts].tolist(), s_rows[starts].tolist(), strict=True
-            ):
-                readers[k].state_file.read_into(view[a * rb : b * rb], row)
+            files = {k: readers[k].state_file for k in set(run_shards)}
+            # the common case inline, on descriptors that stay open through the loop (no more files than the
+            # handle cache keeps); short reads, platforms without preadv and wider gathers go the long way
+            inline = _PREADV and len(files) <= _FILES.limit
+            fds = {k: _FILES.get(f).fileno() for k, f in files.items()} if inline else {}
+            for a, b, k, row in zip(starts.tolist(), ends.tolist(), run_shards, s_rows[starts].tolist(), strict=True):
+                segment = view[a * rb : b * rb]
+                if not inline or os.preadv(fds[k], [segment], files[k].offset + row * rb) != len(segment):
+                    files[k].read_into(segment, row)
     if not in_order:
         buf = buf[np.argsort(order)]
     values: dict[str, Any] = {}

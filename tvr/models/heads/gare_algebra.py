@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +60,8 @@ class Algebra:
     ee: float
     ed: float
     dd: float
+    #: matrices a scorer derives from the fold once and reuses (keyed by the scorer), dropped with the fold
+    derived: dict[str, Tensor] = field(default_factory=dict, repr=False, compare=False)
 
 
 _CACHE: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, Algebra]] = weakref.WeakKeyDictionary()

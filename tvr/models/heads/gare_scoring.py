@@ -250,7 +250,7 @@ class _TextState:
     or [n_v, n, D] (ragged: each video against its own texts); the scalars broadcast against [n_v, n]."""
 
     t: Tensor
-    uk: Tensor  # t M_q times the query's coefficient of t_i, over √D
+    uk: Tensor | None  # t M_q times the query's coefficient of t_i, over √D (None: scoring a stored state)
     ts: Tensor  # t / temp
     tt: Tensor  # ‖t‖²
     st: Tensor  # Σ_d t_d
@@ -270,9 +270,13 @@ class _TextState:
         return self.tt, self.st, self.ct, self.te, self.td
 
 
+def _query_coefficient(v: GareOptions, dim: int) -> float:
+    return (-v.eta if v.gap_query else 1.0) / math.sqrt(dim)
+
+
 def _text_state(alg: Algebra, t: Tensor, v: GareOptions) -> _TextState:
     dim = t.shape[1]
-    coef = (-v.eta if v.gap_query else 1.0) / math.sqrt(dim)
+    coef = _query_coefficient(v, dim)
     tt = (t * t).sum(1)
     st = t.sum(1)
     return _TextState(
@@ -701,25 +705,58 @@ def _restored(state: GareRerankState, dtype: torch.dtype) -> _VideoState:
     )
 
 
-def _stored_dots(alg: Algebra, state: GareRerankState, ts: _TextState, v: GareOptions) -> _Dots:
+def _stored_query_fold(alg: Algebra, coef: float) -> Tensor:
+    """[D, 2D + 4]: what a text needs against stored states, in one product t ↦ [g₁ ⊙ u | g₁ ⊙ (t A_wᵀ) | u·b₁ |
+    (t A_wᵀ)·b₁ + t·c_w | t·e | t·d] with u = coef · t M_q (cached on the fold)."""
+    key = f"stored_query:{coef!r}"
+    fold = alg.derived.get(key)
+    if fold is None:
+        dim = alg.dim
+        mq = alg.mq * coef
+        a_wt, c_w = alg.proj[:, 2 * dim : 3 * dim].T, alg.proj_bias[2 * dim : 3 * dim]
+        columns = [mq * alg.g1, a_wt * alg.g1, (mq @ alg.b1)[:, None], (a_wt @ alg.b1 + c_w)[:, None]]
+        fold = torch.cat([*columns, alg.e[:, None], alg.d[:, None]], dim=1).contiguous()
+        alg.derived[key] = fold
+    return fold
+
+
+def _stored_text(alg: Algebra, t: Tensor, v: GareOptions) -> tuple[_TextState, Tensor]:
+    """The text operands for :func:`_frames_from_dots` and the folded query rows [N_t, 2D + 4] for
+    :func:`_stored_dots` (no ``uk``: the stored path never forms it)."""
+    dim = t.shape[1]
+    folded = t @ _stored_query_fold(alg, _query_coefficient(v, dim))
+    tt = (t * t).sum(1)
+    st = t.sum(1)
+    ts = _TextState(
+        t=t,
+        uk=None,
+        ts=t / v.pool_temperature,
+        tt=tt.unsqueeze(0),
+        st=st.unsqueeze(0),
+        ct=(tt - st * st / dim).unsqueeze(0),
+        te=folded[:, 2 * dim + 2].unsqueeze(0),
+        td=folded[:, 2 * dim + 3].unsqueeze(0),
+    )
+    return ts, folded
+
+
+def _stored_dots(alg: Algebra, state: GareRerankState, ts: _TextState, folded: Tensor, v: GareOptions) -> _Dots:
     """:func:`_frame_dots` from the standardised frames: ℓ·u = z·(g₁ ⊙ u) + b₁·u, w·t = ℓ·(t A_wᵀ) + c_w·t and
-    x·u = σ z·u + μ Σ_d u_d, so one product of z with three stacked query vectors gives every term."""
+    x·u = σ z·u + μ Σ_d u_d, so one product of z with the text's stacked folded rows gives every term."""
     z = state.z.to(ts.t.dtype)
     n, f, dim = z.shape
     nt = ts.t.shape[0]
     softmax = v.video_pool == "text_softmax"
-    a_w, c_w = alg.proj[:, 2 * dim : 3 * dim], alg.proj_bias[2 * dim : 3 * dim]
-    tw = ts.t @ a_w.T
-    queries = [alg.g1 * ts.uk, alg.g1 * tw] + ([ts.ts] if softmax else [])
+    queries = [folded[:, :dim], folded[:, dim : 2 * dim]] + ([ts.ts] if softmax else [])
     dots = (z.reshape(n * f, dim) @ torch.cat(queries).T).view(n, f, len(queries) * nt)
-    s1 = dots[..., :nt] + ts.uk @ alg.b1
+    s1 = dots[..., :nt] + folded[:, 2 * dim]
     if state.kappa is not None:
         s1 = s1 + state.kappa.to(z.dtype).unsqueeze(2)
-    sw = dots[..., nt : 2 * nt] + (tw @ alg.b1 + ts.t @ c_w)
+    sw = dots[..., nt : 2 * nt] + folded[:, 2 * dim + 1]
     sx = None
     if softmax:
         sigma, mu = state.sigma.to(z.dtype).unsqueeze(2), state.mu.to(z.dtype).unsqueeze(2)
-        sx = torch.addcmul(mu * ts.ts.sum(1), dots[..., 2 * nt :], sigma)
+        sx = torch.addcmul(mu * (ts.st[0] / v.pool_temperature), dots[..., 2 * nt :], sigma)
     return _Dots(s1, sw, sx, state.vbar.to(z.dtype) @ ts.t.T)
 
 
@@ -757,7 +794,6 @@ def gare_rerank_scores(psi: nn.Module, text: TextFeatures, state: GareRerankStat
         raise ValueError(f"text: expected eot [N_t, {state.z.shape[-1]}], got {tuple(t.shape)}")
     alg = psi_algebra(psi, t.dtype, t.device)  # type: ignore[arg-type]
     state = state.to(t.device)
-    ts = _text_state(alg, t, options)
-    return _frames_from_dots(
-        alg, _restored(state, t.dtype), ts, options, _stored_dots(alg, state, ts, options)
-    ).T.contiguous()
+    ts, folded = _stored_text(alg, t, options)
+    dots = _stored_dots(alg, state, ts, folded, options)
+    return _frames_from_dots(alg, _restored(state, t.dtype), ts, options, dots).T.contiguous()
