@@ -91,7 +91,8 @@ def write_shard(folder: Path, name: str, emb: Tensor, state: Any, videos: list[d
             start = fields[name]["offset"]
             width = _row_bytes(fields[name])
             packed[:, start : start + width] = array.reshape(n, width // array.dtype.itemsize).view(np.uint8)
-        np.save(tmp / STATE, packed, allow_pickle=False)
+        if arrays:  # an indexable head stores no state
+            np.save(tmp / STATE, packed, allow_pickle=False)
         cls = type(state)
         meta = {
             "rows": n,
