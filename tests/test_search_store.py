@@ -4,6 +4,7 @@ written, for any rows in any order, and damaged or replaced files are refused wi
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 from pathlib import Path
@@ -113,6 +114,16 @@ def test_without_positional_reads_and_with_few_open_files(tmp_path: Path, monkey
         assert len(store._FILES._files) <= 2
 
 
+def test_a_reader_gone_closes_its_file(tmp_path: Path) -> None:
+    readers, _ = _shards(tmp_path, [3])
+    state_file = readers[0].state_file
+    assert store._FILES.holds(state_file)
+    handle = store._FILES.get(state_file)
+    del readers, state_file
+    gc.collect()
+    assert handle.closed
+
+
 def test_rows_outside_a_shard_are_refused(tmp_path: Path) -> None:
     readers, _ = _shards(tmp_path, [4])
     with pytest.raises(IndexError, match="has 4"):
@@ -147,7 +158,7 @@ def test_a_file_replaced_after_opening_is_refused(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(store._FILES, "limit", 1)  # one handle open at a time: a read reopens the file
     readers, _ = _shards(tmp_path, [5, 2])
     path = tmp_path / "s0" / "state.npy"
-    assert readers[0].state_file not in store._FILES._files
+    assert not store._FILES.holds(readers[0].state_file)
     replacement = tmp_path / "other.npy"
     np.save(replacement, np.zeros((5, readers[0].record), dtype=np.uint8))
     os.replace(replacement, path)

@@ -27,6 +27,7 @@ import math
 import os
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -158,18 +159,29 @@ class _OpenFiles:
         except (ImportError, OSError, ValueError):
             self.limit = 128
         self.lock = threading.RLock()
-        self._files: OrderedDict[RowFile, Any] = OrderedDict()
+        self._files: OrderedDict[int, Any] = OrderedDict()  # id(RowFile) → handle
 
     def get(self, owner: RowFile) -> Any:
-        handle = self._files.get(owner)
+        key = id(owner)
+        handle = self._files.get(key)
         if handle is not None:
-            self._files.move_to_end(owner)
+            self._files.move_to_end(key)
             return handle
         handle = owner.open()
-        self._files[owner] = handle
+        self._files[key] = handle
         while len(self._files) > max(1, self.limit):
             self._files.popitem(last=False)[1].close()
         return handle
+
+    def holds(self, owner: RowFile) -> bool:
+        return id(owner) in self._files
+
+    def forget(self, key: int) -> None:
+        """Close the handle of a :class:`RowFile` that is gone (its finaliser: an index closed frees its files)."""
+        with self.lock:
+            handle = self._files.pop(key, None)
+            if handle is not None:
+                handle.close()
 
 
 _FILES = _OpenFiles()
@@ -183,6 +195,7 @@ class RowFile:
     def __init__(self, path: Path, rows: int, dtype: str, width: int) -> None:
         self.path = path
         self.identity: tuple[int, int, int] | None = None
+        weakref.finalize(self, _FILES.forget, id(self))
         with _FILES.lock:
             fh = _FILES.get(self)
             try:
@@ -225,9 +238,7 @@ class RowFile:
         """Rows from ``row`` on into ``view`` (a whole number of rows); the caller holds ``_FILES.lock``."""
         handle = _FILES.get(self)
         position = self.offset + row * self.row_bytes
-        if _PREADV and os.preadv(handle.fileno(), [view], position) == len(view):
-            return
-        while len(view):  # a short read (or no positional read on this platform): go on from where it stopped
+        while len(view):  # a short read goes on from where it stopped
             if _PREADV:
                 got = os.preadv(handle.fileno(), [view], position)
             else:
