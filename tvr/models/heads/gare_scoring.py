@@ -619,10 +619,10 @@ class GareRerankState(Sliceable):
 
     Of the per-frame D-vectors only the standardised frames z are kept: ψ's keys are affine in them
     (ℓ = g₁ ⊙ z + b₁, w = ℓ A_w + c_w) and so are the frames (x = σ z + μ), so a query folds those maps into its
-    own three D-vectors and takes all three inner products from z, exactly — a third of the bytes a query reads
-    with ℓ, w and x stored. z is LN₁ before its affine map, of unit scale whatever the features' offset, which keeps
-    a float16 copy as precise as one of ℓ; the fields that carry the features' own scale (means, spreads, v̄, the
-    pooling Grams X Xᵀ, squared norms) stay float32 in a float16 index (:attr:`full_precision`)."""
+    own three D-vectors and takes all three inner products from z, exactly — a third of the per-frame bytes a
+    query reads with ℓ, w and x stored. z is LN₁ before its affine map, of unit scale whatever the features'
+    offset, which keeps a float16 copy as precise as one of ℓ; the fields that carry the features' own scale (means,
+    spreads, v̄, the pooling Grams X Xᵀ, squared norms) stay float32 in a float16 index (:attr:`full_precision`)."""
 
     full_precision: ClassVar[tuple[str, ...]] = (
         "mu",
