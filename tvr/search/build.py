@@ -47,7 +47,7 @@ from tvr.utils.lock import folder_lock
 from tvr.utils.parallel import parallel_map
 
 FORMAT = "tvr-search-index"
-#: 2: the rerank state packed one record per window (``state.<dtype>.npy``), GARE's as standardised frames
+#: 2: the rerank state packed one record per window (``state.npy``), GARE's as standardised frames
 VERSION = 2
 SETTINGS = "settings.json"
 MANIFEST = "manifest.json"

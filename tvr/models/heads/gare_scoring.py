@@ -274,21 +274,26 @@ def _query_coefficient(v: GareOptions, dim: int) -> float:
     return (-v.eta if v.gap_query else 1.0) / math.sqrt(dim)
 
 
-def _text_state(alg: Algebra, t: Tensor, v: GareOptions) -> _TextState:
+def _text_operands(t: Tensor, v: GareOptions, uk: Tensor | None, te: Tensor, td: Tensor) -> _TextState:
+    """The grid operands of texts ``t`` [N_t, D] given their query rows ``uk`` and t·e, t·d [N_t]."""
     dim = t.shape[1]
-    coef = _query_coefficient(v, dim)
     tt = (t * t).sum(1)
     st = t.sum(1)
     return _TextState(
         t=t,
-        uk=(t @ alg.mq).mul_(coef),
+        uk=uk,
         ts=t / v.pool_temperature,
         tt=tt.unsqueeze(0),
         st=st.unsqueeze(0),
         ct=(tt - st * st / dim).unsqueeze(0),
-        te=(t @ alg.e).unsqueeze(0),
-        td=(t @ alg.d).unsqueeze(0),
+        te=te.unsqueeze(0),
+        td=td.unsqueeze(0),
     )
+
+
+def _text_state(alg: Algebra, t: Tensor, v: GareOptions) -> _TextState:
+    uk = (t @ alg.mq).mul_(_query_coefficient(v, t.shape[1]))
+    return _text_operands(t, v, uk, t @ alg.e, t @ alg.d)
 
 
 def _frames_pairs(alg: Algebra, vs: _VideoState, ts: _TextState, v: GareOptions, ws: Workspace | None = None) -> Tensor:
@@ -725,19 +730,7 @@ def _stored_text(alg: Algebra, t: Tensor, v: GareOptions) -> tuple[_TextState, T
     :func:`_stored_dots` (no ``uk``: the stored path never forms it)."""
     dim = t.shape[1]
     folded = t @ _stored_query_fold(alg, _query_coefficient(v, dim))
-    tt = (t * t).sum(1)
-    st = t.sum(1)
-    ts = _TextState(
-        t=t,
-        uk=None,
-        ts=t / v.pool_temperature,
-        tt=tt.unsqueeze(0),
-        st=st.unsqueeze(0),
-        ct=(tt - st * st / dim).unsqueeze(0),
-        te=folded[:, 2 * dim + 2].unsqueeze(0),
-        td=folded[:, 2 * dim + 3].unsqueeze(0),
-    )
-    return ts, folded
+    return _text_operands(t, v, None, folded[:, 2 * dim + 2], folded[:, 2 * dim + 3]), folded
 
 
 def _stored_dots(alg: Algebra, state: GareRerankState, ts: _TextState, folded: Tensor, v: GareOptions) -> _Dots:
