@@ -154,6 +154,17 @@ def recall_at(found: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
     return float(np.mean([len(set(f[:k]) & set(t[:k])) / k for f, t in zip(found, truth, strict=True)]))
 
 
+def timed_top10(index, queries: np.ndarray, truth: np.ndarray) -> dict:
+    """Latency percentiles of the shortlist's top 10, one query at a time, and its recall@10 against ``truth``."""
+    lat, found = [], []
+    for q in queries:
+        t = time.perf_counter()
+        _, rows = ann.search(index, q[None], 10)
+        lat.append(1000 * (time.perf_counter() - t))
+        found.append(rows[0])
+    return {**percentiles(lat), "recall_at_10": round(recall_at(np.array(found), truth), 4)}
+
+
 def build_state(
     head, gallery: np.ndarray, n: int, frames: int, folder: Path, half: bool, kind: str, shard: int = 5000
 ) -> tuple[list[ShardReader], float, int]:
@@ -274,13 +285,7 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
     out["target_recall_at_10_exhaustive"] = round(
         float(np.mean([t in row for t, row in zip(targets.numpy(), truth, strict=True)])), 3
     )
-    lat, found = [], []
-    for q in queries:
-        t = time.perf_counter()
-        _, rows = ann.search(index, q[None], 10)
-        lat.append(1000 * (time.perf_counter() - t))
-        found.append(rows[0])
-    out["shortlist_top10"] = {**percentiles(lat), "recall_at_10": round(recall_at(np.array(found), truth), 4)}
+    out["shortlist_top10"] = timed_top10(index, queries, truth)
     # recall against cost: IVF cells probed, or the HNSW search beam
     sweep = {}
     faiss = ann._faiss()
@@ -296,13 +301,7 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
                 ivf.nprobe = value
             else:
                 index.hnsw.efSearch = value
-            lat, found = [], []
-            for q in queries:
-                t = time.perf_counter()
-                _, rows = ann.search(index, q[None], 10)
-                lat.append(1000 * (time.perf_counter() - t))
-                found.append(rows[0])
-            sweep[value] = {**percentiles(lat), "recall_at_10": round(recall_at(np.array(found), truth), 4)}
+            sweep[value] = timed_top10(index, queries, truth)
         if ivf is not None:
             ivf.nprobe = settings.nprobe
         else:
