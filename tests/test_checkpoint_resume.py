@@ -124,7 +124,7 @@ def make_config(**train) -> Config:
         warmup=0.1,
         seed=3,
         device="cpu",
-        checkpoint_every=4,
+        save_every_steps=4,
         log_every=1,
         eval_every=5,
         grad_clip=1.0,
@@ -344,7 +344,7 @@ def test_resume_mid_epoch_without_evaluation_matches(tmp_path) -> None:
     """Validation is RNG-neutral: the same run with and without evaluate_fn trains identically."""
     a = make_trainer(tmp_path / "a", cfg=make_config(max_steps=9))
     a.fit()
-    b = make_trainer(tmp_path / "b", cfg=make_config(max_steps=9, checkpoint_every=0), evaluate=False)
+    b = make_trainer(tmp_path / "b", cfg=make_config(max_steps=9, save_every_steps=0), evaluate=False)
     summary = b.fit()
     assert summary["stopped_early"] and summary["steps"] == 9
     assert_same_params(a.model, b.model)
@@ -468,7 +468,7 @@ class ScriptedData:
 
 
 def test_skipped_videos_reported_and_empty_batches_skipped(tmp_path) -> None:
-    cfg = make_config(epochs=2, checkpoint_every=0, eval_every=0)
+    cfg = make_config(epochs=2, save_every_steps=0, eval_every=0)
     trainer = Trainer(make_model(), cfg, ScriptedData(), tmp_path)
     summary = trainer.fit()
     assert summary["steps"] == 4  # 2 of 3 batches per epoch train
@@ -507,7 +507,7 @@ def test_skipped_report_written_when_the_run_dies(tmp_path) -> None:
 
 def test_dataset_unreadable_items_are_skipped(tmp_path) -> None:
     dataset = ToyDataset(bad=tuple(range(N_ITEMS - 4)))  # most items unreadable: some batches come back empty
-    cfg = make_config(epochs=1, checkpoint_every=0, eval_every=0)
+    cfg = make_config(epochs=1, save_every_steps=0, eval_every=0)
     data = DatasetTrainData(dataset, BATCH, collate, seed=cfg.train.seed)
     plan = data.epoch_plan(0)
     expected_steps = sum(any(i >= N_ITEMS - 4 for i in b) for b in plan)
@@ -555,7 +555,7 @@ def test_best_checkpoint_follows_select_metric(tmp_path) -> None:
     def evaluate(model):
         return {"t2v": {"R1": next(values)}, "v2t": {"R1": 0.0}}
 
-    cfg = make_config(epochs=2, eval_every=2, checkpoint_every=0)
+    cfg = make_config(epochs=2, eval_every=2, save_every_steps=0)
     data = DatasetTrainData(ToyDataset(n=12), BATCH, collate, seed=1)  # 3 steps per epoch
     summary = Trainer(make_model(), cfg, data, tmp_path, evaluate_fn=evaluate).fit()
     evals = read_jsonl(tmp_path / "val_log.jsonl")

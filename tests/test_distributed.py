@@ -283,7 +283,7 @@ def _assert_grads_equal(model: nn.Module, ref: nn.Module) -> None:
 
 
 def _train_config(**kw) -> Config:
-    values = dict(epochs=2, batch_size=4, lr=5e-2, seed=0, device="cpu", log_every=1, checkpoint_every=0, grad_clip=0.5)
+    values = dict(epochs=2, batch_size=4, lr=5e-2, seed=0, device="cpu", log_every=1, save_every_steps=0, grad_clip=0.5)
     values.update(kw)
     return Config(train=TrainConfig(**values))
 

@@ -18,7 +18,7 @@ from test_end_to_end import make_msrvtt
 
 from tvr.config import config_from_dict
 from tvr.pipeline import RunFolderError, run_train
-from tvr.train.checkpoint import CheckpointError, read_checkpoint
+from tvr.train.checkpoint import read_checkpoint
 from tvr.utils.lock import LOCK_NAME, FolderBusyError, folder_lock
 
 
@@ -72,10 +72,10 @@ def test_overwrite_removes_the_earlier_run_before_the_new_one_starts(data_values
 
     import tvr.train.trainer as trainer_module
 
-    def killed(self, resume=False):  # the new run dies before its first checkpoint
+    def killed(self, batch, *args):  # the new run dies at its first step, before its first checkpoint
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(trainer_module.Trainer, "fit", killed)
+    monkeypatch.setattr(trainer_module.Trainer, "_consume", killed)
     other = json.loads(json.dumps(data_values))
     other["train"]["lr"] = 0.5
     with pytest.raises(KeyboardInterrupt):
@@ -86,7 +86,7 @@ def test_overwrite_removes_the_earlier_run_before_the_new_one_starts(data_values
     assert yaml.safe_load((out / "config.yaml").read_text())["train"]["lr"] == 0.5
     monkeypatch.undo()
     # nothing of the old run is left to continue under the new config
-    with pytest.raises(CheckpointError, match="checkpoint not found"):
+    with pytest.raises(RunFolderError, match=r"--resume: run folder .* holds no last\.pt"):
         run_train(config_from_dict(other), out, resume=True, final_test=False)
 
 
