@@ -58,7 +58,7 @@ from tvr.train.utils import (
     skipped_entries,
     to_jsonable,
 )
-from tvr.utils.distributed import all_gather_object, all_reduce_max
+from tvr.utils.distributed import all_gather_object, all_reduce_max, barrier
 from tvr.utils.io import atomic_write_json
 from tvr.utils.progress import progress_enabled
 
@@ -309,6 +309,10 @@ class Trainer:
         self.train_seconds = seconds_before + time.perf_counter() - session_start
         if self._last_ckpt_position != self._position():
             self._save_last()
+        if self.dist.distributed:
+            # no rank leaves before rank 0 has written last.pt: under torchrun the first rank to exit makes the agent
+            # stop the others
+            barrier()
         if self.is_main:
             log.warning("%s: stopping after step %d; %s holds the run", name, self.global_step, self.last_path)
         raise PreemptedError(name, self.global_step, self.epoch, self.batch_in_epoch, self.last_path)
