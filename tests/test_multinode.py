@@ -1,7 +1,8 @@
 """Two "machines" on loopback: two torchrun agents (one process each) meet through a c10d rendezvous on 127.0.0.1,
-as two nodes of a cluster would, and run ``tvr train`` (GARE: the per-rank loss, sharded validation and test). The
-run must equal one process training on the same global batch: the same weights (to float rounding), losses and
-test metrics. So multi-node launch is proven, not assumed."""
+as two nodes of a cluster would, with the launch lines of docs/scaling.md and docs/search.md. ``tvr train`` (GARE:
+the per-rank loss, sharded validation and test) must equal one process training on the same global batch: the same
+weights (to float rounding), losses and test metrics; ``tvr index`` must build the index one process builds. So
+multi-node launch is proven, not assumed."""
 
 from __future__ import annotations
 
@@ -15,11 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from search_fixtures import index_args
 from test_end_to_end import make_msrvtt
+from test_search import assert_same_index
 from two_process import free_port
 
 from tvr.config import config_from_dict
 from tvr.pipeline import run_train
+from tvr.pipeline.search import run_index
+from tvr.search.build import IndexOptions
 from tvr.train.logging import read_jsonl
 
 
@@ -31,7 +36,7 @@ def _torchrun() -> str:
     return found
 
 
-def _node(torchrun: str, node_rank: int, port: int, config: Path, out: Path, log: Path) -> subprocess.Popen:
+def _node(torchrun: str, node_rank: int, port: int, tvr_args: list[str], log: Path) -> subprocess.Popen:
     command = [
         torchrun,
         "--nnodes", "2",
@@ -43,14 +48,28 @@ def _node(torchrun: str, node_rank: int, port: int, config: Path, out: Path, log
         # node 0 hosts the rendezvous store; both nodes reach each other through the loopback address
         "--rdzv_conf", f"is_host={'true' if node_rank == 0 else 'false'}",
         "--local_addr", "127.0.0.1",
-        "-m", "tvr.cli", "train", "-c", str(config), "-o", str(out),
+        "-m", "tvr.cli", *tvr_args,
     ]  # fmt: skip
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
 
 
-def test_two_nodes_on_loopback_train_like_one_process(tmp_path: Path) -> None:
+def _run_two_nodes(tvr_args: list[str], logs: Path) -> None:
+    """``python -m tvr.cli *tvr_args`` on two loopback "nodes"; fails the test unless both finish with code 0."""
     torchrun = _torchrun()
+    port = free_port()
+    paths = [logs / f"node{k}.log" for k in range(2)]
+    nodes = [_node(torchrun, k, port, tvr_args, paths[k]) for k in range(2)]
+    try:
+        codes = [node.wait(timeout=420) for node in nodes]
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            node.kill()
+        pytest.fail("the two torchrun nodes did not finish within 420 s:\n" + paths[0].read_text()[-3000:])
+    assert codes == [0, 0], "\n".join(path.read_text()[-3000:] for path in paths)
+
+
+def test_two_nodes_on_loopback_train_like_one_process(tmp_path: Path) -> None:
     values = make_msrvtt(tmp_path / "data")
     # GARE without ψ dropout (a pair's dropout draw on a rank is not the single process's draw)
     values["head"] = {"name": "gare", "options": {"psi_dropout": 0.0}}
@@ -59,16 +78,7 @@ def test_two_nodes_on_loopback_train_like_one_process(tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump(values))
 
     out = tmp_path / "two_nodes"
-    port = free_port()
-    logs = [tmp_path / f"node{k}.log" for k in range(2)]
-    nodes = [_node(torchrun, k, port, config, out, logs[k]) for k in range(2)]
-    try:
-        codes = [node.wait(timeout=420) for node in nodes]
-    except subprocess.TimeoutExpired:
-        for node in nodes:
-            node.kill()
-        pytest.fail("the two torchrun nodes did not finish within 420 s:\n" + logs[0].read_text()[-3000:])
-    assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+    _run_two_nodes(["train", "-c", str(config), "-o", str(out)], tmp_path)
 
     single = run_train(config_from_dict(json.loads(json.dumps(values))), tmp_path / "one")
     two = json.loads((out / "summary.json").read_text())
@@ -93,3 +103,22 @@ def test_two_nodes_on_loopback_train_like_one_process(tmp_path: Path) -> None:
     for tag in ("last", "best"):
         metrics = [json.loads((run / f"test_{tag}" / "metrics.json").read_text()) for run in runs]
         assert metrics[0]["t2v"] == metrics[1]["t2v"] and metrics[0]["v2t"] == metrics[1]["v2t"], tag
+
+
+def test_two_nodes_on_loopback_index_like_one_process(search_setup, tmp_path: Path) -> None:
+    """docs/search.md's multi-node ``tvr index`` line on loopback: each node embeds its share of the videos, rank 0
+    builds the IVF shortlist once; the index equals one process's (manifest, row tables, embeddings, FAISS bytes)."""
+    extra = ["--ann", "ivf", "--nlist", "2", "--shard-windows", "2"]
+    _run_two_nodes(index_args(search_setup.videos, tmp_path / "two", search_setup.checkpoint, *extra), tmp_path)
+    shards = sorted(p.name for p in (tmp_path / "two" / "shards").iterdir())
+    assert any("-r000-" in s for s in shards) and any("-r001-" in s for s in shards)  # each node wrote its own
+
+    options = IndexOptions(window=4.0, stride=2.0, workers=1, progress=False, ann_kind="ivf", nlist=2, shard_windows=2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same arithmetic as the one-thread ranks
+    try:
+        report = run_index(search_setup.videos, tmp_path / "one", options, checkpoint=search_setup.checkpoint)
+    finally:
+        torch.set_num_threads(threads)
+    assert report["processes"] == 1
+    assert_same_index(tmp_path / "one", tmp_path / "two")
