@@ -91,7 +91,7 @@ def test_the_licence_is_an_spdx_string_for_a_setuptools_that_takes_it() -> None:
         (["TORCH=cuda"], '"torch===2.13.0"'),  # PyPI's own build: a local 2.13.0+cpu does not meet "==="
         (
             ["TORCH_INDEX=https://download.pytorch.org/whl/cu126"],
-            '"torch==2.13.0" --index-url https://download.pytorch',
+            '"torch==2.13.0" --index-url https://download.pytorch.org/whl/cu126',
         ),
     ],
 )
