@@ -680,7 +680,9 @@ def part_scoring(args: argparse.Namespace) -> dict:
                 terms.append(cost["input_bytes"] / peaks["bytes_per_second"])
             if terms:
                 bound = max(terms)
-                row.update(roofline_seconds=bound, efficiency=round(bound / seconds, 4), bound_holds=bound <= seconds)
+                row.update(
+                    roofline_seconds=bound, efficiency=float(f"{bound / seconds:.3g}"), bound_holds=bound <= seconds
+                )
             else:
                 row.update(roofline_seconds=None, efficiency=None, bound_holds=None)
         except Exception as exc:  # noqa: BLE001 - recorded; the other scorers still run
