@@ -330,19 +330,28 @@ def _start_child(out_dir: Path, kill_step: int) -> subprocess.Popen:
     return proc
 
 
-# save_every_steps=4 with 6 batches per epoch: last.pt at steps 4, 6 (epoch end), 8, 12 (epoch end), 16, 18
-@pytest.mark.parametrize(("kill_step", "position"), [(15, (12, 2, 0)), (10, (8, 1, 2))], ids=["epoch_end", "mid_epoch"])
-def test_resume_after_sigkill_is_bit_exact(full_run, tmp_path, kill_step, position) -> None:
-    full_out, full_model, _ = full_run
-    proc = _start_child(tmp_path, kill_step)
+def _signal_child(proc: subprocess.Popen, *signums: int) -> int:
+    """Send ``signums`` in turn (the child must outlive every one but the last) and return its exit status; the child
+    never outlives the test."""
     try:
-        os.kill(proc.pid, signal.SIGKILL)
+        for k, signum in enumerate(signums):
+            if k:
+                time.sleep(0.5)  # let the handler run, not a measurement
+                assert proc.poll() is None, f"signal {signums[k - 1]} ended the child:\n{proc.stderr.read()}"
+            os.kill(proc.pid, signum)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    return proc.returncode
+
+
+# save_every_steps=4 with 6 batches per epoch: last.pt at steps 4, 6 (epoch end), 8, 12 (epoch end), 16, 18
+@pytest.mark.parametrize(("kill_step", "position"), [(15, (12, 2, 0)), (10, (8, 1, 2))], ids=["epoch_end", "mid_epoch"])
+def test_resume_after_sigkill_is_bit_exact(full_run, tmp_path, kill_step, position) -> None:
+    full_out, full_model, _ = full_run
+    assert _signal_child(_start_child(tmp_path, kill_step), signal.SIGKILL) == -signal.SIGKILL
     state = read_checkpoint(tmp_path / "last.pt")["state"]
     assert (state["global_step"], state["epoch"], state["batch_in_epoch"]) == position
     assert not list(tmp_path.glob(".*.tmp"))
@@ -406,18 +415,7 @@ def test_a_preemption_signal_stops_after_the_step_and_the_resume_is_bit_exact(
 def test_a_second_signal_ends_the_process_at_once(tmp_path) -> None:
     """The first SIGTERM is recorded while the step's callback still runs; the second, before that step is over,
     ends the process with the signal's default action: no checkpoint of the interrupted step, no temporary left."""
-    proc = _start_child(tmp_path, 10)
-    try:
-        os.kill(proc.pid, signal.SIGTERM)
-        time.sleep(0.5)  # let the handler run, not a measurement: the first signal must not end the process
-        assert proc.poll() is None, proc.stderr.read()
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGTERM
+    assert _signal_child(_start_child(tmp_path, 10), signal.SIGTERM, signal.SIGTERM) == -signal.SIGTERM
     state = read_checkpoint(tmp_path / "last.pt")["state"]
     assert (state["global_step"], state["epoch"], state["batch_in_epoch"]) == (8, 1, 2)
     assert not list(tmp_path.glob(".*.tmp"))

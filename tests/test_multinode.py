@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,27 +16,17 @@ import torch
 import yaml
 from search_fixtures import index_args
 from test_end_to_end import make_msrvtt
-from test_search import assert_same_index
-from two_process import free_port
+from test_search_distributed import OPTIONS, assert_built_like_one_process
+from two_process import free_port, torchrun
 
 from tvr.config import config_from_dict
 from tvr.pipeline import run_train
-from tvr.pipeline.search import run_index
-from tvr.search.build import IndexOptions
 from tvr.train.logging import read_jsonl
 
 
-def _torchrun() -> str:
-    local = Path(sys.executable).with_name("torchrun")
-    found = str(local) if local.exists() else shutil.which("torchrun")
-    if found is None:
-        pytest.skip("torchrun not installed")
-    return found
-
-
-def _node(torchrun: str, node_rank: int, port: int, tvr_args: list[str], log: Path) -> subprocess.Popen:
+def _node(launcher: str, node_rank: int, port: int, tvr_args: list[str], log: Path) -> subprocess.Popen:
     command = [
-        torchrun,
+        launcher,
         "--nnodes", "2",
         "--node_rank", str(node_rank),
         "--nproc_per_node", "1",
@@ -56,10 +44,10 @@ def _node(torchrun: str, node_rank: int, port: int, tvr_args: list[str], log: Pa
 
 def _run_two_nodes(tvr_args: list[str], logs: Path) -> None:
     """``python -m tvr.cli *tvr_args`` on two loopback "nodes"; fails the test unless both finish with code 0."""
-    torchrun = _torchrun()
+    launcher = torchrun()
     port = free_port()
     paths = [logs / f"node{k}.log" for k in range(2)]
-    nodes = [_node(torchrun, k, port, tvr_args, paths[k]) for k in range(2)]
+    nodes = [_node(launcher, k, port, tvr_args, paths[k]) for k in range(2)]
     try:
         codes = [node.wait(timeout=420) for node in nodes]
     except subprocess.TimeoutExpired:
@@ -108,17 +96,6 @@ def test_two_nodes_on_loopback_train_like_one_process(tmp_path: Path) -> None:
 def test_two_nodes_on_loopback_index_like_one_process(search_setup, tmp_path: Path) -> None:
     """docs/search.md's multi-node ``tvr index`` line on loopback: each node embeds its share of the videos, rank 0
     builds the IVF shortlist once; the index equals one process's (manifest, row tables, embeddings, FAISS bytes)."""
-    extra = ["--ann", "ivf", "--nlist", "2", "--shard-windows", "2"]
+    extra = ["--ann", "ivf", "--nlist", str(OPTIONS.nlist), "--shard-windows", str(OPTIONS.shard_windows)]
     _run_two_nodes(index_args(search_setup.videos, tmp_path / "two", search_setup.checkpoint, *extra), tmp_path)
-    shards = sorted(p.name for p in (tmp_path / "two" / "shards").iterdir())
-    assert any("-r000-" in s for s in shards) and any("-r001-" in s for s in shards)  # each node wrote its own
-
-    options = IndexOptions(window=4.0, stride=2.0, workers=1, progress=False, ann_kind="ivf", nlist=2, shard_windows=2)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the same arithmetic as the one-thread ranks
-    try:
-        report = run_index(search_setup.videos, tmp_path / "one", options, checkpoint=search_setup.checkpoint)
-    finally:
-        torch.set_num_threads(threads)
-    assert report["processes"] == 1
-    assert_same_index(tmp_path / "one", tmp_path / "two")
+    assert_built_like_one_process(search_setup, tmp_path / "two", tmp_path / "one")

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 import torch
 import yaml
 from test_end_to_end import make_msrvtt
-from two_process import run_two_processes
+from two_process import run_two_processes, torchrun
 from typer.testing import CliRunner
 
 import tvr.train.trainer as trainer_module
@@ -93,14 +91,6 @@ def test_a_preempted_command_exits_143_and_the_same_command_continues(data_value
 # --------------------------------------------------------------------------------------------- torchrun
 
 
-def _torchrun() -> str:
-    local = Path(sys.executable).with_name("torchrun")
-    found = str(local) if local.exists() else shutil.which("torchrun")
-    if found is None:
-        pytest.skip("torchrun not installed")
-    return found
-
-
 def _children(parent: int) -> dict[int, int]:
     """rank → pid of the processes ``parent`` started (torchrun's workers), from /proc."""
     ranks = {}
@@ -145,7 +135,7 @@ def test_torchrun_max_restarts_continues_a_preempted_run_with_the_same_command(d
     config = _config(tmp_path, values)
     out, log = tmp_path / "run", tmp_path / "torchrun.log"
     command = [
-        _torchrun(), "--standalone", "--nproc_per_node", "2", "--max-restarts", "1", "--monitor-interval", "0.5",
+        torchrun(), "--standalone", "--nproc_per_node", "2", "--max-restarts", "1", "--monitor-interval", "0.5",
         "-m", "tvr.cli", "train", "-c", str(config), "-o", str(out), "--no-test", "--resume", "auto",
     ]  # fmt: skip
     # torch 2.13's c10d rendezvous shares its store with the workers, and restarted workers then read the previous
