@@ -45,7 +45,8 @@ class PreemptedError(RestartableStopError):
         self.checkpoint = checkpoint
         super().__init__(
             f"{signal_name}: training stopped after step {step} (epoch {epoch + 1}, batch {batch}); {checkpoint} "
-            "holds it. The same command with --resume (or --resume auto) continues exactly from there"
+            "holds it, and a resume continues exactly from there (tvr train: the same command with --resume or "
+            "--resume auto)"
         )
 
 
