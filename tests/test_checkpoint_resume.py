@@ -684,3 +684,21 @@ def test_best_checkpoint_follows_select_metric(tmp_path) -> None:
     data = DatasetTrainData(ToyDataset(n=4), BATCH, collate, seed=1)
     with pytest.raises(KeyError, match="t2v/R1"):
         Trainer(make_model(), bad, data, tmp_path / "bad", evaluate_fn=lambda m: {"t2v": {"R1": 1.0}}).fit()
+
+
+class _WorkerSignals(torch.utils.data.Dataset):
+    """Reports, from inside the DataLoader worker that loads it, whether SIGUSR1 is ignored there."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, k: int) -> dict:
+        return {"ignored": torch.tensor(signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)}
+
+
+def test_dataloader_workers_ignore_the_preemption_signals() -> None:
+    """A signal sent to the whole process group must not kill the workers while the main process checkpoints."""
+    for names, expected in ((("SIGUSR1",), True), ((), False)):
+        data = DatasetTrainData(_WorkerSignals(), 2, seed=0, num_workers=1, worker_ignored_signals=names)
+        assert [bool(b["ignored"].all()) for b in data.batches(0)] == [expected, expected]
+    assert signal.getsignal(signal.SIGUSR1) != signal.SIG_IGN  # the main process keeps its own handler
