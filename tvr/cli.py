@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tvr.utils.errors import UserError
+from tvr.utils.errors import RestartableStopError, UserError
 
 console = Console(stderr=True)
 #: ``--debug`` (or TVR_DEBUG=1): let user errors show their traceback as well
@@ -60,12 +60,16 @@ def _describe(exc: BaseException) -> str:
 
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run a command; a user error prints one or two lines and exits with code 2 (bugs keep their traceback);
-    Ctrl-C says what was kept and exits with code 130."""
+    Ctrl-C says what was kept and exits with code 130; a job stopped to be restarted (a preempted training run)
+    says where it stopped and exits with its code (143)."""
 
     @functools.wraps(fn)
     def run_command(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except RestartableStopError as exc:
+            say("stopped", str(exc), "yellow")
+            raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             if _DEBUG["on"]:
                 raise
@@ -187,17 +191,27 @@ def train(
     config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder (config, logs, checkpoints, metrics)."),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override, e.g. --set train.lr=3e-4 (repeatable)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/last.pt exactly where it stopped."),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue from OUT/last.pt exactly where it stopped. --resume auto: continue when OUT holds last.pt, "
+        "else start a new run (one command line for the first launch and every restart or requeue).",
+    ),
+    resume_mode: str | None = typer.Argument(None, metavar="[auto]", help="After --resume: auto.", show_default=False),
     overwrite: bool = typer.Option(False, "--overwrite", help="Start over in a run folder that holds checkpoints."),
     no_test: bool = typer.Option(False, "--no-test", help="Skip the final test-split evaluation."),
 ) -> None:
-    """Train a method; select on validation; evaluate the test split once at the end."""
+    """Train a method; select on validation; evaluate the test split once at the end.
+
+    SIGTERM or SIGUSR1: finish the step, write last.pt, exit 143 (train.preemption_signals; docs/scaling.md)."""
+    if resume_mode is not None and (not resume or resume_mode != "auto"):
+        raise UserError(f"unexpected argument {resume_mode!r}: the only word tvr train takes is 'auto', after --resume")
     out_folder(out)
     cfg = _load(config, set_)
     from tvr.pipeline import run_train
 
     try:
-        summary = run_train(cfg, out, resume=resume, final_test=not no_test, overwrite=overwrite)
+        summary = run_train(cfg, out, resume=resume_mode or resume, final_test=not no_test, overwrite=overwrite)
     except KeyboardInterrupt:
         if _DEBUG["on"]:
             raise
@@ -225,7 +239,7 @@ def _train_interrupted(out: Path) -> str:
         where = "its position unreadable"
     return (
         f"{last} ({where}) is kept, with the logs up to it; the same command with --resume continues from it "
-        "exactly where it stopped"
+        "exactly where it stopped (--resume auto too)"
     )
 
 
