@@ -24,12 +24,35 @@ from tvr.search.build import ANN_FILE, MANIFEST, SETTINGS, TABLES, embed_video, 
 from tvr.search.encoders import CheckpointEncoder, ConfigEncoder, SearchEncoder
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, gather_state, state_class
 from tvr.search.windows import decode_windows
+from tvr.utils.errors import UserError
 
 #: windows scored exactly per query by default (heads whose score is not a dot product)
 DEFAULT_RERANK = 100
 #: bounds a query must respect (the web API enforces them too)
 MAX_K = 1000
 MAX_QUERY_CHARS = 1000
+
+
+class QueryError(UserError, ValueError):
+    """A query the index cannot answer as given (empty or too long text, k or rerank out of range, no captions)."""
+
+
+def check_limits(k: Any, rerank: Any = None) -> None:
+    """Raise :class:`QueryError` unless ``k`` (results) and ``rerank`` (windows scored exactly) are in range."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise QueryError(f"-k {k!r}: expected an integer from 1 to {MAX_K}")
+    if rerank is not None and (isinstance(rerank, bool) or not isinstance(rerank, int) or rerank < 0):
+        raise QueryError(f"--rerank {rerank!r}: expected an integer >= 0 (0 = rank by the shortlist alone)")
+
+
+def check_query(text: Any) -> str:
+    """Raise :class:`QueryError` unless ``text`` is a query the index answers (not blank, not too long). The command
+    line checks its arguments with this before loading any model, the library on every call."""
+    if not isinstance(text, str) or not text.strip():
+        raise QueryError("the query is empty: give the text to search for")
+    if len(text) > MAX_QUERY_CHARS:
+        raise QueryError(f"the query has {len(text)} characters, at most {MAX_QUERY_CHARS} are accepted")
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,51 +195,83 @@ class SearchIndex:
         """The ``k`` best videos for ``text`` (each at its best window), or the ``k`` best windows with
         ``all_windows``. ``rerank``: windows scored exactly (default :data:`DEFAULT_RERANK` for a head whose score
         is not a dot product; 0 = rank by the shortlist embedding alone)."""
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError("the query is empty")
-        if len(text) > MAX_QUERY_CHARS:
-            raise ValueError(f"the query has {len(text)} characters, at most {MAX_QUERY_CHARS} are accepted")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
-            raise ValueError(f"k = {k!r}: expected an integer from 1 to {MAX_K}")
-        if rerank is not None and (isinstance(rerank, bool) or not isinstance(rerank, int) or rerank < 0):
-            raise ValueError(f"rerank = {rerank!r}: expected an integer >= 0")
+        check_query(text)
+        check_limits(k, rerank)
+        return self._answer([text], k, rerank, all_windows)[0]
+
+    def search_many(
+        self, texts: list[str], k: int = 10, *, rerank: int | None = None, all_windows: bool = False
+    ) -> list[list[Hit] | QueryError]:
+        """:meth:`search` for many queries at once: the text encoder runs once on all of them (in batches of the
+        encoder's ``batch_size``), then each query is shortlisted and reranked on its own, so every answer is the one
+        :meth:`search` gives. A bad query's answer is its :class:`QueryError`; ``k`` and ``rerank`` are checked
+        for all."""
+        check_limits(k, rerank)
+        answers: list[list[Hit] | QueryError] = []
+        good: list[int] = []
+        for position, text in enumerate(texts):
+            try:
+                check_query(text)
+                good.append(position)
+                answers.append([])
+            except QueryError as exc:
+                answers.append(exc)
+        if good:
+            for position, hits in zip(
+                good, self._answer([texts[p] for p in good], k, rerank, all_windows), strict=True
+            ):
+                answers[position] = hits
+        return answers
+
+    def _answer(self, texts: list[str], k: int, rerank: int | None, all_windows: bool) -> list[list[Hit]]:
         if not self.rows:
-            return []
-        exact = not self.head.indexable
-        rerank = DEFAULT_RERANK if rerank is None else rerank
+            return [[] for _ in texts]
         # inference mode: a query is dozens of small tensor operations, each cheaper without autograd's bookkeeping
         with self._lock, torch.inference_mode():
-            text_state = self.encoder.encode_texts([text])
-            query = self.head.shortlist_texts(text_state).float().cpu().numpy()
-            want = max(k, rerank if exact else 0)
-            while True:
-                rows, scores = self._shortlist(query, min(want, self.rows))
-                if exact and rerank > 0:
-                    rows = rows[: max(rerank, k)]
-                    scores = exact_scores(
-                        self.head,
-                        text_state,
-                        self.readers,
-                        self.table_shard[rows],
-                        self.table_row[rows],
-                        self.state_cls,
-                    )
-                order = np.lexsort((rows, -scores))
-                rows, scores = rows[order], scores[order]
-                if not all_windows:
-                    _, first = np.unique(self.table_video[rows], return_index=True)
-                    keep = np.sort(first)
-                    rows, scores = rows[keep], scores[keep]
-                if len(rows) >= k or want >= self.rows:
-                    break
-                want = min(self.rows, want * 4)  # fewer than k videos among the shortlist: widen it
-                if exact and rerank > 0:
-                    rerank = want
-        hits = []
-        for rank, (row, score) in enumerate(zip(rows[:k], scores[:k], strict=True), 1):
-            video, start, end = self.window_of(int(row))
-            hits.append(Hit(self.videos[video]["video"], start, end, float(score), rank))
-        return hits
+            text_state = self.encoder.encode_texts(texts)
+            queries = self.head.shortlist_texts(text_state).float().cpu().numpy()
+            found = [
+                self._rank(text_state[i : i + 1], queries[i : i + 1], k, rerank, all_windows) for i in range(len(texts))
+            ]
+        return [
+            [
+                Hit(self.videos[video]["video"], start, end, float(score), rank)
+                for rank, (video, start, end, score) in enumerate(rows, 1)
+            ]
+            for rows in found
+        ]
+
+    def _rank(
+        self, text_state: Any, query: np.ndarray, k: int, rerank: int | None, all_windows: bool
+    ) -> list[tuple[int, float, float, float]]:
+        """One encoded query's best ``k`` (video, start, end, score): shortlist, exact rerank, one per video."""
+        exact = not self.head.indexable
+        rerank = DEFAULT_RERANK if rerank is None else rerank
+        want = max(k, rerank if exact else 0)
+        while True:
+            rows, scores = self._shortlist(query, min(want, self.rows))
+            if exact and rerank > 0:
+                rows = rows[: max(rerank, k)]
+                scores = exact_scores(
+                    self.head,
+                    text_state,
+                    self.readers,
+                    self.table_shard[rows],
+                    self.table_row[rows],
+                    self.state_cls,
+                )
+            order = np.lexsort((rows, -scores))
+            rows, scores = rows[order], scores[order]
+            if not all_windows:
+                _, first = np.unique(self.table_video[rows], return_index=True)
+                keep = np.sort(first)
+                rows, scores = rows[keep], scores[keep]
+            if len(rows) >= k or want >= self.rows:
+                break
+            want = min(self.rows, want * 4)  # fewer than k videos among the shortlist: widen it
+            if exact and rerank > 0:
+                rerank = want
+        return [(*self.window_of(int(row)), float(score)) for row, score in zip(rows[:k], scores[:k], strict=True)]
 
     def _shortlist(self, query: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         scores, rows = ann.search(self.ann, query, n)
@@ -229,7 +284,7 @@ class SearchIndex:
         caption's score is its exact score with the clip's best window."""
         captions = [c.strip() for c in captions if c.strip()]
         if not captions:
-            raise ValueError("no captions to rank (one caption per line)")
+            raise QueryError("no captions to rank (one caption per line)")
         decoded = decode_windows(video, self.encoder.spec, self.window, self.stride)
         with self._lock, torch.no_grad():
             slots = decoded.slots
