@@ -24,6 +24,18 @@ def _seed_everything() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _query_encoder_exports(tmp_path_factory: pytest.TempPathFactory):
+    """Indexes' exported text sides (tvr.search.query_encoder) go to a folder of the session, not the user's cache."""
+    import tvr.search.query_encoder as query_encoder
+
+    folder = tmp_path_factory.mktemp("query-encoders")
+    original = query_encoder.export_root
+    query_encoder.export_root = lambda: folder
+    yield folder
+    query_encoder.export_root = original
+
+
 @pytest.fixture(scope="session")
 def search_setup(tmp_path_factory: pytest.TempPathFactory):
     """Five small distinct colour videos and a tiny checkpoint trained to tell them apart (tests/search_fixtures.py),

@@ -150,7 +150,18 @@ class SearchIndex:
         except (OSError, ValueError) as exc:
             raise IndexFormatError(f"{manifest_path}: unreadable ({exc})") from None
         self.settings = settings
-        self.encoder = encoder if encoder is not None else encoder_for(settings["model"], checkpoint, device)
+        self._checkpoint, self._device = checkpoint, device
+        if encoder is None and checkpoint is None and device == "cpu":
+            from tvr.search.query_encoder import load_query_encoder
+
+            encoder = load_query_encoder(settings["model"])  # the text side alone, when it was exported
+        if encoder is None:
+            encoder = encoder_for(settings["model"], checkpoint, device)
+            if checkpoint is None:  # the next cold start loads the text side alone
+                from tvr.search.query_encoder import export_query_encoder
+
+                export_query_encoder(encoder)
+        self.encoder = encoder
         self.encoder.check_stamp(self.manifest["model"], f"the index {self.path}")
         self.head = self.encoder.head.eval()
         self.root = Path(self.manifest["source"]["root"])
@@ -279,20 +290,34 @@ class SearchIndex:
         return rows[0][keep].astype(np.int64), scores[0][keep].astype(np.float64)
 
     # ------------------------------------------------------------------ video → text
+    def _full_encoder(self) -> SearchEncoder:
+        """The whole model (a query encoder has only the text side): loaded on first use, checked against the
+        index's stamp."""
+        from tvr.search.query_encoder import QueryEncoder
+
+        if isinstance(self.encoder, QueryEncoder):
+            full = encoder_for(self.settings["model"], self._checkpoint, self._device)
+            full.check_stamp(self.manifest["model"], f"the index {self.path}")
+            self.encoder = full
+            self.head = full.head.eval()
+        return self.encoder
+
     def rank_captions(self, video: str | os.PathLike, captions: list[str]) -> list[CaptionHit]:
         """Rank ``captions`` for the clip ``video`` (any file, decoded with the index's window settings): a
         caption's score is its exact score with the clip's best window."""
         captions = [c.strip() for c in captions if c.strip()]
         if not captions:
             raise QueryError("no captions to rank (one caption per line)")
-        decoded = decode_windows(video, self.encoder.spec, self.window, self.stride)
+        with self._lock:
+            encoder = self._full_encoder()
+        decoded = decode_windows(video, encoder.spec, self.window, self.stride)
         with self._lock, torch.no_grad():
             slots = decoded.slots
             crops = torch.from_numpy(decoded.frames[np.clip(slots, 0, None)])
-            features = self.encoder.encode_windows(crops, torch.from_numpy((slots >= 0).astype(np.int64)))
-            video_state = self.head.encode_videos(features)
-            text_state = self.encoder.encode_texts(captions)
-            scores = self.head.score(text_state, video_state).float().cpu()
+            features = encoder.encode_windows(crops, torch.from_numpy((slots >= 0).astype(np.int64)))
+            video_state = encoder.head.encode_videos(features)
+            text_state = encoder.encode_texts(captions)
+            scores = encoder.head.score(text_state, video_state).float().cpu()
         best, window = scores.max(dim=1)
         order = sorted(range(len(captions)), key=lambda i: (-float(best[i]), i))
         return [
