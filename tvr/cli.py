@@ -840,6 +840,30 @@ def search_cmd(
     Console().print(table)
 
 
+def listening_socket(host: str, port: int) -> Any:
+    """A socket bound to ``host:port`` (SO_REUSEADDR, as uvicorn binds), made before anything slow runs: a busy
+    port or a bad address is one line naming it, and nothing can take the port while the model loads."""
+    import socket
+
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port {port}: expected 0 to 65535")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise UserError(f"--host {host}: not an address this machine can listen on ({exc.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise UserError(
+            f"--port {port}: cannot listen on {host}:{port} ({exc.strerror}); is another server running there? "
+            "Pick another with --port"
+        ) from None
+    return sock
+
+
 @app.command("serve")
 def serve_cmd(
     index: Path = typer.Argument(..., help="An index folder made by tvr index."),
@@ -848,16 +872,24 @@ def serve_cmd(
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
+    verbose: bool = typer.Option(False, "--verbose", help="Info messages while loading (default: warnings, errors)."),
 ) -> None:
-    """Serve a search page and a JSON API (GET /api/search?q=...&k=...; OpenAPI docs at /docs)."""
+    """Serve a search page (/?q=...&k=... links to a search) and a JSON API (GET /api/search?q=...&k=...;
+    its OpenAPI description at /openapi.json)."""
+    quiet_stderr(verbose)
+    sock = listening_socket(host, port)
     import uvicorn
 
     from tvr.search import open_index
     from tvr.search.server import create_app
 
-    app_ = create_app(open_index(index, checkpoint=checkpoint))
-    console.print(f"serving {index} on http://{host}:{port}/ (API docs: /docs)")
-    uvicorn.run(app_, host=host, port=port, log_level="info")
+    try:
+        app_ = create_app(open_index(index, checkpoint=checkpoint))
+        bound = sock.getsockname()[1]  # --port 0: the port the system chose
+        console.print(f"serving {index} on http://{host}:{bound}/ (API: /api/search, /openapi.json)")
+        uvicorn.Server(uvicorn.Config(app_, log_level="info")).run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 def run() -> None:  # pragma: no cover - console entry point helper

@@ -56,6 +56,16 @@ def check_query(text: Any) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class Query:
+    """One text query with its settings (:meth:`SearchIndex.search`'s arguments)."""
+
+    text: str
+    k: int = 10
+    rerank: int | None = None
+    all_windows: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Hit:
     """One result: ``video`` (path relative to the indexed folder), the window ``start``/``end`` in seconds, its
     ``score`` and 1-based ``rank``."""
@@ -208,7 +218,7 @@ class SearchIndex:
         is not a dot product; 0 = rank by the shortlist embedding alone)."""
         check_query(text)
         check_limits(k, rerank)
-        return self._answer([text], k, rerank, all_windows)[0]
+        return self._answer([Query(text, k, rerank, all_windows)])[0]
 
     def search_many(
         self, texts: list[str], k: int = 10, *, rerank: int | None = None, all_windows: bool = False
@@ -218,31 +228,35 @@ class SearchIndex:
         :meth:`search` gives. A bad query's answer is its :class:`QueryError`; ``k`` and ``rerank`` are checked
         for all."""
         check_limits(k, rerank)
+        return self.answer([Query(text, k, rerank, all_windows) for text in texts])
+
+    def answer(self, queries: list[Query]) -> list[list[Hit] | QueryError]:
+        """Answer ``queries`` (each with its own k, rerank and all_windows) with one text-encoder pass over all of
+        them: what :meth:`search_many` and the server's micro-batches run. A bad query's answer is its
+        :class:`QueryError`."""
         answers: list[list[Hit] | QueryError] = []
-        good: list[int] = []
-        for position, text in enumerate(texts):
+        good: list[Query] = []
+        for query in queries:
             try:
-                check_query(text)
-                good.append(position)
+                check_query(query.text)
+                check_limits(query.k, query.rerank)
+                good.append(query)
                 answers.append([])
             except QueryError as exc:
                 answers.append(exc)
-        if good:
-            for position, hits in zip(
-                good, self._answer([texts[p] for p in good], k, rerank, all_windows), strict=True
-            ):
-                answers[position] = hits
-        return answers
+        found = iter(self._answer(good) if good else [])
+        return [answer if isinstance(answer, QueryError) else next(found) for answer in answers]
 
-    def _answer(self, texts: list[str], k: int, rerank: int | None, all_windows: bool) -> list[list[Hit]]:
+    def _answer(self, queries: list[Query]) -> list[list[Hit]]:
         if not self.rows:
-            return [[] for _ in texts]
+            return [[] for _ in queries]
         # inference mode: a query is dozens of small tensor operations, each cheaper without autograd's bookkeeping
         with self._lock, torch.inference_mode():
-            text_state = self.encoder.encode_texts(texts)
-            queries = self.head.shortlist_texts(text_state).float().cpu().numpy()
+            text_state = self.encoder.encode_texts([q.text for q in queries])
+            vectors = self.head.shortlist_texts(text_state).float().cpu().numpy()
             found = [
-                self._rank(text_state[i : i + 1], queries[i : i + 1], k, rerank, all_windows) for i in range(len(texts))
+                self._rank(text_state[i : i + 1], vectors[i : i + 1], q.k, q.rerank, q.all_windows)
+                for i, q in enumerate(queries)
             ]
         return [
             [
@@ -341,4 +355,4 @@ def open_index(
     return SearchIndex(path, encoder, checkpoint=checkpoint, device=device, nprobe=nprobe, ef_search=ef_search)
 
 
-__all__ = ["CaptionHit", "Hit", "SearchIndex", "embed_video", "exact_scores", "open_index", "SETTINGS"]
+__all__ = ["CaptionHit", "Hit", "Query", "SearchIndex", "embed_video", "exact_scores", "open_index", "SETTINGS"]
