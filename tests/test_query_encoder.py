@@ -136,3 +136,17 @@ def test_cold_search_is_quiet_and_imports_only_the_text_side(built: Path, tmp_pa
     heavy = {"transformers", "sentence_transformers", "sklearn", "av", "fastapi", "tvr.models.clip_backbone"}
     assert not heavy & set(loaded), heavy & set(loaded)
     assert "tvr.search.query_encoder" in loaded
+
+
+def test_an_export_others_can_write_is_not_run(built: Path) -> None:
+    stamp = json.loads((built / "settings.json").read_text())["model"]
+    folder = export_folder(stamp)
+    assert load_query_encoder(stamp) is not None
+    text = folder / "text.pt"
+    mode = text.stat().st_mode
+    text.chmod(mode | 0o020)  # group-writable: someone else could have replaced the TorchScript
+    try:
+        assert load_query_encoder(stamp) is None
+    finally:
+        text.chmod(mode)
+    assert load_query_encoder(stamp) is not None

@@ -18,7 +18,8 @@ time and batched, short, long, truncated and non-ASCII): the same token ids, bit
 Anything else (a tokenizer of another kind, a model whose trace bakes in a batch size, a failed check) writes
 nothing, and that index keeps loading the full model. A checkpoint's export is used only while the checkpoint file
 still has the size and modification time it had when exported, so a changed checkpoint is refused as before.
-``TVR_QUICK_QUERIES=0`` turns the export and its use off.
+``text.pt`` is TorchScript, which loading compiles and runs: an export is read only when its folder and files belong
+to the user running tvr and nobody else can write them. ``TVR_QUICK_QUERIES=0`` turns the export and its use off.
 """
 
 from __future__ import annotations
@@ -201,6 +202,9 @@ def load_query_encoder(stamp: dict[str, Any]) -> QueryEncoder | None:
     folder = export_folder(stamp)
     if not (folder / "meta.json").is_file():
         return None
+    if not _private(folder):
+        log.warning("not using the query encoder in %s: it is not private to this user; loading the full model", folder)
+        return None
     try:
         encoder = QueryEncoder(folder)
     except Exception as exc:  # noqa: BLE001 - an unusable export is only slower: the full model is the fallback
@@ -211,6 +215,22 @@ def load_query_encoder(stamp: dict[str, Any]) -> QueryEncoder | None:
     ):
         return None
     return encoder
+
+
+def _private(folder: Path) -> bool:
+    """Whether ``folder``, the folder holding it and every file in it belong to this user and nobody else can write
+    them: ``text.pt`` is TorchScript, which ``torch.jit.load`` compiles and runs, so tvr runs only what it wrote
+    itself (as ssh trusts only a private ``~/.ssh``)."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    try:
+        paths = [folder.parent, folder, *folder.iterdir()]
+        for path in paths:
+            info = path.lstat()
+            if path.is_symlink() or (uid is not None and info.st_uid != uid) or info.st_mode & 0o022:
+                return False
+    except OSError:
+        return False
+    return True
 
 
 def _same(a: Any, b: Any) -> bool:
