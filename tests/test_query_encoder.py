@@ -13,18 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from search_fixtures import VIDEOS, index_args
+from search_fixtures import VIDEOS
 from test_search import OPTIONS, gare_checkpoint
-from typer.testing import CliRunner
 
 import tvr.search.query_encoder as query_encoder
-from tvr.cli import app
 from tvr.search import open_index
 from tvr.search.build import build_index
 from tvr.search.encoders import CheckpointEncoder, ConfigEncoder
 from tvr.search.query_encoder import QueryEncoder, export_folder, export_query_encoder, load_query_encoder
 
-runner = CliRunner()
 CAPTIONS = [caption for caption, _, _ in VIDEOS.values()] + ["a screen", "Ünïcödé!!", "red " * 40]
 
 
@@ -33,12 +30,9 @@ def _same_answers(quick, full, texts=CAPTIONS, **kwargs) -> None:
         assert quick.search(text, k=5, **kwargs) == full.search(text, k=5, **kwargs), text
 
 
-@pytest.fixture(scope="module")
-def built(search_setup, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("quick") / "idx"
-    result = runner.invoke(app, index_args(search_setup.videos, out, search_setup.checkpoint))
-    assert result.exit_code == 0, result.output
-    return out
+@pytest.fixture
+def built(search_index: Path) -> Path:
+    return search_index
 
 
 def test_tvr_index_exports_the_text_side_and_search_uses_it(built: Path, search_setup) -> None:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from search_fixtures import VIDEOS, index_args
+from search_fixtures import VIDEOS
 from typer.testing import CliRunner
 
 import tvr.search
@@ -18,12 +18,9 @@ from tvr.search import open_index
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def built(search_setup, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("cli_index") / "idx"
-    result = runner.invoke(app, index_args(search_setup.videos, out, search_setup.checkpoint))
-    assert result.exit_code == 0, result.output
-    return out
+@pytest.fixture
+def built(search_index: Path) -> Path:
+    return search_index
 
 
 def _no_model(*_args, **_kwargs):
