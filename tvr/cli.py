@@ -180,6 +180,8 @@ def main(
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of user errors (bad config, files, …)."),
 ) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # per invocation as well: a quiet command (search, serve) lowers it for its own run only
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
     # decided per invocation (an app invoked twice in one process must not keep the first one's --debug)
     _DEBUG["on"] = debug or os.environ.get("TVR_DEBUG", "") not in ("", "0")
     _VERBOSE["on"] = verbose
