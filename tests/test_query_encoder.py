@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,6 @@ import torch
 from search_fixtures import VIDEOS
 from test_search import OPTIONS, gare_checkpoint
 
-import tvr.search.query_encoder as query_encoder
 from tvr.search import open_index
 from tvr.search.build import build_index
 from tvr.search.encoders import CheckpointEncoder, ConfigEncoder
@@ -110,9 +110,9 @@ def test_an_export_that_disagrees_is_not_written(search_setup, tmp_path: Path, m
 
 
 def test_cold_search_is_quiet_and_imports_only_the_text_side(built: Path, tmp_path: Path) -> None:
-    cache = query_encoder.export_root()  # the session's export folder (conftest); a fresh process finds it here
-    (tmp_path / "home").mkdir()
-    os.symlink(cache, tmp_path / "home" / "query-encoders")
+    stamp = json.loads((built / "settings.json").read_text())["model"]
+    export = export_folder(stamp)  # in the session's export folder (conftest): a fresh process finds a copy here
+    shutil.copytree(export, tmp_path / "home" / "query-encoders" / export.name)
     modules = tmp_path / "modules.json"
     script = (
         "import json, sys, runpy\n"
