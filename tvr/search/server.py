@@ -7,14 +7,19 @@ Safe by construction:
 * every input is bounded (query length, k, rerank, thumbnail time) and a bad one gets a 4xx JSON answer
   ``{"error": "...", ...}``, never a traceback;
 * videos are sent with HTTP range support (seeking in the player), and a range that cannot be satisfied is a 416;
-* one model, loaded once, serves every request (the index serialises the model's work with a lock, so concurrent
-  requests never load or copy it).
+* one model, loaded once, serves every request; concurrent queries are micro-batched (:mod:`tvr.search.batching`:
+  one text-encoder pass per short tick for all the queries that arrived, then each query's own shortlist and exact
+  rerank), so many users share the model without queueing behind each other's passes.
+
+There is no ``/docs`` page: FastAPI's loads its script and styles from a CDN, so it is blank offline; the API's
+OpenAPI description is ``/openapi.json``.
 
 Nothing here authenticates: bind to 127.0.0.1 (the default) or put the app behind a proxy that does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import re
@@ -30,6 +35,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tvr.search.batching import MicroBatcher
 from tvr.search.index import MAX_QUERY_CHARS, SearchIndex
 
 #: bounds of the web API (tighter than the library's)
@@ -85,15 +91,26 @@ class HitOut(BaseModel):
     thumbnail: str
 
 
-def create_app(index: SearchIndex) -> FastAPI:
-    """The FastAPI app serving ``index`` (see the module docstring)."""
+def create_app(index: SearchIndex, *, micro_batch: bool = True) -> FastAPI:
+    """The FastAPI app serving ``index`` (see the module docstring). ``micro_batch=False``: one query at a time
+    (what ``benchmarks/search_serve.py`` compares against)."""
     numbers = {entry["video"]: k for k, entry in enumerate(index.videos)}
     root = index.root.resolve()
+    batcher = MicroBatcher(index) if micro_batch else None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        if batcher is not None:
+            batcher.close()
 
     app = FastAPI(
         title="tvr search",
         version="1",
         description=f"Text search over the {len(index)} videos of {index.path} (tvr index).",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
     )
 
     @app.exception_handler(RequestValidationError)
@@ -128,7 +145,8 @@ def create_app(index: SearchIndex) -> FastAPI:
     ) -> list[dict[str, Any]]:
         if not q.strip():
             raise HTTPException(422, "q: the query is empty")
-        hits = index.search(q[:MAX_QUERY_CHARS], k=k, rerank=rerank, all_windows=all_windows)
+        search = batcher.search if batcher is not None else index.search
+        hits = search(q[:MAX_QUERY_CHARS], k=k, rerank=rerank, all_windows=all_windows)
         out = []
         for hit in hits:
             number = numbers[hit.video]
@@ -169,6 +187,7 @@ def create_app(index: SearchIndex) -> FastAPI:
         return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
 
     app.state.index = index
+    app.state.batcher = batcher
     return app
 
 
