@@ -70,6 +70,7 @@ VIEW_SETS = {
     "centre": ("centre",),
     "centre+full": ("centre", "full"),
     "ends+full": ("centre", "full", "end0", "end1"),
+    "full+quads": ("full", "q0", "q1", "q2", "q3"),
     "all8": VIEWS,
 }
 TOWERS = {"lite0": "efficientnet-lite0", "lite1": "efficientnet-lite1", "lite2": "efficientnet-lite2"}
@@ -160,7 +161,10 @@ def clip_logits(encoder: ConfigEncoder, frames: np.ndarray, names: tuple[str, ..
     backbone = encoder.model.backbone
     views = views_of(frames, backbone.image_size, names)
     n, v = views.shape[:2]
-    pooled = backbone.encode_frames(views.reshape(n * v, *views.shape[2:]))
+    flat = views.reshape(n * v, *views.shape[2:])
+    # a square frame's centre crop, whole frame and long-side ends are the same image: classify each image once
+    unique, inverse = torch.unique(flat.reshape(n * v, -1), dim=0, return_inverse=True)
+    pooled = backbone.encode_frames(unique.reshape(-1, *views.shape[2:]))[inverse]
     return backbone.classify(pooled).reshape(n, v, -1).float()
 
 
@@ -314,7 +318,7 @@ def grid(quick: bool) -> list[Setting]:
     one_at_a_time = [
         base,
         *(dataclasses.replace(base, tower=t, views=v) for t in ("lite1", "lite2") for v in ("centre", "centre+full")),
-        *(dataclasses.replace(base, views=v) for v in ("centre+full", "ends+full", "all8")),
+        *(dataclasses.replace(base, views=v) for v in ("centre+full", "ends+full", "full+quads", "all8")),
         *(dataclasses.replace(base, top_k=k) for k in (5, 20, 50)),
         dataclasses.replace(base, temperature=2.0),
         *(dataclasses.replace(base, names=n) for n in ("all", "ensemble")),
@@ -326,11 +330,26 @@ def grid(quick: bool) -> list[Setting]:
     if quick:
         return one_at_a_time
     combos = []
-    for tower, names, cw, beta in itertools.product(
-        ("lite0", "lite1", "lite2"), ("first", "ensemble"), (0.0, 0.25), (0.0, 0.5)
+    # the knobs that raised some column alone (docs/benchmarks.md), on each image tower
+    for tower, temperature, (cw, tau), (tm, ttau), (beta, kappa) in itertools.product(
+        ("lite0", "lite1", "lite2"),
+        (1.0, 2.0),
+        ((0.0, 0.05), (0.5, 0.02)),
+        ((0.0, 0.05), (0.6, 0.02)),
+        ((0.0, 10), (0.5, 5)),
     ):
-        for views in ("centre", "all8" if tower == "lite0" else "centre+full"):
-            combos.append(Setting(tower=tower, views=views, names=names, class_weight=cw, bank_beta=beta))
+        combos.append(
+            Setting(
+                tower=tower,
+                temperature=temperature,
+                class_weight=cw,
+                class_tau=tau,
+                text_map=tm,
+                text_tau=ttau,
+                bank_beta=beta,
+                bank_kappa=kappa,
+            )
+        )
     seen, out = set(), []
     for s in one_at_a_time + combos:
         if s not in seen:
@@ -339,13 +358,38 @@ def grid(quick: bool) -> list[Setting]:
     return out
 
 
+def markdown(result: dict) -> str:
+    """The results as a Markdown table: t2v R@1 per set and query kind (captions / paraphrases), best per column
+    in bold."""
+    columns = [f"{s}/{k}" for s in ("real-scenes", "real-scenes-2", "pooled") for k in ("caption", "paraphrase")]
+    best = {c: max(r["metrics"][c]["R1"] for r in result["rows"]) for c in columns}
+    lines = [
+        "| configuration | real-scenes cap | real-scenes para | real-scenes-2 cap | real-scenes-2 para | pooled cap "
+        "| pooled para |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        cells = []
+        for c in columns:
+            value = row["metrics"][c]["R1"]
+            cells.append(f"**{value:.1f}**" if value == best[c] else f"{value:.1f}")
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", type=Path, default=Path("/tmp/tvr-quality"), help="decoded logits, per tower")
     parser.add_argument("--quick", action="store_true", help="each idea alone, no combinations")
     parser.add_argument("--towers", default="lite0,lite1,lite2", help="image towers to include (comma-separated)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--markdown", action="store_true", help="print the table of the --out file and stop")
     args = parser.parse_args()
+    if args.markdown:
+        import json
+
+        print(markdown(json.loads(args.out.read_text())))
+        return
     load = os.getloadavg()
     start, cpu = time.perf_counter(), time.process_time()
     sets = [read_set("real-scenes"), read_set("real-scenes-2")]

@@ -703,7 +703,7 @@ def search_cmd(
     ),
     nprobe: int | None = typer.Option(None, "--nprobe", help="IVF cells probed per query (default: the index's)."),
     ef_search: int | None = typer.Option(
-        None, "--ef-search", help="HNSW search beam (default: the index's, 256): larger finds more of the exact top k."
+        None, "--ef-search", help="HNSW search beam (default: the index's; larger finds more of the exact top k)."
     ),
 ) -> None:
     """Search an index by text (or rank captions for a clip with --video and --captions)."""
