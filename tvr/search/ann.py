@@ -38,10 +38,10 @@ MIN_NPROBE = 8
 #: graph degree and construction beam
 HNSW_M = 24
 HNSW_EF_CONSTRUCTION = 64
-#: the search beam of a graph of up to HNSW_EF_ROWS windows (recall@10 ≈ 0.98 on the benchmark's 100k-200k
-#: cross-modal queries); a larger graph gets a beam that grows with it (:func:`hnsw_ef_search`)
+#: the smallest search beam (recall@10 ≈ 0.98 on the benchmark's 100k-200k cross-modal queries), and the beam per
+#: million windows a larger graph gets (:func:`hnsw_ef_search`)
 HNSW_EF_SEARCH = 256
-HNSW_EF_ROWS = 250_000
+HNSW_EF_PER_MILLION = 768
 #: rows added per FAISS call (fixed: HNSW inserts a batch's higher-level nodes first, so batches must not vary)
 ADD_BLOCK = 65536
 SEED = 1234
@@ -76,12 +76,12 @@ class AnnSettings:
 
 
 def hnsw_ef_search(rows: int) -> int:
-    """The default search beam of an HNSW graph of ``rows`` windows: :data:`HNSW_EF_SEARCH` up to
-    :data:`HNSW_EF_ROWS`, then in proportion to the rows (a multiple of 64). With the beam fixed, cross-modal recall
-    falls as the graph grows (``benchmarks/search.py``: recall@10 0.98 at 200k windows, 0.89 at 1M with 256); the
-    proportional beam keeps it at 0.95 or above at 1M (docs/benchmarks.md)."""
-    beam = HNSW_EF_SEARCH * max(1.0, rows / HNSW_EF_ROWS)
-    return int(64 * math.ceil(beam / 64))
+    """The default search beam of an HNSW graph of ``rows`` windows: :data:`HNSW_EF_PER_MILLION` per million windows
+    (a multiple of 64), at least :data:`HNSW_EF_SEARCH`. With the beam fixed, cross-modal recall falls as the graph
+    grows (``benchmarks/search.py``: recall@10 0.98 at 200k windows, 0.89 at 1M with 256); at 1M, 768 finds 0.957
+    of the exact top 10 (docs/benchmarks.md)."""
+    beam = 64 * math.ceil(HNSW_EF_PER_MILLION * rows / 1_000_000 / 64)
+    return max(HNSW_EF_SEARCH, beam)
 
 
 def choose(kind: str, rows: int, dim: int, threshold: int = AUTO_THRESHOLD, nlist: int = 0) -> AnnSettings:
