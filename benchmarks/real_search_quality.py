@@ -105,7 +105,7 @@ class Setting:
             for f in dataclasses.fields(self)
             if getattr(self, f.name) != getattr(default, f.name)
         ]
-        return ", ".join(changed) or "today's default"
+        return ", ".join(changed) or "the default before issue 35 (Lite0)"
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -313,7 +313,7 @@ def evaluate(s: Setting, sets: list[dict], logits: dict, text: TextSide) -> dict
 
 
 def grid(quick: bool) -> list[Setting]:
-    """Today's default; each idea alone; then the ideas that helped, combined."""
+    """The default before issue 35 (Lite0); each idea alone; then the ideas that helped, combined."""
     base = Setting()
     one_at_a_time = [
         base,
@@ -373,7 +373,7 @@ def markdown(result: dict) -> str:
         for c in columns:
             value = row["metrics"][c]["R1"]
             cells.append(f"**{value:.1f}**" if value == best[c] else f"{value:.1f}")
-        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {Setting(**row['setting']).label()} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
