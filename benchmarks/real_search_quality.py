@@ -20,7 +20,7 @@ What a configuration varies (the encoder's frames → ImageNet classes → ConSE
   probabilities;
 * class-space scoring fused with the embedding score: the query mapped onto the 1000 class texts
   (softmax(cos / τ)) compared with the clip's mean class distribution, s = (1 − w)·cos_emb + w·cos_class;
-* hubness correction with a fixed bank of generic sentences (``tvr/models/data/query_bank.txt``; computed once,
+* hubness correction with a fixed bank of generic sentences (``benchmarks/data/query_bank.txt``; computed once,
   never from the queries): every clip's score is lowered by β × its mean similarity to its κ nearest bank sentences
   (a per-clip bias: the ranking of one query is what QB-norm's inverted softmax changes).
 
@@ -64,7 +64,7 @@ from tvr.utils.io import atomic_write_json  # noqa: E402
 SHARED = Path(os.environ.get("TVR_SHARED_DATA", REPO.parent / "shared" / "data"))
 OUT = REPO / "benchmarks" / "results" / "real_search_quality.json"
 PARAPHRASES = REPO / "benchmarks" / "data" / "real_scenes_paraphrases.csv"
-BANK = REPO / "tvr" / "models" / "data" / "query_bank.txt"
+BANK = REPO / "benchmarks" / "data" / "query_bank.txt"
 VIEWS = ("centre", "full", "end0", "end1", "q0", "q1", "q2", "q3")
 VIEW_SETS = {
     "centre": ("centre",),
