@@ -20,9 +20,16 @@ What a configuration varies (the encoder's frames → ImageNet classes → ConSE
   probabilities;
 * class-space scoring fused with the embedding score: the query mapped onto the 1000 class texts
   (softmax(cos / τ)) compared with the clip's mean class distribution, s = (1 − w)·cos_emb + w·cos_class;
-* hubness correction with a fixed bank of generic sentences (``benchmarks/data/query_bank.txt``; computed once,
-  never from the queries): every clip's score is lowered by β × its mean similarity to its κ nearest bank sentences
-  (a per-clip bias: the ranking of one query is what QB-norm's inverted softmax changes).
+* hubness correction with a fixed bank of generic sentences (``tvr/models/data/query_bank_v1.txt``, shipped with
+  tvr; computed once, never from the queries): every clip's score is lowered by β × its mean similarity to its κ
+  nearest bank sentences (a per-clip bias: the ranking of one query is what QB-norm's inverted softmax changes);
+* the ensemble of several image towers (``tower=lite0+lite1``: each frame's class probabilities averaged over the
+  towers before ConSE), and the fused score per frame, pooled by its mean or its maximum over the window's frames
+  (``frame_score``) instead of one fused vector per clip.
+
+Class-space fusion and the bank are scored with the library's own functions (``tvr.models.class_fusion``: the
+vectors ``model.two_tower.conse_class_weight`` / ``conse_bank_weight`` make), so a row of this table is what
+``tvr index`` + ``tvr eval-search`` give with those settings.
 
 The script decodes and classifies every frame once per (set, tower, sampling) into ``--cache`` (all views), then
 scores every configuration from the cached logits. It writes ``benchmarks/results/real_search_quality.json``: one
@@ -53,9 +60,11 @@ if str(REPO) not in sys.path:
 from tvr.config import load_config  # noqa: E402
 from tvr.data.transforms import center_crop, normalize, resize_short_side, square_resize, to_tensor_frames  # noqa: E402
 from tvr.data.video import decode_frames, probe_video  # noqa: E402
+from tvr.models.class_fusion import fuse_text, fuse_video  # noqa: E402
 from tvr.models.conse import class_prompts, conse_combine, imagenet_class_names, pool_class_embeddings  # noqa: E402
 from tvr.models.image_tower import EFFICIENTNET_LITE_NORM  # noqa: E402
 from tvr.models.text_tower import embed_sentences  # noqa: E402
+from tvr.models.two_tower import bank_embeddings  # noqa: E402
 from tvr.search.encoders import ConfigEncoder  # noqa: E402
 from tvr.search.evaluation import metrics_from_ranks, ranks_from_scores  # noqa: E402
 from tvr.search.windows import DEFAULT_STRIDE, DEFAULT_WINDOW, FrameSpec, plan_windows, window_indices  # noqa: E402
@@ -64,7 +73,6 @@ from tvr.utils.io import atomic_write_json  # noqa: E402
 SHARED = Path(os.environ.get("TVR_SHARED_DATA", REPO.parent / "shared" / "data"))
 OUT = REPO / "benchmarks" / "results" / "real_search_quality.json"
 PARAPHRASES = REPO / "benchmarks" / "data" / "real_scenes_paraphrases.csv"
-BANK = REPO / "benchmarks" / "data" / "query_bank.txt"
 VIEWS = ("centre", "full", "end0", "end1", "q0", "q1", "q2", "q3")
 VIEW_SETS = {
     "centre": ("centre",),
@@ -97,6 +105,7 @@ class Setting:
     bank_kappa: int = 10
     text_map: float = 0.0  # λ: the query moved towards its own ConSE image in class-name space
     text_tau: float = 0.05
+    frame_score: str = "clip"  # clip (one fused vector per clip) | mean | max (of the per-frame fused scores)
 
     def label(self) -> str:
         default = Setting()
@@ -249,64 +258,83 @@ class TextSide:
         return self._classes[names]
 
     def bank(self) -> torch.Tensor:
-        lines = [ln.strip() for ln in BANK.read_text(encoding="utf-8").splitlines()]
-        return self.queries([ln for ln in lines if ln and not ln.startswith("#")])
+        """The shipped bank's unit embeddings, as the fused ConSE bridge computes them."""
+        if "bank" not in self._classes:
+            self._classes["bank"] = bank_embeddings(self.encoder.model.backbone, self.encoder.cfg.model.two_tower)
+        return self._classes["bank"]
 
 
-def clip_vectors(logits: list[torch.Tensor], s: Setting, classes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(unit clip embeddings [N, D], mean class distributions [N, 1000]) of every clip under ``s``."""
+def frame_probabilities(logits: list[list[torch.Tensor]], s: Setting) -> list[torch.Tensor]:
+    """Each clip's class probabilities per frame [frames, C] under ``s``: its views averaged, then its towers."""
     picked = [VIEWS.index(v) for v in VIEW_SETS[s.views]]
+    out = []
+    for per_tower in zip(*logits, strict=True):
+        probs = []
+        for lg in per_tower:
+            if torch.isnan(lg[:, picked]).any():
+                raise ValueError(f"{s.tower}: views {s.views} were not classified (TOWER_VIEWS)")
+            probs.append(torch.softmax(lg[:, picked] / s.temperature, dim=-1).mean(dim=1))
+        out.append(torch.stack(probs).mean(0))
+    return out
+
+
+def clip_vectors(probs: list[torch.Tensor], s: Setting, classes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(unit clip embeddings [N, D], mean class distributions [N, 1000]) of every clip under ``s``."""
     emb, dist = [], []
-    for lg in logits:
-        if torch.isnan(lg[:, picked]).any():
-            raise ValueError(f"{s.tower}: views {s.views} were not classified (TOWER_VIEWS)")
-        probs = torch.softmax(lg[:, picked] / s.temperature, dim=-1).mean(dim=1)  # [frames, C]: views averaged
+    for p in probs:
         if s.pooling == "frame":
-            frames = F.normalize(conse_combine(probs, classes, s.top_k), dim=-1)
+            frames = F.normalize(conse_combine(p, classes, s.top_k), dim=-1)
             emb.append(F.normalize(frames.mean(0), dim=-1))
         else:
-            emb.append(F.normalize(conse_combine(probs.mean(0), classes, s.top_k), dim=-1))
-        dist.append(probs.mean(0))
+            emb.append(F.normalize(conse_combine(p.mean(0), classes, s.top_k), dim=-1))
+        dist.append(p.mean(0))
     return torch.stack(emb), torch.stack(dist)
 
 
-def score_matrix(s: Setting, queries: torch.Tensor, logits: list, text: TextSide) -> torch.Tensor:
+def score_matrix(s: Setting, queries: torch.Tensor, logits: list[list[torch.Tensor]], text: TextSide) -> torch.Tensor:
     classes = text.class_embeddings(s.names)
-    emb, dist = clip_vectors(logits, s, classes)
+    probs = frame_probabilities(logits, s)
     if s.text_map:
         mapped = F.normalize(
             conse_combine(torch.softmax(queries @ classes.T / s.text_tau, dim=-1), classes, 10), dim=-1
         )
         queries = F.normalize((1 - s.text_map) * queries + s.text_map * mapped, dim=-1)
-    scores = queries @ emb.T
-    if s.class_weight:
-        qdist = torch.softmax(queries @ classes.T / s.class_tau, dim=-1)
-        scores = (1 - s.class_weight) * scores + s.class_weight * (
-            F.normalize(qdist, dim=-1) @ F.normalize(dist, dim=-1).T
-        )
-    if s.bank_beta:
-        bank = text.bank() @ emb.T  # [B, N]
-        hub = bank.topk(min(s.bank_kappa, bank.shape[0]), dim=0).values.mean(0)
-        scores = scores - s.bank_beta * hub
-    return scores
+    bank = text.bank() if s.bank_beta else None
+    if s.frame_score != "clip":  # every frame its own fused vector, its scores pooled over the clip's frames
+        t = F.normalize(fuse_text(queries, classes, s.class_weight, s.class_tau), dim=-1)
+        columns = []
+        for p in probs:
+            frames = F.normalize(conse_combine(p, classes, s.top_k), dim=-1)
+            v = F.normalize(fuse_video(frames, p, bank, s.bank_beta, s.bank_kappa), dim=-1)
+            per_frame = t @ v.T
+            columns.append(per_frame.max(dim=1).values if s.frame_score == "max" else per_frame.mean(dim=1))
+        return torch.stack(columns, dim=1)
+    emb, dist = clip_vectors(probs, s, classes)
+    if not (s.class_weight or s.bank_beta):
+        return queries @ emb.T
+    # the fused vectors of tvr.models.class_fusion, as the index stores them (a cosine head: unit vectors)
+    t = F.normalize(fuse_text(queries, classes, s.class_weight, s.class_tau), dim=-1)
+    v = F.normalize(fuse_video(emb, dist, bank, s.bank_beta, s.bank_kappa), dim=-1)
+    return t @ v.T
 
 
 def evaluate(s: Setting, sets: list[dict], logits: dict, text: TextSide) -> dict:
+    """R@k, MdR, MnR of ``s`` on each set and pooled, for captions and paraphrases. ``logits``: {tower: {set name:
+    [logits of each clip]}} for the setting's sampling."""
+    towers = s.tower.split("+")
+    per_set = {data["name"]: [logits[t][data["name"]] for t in towers] for data in sets}
+    pooled_logits = [[lg for data in sets for lg in logits[t][data["name"]]] for t in towers]
     out = {}
     for kind in ("caption", "paraphrase"):
-        ranks_all, scores_pooled, targets_pooled = [], [], []
-        pooled_logits = [lg for data in sets for lg in logits[data["name"]]]
-        offset = 0
-        all_queries = []
+        targets_pooled, all_queries, offset = [], [], 0
         for data in sets:
             queries = text.queries(data[kind])
-            scores = score_matrix(s, queries, logits[data["name"]], text)
+            scores = score_matrix(s, queries, per_set[data["name"]], text)
             ranks = ranks_from_scores(scores.double().numpy(), list(range(len(data["videos"]))))
             out[f"{data['name']}/{kind}"] = metrics_from_ranks(ranks)
             all_queries.append(queries)
             targets_pooled += [offset + i for i in range(len(data["videos"]))]
             offset += len(data["videos"])
-        del ranks_all, scores_pooled
         pooled = score_matrix(s, torch.cat(all_queries), pooled_logits, text)
         out[f"pooled/{kind}"] = metrics_from_ranks(ranks_from_scores(pooled.double().numpy(), targets_pooled))
     return out
@@ -350,12 +378,91 @@ def grid(quick: bool) -> list[Setting]:
                 bank_kappa=kappa,
             )
         )
+    # the follow-up's ideas, each alone around the best configuration of the combinations above
+    best = Setting(tower="lite1", temperature=2.0, class_weight=0.5, class_tau=0.02, bank_beta=0.5, bank_kappa=5)
+    follow_up = [
+        *(Setting(tower=t) for t in ENSEMBLES),
+        *(dataclasses.replace(best, tower=t) for t in ENSEMBLES),
+        *(dataclasses.replace(best, frame_score=f) for f in ("mean", "max")),
+        *(dataclasses.replace(best, names=n) for n in ("all", "ensemble")),
+        dataclasses.replace(best, pooling="probs"),
+        *(dataclasses.replace(best, top_k=k) for k in (5, 20)),
+    ]
+    return unique(one_at_a_time + combos + follow_up)
+
+
+#: image-tower ensembles tried (each frame's class probabilities averaged over the towers)
+ENSEMBLES = ("lite0+lite1", "lite1+lite2", "lite0+lite1+lite2")
+#: the grid the default is chosen on: every knob of the fused encoder at three values (one grid step either side of
+#: the best configuration of the first table), on Lite1 and on the tower ensembles
+GRID_AXES = {
+    "tower": ("lite1", "lite0+lite1", "lite0+lite1+lite2"),
+    "temperature": (1.0, 2.0, 3.0),
+    "top_k": (5, 10, 20),
+    "class_weight": (0.25, 0.5, 0.75),
+    "class_tau": (0.01, 0.02, 0.05),
+    "bank_beta": (0.25, 0.5, 1.0),
+    "bank_kappa": (3, 5, 10),
+}
+#: the six columns every configuration is judged on
+COLUMNS = tuple(f"{s}/{k}" for s in ("real-scenes", "real-scenes-2", "pooled") for k in ("caption", "paraphrase"))
+
+
+def unique(settings: list[Setting]) -> list[Setting]:
     seen, out = set(), []
-    for s in one_at_a_time + combos:
+    for s in settings:
         if s not in seen:
             seen.add(s)
             out.append(s)
     return out
+
+
+def selection_grid() -> list[Setting]:
+    return [Setting(**dict(zip(GRID_AXES, values, strict=True))) for values in itertools.product(*GRID_AXES.values())]
+
+
+def neighbours(s: Setting) -> list[Setting]:
+    """The grid's configurations one step away from ``s`` along one numeric knob (the tower is not a scale)."""
+    out = []
+    for name, values in GRID_AXES.items():
+        if name == "tower":
+            continue
+        at = values.index(getattr(s, name))
+        out += [dataclasses.replace(s, **{name: values[j]}) for j in (at - 1, at + 1) if 0 <= j < len(values)]
+    return out
+
+
+def select_default(rows: list[dict], reference: dict) -> list[dict]:
+    """The selection rule (docs/benchmarks.md, written before the grid was run), applied to the grid's rows:
+
+    1. candidates: configurations none of whose six t2v R@1 columns is below ``reference``'s (Lite1 alone);
+    2. each candidate's score is the mean, over itself and its grid neighbours (one step of one knob), of the
+       six-column mean R@1 — a plateau, not a peak;
+    3. ties: the higher worst neighbour (six-column mean), then the higher own mean.
+
+    Returns every candidate with its score, best first."""
+    mean = {}
+    for row in rows:
+        mean[Setting(**row["setting"])] = sum(row["metrics"][c]["R1"] for c in COLUMNS) / len(COLUMNS)
+    ranked = []
+    for row in rows:
+        s = Setting(**row["setting"])
+        if any(row["metrics"][c]["R1"] < reference[c]["R1"] for c in COLUMNS):
+            continue
+        around = [mean[n] for n in neighbours(s) if n in mean]
+        ranked.append(
+            {
+                "setting": row["setting"],
+                "label": row["label"],
+                "own_mean": round(mean[s], 2),
+                "neighbourhood_mean": round((mean[s] + sum(around)) / (1 + len(around)), 2),
+                "worst_neighbour": round(min(around), 2) if around else None,
+                "neighbours": len(around),
+                "columns": {c: row["metrics"][c]["R1"] for c in COLUMNS},
+            }
+        )
+    ranked.sort(key=lambda r: (-r["neighbourhood_mean"], -(r["worst_neighbour"] or 0.0), -r["own_mean"]))
+    return ranked
 
 
 def markdown(result: dict) -> str:
@@ -394,22 +501,28 @@ def main() -> None:
     start, cpu = time.perf_counter(), time.process_time()
     sets = [read_set("real-scenes"), read_set("real-scenes-2")]
     towers = set(args.towers.split(","))
-    settings = [s for s in grid(args.quick) if s.tower in towers]
+    settings = grid(args.quick) + ([] if args.quick else selection_grid())
+    settings = [s for s in unique(settings) if set(s.tower.split("+")) <= towers]
     encoders: dict = {}
-    logits = {
-        (t, smp): cached_logits(args.cache, sets, t, smp, encoders)
-        for t, smp in sorted({(s.tower, s.sampling) for s in settings})
-    }
+    logits: dict = {}
+    for t, smp in sorted({(t, s.sampling) for s in settings for t in s.tower.split("+")}):
+        logits.setdefault(smp, {})[t] = cached_logits(args.cache, sets, t, smp, encoders)
     text = TextSide(encoders.get("lite0") or tower_encoder("lite0"))
     rows = []
     for s in settings:
-        metrics = evaluate(s, sets, logits[(s.tower, s.sampling)], text)
+        metrics = evaluate(s, sets, logits[s.sampling], text)
         rows.append({"setting": dataclasses.asdict(s), "label": s.label(), "metrics": metrics})
         brief = "  ".join(
             f"{k.split('/')[0][-2:] if 'pooled' not in k else 'pl'}/{k.split('/')[1][:4]} {v['R1']:5.1f}"
             for k, v in metrics.items()
         )
         print(f"{s.label():<70} {brief}", flush=True)
+    labels = {row["label"]: row for row in rows}
+    chosen_on = [row for row in rows if Setting(**row["setting"]) in set(selection_grid())]
+    selection = select_default(chosen_on, labels["tower=lite1"]["metrics"]) if chosen_on else []
+    for row in selection[:10]:
+        scores = f"{row['neighbourhood_mean']:5.1f} {row['worst_neighbour']} {row['own_mean']:5.1f}"
+        print(f"selection: {scores} {row['label']}")
     result = {
         "command": "python benchmarks/real_search_quality.py"
         + (" --quick" if args.quick else "")
@@ -419,6 +532,8 @@ def main() -> None:
         "view_sets": VIEW_SETS,
         "prompt_ensemble": PROMPT_ENSEMBLE,
         "rows": rows,
+        "grid_axes": GRID_AXES,
+        "selection": selection,
         "seconds": round(time.perf_counter() - start, 1),
         "cpu_seconds": round(time.process_time() - cpu, 1),
         "loadavg_start": [round(x, 2) for x in load],

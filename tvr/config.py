@@ -277,11 +277,30 @@ class TwoTowerConfig:
     #: ConSE: frame (every frame its own embedding; the temporal module and head pool them) | video (the class
     #: probabilities are averaged over a clip's frames first: one embedding per clip, one frame slot)
     conse_pooling: str = choice("frame", "frame", "video")
+    #: ConSE fusion, w: weight of the class-space score (the query's softmax over the class texts against the clip's
+    #: mean class distribution) in (1 − w)·cos + w·class score; 0 with conse_bank_weight 0 = ConSE alone. Any
+    #: fusion gives one fused vector per clip (docs/methods/two_tower.md, tvr/models/class_fusion.py)
+    conse_class_weight: float = bounded(0.0, ge=0.0, le=1.0)
+    #: ConSE fusion: temperature τ_c of the query's softmax over its cosines with the 1000 class texts
+    conse_class_temperature: float = bounded(0.02, gt=0.0)
+    #: ConSE fusion, β: a clip's score is lowered by β × its mean cosine with its nearest bank sentences (hubness
+    #: correction with a fixed bank of generic descriptions, computed once per clip; 0 = off)
+    conse_bank_weight: float = bounded(0.0, ge=0.0)
+    #: ConSE fusion, κ: how many nearest bank sentences that mean is over
+    conse_bank_neighbours: int = bounded(5, ge=1)
+    #: ConSE fusion: the bank, "" = the one shipped with tvr (tvr/models/data/query_bank_v1.txt), or a text file of
+    #: your own (one sentence a line, # comments); never the queries themselves
+    conse_bank: str = ""
     tiny: TinyTwoTowerConfig = field(default_factory=TinyTwoTowerConfig)
 
     def validate(self) -> None:
         if self.conse_prompt.count("{}") != 1:
             raise ValueError(f"conse_prompt = {self.conse_prompt!r}: expected exactly one '{{}}' for the class name")
+
+    @property
+    def conse_fusion(self) -> bool:
+        """Whether the ConSE bridge fuses class-space scoring or the sentence bank into its vectors."""
+        return self.conse_class_weight > 0 or self.conse_bank_weight > 0
 
 
 @dataclass

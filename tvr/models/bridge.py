@@ -9,6 +9,8 @@ and serves every bridge. Two kinds (``model.two_tower.bridge``):
 * :class:`ConseBridge`: the training-free ConSE map (:mod:`tvr.models.conse`); text passes unchanged and each frame
   becomes the probability-weighted text embedding of its top-k ImageNet classes. No parameters; the classifier and
   the class embeddings are buffers saved with a checkpoint.
+* :class:`FusedConseBridge`: ConSE plus class-space scoring and hubness correction with a fixed sentence bank, as
+  one dot product (:mod:`tvr.models.class_fusion`); one fused vector per clip.
 
 Derived proxies. TV-ProxyNet reads M per-video proxy embeddings, which CLIP-ViP's video tower produces and these
 towers do not. With ``num_proxies = M > 0`` (the builder sets it to ``head.options.num_proxies`` for a head that
@@ -23,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tvr.models.class_fusion import fuse_text, fuse_video, fused_width
 from tvr.models.conse import conse_combine
 from tvr.types import TextFeatures, VideoFeatures
 
@@ -149,4 +152,79 @@ class ConseBridge(nn.Module):
         weights = segment_weights(mask, 1)  # [N, 1, F]: the mean over valid frames
         clip = self.embed(torch.bmm(weights, probs))  # [N, 1, D]
         proxies = self.embed(torch.bmm(segment_weights(mask, self.num_proxies), probs)) if self.num_proxies else None
+        return VideoFeatures(clip, torch.ones(mask.shape[0], 1, dtype=mask.dtype, device=mask.device), proxies)
+
+
+class FusedConseBridge(ConseBridge):
+    """ConSE fused with class-space scoring and a generic-sentence bank (:mod:`tvr.models.class_fusion`).
+
+    Text → [(1 − w)·e_t, w·q̂_t, 1, 0]; a clip → one slot [e_v, p̂_v, −β·b_v, β·√(1 − b_v²)], where e_v is the clip's
+    unit ConSE embedding (``pooling``: the mean of its frames' unit ConSE embeddings, as CLIP4Clip's mean pooling
+    makes it, or ConSE of the mean probabilities) and p̂_v its normalised mean class distribution. Derived proxies
+    are the same vectors of temporal segments. ``bank``: unit embeddings [B, W] of the bank sentences (None when
+    ``bank_weight`` is 0)."""
+
+    def __init__(
+        self,
+        classifier_weight: Tensor,
+        classifier_bias: Tensor,
+        class_embeddings: Tensor,
+        bank: Tensor | None,
+        *,
+        class_weight: float,
+        class_temperature: float,
+        bank_weight: float,
+        bank_neighbours: int,
+        top_k: int = 10,
+        temperature: float = 1.0,
+        pooling: str = "frame",
+        num_proxies: int = 0,
+    ) -> None:
+        super().__init__(
+            classifier_weight,
+            classifier_bias,
+            class_embeddings,
+            top_k=top_k,
+            temperature=temperature,
+            pooling=pooling,
+            num_proxies=num_proxies,
+        )
+        if bank_weight > 0 and (bank is None or bank.ndim != 2 or bank.shape[1] != class_embeddings.shape[1]):
+            width = class_embeddings.shape[1]
+            raise ValueError(f"fused ConSE: bank_weight {bank_weight} needs bank embeddings [B, {width}]")
+        self.register_buffer("bank", F.normalize(bank.detach().float(), dim=-1).clone() if bank_weight > 0 else None)
+        self.class_weight, self.class_temperature = float(class_weight), float(class_temperature)
+        self.bank_weight, self.bank_neighbours = float(bank_weight), int(bank_neighbours)
+        self.embed_dim = fused_width(class_embeddings.shape[1], class_embeddings.shape[0])
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, class_weight={self.class_weight}, class_temperature={self.class_temperature}, "
+            f"bank={0 if self.bank is None else len(self.bank)}, bank_weight={self.bank_weight}, "
+            f"bank_neighbours={self.bank_neighbours}"
+        )
+
+    def text(self, feats: TextFeatures) -> TextFeatures:
+        def fuse(x: Tensor) -> Tensor:
+            return fuse_text(x, self.class_embeddings, self.class_weight, self.class_temperature)
+
+        words = fuse(feats.words) if feats.words is not None else None
+        return TextFeatures(fuse(feats.eot), words, feats.word_mask)
+
+    def fused(self, probs: Tensor, weights: Tensor) -> Tensor:
+        """Fused vectors [N, S, D'] of the frame groups ``weights`` [N, S, F] (rows sum to one) of ``probs``
+        [N, F, C]."""
+        if self.pooling == "frame":
+            frames = F.normalize(self.embed(probs), dim=-1)
+            embedding = F.normalize(torch.bmm(weights, frames), dim=-1)
+        else:
+            embedding = F.normalize(self.embed(torch.bmm(weights, probs)), dim=-1)
+        distribution = torch.bmm(weights, probs)
+        return fuse_video(embedding, distribution, self.bank, self.bank_weight, self.bank_neighbours)
+
+    def video(self, feats: VideoFeatures) -> VideoFeatures:
+        probs = self.probabilities(feats.frames)  # [N, F, C]
+        mask = feats.frame_mask
+        clip = self.fused(probs, segment_weights(mask, 1))
+        proxies = self.fused(probs, segment_weights(mask, self.num_proxies)) if self.num_proxies else None
         return VideoFeatures(clip, torch.ones(mask.shape[0], 1, dtype=mask.dtype, device=mask.device), proxies)

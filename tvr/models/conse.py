@@ -93,32 +93,29 @@ def weights_fingerprint(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def class_embedding_cache_key(weights: str, tokenizer: str, prompt: str, names: str) -> str:
-    blob = json.dumps(
-        {
-            "version": _CACHE_VERSION,
-            "weights": weights,
-            "tokenizer": tokenizer,
-            "prompt": prompt,
-            "names": names,
-            "classes": hashlib.sha256(CLASS_FILE.read_bytes()).hexdigest(),
-        },
-        sort_keys=True,
-    )
+def embedding_cache_key(**fields: str) -> str:
+    """The cache file name of text embeddings computed from ``fields`` (the text weights, its vocabulary and what
+    was embedded)."""
+    blob = json.dumps({"version": _CACHE_VERSION, **fields}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def read_cached_embeddings(path: Path, width: int) -> Tensor | None:
-    """The cached class embeddings at ``path`` when readable and of the right shape, else None (recompute)."""
+def class_embedding_cache_key(weights: str, tokenizer: str, prompt: str, names: str) -> str:
+    classes = hashlib.sha256(CLASS_FILE.read_bytes()).hexdigest()
+    return embedding_cache_key(weights=weights, tokenizer=tokenizer, prompt=prompt, names=names, classes=classes)
+
+
+def read_cached_embeddings(path: Path, width: int, rows: int = NUM_IMAGENET_CLASSES) -> Tensor | None:
+    """The cached embeddings at ``path`` when readable and of shape [rows, width], else None (recompute)."""
     if not path.is_file():
         return None
     try:
         value = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a damaged cache entry is recomputed, never fatal
-        log.warning("ConSE class-embedding cache %s is unreadable (%s); recomputing it", path, exc)
+        log.warning("ConSE embedding cache %s is unreadable (%s); recomputing it", path, exc)
         return None
-    if not isinstance(value, Tensor) or tuple(value.shape) != (NUM_IMAGENET_CLASSES, width):
-        log.warning("ConSE class-embedding cache %s has an unexpected shape; recomputing it", path)
+    if not isinstance(value, Tensor) or tuple(value.shape) != (rows, width):
+        log.warning("ConSE embedding cache %s has an unexpected shape; recomputing it", path)
         return None
     return value.float()
 

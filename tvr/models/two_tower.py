@@ -19,13 +19,14 @@ import hashlib
 import json
 import logging
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
 from tvr.config import ConfigError, ModelConfig, TwoTowerConfig
 from tvr.data.transforms import PixelNorm
-from tvr.models.bridge import ConseBridge, ProjectionBridge
+from tvr.models.bridge import ConseBridge, FusedConseBridge, ProjectionBridge
 from tvr.models.image_tower import EFFICIENTNET_LITE_NORM, ImageTower, build_image_tower
 from tvr.models.text_tower import TextTower, load_sentence_model
 from tvr.types import TextFeatures, VideoFeatures
@@ -159,38 +160,73 @@ class TwoTowerBackbone(nn.Module):
 # ------------------------------------------------------------------------------------------ bridge
 
 
+def _text_tower_identity(backbone: TwoTowerBackbone) -> tuple[str, str]:
+    """(weights, vocabulary) fingerprints of the text tower: what its embeddings of any text depend on."""
+    from tvr.models.conse import weights_fingerprint
+
+    tower = backbone.text_tower
+    vocabulary = json.dumps(sorted(tower.model.tokenizer.get_vocab().items()))
+    return weights_fingerprint(tower), hashlib.sha256(vocabulary.encode()).hexdigest()
+
+
+def _cached_or_embedded(backbone: TwoTowerBackbone, key: str, rows: int, embed: Callable[[], Tensor]) -> Tensor:
+    """The text embeddings cached under ``key`` ([rows, Wt]), or ``embed()`` run with the text tower in eval mode and
+    cached."""
+    from tvr.models.conse import cache_root, read_cached_embeddings, write_cached_embeddings
+
+    cache_path = cache_root() / "conse" / f"{key}.pt"
+    cached = read_cached_embeddings(cache_path, backbone.text_width, rows)
+    if cached is not None:
+        return cached
+    tower = backbone.text_tower
+    was_training = tower.training
+    tower.eval()
+    embeddings = embed()
+    tower.train(was_training)
+    write_cached_embeddings(cache_path, embeddings)
+    return embeddings
+
+
 def conse_class_embeddings(backbone: TwoTowerBackbone, cfg: TwoTowerConfig) -> Tensor:
     """[1000, Wt] L2-normalised text embeddings of the ImageNet class prompts, from the disk cache when these
     weights were already encoded with these settings (:mod:`tvr.models.conse`)."""
     from tvr.models.conse import (
         NUM_IMAGENET_CLASSES,
-        cache_root,
         class_embedding_cache_key,
         class_prompts,
         imagenet_class_names,
         pool_class_embeddings,
-        read_cached_embeddings,
-        weights_fingerprint,
-        write_cached_embeddings,
     )
     from tvr.models.text_tower import embed_sentences
 
-    tower = backbone.text_tower
-    vocabulary = json.dumps(sorted(tower.model.tokenizer.get_vocab().items()))
-    key = class_embedding_cache_key(
-        weights_fingerprint(tower), hashlib.sha256(vocabulary.encode()).hexdigest(), cfg.conse_prompt, cfg.conse_names
-    )
-    cache_path = cache_root() / "conse" / f"{key}.pt"
-    cached = read_cached_embeddings(cache_path, backbone.text_width)
-    if cached is not None:
-        return cached
+    key = class_embedding_cache_key(*_text_tower_identity(backbone), cfg.conse_prompt, cfg.conse_names)
     texts, owner = class_prompts(imagenet_class_names(), cfg.conse_prompt, cfg.conse_names)
-    was_training = tower.training
-    tower.eval()
-    embeddings = pool_class_embeddings(embed_sentences(tower, texts), owner, NUM_IMAGENET_CLASSES)
-    tower.train(was_training)
-    write_cached_embeddings(cache_path, embeddings)
-    return embeddings
+    return _cached_or_embedded(
+        backbone,
+        key,
+        NUM_IMAGENET_CLASSES,
+        lambda: pool_class_embeddings(embed_sentences(backbone.text_tower, texts), owner, NUM_IMAGENET_CLASSES),
+    )
+
+
+def bank_embeddings(backbone: TwoTowerBackbone, cfg: TwoTowerConfig) -> Tensor:
+    """[B, Wt] L2-normalised text embeddings of the fused ConSE bridge's sentence bank (``conse_bank``), cached on
+    disk as the class embeddings are."""
+    import torch.nn.functional as F
+
+    from tvr.models.class_fusion import bank_digest, read_bank
+    from tvr.models.conse import embedding_cache_key
+    from tvr.models.text_tower import embed_sentences
+
+    try:
+        sentences = read_bank(cfg.conse_bank)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    weights, vocabulary = _text_tower_identity(backbone)
+    key = embedding_cache_key(weights=weights, tokenizer=vocabulary, bank=bank_digest(sentences))
+    return _cached_or_embedded(
+        backbone, key, len(sentences), lambda: F.normalize(embed_sentences(backbone.text_tower, sentences), dim=-1)
+    )
 
 
 def build_two_tower_bridge(backbone: TwoTowerBackbone, cfg: TwoTowerConfig, num_proxies: int = 0) -> nn.Module:
@@ -212,12 +248,23 @@ def build_two_tower_bridge(backbone: TwoTowerBackbone, cfg: TwoTowerConfig, num_
             f"ConSE needs an ImageNet-1k classifier; the image tower has {backbone.image_tower.num_classes} classes"
         )
     fc = backbone.image_tower.net._fc
-    return ConseBridge(
+    conse = {
+        "top_k": cfg.conse_top_k,
+        "temperature": cfg.conse_temperature,
+        "pooling": cfg.conse_pooling,
+        "num_proxies": num_proxies,
+    }
+    classes = conse_class_embeddings(backbone, cfg)
+    if not cfg.conse_fusion:
+        return ConseBridge(fc.weight, fc.bias, classes, **conse)
+    return FusedConseBridge(
         fc.weight,
         fc.bias,
-        conse_class_embeddings(backbone, cfg),
-        top_k=cfg.conse_top_k,
-        temperature=cfg.conse_temperature,
-        pooling=cfg.conse_pooling,
-        num_proxies=num_proxies,
+        classes,
+        bank_embeddings(backbone, cfg) if cfg.conse_bank_weight > 0 else None,
+        class_weight=cfg.conse_class_weight,
+        class_temperature=cfg.conse_class_temperature,
+        bank_weight=cfg.conse_bank_weight,
+        bank_neighbours=cfg.conse_bank_neighbours,
+        **conse,
     )
