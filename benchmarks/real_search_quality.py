@@ -291,9 +291,32 @@ def clip_vectors(probs: list[torch.Tensor], s: Setting, classes: torch.Tensor) -
     return torch.stack(emb), torch.stack(dist)
 
 
-def score_matrix(s: Setting, queries: torch.Tensor, logits: list[list[torch.Tensor]], text: TextSide) -> torch.Tensor:
-    classes = text.class_embeddings(s.names)
+@dataclasses.dataclass
+class Clips:
+    """The video side of a configuration for a list of clips: per-frame class probabilities, unit clip embeddings
+    [N, D] and mean class distributions [N, C]."""
+
+    probs: list[torch.Tensor]
+    emb: torch.Tensor
+    dist: torch.Tensor
+
+    @staticmethod
+    def cat(parts: list[Clips]) -> Clips:
+        probs = [p for c in parts for p in c.probs]
+        return Clips(probs, torch.cat([c.emb for c in parts]), torch.cat([c.dist for c in parts]))
+
+
+#: the knobs the video side depends on (the others only change how it is scored)
+VIDEO_KNOBS = ("tower", "sampling", "views", "temperature", "top_k", "pooling", "names")
+
+
+def clips_of(s: Setting, logits: list[list[torch.Tensor]], classes: torch.Tensor) -> Clips:
     probs = frame_probabilities(logits, s)
+    return Clips(probs, *clip_vectors(probs, s, classes))
+
+
+def score_matrix(s: Setting, queries: torch.Tensor, clips: Clips, text: TextSide) -> torch.Tensor:
+    classes = text.class_embeddings(s.names)
     if s.text_map:
         mapped = F.normalize(
             conse_combine(torch.softmax(queries @ classes.T / s.text_tau, dim=-1), classes, 10), dim=-1
@@ -303,39 +326,44 @@ def score_matrix(s: Setting, queries: torch.Tensor, logits: list[list[torch.Tens
     if s.frame_score != "clip":  # every frame its own fused vector, its scores pooled over the clip's frames
         t = F.normalize(fuse_text(queries, classes, s.class_weight, s.class_tau), dim=-1)
         columns = []
-        for p in probs:
+        for p in clips.probs:
             frames = F.normalize(conse_combine(p, classes, s.top_k), dim=-1)
             v = F.normalize(fuse_video(frames, p, bank, s.bank_beta, s.bank_kappa), dim=-1)
             per_frame = t @ v.T
             columns.append(per_frame.max(dim=1).values if s.frame_score == "max" else per_frame.mean(dim=1))
         return torch.stack(columns, dim=1)
-    emb, dist = clip_vectors(probs, s, classes)
     if not (s.class_weight or s.bank_beta):
-        return queries @ emb.T
+        return queries @ clips.emb.T
     # the fused vectors of tvr.models.class_fusion, as the index stores them (a cosine head: unit vectors)
     t = F.normalize(fuse_text(queries, classes, s.class_weight, s.class_tau), dim=-1)
-    v = F.normalize(fuse_video(emb, dist, bank, s.bank_beta, s.bank_kappa), dim=-1)
+    v = F.normalize(fuse_video(clips.emb, clips.dist, bank, s.bank_beta, s.bank_kappa), dim=-1)
     return t @ v.T
 
 
-def evaluate(s: Setting, sets: list[dict], logits: dict, text: TextSide) -> dict:
+def evaluate(s: Setting, sets: list[dict], logits: dict, text: TextSide, memo: dict) -> dict:
     """R@k, MdR, MnR of ``s`` on each set and pooled, for captions and paraphrases. ``logits``: {tower: {set name:
-    [logits of each clip]}} for the setting's sampling."""
-    towers = s.tower.split("+")
-    per_set = {data["name"]: [logits[t][data["name"]] for t in towers] for data in sets}
-    pooled_logits = [[lg for data in sets for lg in logits[t][data["name"]]] for t in towers]
+    [logits of each clip]}} for the setting's sampling; ``memo`` keeps the video sides already computed."""
+    video_key = tuple(getattr(s, k) for k in VIDEO_KNOBS)
+    if video_key not in memo:
+        memo.clear()  # the grid's settings come ordered by their video side: one at a time is enough
+        classes = text.class_embeddings(s.names)
+        memo[video_key] = {
+            data["name"]: clips_of(s, [logits[t][data["name"]] for t in s.tower.split("+")], classes) for data in sets
+        }
+    clips = memo[video_key]
+    pooled_clips = Clips.cat([clips[data["name"]] for data in sets])
     out = {}
     for kind in ("caption", "paraphrase"):
         targets_pooled, all_queries, offset = [], [], 0
         for data in sets:
             queries = text.queries(data[kind])
-            scores = score_matrix(s, queries, per_set[data["name"]], text)
+            scores = score_matrix(s, queries, clips[data["name"]], text)
             ranks = ranks_from_scores(scores.double().numpy(), list(range(len(data["videos"]))))
             out[f"{data['name']}/{kind}"] = metrics_from_ranks(ranks)
             all_queries.append(queries)
             targets_pooled += [offset + i for i in range(len(data["videos"]))]
             offset += len(data["videos"])
-        pooled = score_matrix(s, torch.cat(all_queries), pooled_logits, text)
+        pooled = score_matrix(s, torch.cat(all_queries), pooled_clips, text)
         out[f"pooled/{kind}"] = metrics_from_ranks(ranks_from_scores(pooled.double().numpy(), targets_pooled))
     return out
 
@@ -418,6 +446,7 @@ def unique(settings: list[Setting]) -> list[Setting]:
 
 
 def selection_grid() -> list[Setting]:
+    """Every configuration of ``GRID_AXES``, those sharing a video side next to each other."""
     return [Setting(**dict(zip(GRID_AXES, values, strict=True))) for values in itertools.product(*GRID_AXES.values())]
 
 
@@ -508,9 +537,9 @@ def main() -> None:
     for t, smp in sorted({(t, s.sampling) for s in settings for t in s.tower.split("+")}):
         logits.setdefault(smp, {})[t] = cached_logits(args.cache, sets, t, smp, encoders)
     text = TextSide(encoders.get("lite0") or tower_encoder("lite0"))
-    rows = []
+    rows, memo = [], {}
     for s in settings:
-        metrics = evaluate(s, sets, logits[s.sampling], text)
+        metrics = evaluate(s, sets, logits[s.sampling], text, memo)
         rows.append({"setting": dataclasses.asdict(s), "label": s.label(), "metrics": metrics})
         brief = "  ".join(
             f"{k.split('/')[0][-2:] if 'pooled' not in k else 'pl'}/{k.split('/')[1][:4]} {v['R1']:5.1f}"

@@ -28,7 +28,7 @@ from tvr.data.sentence_tokenizer import SentenceTokenizer
 from tvr.data.tokenizer import build_tokenizer
 from tvr.data.transforms import CLIP_NORM, clip_preprocess
 from tvr.data.video import decode_frames, load_clip, probe_video
-from tvr.models.bridge import ConseBridge, ProjectionBridge, segment_means, segment_weights
+from tvr.models.bridge import ConseBridge, FusedConseBridge, ProjectionBridge, segment_means, segment_weights
 from tvr.models.build import build_model
 from tvr.models.conse import class_prompts, conse_combine, imagenet_class_names, pool_class_embeddings
 from tvr.models.image_tower import (
@@ -170,10 +170,67 @@ def test_bridges_map_tower_features_into_the_shared_space() -> None:
     torch.testing.assert_close(clip.frames[0, 0], conse_combine(probs[0, :3].mean(0), classes, 5))
 
 
+@pytest.mark.parametrize("pooling", ["frame", "video"])
+def test_fused_conse_is_the_fused_score_as_one_dot_product(pooling: str) -> None:
+    """The fused bridge's text and clip vectors: their dot product is (1 − w)·cos(e_t, e_v) + w·cos(q_t, p̄_v) − β·b_v
+    computed here from its parts in float64, every vector of a side has the same length (so CLIP4Clip's cosine ranks
+    by the fused score), and derived proxies are the fused vectors of the temporal segments."""
+    from tvr.models.heads.clip4clip import Clip4ClipHead
+
+    torch.manual_seed(0)
+    w, tau_c, beta, kappa, top_k, tau = 0.4, 0.05, 0.7, 3, 4, 2.0
+    weight, bias = torch.randn(30, 12), torch.randn(30)
+    classes = torch.nn.functional.normalize(torch.randn(30, 8), dim=-1)
+    bank = torch.randn(6, 8)
+    text = TextFeatures(torch.randn(3, 8), torch.randn(3, 5, 8), torch.ones(3, 5, dtype=torch.long))
+    video = VideoFeatures(torch.randn(2, 4, 12), torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]))
+    bridge = FusedConseBridge(
+        weight, bias, classes, bank, class_weight=w, class_temperature=tau_c, bank_weight=beta, bank_neighbours=kappa,
+        top_k=top_k, temperature=tau, pooling=pooling, num_proxies=2,
+    )  # fmt: skip
+    t, v = bridge.text(text), bridge.video(video)
+    assert bridge.embed_dim == 8 + 30 + 2 and t.eot.shape == (3, 40) and t.words.shape == (3, 5, 40)
+    assert v.frames.shape == (2, 1, 40) and v.frame_mask.tolist() == [[1], [1]] and v.proxies.shape == (2, 2, 40)
+
+    def unit(x: torch.Tensor) -> torch.Tensor:
+        return x / x.norm(dim=-1, keepdim=True)
+
+    c64, bank64 = classes.double(), unit(bank.double())
+    e_t = unit(text.eot.double())
+    q_t = unit(torch.softmax(e_t @ c64.T / tau_c, dim=-1))
+    want = torch.zeros(3, 2, dtype=torch.float64)
+    for j, n_valid in enumerate((3, 4)):
+        probs = torch.softmax((video.frames[j, :n_valid].double() @ weight.double().T + bias.double()) / tau, dim=-1)
+        if pooling == "frame":
+            e_v = unit(unit(conse_combine(probs, c64, top_k)).mean(0))
+        else:
+            e_v = unit(conse_combine(probs.mean(0), c64, top_k))
+        b_v = (bank64 @ e_v).topk(kappa).values.mean()
+        want[:, j] = (1 - w) * e_t @ e_v + w * q_t @ unit(probs.mean(0)) - beta * b_v
+    torch.testing.assert_close((t.eot @ v.frames[:, 0].T).double(), want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(t.eot.norm(dim=-1), torch.full((3,), ((1 - w) ** 2 + w**2 + 1) ** 0.5))
+    torch.testing.assert_close(v.frames.norm(dim=-1), torch.full((2, 1), (2 + beta**2) ** 0.5))
+    torch.testing.assert_close(v.proxies.norm(dim=-1), torch.full((2, 2), (2 + beta**2) ** 0.5))
+    # CLIP4Clip's mean-pooling cosine: the fused score over two constant lengths, so the same ranking
+    head = Clip4ClipHead(40, None, logit_scale_init=0.0, logit_scale_max=100.0)
+    scores = head.score(head.encode_texts(t), head.encode_videos(v)).double()
+    norms = (((1 - w) ** 2 + w**2 + 1) * (2 + beta**2)) ** 0.5
+    torch.testing.assert_close(scores, want / norms, atol=1e-5, rtol=0)
+    # a proxy is a segment's fused vector: the second video's first segment is its first two frames
+    alone = VideoFeatures(video.frames[1:, :2], torch.ones(1, 2, dtype=torch.long))
+    torch.testing.assert_close(v.proxies[1, 0], bridge.video(alone).frames[0, 0])
+    # no bank (β = 0): the bank coordinates are zero and the score is the class-space fusion alone
+    plain = FusedConseBridge(
+        weight, bias, classes, None, class_weight=w, class_temperature=tau_c, bank_weight=0.0, bank_neighbours=kappa,
+        top_k=top_k, temperature=tau, pooling=pooling,
+    )  # fmt: skip
+    assert plain.bank is None and not plain.video(video).frames[..., -2:].any()
+
+
 # ------------------------------------------------------------------------------------------ config and data
 
 
-def test_two_tower_config_checks() -> None:
+def test_two_tower_config_checks(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="conse_prompt"):
         config_from_dict({"model": {"two_tower": {"conse_prompt": "a photo"}}})
     with pytest.raises(ConfigError, match="model.two_tower.bridge"):
@@ -185,6 +242,16 @@ def test_two_tower_config_checks() -> None:
     cfg = config_from_dict(tiny_values(bridge="conse", freeze_image=False))
     with pytest.raises(ConfigError, match="training-free"):
         build_model(cfg)
+    with pytest.raises(ConfigError, match="conse_class_weight"):
+        config_from_dict({"model": {"two_tower": {"conse_class_weight": 1.5}}})
+    with pytest.raises(ConfigError, match="conse_bank_neighbours"):
+        config_from_dict({"model": {"two_tower": {"conse_bank_neighbours": 0}}})
+    empty = tmp_path / "bank.txt"
+    empty.write_text("# only a comment\n\n")
+    for bank, message in ((empty, "has no sentences"), (tmp_path / "missing.txt", "cannot read")):
+        cfg = config_from_dict(tiny_values(bridge="conse", conse_bank_weight=0.5, conse_bank=str(bank)))
+        with pytest.raises(ConfigError, match=f"model.two_tower.conse_bank: {bank}.*{message}"):
+            build_model(cfg)
     real = load_config("two_tower/zero_shot")
     assert real.model.backbone == "two_tower" and real.data.image_size is None  # the backbone's
     assert resolve_config(real).data.image_size == 240  # the preset's tower, lite1: its resolution

@@ -49,10 +49,10 @@ def read_bank(path: str | os.PathLike = "") -> list[str]:
     try:
         lines = source.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"model.two_tower.conse_bank: cannot read {source} ({exc})") from None
+        raise ValueError(f"model.two_tower.conse_bank: {source}: cannot read it ({exc})") from None
     sentences = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
     if not sentences:
-        raise ValueError(f"model.two_tower.conse_bank: {source} has no sentences (one a line, # for comments)")
+        raise ValueError(f"model.two_tower.conse_bank: {source}: has no sentences (one a line, # for comments)")
     return sentences
 
 
