@@ -90,14 +90,39 @@ def test_two_tower_fast_tokenizer_export(search_setup, tmp_path: Path) -> None:
     _same_answers(quick, open_index(tmp_path / "idx", encoder=encoder))
 
 
+def test_queries_are_padded_to_their_length_group(search_setup, tmp_path: Path) -> None:
+    """With data.max_words = 32, a query of at most 16 tokens is encoded at 16 (half the text encoder's work); the
+    export is checked at every length and answers as the full model does. (That a query's answer does not depend on
+    the queries of its group is a property of the real text model, checked in test_search.py: this tiny BERT's
+    rows already differ in the last bit between a batch of one and of several at any length.)"""
+    from test_two_tower import tiny_values
+
+    from tvr.config import config_from_dict
+    from tvr.search.encoders import QUERY_LENGTHS
+
+    values = tiny_values()
+    values["data"].update({"max_frames": 4, "frame_rate": 1.0, "max_words": 32})
+    encoder = ConfigEncoder(config_from_dict(values), name="tiny two-tower, 32 words")
+    build_index(search_setup.videos, tmp_path / "idx", encoder, OPTIONS)
+    assert export_query_encoder(encoder) is not None
+    texts = [*CAPTIONS, "a green screen " * 5, "a red screen with a white square moving from left to right slowly"]
+    lengths = encoder.query_lengths(texts)
+    counts = encoder.token_ids(texts, 32)[1].sum(dim=1).tolist()
+    assert QUERY_LENGTHS == (16,) and set(lengths) == {16, 32}
+    assert all(n == (16 if c <= 16 else 32) for n, c in zip(lengths, counts, strict=True))
+    quick = open_index(tmp_path / "idx")
+    assert isinstance(quick.encoder, QueryEncoder)
+    _same_answers(quick, open_index(tmp_path / "idx", encoder=encoder), texts)
+
+
 def test_an_export_that_disagrees_is_not_written(search_setup, tmp_path: Path, monkeypatch) -> None:
     encoder = CheckpointEncoder(search_setup.checkpoint)
     stamp = {**encoder.stamp(), "id": "0" * 64}
     monkeypatch.setattr(encoder, "stamp", lambda: stamp)
     real = QueryEncoder.text_features
 
-    def off_by_one_ulp(self, texts):
-        features = real(self, texts)
+    def off_by_one_ulp(self, texts, length=None):
+        features = real(self, texts, length)
         features.eot = torch.nextafter(features.eot, torch.full_like(features.eot, float("inf")))
         return features
 

@@ -446,6 +446,12 @@ def test_default_encoder_on_real_clips(shared_data: Path, tmp_path: Path) -> Non
     result = runner.invoke(app, ["search", str(tmp_path / "idx"), "a brown bear walking on the rock", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)[0]["video"] == "brown_bear_rock.mp4"
+    # queries of 16 tokens or fewer are encoded at 16, longer ones at 32: answered together (one pass per length,
+    # as the server's micro-batches and --queries are), each query gets exactly the answer it gets alone
+    index = open_index(tmp_path / "idx")
+    texts = ["a bear", "a red bus on a wet road in the city at night", "a kitesurfer " * 6, "bus", "a brown bear"]
+    assert sorted(set(index.encoder.query_lengths(texts))) == [16, 32]
+    assert index.search_many(texts, k=3) == [index.search(text, k=3) for text in texts]
     result = runner.invoke(
         app,
         [

@@ -151,9 +151,9 @@ def test_concurrent_requests_share_one_model(served, monkeypatch) -> None:
     calls = []
     real = index.encoder.encode_texts
 
-    def counting(texts):
+    def counting(texts, length=None):
         calls.append(len(texts))
-        return real(texts)
+        return real(texts, length)
 
     monkeypatch.setattr(index.encoder, "encode_texts", counting)
     queries = [c for c in ("a red screen", "a green screen", "a blue screen", "a yellow screen") for _ in range(4)]

@@ -24,6 +24,10 @@ from tvr.search.windows import FrameSpec
 from tvr.types import VideoFeatures
 from tvr.utils.errors import UserError
 
+#: token lengths shorter than ``data.max_words`` that a search query is padded to when it fits (MiniLM-L6 at 16
+#: tokens costs half of 32; most queries are short)
+QUERY_LENGTHS = (16,)
+
 
 class EncoderMismatchError(UserError, RuntimeError):
     """An index was built with another model than the one offered to query or extend it."""
@@ -47,15 +51,31 @@ class SearchEncoder:
     device: torch.device
     #: texts / windows per forward pass
     batch_size: int = 32
+    #: the longest text in tokens (``data.max_words``): longer texts are truncated to it
+    max_words: int
 
     def stamp(self) -> dict[str, Any]:
         """Identity recorded in an index's manifest: ``encoder`` (kind), ``id`` (a content hash: two encoders with
         the same stamp embed identically) and descriptive fields."""
         raise NotImplementedError
 
-    def text_features(self, texts: list[str]) -> Any:
-        """Backbone text features (``TextFeatures``) of caption strings."""
+    def token_ids(self, texts: list[str], length: int) -> tuple[Tensor, Tensor]:
+        """Token ids and mask [n, length] of ``texts`` (padded to ``length``, truncated to it)."""
         raise NotImplementedError
+
+    def text_features(self, texts: list[str], length: int | None = None) -> Any:
+        """Backbone text features (``TextFeatures``) of caption strings, padded to ``length`` tokens (default
+        ``max_words``)."""
+        raise NotImplementedError
+
+    def query_lengths(self, texts: list[str]) -> list[int]:
+        """The length each query is padded to for search: the shortest of :data:`QUERY_LENGTHS` and ``max_words``
+        that holds all its tokens. A text-encoder pass costs in proportion to the padded length, and a query's
+        features at one length do not depend on the other queries encoded with it (``tests/test_search_server.py``
+        checks it), so queries grouped by length get the answers they get alone."""
+        _, mask = self.token_ids(texts, self.max_words)
+        fits = sorted({n for n in QUERY_LENGTHS if n < self.max_words} | {self.max_words})
+        return [next(n for n in fits if n >= count) for count in mask.sum(dim=1).tolist()]
 
     def window_features(self, crops: Tensor, mask: Tensor) -> VideoFeatures:
         """``VideoFeatures`` (after any temporal module) of windows: ``crops`` uint8 [n, F, S, S, 3] as
@@ -63,12 +83,13 @@ class SearchEncoder:
         raise NotImplementedError
 
     @torch.no_grad()
-    def encode_texts(self, texts: list[str]) -> Any:
-        """The head's text state of ``texts`` (on the CPU, float32)."""
+    def encode_texts(self, texts: list[str], length: int | None = None) -> Any:
+        """The head's text state of ``texts`` (on the CPU, float32), padded to ``length`` tokens (default
+        ``max_words``)."""
         if not texts:
             raise ValueError("encode_texts: no texts")
         parts = [
-            self.text_features(texts[a : a + self.batch_size]).to("cpu", torch.float32)
+            self.text_features(texts[a : a + self.batch_size], length).to("cpu", torch.float32)
             for a in range(0, len(texts), self.batch_size)
         ]
         features = type(parts[0]).cat(parts) if len(parts) > 1 else parts[0]
@@ -168,8 +189,15 @@ class ModelEncoder(SearchEncoder):
             self._tokenizer = build_tokenizer(self.cfg, self._tokenizer_dir.name)
         return self._tokenizer
 
-    def text_features(self, texts: list[str]) -> Any:
-        ids, mask = self.tokenizer()(texts, self.cfg.data.max_words)
+    @property
+    def max_words(self) -> int:
+        return int(self.cfg.data.max_words)
+
+    def token_ids(self, texts: list[str], length: int) -> tuple[Tensor, Tensor]:
+        return self.tokenizer()(texts, length)
+
+    def text_features(self, texts: list[str], length: int | None = None) -> Any:
+        ids, mask = self.token_ids(texts, length or self.max_words)
         return self.model.text_features({"text_ids": ids.to(self.device), "text_mask": mask.to(self.device)})
 
     def window_features(self, crops: Tensor, mask: Tensor) -> VideoFeatures:

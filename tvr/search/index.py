@@ -250,14 +250,18 @@ class SearchIndex:
     def _answer(self, queries: list[Query]) -> list[list[Hit]]:
         if not self.rows:
             return [[] for _ in queries]
+        texts = [q.text for q in queries]
+        found: list[list[tuple[int, float, float, float]]] = [[] for _ in queries]
         # inference mode: a query is dozens of small tensor operations, each cheaper without autograd's bookkeeping
         with self._lock, torch.inference_mode():
-            text_state = self.encoder.encode_texts([q.text for q in queries])
-            vectors = self.head.shortlist_texts(text_state).float().cpu().numpy()
-            found = [
-                self._rank(text_state[i : i + 1], vectors[i : i + 1], q.k, q.rerank, q.all_windows)
-                for i, q in enumerate(queries)
-            ]
+            lengths = self.encoder.query_lengths(texts)
+            for length in sorted(set(lengths)):  # one text-encoder pass per padded length (encoders.QUERY_LENGTHS)
+                members = [i for i, n in enumerate(lengths) if n == length]
+                text_state = self.encoder.encode_texts([texts[i] for i in members], length)
+                vectors = self.head.shortlist_texts(text_state).float().cpu().numpy()
+                for row, i in enumerate(members):
+                    state, vector, q = text_state[row : row + 1], vectors[row : row + 1], queries[i]
+                    found[i] = self._rank(state, vector, q.k, q.rerank, q.all_windows)
         return [
             [
                 Hit(self.videos[video]["video"], start, end, float(score), rank)

@@ -24,6 +24,7 @@ to the user running tvr and nobody else can write them. ``TVR_QUICK_QUERIES=0`` 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tvr.search.encoders import SearchEncoder
+from tvr.search.encoders import QUERY_LENGTHS, SearchEncoder
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.io import atomic_write_json, create_temporary_dir
 
@@ -182,8 +183,11 @@ class QueryEncoder(SearchEncoder):
     def stamp(self) -> dict[str, Any]:
         return self.meta["stamp"]
 
-    def text_features(self, texts: list[str]) -> TextFeatures:
-        ids, mask = self.tokenize(list(texts), self.max_words)
+    def token_ids(self, texts: list[str], length: int) -> tuple[Tensor, Tensor]:
+        return self.tokenize(list(texts), length)
+
+    def text_features(self, texts: list[str], length: int | None = None) -> TextFeatures:
+        ids, mask = self.token_ids(texts, length or self.max_words)
         # the graph as it is: the optimising executor would spend the first calls (all a cold search makes)
         # profiling shapes to specialise the graph for later ones
         with torch.jit.optimized_execution(False):
@@ -310,9 +314,11 @@ def _write_export(encoder: Any, stamp: dict[str, Any], folder: Path) -> Path | N
                 )
             )
             batches = [list(PROBE_TEXTS)] + [[text] for text in PROBE_TEXTS]
-            for texts in batches if ok else []:
-                want = encoder.text_features(texts).to("cpu", torch.float32)
-                got = check.text_features(texts).to("cpu", torch.float32)
+            # every length a search pads queries to (encoders.QUERY_LENGTHS): the trace must not bake in one
+            lengths = sorted({n for n in QUERY_LENGTHS if n < max_words} | {max_words})
+            for texts, length in itertools.product(batches if ok else [], lengths):
+                want = encoder.text_features(texts, length).to("cpu", torch.float32)
+                got = check.text_features(texts, length).to("cpu", torch.float32)
                 if not (_same(want, got) and _same(head.encode_texts(want), check.head.encode_texts(got))):
                     ok = False
                     break
