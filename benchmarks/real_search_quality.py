@@ -234,11 +234,15 @@ class TextSide:
 
     @torch.inference_mode()
     def queries(self, texts: list[str]) -> torch.Tensor:
-        """Unit query embeddings as the index encodes a query (its tokenizer and max_words)."""
+        """Unit query embeddings as a search encodes a query (its tokenizer, padded to its length group)."""
         key = tuple(texts)
         if key not in self._queries:
-            eot = self.encoder.text_features(texts).eot
-            self._queries[key] = F.normalize(eot.float(), dim=-1)
+            lengths = self.encoder.query_lengths(texts)
+            eot = torch.zeros(len(texts), self.tower.width)
+            for length in set(lengths):
+                members = [i for i, n in enumerate(lengths) if n == length]
+                eot[members] = self.encoder.text_features([texts[i] for i in members], length).eot.float()
+            self._queries[key] = F.normalize(eot, dim=-1)
         return self._queries[key]
 
     @torch.inference_mode()

@@ -282,12 +282,12 @@ class TwoTowerConfig:
     #: fusion gives one fused vector per clip (docs/methods/two_tower.md, tvr/models/class_fusion.py)
     conse_class_weight: float = bounded(0.0, ge=0.0, le=1.0)
     #: ConSE fusion: temperature τ_c of the query's softmax over its cosines with the 1000 class texts
-    conse_class_temperature: float = bounded(0.02, gt=0.0)
+    conse_class_temperature: float = bounded(0.05, gt=0.0)
     #: ConSE fusion, β: a clip's score is lowered by β × its mean cosine with its nearest bank sentences (hubness
     #: correction with a fixed bank of generic descriptions, computed once per clip; 0 = off)
     conse_bank_weight: float = bounded(0.0, ge=0.0)
     #: ConSE fusion, κ: how many nearest bank sentences that mean is over
-    conse_bank_neighbours: int = bounded(5, ge=1)
+    conse_bank_neighbours: int = bounded(3, ge=1)
     #: ConSE fusion: the bank, "" = the one shipped with tvr (tvr/models/data/query_bank_v1.txt), or a text file of
     #: your own (one sentence a line, # comments); never the queries themselves
     conse_bank: str = ""
