@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.measure import index_to_measure  # noqa: E402
+from tvr.utils.io import atomic_write_json  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "search_serve.json"
 SHARED = Path(os.environ.get("TVR_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -78,6 +79,12 @@ def start_server(index: Path, micro_batch: bool, env: dict[str, str]) -> tuple[s
             raise SystemExit(f"the server exited with {process.returncode}")
     process.kill()
     raise SystemExit("the server did not start within 600 s")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a running process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def load(port: int, texts: list[str], clients: int, seconds: float, k: int) -> dict:
@@ -136,6 +143,15 @@ def load(port: int, texts: list[str], clients: int, seconds: float, k: int) -> d
     }
 
 
+def summary(rounds: list[dict]) -> dict:
+    requests = sum(r["requests"] for r in rounds)
+    return {
+        "requests_per_s": round(requests / sum(r["seconds"] for r in rounds), 2),
+        "p95_ms_worst_round": max(r["p95_ms"] for r in rounds),
+        "server_cpu_ms_per_request": round(1000 * sum(r["server_cpu_s"] for r in rounds) / max(1, requests), 2),
+    }
+
+
 def captions_of(folder: Path) -> list[str]:
     with open(folder / "captions.csv", newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
@@ -163,7 +179,12 @@ def main() -> None:
         for micro_batch in (False, True):
             process, port = start_server(index, micro_batch, env)
             try:
+                cpu_before = cpu_seconds(process.pid)
                 result = load(port, texts, args.clients, args.seconds, args.k)
+                # the server's CPU per answer: what a quiet machine's throughput follows (cores / CPU per answer)
+                server_cpu = cpu_seconds(process.pid) - cpu_before
+                result["server_cpu_s"] = round(server_cpu, 2)
+                result["server_cpu_ms_per_request"] = round(1000 * server_cpu / max(1, result["requests"]), 2)
             finally:
                 process.terminate()
                 process.wait(timeout=60)
@@ -186,22 +207,19 @@ def main() -> None:
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "rounds": rounds,
-        "one_at_a_time": {
-            "requests_per_s": round(sum(r["requests"] for r in one) / sum(r["seconds"] for r in one), 2),
-            "p95_ms_worst_round": max(r["p95_ms"] for r in one),
-        },
-        "micro_batched": {
-            "requests_per_s": round(sum(r["requests"] for r in many) / sum(r["seconds"] for r in many), 2),
-            "p95_ms_worst_round": max(r["p95_ms"] for r in many),
-        },
+        "one_at_a_time": summary(one),
+        "micro_batched": summary(many),
         "answers_identical_to_serial": identical,
         "queries_compared": len(compared),
     }
     record["throughput_ratio"] = round(
         record["micro_batched"]["requests_per_s"] / record["one_at_a_time"]["requests_per_s"], 2
     )
+    record["cpu_ratio"] = round(
+        record["one_at_a_time"]["server_cpu_ms_per_request"] / record["micro_batched"]["server_cpu_ms_per_request"], 2
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    atomic_write_json(args.out, record)
     print(json.dumps({k: v for k, v in record.items() if k != "rounds"}, indent=2))
 
 

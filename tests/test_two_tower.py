@@ -189,7 +189,7 @@ def test_fused_conse_is_the_fused_score_as_one_dot_product(pooling: str) -> None
         top_k=top_k, temperature=tau, pooling=pooling, num_proxies=2,
     )  # fmt: skip
     t, v = bridge.text(text), bridge.video(video)
-    assert bridge.embed_dim == 8 + 30 + 2 and t.eot.shape == (3, 40) and t.words.shape == (3, 5, 40)
+    assert bridge.embed_dim == 8 + 30 + 2 and t.eot.shape == (3, 40) and t.words is None
     assert v.frames.shape == (2, 1, 40) and v.frame_mask.tolist() == [[1], [1]] and v.proxies.shape == (2, 2, 40)
 
     def unit(x: torch.Tensor) -> torch.Tensor:
@@ -225,6 +225,10 @@ def test_fused_conse_is_the_fused_score_as_one_dot_product(pooling: str) -> None
         top_k=top_k, temperature=tau, pooling=pooling,
     )  # fmt: skip
     assert plain.bank is None and not plain.video(video).frames[..., -2:].any()
+    # a query's fused vector is the same alone and among others, to the last bit (search micro-batches)
+    many = TextFeatures(torch.randn(40, 8))
+    together = bridge.text(many).eot
+    assert all(torch.equal(bridge.text(TextFeatures(many.eot[i : i + 1])).eot[0], together[i]) for i in range(40))
 
 
 # ------------------------------------------------------------------------------------------ config and data
@@ -246,6 +250,10 @@ def test_two_tower_config_checks(tmp_path: Path) -> None:
         config_from_dict({"model": {"two_tower": {"conse_class_weight": 1.5}}})
     with pytest.raises(ConfigError, match="conse_bank_neighbours"):
         config_from_dict({"model": {"two_tower": {"conse_bank_neighbours": 0}}})
+    words = tiny_values(bridge="conse", head="gare", conse_class_weight=0.5)
+    words["head"]["options"] = {"context": "words"}
+    with pytest.raises(ConfigError, match="context = 'words'.*fused ConSE bridge"):
+        build_model(config_from_dict(words))
     empty = tmp_path / "bank.txt"
     empty.write_text("# only a comment\n\n")
     for bank, message in ((empty, "has no sentences"), (tmp_path / "missing.txt", "cannot read")):

@@ -162,7 +162,7 @@ class FusedConseBridge(ConseBridge):
     unit ConSE embedding (``pooling``: the mean of its frames' unit ConSE embeddings, as CLIP4Clip's mean pooling
     makes it, or ConSE of the mean probabilities) and p̂_v its normalised mean class distribution. Derived proxies
     are the same vectors of temporal segments. ``bank``: unit embeddings [B, W] of the bank sentences (None when
-    ``bank_weight`` is 0)."""
+    ``bank_weight`` is 0). Text has no per-token features."""
 
     def __init__(
         self,
@@ -205,11 +205,9 @@ class FusedConseBridge(ConseBridge):
         )
 
     def text(self, feats: TextFeatures) -> TextFeatures:
-        def fuse(x: Tensor) -> Tensor:
-            return fuse_text(x, self.class_embeddings, self.class_weight, self.class_temperature)
-
-        words = fuse(feats.words) if feats.words is not None else None
-        return TextFeatures(fuse(feats.eot), words, feats.word_mask)
+        """The fused query vectors; no per-token features (a token is not a query: a head that reads words, such as
+        GARE with ``context: words``, says so)."""
+        return TextFeatures(fuse_text(feats.eot, self.class_embeddings, self.class_weight, self.class_temperature))
 
     def fused(self, probs: Tensor, weights: Tensor) -> Tensor:
         """Fused vectors [N, S, D'] of the frame groups ``weights`` [N, S, F] (rows sum to one) of ``probs``

@@ -73,6 +73,16 @@ def check_backbone_provides(cfg: Config) -> None:
     parameters would get no gradient, which DDP treats as an error)."""
     needs_proxies = "proxies" in head_class(cfg.head.name).requires
     has_proxies = cfg.model.backbone == "clipvip" and cfg.model.clipvip.proxy_projection
+    two_tower = cfg.model.two_tower
+    fused = cfg.model.backbone == "two_tower" and two_tower.bridge == "conse" and two_tower.conse_fusion
+    options = cfg.head.options
+    context = options.get("context") if isinstance(options, dict) else getattr(options, "context", None)
+    if fused and context == "words":
+        raise ConfigError(
+            "head.options.context = 'words' reads per-token text features, which the fused ConSE bridge does not "
+            "make (a token is not a query): use context: frames, or set model.two_tower.conse_class_weight and "
+            "conse_bank_weight to 0"
+        )
     if needs_proxies and cfg.model.backbone == "two_tower":
         return  # the two-tower bridge derives them (temporal segment means, tvr.models.bridge)
     if needs_proxies and not has_proxies:

@@ -64,10 +64,18 @@ def fused_width(text_width: int, num_classes: int) -> int:
     return text_width + num_classes + EXTRA_DIMS
 
 
+def unit_cosines(unit: Tensor, class_embeddings: Tensor) -> Tensor:
+    """Cosines [n, C] of unit rows [n, W] with unit class rows [C, W], as 1 − ‖x − c‖² / 2, each pair computed on its
+    own: a matrix product's kernel (and so the last bit of a row) depends on how many rows it multiplies, and a
+    search query must score the same alone and in a server's micro-batch."""
+    distances = torch.cdist(unit, class_embeddings, compute_mode="donot_use_mm_for_euclid_dist")
+    return 1.0 - distances.square() / 2.0
+
+
 def fuse_text(embedding: Tensor, class_embeddings: Tensor, weight: float, temperature: float) -> Tensor:
-    """[..., W] text embeddings (any length) → [..., W + C + 2] fused text vectors (module docstring)."""
+    """[n, W] text embeddings (any length) → [n, W + C + 2] fused text vectors (module docstring)."""
     unit = F.normalize(embedding.float(), dim=-1)
-    classes = F.normalize(torch.softmax(unit @ class_embeddings.t() / temperature, dim=-1), dim=-1)
+    classes = F.normalize(torch.softmax(unit_cosines(unit, class_embeddings) / temperature, dim=-1), dim=-1)
     one = torch.ones_like(unit[..., :1])
     return torch.cat([(1.0 - weight) * unit, weight * classes, one, torch.zeros_like(one)], dim=-1)
 
