@@ -212,9 +212,9 @@ def _train_interrupted(out: Path) -> str:
     """What an interrupted ``tvr train`` left, and how to continue it."""
     last = out / "last.pt"
     try:
-        import torch
+        from tvr.utils.torch_files import load_torch_file
 
-        state = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["state"]
+        state = load_torch_file(last, mmap=True)["state"]
         where = f"step {state['global_step']}, epoch {state['epoch'] + 1} batch {state['batch_in_epoch']}"
     except FileNotFoundError:
         return (

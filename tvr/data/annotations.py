@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from tvr.config import DataConfig
-from tvr.utils.errors import UserError
+from tvr.utils.errors import UserError, first_line
+from tvr.utils.pickle_scan import PickleRefusedError, scan_pickle
 
 SPLITS = ("train", "val", "test")
 #: extra split names: the MSR-VTT 1k-A test with all 20 captions per video (``MSRVTT_test1ka.jsonl``)
@@ -561,9 +562,13 @@ def _load_msvd_captions(path: Path) -> dict[str, list[str]]:
         if not data:
             raise _fail(path, f"file is empty; expected {expected}")
         try:
+            scan_pickle(data, str(path))
+        except PickleRefusedError as exc:
+            raise _fail(path, f"{exc.reason}; expected {expected}") from None
+        try:
             obj = _PlainUnpickler(io.BytesIO(data), encoding="utf-8").load()
         except Exception as exc:
-            raise _fail(path, f"cannot unpickle ({exc}); expected {expected}") from exc
+            raise _fail(path, f"cannot unpickle ({first_line(exc)}); expected {expected}") from exc
         if not isinstance(obj, dict) or not obj:
             raise _fail(path, f"expected {expected}, got {type(obj).__name__}")
         budget = min(MSVD_MAX_TEXT_BYTES, MSVD_MAX_EXPANSION * len(data))

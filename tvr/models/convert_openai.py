@@ -18,7 +18,6 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from torch import Tensor
 from transformers import CLIPConfig, CLIPModel
 
@@ -26,6 +25,8 @@ from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
 from tvr.models.torchscript_reader import TorchScriptArchiveError, is_torchscript_archive, read_torchscript_state_dict
 from tvr.utils.errors import UserError
 from tvr.utils.io import describe_file_start
+from tvr.utils.pickle_scan import PickleRefusedError
+from tvr.utils.torch_files import TorchFileError, load_torch_file
 
 #: scalars stored next to the weights in OpenAI's TorchScript archives; checked, not converted
 METADATA_KEYS = ("input_resolution", "context_length", "vocab_size")
@@ -83,8 +84,10 @@ def load_openai_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
         except TorchScriptArchiveError as exc:
             raise ConversionError(str(exc)) from None
     try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for files that are not checkpoints
+        obj = load_torch_file(path)
+    except PickleRefusedError as exc:
+        raise ConversionError(str(exc)) from None
+    except TorchFileError as exc:
         raise ConversionError(
             f"{path}: not an OpenAI CLIP checkpoint: {describe_file_start(path)}; expected OpenAI's TorchScript .pt "
             "file (ViT-B-32.pt, …) or a torch.save-d CLIP state dict"
@@ -270,8 +273,9 @@ def load_openai_clip(
     path: str | os.PathLike, text_heads: int | None = None, vision_heads: int | None = None
 ) -> CLIPModel:
     """Load and convert in memory (what ``ClipBackbone.from_config`` does for a ``.pt`` path)."""
+    state = load_openai_state_dict(path)  # its errors name the file already
     try:
-        return convert_state_dict(load_openai_state_dict(path), text_heads=text_heads, vision_heads=vision_heads)
+        return convert_state_dict(state, text_heads=text_heads, vision_heads=vision_heads)
     except ConversionError as exc:
         raise ConversionError(f"{path}: {exc}") from None
 

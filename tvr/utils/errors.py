@@ -7,3 +7,10 @@ from __future__ import annotations
 
 class UserError(Exception):
     """Base class of errors caused by the user's input; the message names the thing and what was expected."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message without what some libraries append (torch: a C++ backtrace, a source line), at most
+    300 characters; its type's name when it has no message (a ``MemoryError``)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
