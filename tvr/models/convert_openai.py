@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from torch import Tensor
 from transformers import CLIPConfig, CLIPModel
 
@@ -230,7 +231,10 @@ def map_residual_block(
     out: dict[str, Tensor] = {}
     for kind in ("weight", "bias"):
         fused = f"{src}attn.in_proj_{kind}"
-        for name, part in zip("qkv", take(fused).chunk(3, dim=0), strict=True):
+        packed = take(fused)
+        if packed.dim() == 0 or packed.shape[0] % 3:
+            raise ConversionError(f"{fused} has shape {tuple(packed.shape)}; expected 3 × width rows (q, k, v)")
+        for name, part in zip("qkv", packed.chunk(3, dim=0), strict=True):
             out[f"{dst}self_attn.{name}_proj.{kind}"] = part.contiguous()
             if origins is not None:
                 origins[f"{dst}self_attn.{name}_proj.{kind}"] = f"{fused}[{name}]"
@@ -250,8 +254,10 @@ def convert_state_dict(
     unused = sorted(set(state) - used)
     if unused:
         raise ConversionError(f"{len(unused)} checkpoint tensor(s) have no HF counterpart: {unused[:20]}")
-    model = CLIPModel(config)
-    target = model.state_dict()
+    # checked against a skeleton without storage first: the architecture is read off a few tensors (the layer
+    # count off key names, the widths off block 0), so a small file could describe a model of many gigabytes
+    with torch.device("meta"):
+        target = CLIPModel(config).state_dict()
     missing = sorted(set(target) - set(mapped))
     unexpected = sorted(set(mapped) - set(target))
     if missing or unexpected:
@@ -265,6 +271,7 @@ def convert_state_dict(
     ]
     if wrong:
         raise ConversionError(f"shape mismatch (converted vs HF): {wrong[:20]}")
+    model = CLIPModel(config)  # every parameter is one of the file's tensors, checked above
     model.load_state_dict(mapped, strict=True)
     return model.eval()
 
