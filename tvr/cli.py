@@ -174,12 +174,24 @@ def _print_metrics(metrics: dict, title: str) -> None:
 
 @app.callback()
 def main(
+    ctx: typer.Context,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of user errors (bad config, files, …)."),
+    trust: bool = typer.Option(
+        False,
+        "--trust-code",
+        help="Let configs, checkpoints and indexes name a head by import path (pkg.module:Class), which imports and "
+        "runs that module (also TVR_TRUST_CODE=1). Registered heads need no trust.",
+    ),
 ) -> None:
+    from tvr.config import code_trusted, trust_code
+
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # decided per invocation (an app invoked twice in one process must not keep the first one's --debug)
     _DEBUG["on"] = debug or os.environ.get("TVR_DEBUG", "") not in ("", "0")
+    before = code_trusted()
+    trust_code(trust or os.environ.get("TVR_TRUST_CODE", "") not in ("", "0"))
+    ctx.call_on_close(lambda: trust_code(before))  # for this command only (an app invoked again in one process)
 
 
 @app.command()

@@ -7,6 +7,7 @@ falls back to a default.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -15,7 +16,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,47 @@ log = logging.getLogger(__name__)
 
 class ConfigError(UserError, ValueError):
     """A config file or override does not match the schema."""
+
+
+# --------------------------------------------------------------------------------------------- trusting code
+# A head may be named by import path (``head.name: my_pkg.heads:MyHead``); resolving it imports that module, which runs
+# its code. A config, a checkpoint's config or an index's model stamp is a file, and a file is data: it may name an
+# import path only when the user says the code is trusted (``tvr --trust-code``, TVR_TRUST_CODE=1, or
+# :func:`trust_code` in Python). Registered heads (the package's own, ``tvr.heads`` entry points of installed
+# packages, classes registered by code already running) need no trust.
+_TRUST = {"code": os.environ.get("TVR_TRUST_CODE", "") not in ("", "0")}
+
+
+def trust_code(enabled: bool = True) -> None:
+    """Let configs, checkpoints and indexes name a head by import path (which imports, i.e. runs, that module)."""
+    _TRUST["code"] = bool(enabled)
+
+
+def code_trusted() -> bool:
+    return _TRUST["code"]
+
+
+@contextlib.contextmanager
+def trusting_code() -> Iterator[None]:
+    """:func:`trust_code` inside the block only."""
+    before = _TRUST["code"]
+    _TRUST["code"] = True
+    try:
+        yield
+    finally:
+        _TRUST["code"] = before
+
+
+def check_head_import(name: Any, where: str = "head.name") -> None:
+    """Refuse a head named by import path unless code is trusted (see above); a plain name passes."""
+    if not isinstance(name, str) or ":" not in name or code_trusted():
+        return
+    module = name.partition(":")[0]
+    raise ConfigError(
+        f"{where} = {name!r} is an import path: using it imports the module {module!r}, which runs its code, and tvr "
+        "does that for a config, checkpoint or index only when told to trust it: run `tvr --trust-code ...` (or set "
+        "TVR_TRUST_CODE=1; in Python, tvr.config.trust_code()); registered heads (`tvr heads`) need no trust"
+    )
 
 
 # --------------------------------------------------------------------------------------------- field helpers
@@ -314,7 +356,8 @@ class HeadConfig:
     when the run config is resolved (``tvr.models.heads.registry.resolve_head_config``), before anything runs.
     """
 
-    #: a registered head (clip4clip, gare, ...; see ``tvr heads``) or an import path ``my_pkg.heads:MyHead``
+    #: a registered head (clip4clip, gare, ...; see ``tvr heads``) or an import path ``my_pkg.heads:MyHead`` (which
+    #: imports that module: only with ``tvr --trust-code``)
     name: str = "clip4clip"
     #: None = take the backbone's logit_scale (pretrained CLIP: ln 100)
     logit_scale_init: float | None = None
@@ -569,7 +612,9 @@ def config_from_dict(values: dict, where: str = "config") -> Config:
         raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__}")
     for migrate in _MIGRATIONS:
         values = migrate(values)
-    return _build(Config, values, "" if where == "config" else where)
+    config = _build(Config, values, "" if where == "config" else where)
+    check_head_import(config.head.name, "head.name" if where == "config" else f"{where}.head.name")
+    return config
 
 
 #: the presets that ship inside the package (``tvr/configs/<method>/<name>.yaml``), addressed as ``<method>/<name>``
