@@ -764,6 +764,13 @@ def serve_cmd(
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
+    media_root: Path | None = typer.Option(
+        None,
+        "--media-root",
+        exists=True,
+        file_okay=False,
+        help="Folder the videos are served from (default: the folder the index records it was built from).",
+    ),
 ) -> None:
     """Serve a search page and a JSON API (GET /api/search?q=...&k=...; OpenAPI docs at /docs)."""
     import uvicorn
@@ -771,7 +778,9 @@ def serve_cmd(
     from tvr.search import open_index
     from tvr.search.server import create_app
 
-    app_ = create_app(open_index(index, checkpoint=checkpoint))
+    opened = open_index(index, checkpoint=checkpoint)
+    app_ = create_app(opened, media_root=media_root)
+    console.print(f"videos served from {media_root or opened.root}", highlight=False)
     console.print(f"serving {index} on http://{host}:{port}/ (API docs: /docs)")
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
