@@ -45,9 +45,26 @@ def _is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, (UserError, *_PATH_ERRORS)) or (isinstance(exc, OSError) and exc.errno in _DISK_FULL)
 
 
+def _file_system(path: str | os.PathLike) -> str:
+    """The mount point holding ``path`` and the space free on it, for a disk-full message."""
+    import shutil
+
+    where = Path(os.path.abspath(path))
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    mount = where
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        free = shutil.disk_usage(mount).free
+    except OSError:
+        return f"the file system mounted at {mount}"
+    return f"the file system mounted at {mount}, {free / 2**20:,.0f} MiB free"
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
-        where = f" writing {exc.filename}" if exc.filename else ""
+        where = f" writing {exc.filename} ({_file_system(exc.filename)})" if exc.filename else ""
         return (
             f"no space left on the device{where} ({exc.strerror or exc}); nothing already written was lost (every "
             "file is written whole or not at all, a half-written one is removed): free some space and rerun "

@@ -177,9 +177,21 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
+    """``torch.save`` through :func:`atomic_write`. A write that fails inside torch (a full disk) surfaces as torch's
+    RuntimeError ("unexpected pos …") with the OSError as its context: that OSError is raised instead, naming
+    ``path``, so a full disk reads as one."""
     import torch
 
-    return atomic_write(path, lambda h: torch.save(obj, h))
+    def save(handle: BinaryIO) -> None:
+        try:
+            torch.save(obj, handle)
+        except RuntimeError as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, OSError) and cause.errno is not None:
+                raise OSError(cause.errno, cause.strerror, str(path)) from exc
+            raise
+
+    return atomic_write(path, save)
 
 
 def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
