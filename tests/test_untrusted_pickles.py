@@ -262,6 +262,40 @@ def test_a_torchscript_archive_nested_thousands_of_modules_deep_is_refused_in_a_
     assert read_torchscript_state_dict(shallow) == {}
 
 
+def test_a_memory_error_while_unpickling_names_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that runs out of memory said "unreadable ()" (a MemoryError has no message)."""
+    import tvr.models.torchscript_reader as reader
+
+    path = tmp_path / "m.pt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("m/data.pkl", pickle.dumps({}, protocol=2))
+        archive.writestr("m/code/__torch__.py", "class M(Module):\n  __parameters__ = []\n  __buffers__ = []\n")
+
+    def out_of_memory(self):
+        raise MemoryError
+
+    monkeypatch.setattr(reader._Unpickler, "load", out_of_memory)
+    with pytest.raises(
+        TorchScriptArchiveError, match=r"m.pt: the archive's module pickle is unreadable \(MemoryError\)"
+    ):
+        read_torchscript_state_dict(path)
+
+
+def test_torch_warnings_never_come_before_a_refusal(tmp_path: Path) -> None:
+    import warnings
+
+    scripted = tmp_path / "scripted.pt"
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(scripted))
+    plain = tmp_path / "plain.pt"
+    torch.save({"w": torch.zeros(2)}, plain, _use_new_zipfile_serialization=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(CheckpointError, match="a TorchScript archive, not a torch.save file"):
+            read_checkpoint(scripted)
+        assert torch.equal(load_torch_file(plain)["w"], torch.zeros(2))
+    assert [str(w.message) for w in caught] == []
+
+
 def test_torchscript_errors_name_the_file_once(tmp_path: Path) -> None:
     path = tmp_path / "ViT-B-32.pt"
     with zipfile.ZipFile(path, "w") as archive:

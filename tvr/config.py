@@ -61,12 +61,16 @@ def trusting_code() -> Iterator[None]:
         _TRUST["code"] = before
 
 
+class UntrustedCodeError(ConfigError):
+    """A config, checkpoint or index names a head by import path, and the user has not said to trust code."""
+
+
 def check_head_import(name: Any, where: str = "head.name") -> None:
     """Refuse a head named by import path unless code is trusted (see above); a plain name passes."""
     if not isinstance(name, str) or ":" not in name or code_trusted():
         return
     module = name.partition(":")[0]
-    raise ConfigError(
+    raise UntrustedCodeError(
         f"{where} = {name!r} is an import path: using it imports the module {module!r}, which runs its code, and tvr "
         "does that for a config, checkpoint or index only when told to trust it: run `tvr --trust-code ...` (or set "
         "TVR_TRUST_CODE=1; in Python, tvr.config.trust_code()); registered heads (`tvr heads`) need no trust"
