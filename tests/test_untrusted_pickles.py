@@ -411,3 +411,20 @@ def test_every_pickle_reader_goes_through_the_scan() -> None:
             unpicklers[rel] = path.read_text(encoding="utf-8")
     assert set(unpicklers) == {"tvr/data/annotations.py", "tvr/models/torchscript_reader.py"}
     assert all("scan_pickle(" in text or "read_archive_pickle(" in text for text in unpicklers.values())
+
+
+def test_a_checkpoint_config_cannot_size_a_model_without_bound(tmp_path: Path) -> None:
+    """A checkpoint carries its config; a tiny CLIP's sizes are capped, so a 40,000,000-word vocabulary (10 GB at
+    width 64) is refused before any model is built."""
+    from tvr.config import config_from_dict, config_to_dict
+
+    values = config_to_dict(config_from_dict({"model": {"clip": "tiny"}}))
+    values["model"]["tiny"]["vocab_size"] = 40_000_000
+    path = tmp_path / "huge.pt"
+    save_checkpoint(path, torch.nn.Linear(2, 2), state={})
+    payload = torch.load(path, weights_only=True)
+    payload["config"] = values
+    torch.save(payload, path)
+    result = CliRunner().invoke(app, ["eval", "--checkpoint", str(path), "--out", str(tmp_path / "ev")])
+    assert result.exit_code == 2, result.output
+    assert "model.tiny.vocab_size = 40000000: expected a number >= 3 and <= 262144" in " ".join(result.output.split())

@@ -77,6 +77,13 @@ def check_head_import(name: Any, where: str = "head.name") -> None:
     )
 
 
+#: ceilings of the sizes of randomly initialised models (``model.tiny``, ``model.two_tower.tiny``, the temporal
+#: transformer): ViT-B/16's fit; a 24-layer, 1024-wide text and vision tower with a 262,144-word vocabulary is about
+#: 3.5 GB of float32, the most a config can make tvr allocate before any checkpoint tensor is compared with it
+MAX_TINY_WIDTH = 1024
+MAX_TINY_LAYERS = 24
+MAX_TINY_HEADS = 64
+
 # --------------------------------------------------------------------------------------------- field helpers
 # Choices and ranges live in the field metadata, so every section (and every head's options dataclass) is checked
 # the same way when it is loaded: a bad value fails at once with the field's dotted name and the valid values.
@@ -190,8 +197,8 @@ class DataConfig:
     #: fraction of training videos held out for validation where a dataset has no official val split
     val_fraction: float = bounded(0.05, ge=0.0, lt=1.0)
     val_seed: int = 0
-    max_words: int = bounded(32, ge=3)
-    max_frames: int = bounded(12, ge=1)
+    max_words: int = bounded(32, ge=3, le=1024)
+    max_frames: int = bounded(12, ge=1, le=1024)
     #: candidate frames per second before uniform sub-sampling to ``max_frames`` (CLIP4Clip: 1)
     frame_rate: float = bounded(1.0, gt=0.0)
     #: frame side in pixels; unset (null) = the backbone's input size (a CLIP's vision tower: 224 for ViT-B/32 and
@@ -228,19 +235,24 @@ class DataConfig:
 
 @dataclass
 class TinyClipConfig:
-    """A small randomly initialised CLIP of the real architecture (tests, demo, CPU experiments)."""
+    """A small randomly initialised CLIP of the real architecture (tests, demo, CPU experiments).
 
-    embed_dim: int = bounded(64, ge=1)
-    text_width: int = bounded(64, ge=1)
-    text_layers: int = bounded(4, ge=1)
-    text_heads: int = bounded(4, ge=1)
-    vision_width: int = bounded(64, ge=1)
-    vision_layers: int = bounded(2, ge=1)
-    vision_heads: int = bounded(4, ge=1)
-    image_size: int = bounded(32, ge=1)
-    patch_size: int = bounded(8, ge=1)
-    context_length: int = bounded(77, ge=3)
-    vocab_size: int = bounded(49408, ge=3)
+    Every size has a ceiling (ViT-B/16's sizes fit under it): a config is data, and one carried by a checkpoint or an
+    index must not be able to make the model it describes allocate without bound (a vocabulary of 40,000,000 at
+    width 64 asked for 10 GB before the checkpoint's tensors were compared with it).
+    """
+
+    embed_dim: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
+    text_width: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
+    text_layers: int = bounded(4, ge=1, le=MAX_TINY_LAYERS)
+    text_heads: int = bounded(4, ge=1, le=MAX_TINY_HEADS)
+    vision_width: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
+    vision_layers: int = bounded(2, ge=1, le=MAX_TINY_LAYERS)
+    vision_heads: int = bounded(4, ge=1, le=MAX_TINY_HEADS)
+    image_size: int = bounded(32, ge=1, le=1024)
+    patch_size: int = bounded(8, ge=1, le=256)
+    context_length: int = bounded(77, ge=3, le=1024)
+    vocab_size: int = bounded(49408, ge=3, le=262_144)
 
 
 @dataclass
@@ -248,9 +260,9 @@ class ClipVipConfig:
     """CLIP-ViP video backbone (spec §4.1, docs/methods/clipvip.md); used when ``model.backbone == "clipvip"``."""
 
     #: M video proxy tokens: CLIP's class embedding + (M − 1) learned ones (CLIP-ViP: 4)
-    num_proxies: int = bounded(4, ge=1)
+    num_proxies: int = bounded(4, ge=1, le=256)
     #: learned temporal-embedding slots, linearly interpolated to other frame counts (CLIP-ViP: 12)
-    temporal_slots: int = bounded(12, ge=1)
+    temporal_slots: int = bounded(12, ge=1, le=1024)
     #: CLIP-ViP post-pretrained checkpoint (``pretrain_clipvip_base_32.pt`` layout), applied over ``model.clip``;
     #: "" = start from plain CLIP with CLIP-ViP's initialisation of the new tokens
     checkpoint: str = ""
@@ -265,13 +277,13 @@ class TinyTwoTowerConfig:
     a BERT through sentence-transformers with a small local WordPiece vocabulary, and an EfficientNet-Lite0 with
     reduced width and depth (tests, CPU experiments; no download)."""
 
-    text_width: int = bounded(32, ge=1)
-    text_layers: int = bounded(2, ge=1)
-    text_heads: int = bounded(2, ge=1)
+    text_width: int = bounded(32, ge=1, le=MAX_TINY_WIDTH)
+    text_layers: int = bounded(2, ge=1, le=MAX_TINY_LAYERS)
+    text_heads: int = bounded(2, ge=1, le=MAX_TINY_HEADS)
     #: EfficientNet width/depth multipliers of the tiny image tower (stem and the 1280-d head are not scaled)
     image_width: float = bounded(0.25, gt=0.0, le=1.0)
     image_depth: float = bounded(0.34, gt=0.0, le=1.0)
-    image_size: int = bounded(32, ge=8)
+    image_size: int = bounded(32, ge=8, le=1024)
 
 
 #: ``model.two_tower.bridge`` values: learned projections into a shared space, or the training-free ConSE
@@ -339,7 +351,7 @@ class ModelConfig:
     freeze_backbone: bool = False
     #: meanP | seqTransf | none (with ``backbone: clipvip``: none or meanP, both the identity on its one slot)
     temporal: str = choice("seqTransf", *TEMPORALS)
-    temporal_layers: int = bounded(4, ge=1)
+    temporal_layers: int = bounded(4, ge=1, le=MAX_TINY_LAYERS)
     #: on CUDA, cast a CLIP that does not train (frozen backbone, ``tvr features``, ``tvr eval``) to fp16 as the
     #: reference does; a trainable backbone keeps fp32 weights and trains under AMP instead
     clip_fp16_on_cuda: bool = True
