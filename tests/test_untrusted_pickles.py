@@ -10,6 +10,7 @@ import io
 import os
 import pickle
 import pickletools
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -362,12 +363,19 @@ def test_the_nested_pickle_is_a_one_line_refusal_not_a_crash(tmp_path: Path) -> 
     checkpoint, bad = tmp_path / "best.pt", tmp_path / "bad.pt"
     save_checkpoint(checkpoint, torch.nn.Linear(2, 2), state={})
     _rewrite_archive(checkpoint, bad, {"data.pkl": NESTED_KEY})
+    hf_folder = tmp_path / "hf-clip"  # transformers torch.loads a folder's pytorch_model.bin itself
+    from transformers import CLIPConfig
+
+    CLIPConfig().save_pretrained(hf_folder)
+    shutil.copy(bad, hf_folder / "pytorch_model.bin")
     script = (
         "from tvr.config import DataConfig\n"
         "from tvr.data.annotations import load_split\n"
         "from tvr.models.checkpoint import read_checkpoint\n"
+        "from tvr.models.clip_backbone import load_clip_model\n"
         f"for load in (lambda: load_split(DataConfig(dataset='msvd', annotations={str(captions)!r}), 'train'),\n"
-        f"             lambda: read_checkpoint({str(bad)!r})):\n"
+        f"             lambda: read_checkpoint({str(bad)!r}),\n"
+        f"             lambda: load_clip_model({str(hf_folder)!r})):\n"
         "    try:\n"
         "        load()\n"
         "    except Exception as exc:\n"
@@ -377,8 +385,8 @@ def test_the_nested_pickle_is_a_one_line_refusal_not_a_crash(tmp_path: Path) -> 
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # -11: SIGSEGV
     lines = done.stdout.splitlines()
-    assert len(lines) == 2 and all("nested more than 200 levels deep" in line for line in lines), done.stdout
-    assert lines[0].startswith("REFUSED AnnotationError") and lines[1].startswith("REFUSED CheckpointError")
+    assert len(lines) == 3 and all("nested more than 200 levels deep" in line for line in lines), done.stdout
+    assert [line.split()[1] for line in lines] == ["AnnotationError", "CheckpointError", "ConfigError"]
     result = CliRunner().invoke(app, ["eval", "--checkpoint", str(bad), "--out", str(tmp_path / "ev")])
     assert result.exit_code == 2 and "nested more than 200 levels deep" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "ev" / "metrics.json").exists()

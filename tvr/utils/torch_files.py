@@ -13,6 +13,8 @@ the loader allocate or how deep it may nest. :func:`load_torch_file` is the one 
   through :mod:`tvr.models.torchscript_reader`);
 * an older, unzipped ``torch.save`` file: its five pickles (magic number, protocol, system info, the object, the
   storage keys) scanned in place through a memory map; a tar archive (torch 0.1) is refused;
+* a model folder another library loads with ``torch.load`` (a HF CLIP folder's ``pytorch_model.bin``, a
+  sentence-transformers folder): :func:`check_model_folder` checks its pickled weight files first;
 
 and after it, that no tensor claims more elements than its storage holds (a stride-0 tensor of a few bytes can
 otherwise stand for ``(40 000 000, 64)`` and make whatever is sized from it allocate gigabytes). Torch's own errors
@@ -150,6 +152,21 @@ def check_torch_file(path: str | os.PathLike) -> None:
                 scan_pickle(mapped, f"{path} (pickle {number + 1} of a torch.save file)")
                 if mapped.tell() >= size:
                     break
+
+
+#: weight files another library (transformers, sentence-transformers) would give to torch.load in a model folder
+_FOLDER_WEIGHTS = ("*.bin", "*.pt", "*.pth")
+
+
+def check_model_folder(folder: str | os.PathLike) -> None:
+    """:func:`check_torch_file` on every pickled weight file in a model folder (and its sub-folders: a
+    sentence-transformers model keeps modules there) before a library that calls ``torch.load`` itself reads it;
+    safetensors files need no check (no pickle)."""
+    folder = Path(folder)
+    for pattern in _FOLDER_WEIGHTS:
+        for path in sorted(folder.rglob(pattern)):
+            if path.is_file():
+                check_torch_file(path)
 
 
 def check_tensor_extents(obj: Any, what: str) -> None:
