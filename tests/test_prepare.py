@@ -339,3 +339,20 @@ def test_a_frame_cache_entry_never_resolves_outside_the_cache(tmp_path: Path) ->
     assert reader.entry(src / "clip.mp4", None, None, train=False) == tmp_path / "cache" / "clip.npy"
     assert reader.entry(src / ".." / "outside" / "x.mp4", None, None, train=False) is None
     assert reader.entry(src / "sub" / ".." / "clip.mp4", None, None, train=False) == tmp_path / "cache" / "clip.npy"
+
+
+def test_a_manifest_of_the_wrong_kind_is_named_in_words(tmp_path: Path) -> None:
+    """ "settings is a int" read like a bug; the message says what the JSON holds instead."""
+    src = tmp_path / "raw"
+    src.mkdir()
+    write_test_video(src / "good.mp4", 6, 10.0, size=(64, 48))
+    out = tmp_path / "out"
+    out.mkdir()
+    for content, said in (
+        ('{"settings": 5}', '"settings" is a number, not an object'),
+        ("[1, 2]", "the file is a list"),
+    ):
+        (out / "prepare_manifest.json").write_text(content)
+        result = CliRunner().invoke(app, ["prepare", "videos", str(src), str(out)])
+        assert result.exit_code == 2 and said in result.output, result.output
+        assert "a int" not in result.output
