@@ -87,6 +87,12 @@ def test_a_container_changed_after_it_was_placed_is_refused() -> None:
     _refused(through_a_call, "changed after it was placed")
     fresh_call = b"\x80\x02ctorch.jit._pickle\nbuild_intlist\n]\x85R]a."  # build_intlist([]).append([]): fine
     assert scan_pickle(fresh_call, "x") == len(fresh_call)
+    # one call on the results of 200 others stands for all of them (any could be returned): bounded, so the scan
+    # stays linear in the stream
+    wide = b"\x80\x02cbuiltins\nprint\n(" + b"cbuiltins\nlist\n)R" * 200 + b"tR."  # print(*200 lists)
+    _refused(wide, "may stand for more than 256 earlier objects")
+    narrow = b"\x80\x02cbuiltins\nprint\n(" + b"cbuiltins\nlist\n)R" * 100 + b"tR."
+    assert scan_pickle(narrow, "x") == len(narrow)
 
 
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))

@@ -42,6 +42,11 @@ from tvr.utils.errors import UserError, first_line
 MAX_NESTING = 200
 
 
+#: how many earlier objects a call's result may be (its arguments, theirs, …): a tensor's rebuild call stands for
+#: about 10 (its argument tuple, size, stride, hook dict); a crafted chain of calls on calls for as many as it has
+MAX_ALIASES = 256
+
+
 class PickleRefusedError(UserError, ValueError):
     """A file refused before (or, for what only the result shows, right after) it is unpickled: ``what`` names the
     file (and member), ``reason`` says what breaks which bound."""
@@ -218,8 +223,12 @@ class _Scan:
             for element in (argument, *argument.items):
                 if element is not _LEAF:
                     aliases.extend((element, *element.aliases))
+        if len(aliases) > MAX_ALIASES:  # a chain of calls, each on the last one's result: bounded, so the scan is
+            raise self.refuse(  # linear in the stream, not quadratic
+                f"a call's result may stand for more than {MAX_ALIASES} earlier objects (a chain of calls on calls)"
+            )
         result = self.container([function, *arguments])
-        result.aliases = tuple(aliases)
+        result.aliases = tuple(dict.fromkeys(aliases))
         return result
 
     def memo_index(self, index: Any, ops: int) -> int:
