@@ -402,17 +402,22 @@ def test_the_nested_pickle_is_a_one_line_refusal_not_a_crash(tmp_path: Path) -> 
 
 
 def _calls(tree: ast.AST) -> set[str]:
+    """Every dotted name used in ``tree`` (``torch.jit.load``, ``pickle.Unpickler``, …)."""
     names = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            names.add(f"{node.value.id}.{node.attr}")
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if parts and isinstance(node, ast.Name):
+            names.add(".".join([node.id, *reversed(parts)]))
     return names
 
 
 def test_every_pickle_reader_goes_through_the_scan() -> None:
     """``torch.load`` only in tvr/utils/torch_files.py, which scans first; ``pickle.Unpickler`` only in modules that
-    call ``scan_pickle`` / ``read_archive_pickle`` on the bytes first; ``torch.jit.load`` and ``pickle.load(s)``
-    nowhere."""
+    call ``scan_pickle`` / ``read_archive_pickle`` on the bytes first; ``pickle.load(s)`` nowhere; ``torch.jit.load``
+    only on the query encoder tvr wrote itself into a private cache (docs/security.md)."""
     unpicklers = {}
     for path in sorted((REPO / "tvr").rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -420,7 +425,9 @@ def test_every_pickle_reader_goes_through_the_scan() -> None:
         rel = path.relative_to(REPO).as_posix()
         if "torch.load" in names:
             assert rel == "tvr/utils/torch_files.py", rel
-        assert not names & {"pickle.load", "pickle.loads", "jit.load"}, rel
+        if "torch.jit.load" in names:
+            assert rel == "tvr/search/query_encoder.py", rel
+        assert not names & {"pickle.load", "pickle.loads"}, rel
         if "pickle.Unpickler" in names:
             unpicklers[rel] = path.read_text(encoding="utf-8")
     assert set(unpicklers) == {"tvr/data/annotations.py", "tvr/models/torchscript_reader.py"}

@@ -15,11 +15,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tvr.utils.errors import UserError
+from tvr.utils.errors import RestartableStopError, UserError
 
 console = Console(stderr=True)
 #: ``--debug`` (or TVR_DEBUG=1): let user errors show their traceback as well
 _DEBUG = {"on": os.environ.get("TVR_DEBUG", "") not in ("", "0")}
+#: the global ``tvr --verbose``: commands that are quiet by default (search, serve) talk as well
+_VERBOSE = {"on": False}
 #: OS errors about a path the user gave (a missing folder, a file where a folder belongs, no permission)
 _PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
 CONFIG_HELP = "YAML file or shipped preset name, e.g. gare/msrvtt (`tvr presets` lists them)."
@@ -77,12 +79,16 @@ def _describe(exc: BaseException) -> str:
 
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run a command; a user error prints one or two lines and exits with code 2 (bugs keep their traceback);
-    Ctrl-C says what was kept and exits with code 130."""
+    Ctrl-C says what was kept and exits with code 130; a job stopped to be restarted (a preempted training run)
+    says where it stopped and exits with its code (143)."""
 
     @functools.wraps(fn)
     def run_command(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except RestartableStopError as exc:
+            say("stopped", str(exc), "yellow")
+            raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             if _DEBUG["on"]:
                 raise
@@ -204,8 +210,11 @@ def main(
     from tvr.config import code_trusted, trust_code
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # per invocation as well: a quiet command (search, serve) lowers it for its own run only
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
     # decided per invocation (an app invoked twice in one process must not keep the first one's --debug)
     _DEBUG["on"] = debug or os.environ.get("TVR_DEBUG", "") not in ("", "0")
+    _VERBOSE["on"] = verbose
     before = code_trusted()
     trust_code(trust or os.environ.get("TVR_TRUST_CODE", "") not in ("", "0"))
     ctx.call_on_close(lambda: trust_code(before))  # for this command only (an app invoked again in one process)
@@ -216,17 +225,27 @@ def train(
     config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder (config, logs, checkpoints, metrics)."),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override, e.g. --set train.lr=3e-4 (repeatable)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/last.pt exactly where it stopped."),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue from OUT/last.pt exactly where it stopped. --resume auto: continue when OUT holds last.pt, "
+        "else start a new run (one command line for the first launch and every restart or requeue).",
+    ),
+    resume_mode: str | None = typer.Argument(None, metavar="[auto]", help="After --resume: auto.", show_default=False),
     overwrite: bool = typer.Option(False, "--overwrite", help="Start over in a run folder that holds checkpoints."),
     no_test: bool = typer.Option(False, "--no-test", help="Skip the final test-split evaluation."),
 ) -> None:
-    """Train a method; select on validation; evaluate the test split once at the end."""
+    """Train a method; select on validation; evaluate the test split once at the end.
+
+    SIGTERM or SIGUSR1: finish the step, write last.pt, exit 143 (train.preemption_signals; docs/scaling.md)."""
+    if resume_mode is not None and (not resume or resume_mode != "auto"):
+        raise UserError(f"unexpected argument {resume_mode!r}: the only word tvr train takes is 'auto', after --resume")
     out_folder(out)
     cfg = _load(config, set_)
     from tvr.pipeline import run_train
 
     try:
-        summary = run_train(cfg, out, resume=resume, final_test=not no_test, overwrite=overwrite)
+        summary = run_train(cfg, out, resume=resume_mode or resume, final_test=not no_test, overwrite=overwrite)
     except KeyboardInterrupt:
         if _DEBUG["on"]:
             raise
@@ -254,7 +273,7 @@ def _train_interrupted(out: Path) -> str:
         where = "its position unreadable"
     return (
         f"{last} ({where}) is kept, with the logs up to it; the same command with --resume continues from it "
-        "exactly where it stopped"
+        "exactly where it stopped (--resume auto too)"
     )
 
 
@@ -717,16 +736,95 @@ def index_cmd(
         console.print(f"[yellow]{len(report['bad'])} unreadable file(s) skipped[/yellow]; report: {out}/report.json")
 
 
+def quiet_stderr(verbose: bool) -> None:
+    """Warnings and errors only on stderr (no INFO lines, no weight-loading bars) unless ``verbose`` (the command's
+    ``--verbose`` or the global ``tvr --verbose``): for the commands people run from the shell and read."""
+    if verbose or _VERBOSE["on"]:
+        return
+    logging.getLogger().setLevel(logging.WARNING)
+    # read by huggingface_hub when it is first imported: transformers' "Loading weights" bar goes through it
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def _check_search_arguments(
+    query: str | None, queries: Path | None, video: Path | None, captions: Path | None, k: int, rerank: int | None
+) -> None:
+    """Every argument of ``tvr search`` checked before any model loads: one line naming the bad one."""
+    from tvr.search.index import check_limits, check_query
+
+    given = [name for name, value in (("a query", query), ("--queries", queries), ("--video", video)) if value]
+    if len(given) > 1:
+        raise UserError(f"give one of a text query, --queries FILE or --video/--captions, not {' and '.join(given)}")
+    if (video is None) != (captions is None):
+        raise UserError("--video and --captions go together: the clip, and a text file of captions to rank for it")
+    if not given:
+        raise UserError(
+            'give a query: tvr search INDEX "a dog runs on the beach" (or --queries FILE, or --video FILE '
+            "--captions FILE)"
+        )
+    if query is not None:
+        check_query(query)
+    check_limits(k, rerank)
+    for flag, path in (("--queries", queries), ("--video", video), ("--captions", captions)):
+        if path is not None and str(path) != "-" and not path.is_file():
+            raise UserError(f"{flag} {path}: {'is a folder' if path.is_dir() else 'no such file'}; expected a file")
+    if video is not None:
+        from tvr.data.video import VideoDecodeError, probe_video
+
+        try:
+            probe_video(video)
+        except VideoDecodeError as exc:
+            raise UserError(f"--video {video}: {_decode_problem(exc)}") from None
+
+
+def _decode_problem(exc: Any) -> str:
+    return exc.reason + (f" ({exc.detail})" if exc.detail else "")
+
+
+def _hit_rows(hits: list) -> list[dict[str, Any]]:
+    return [h.to_dict() for h in hits]
+
+
+def _answer_queries(opened: Any, queries: Path, k: int, rerank: int | None, all_windows: bool) -> int:
+    """``--queries FILE`` (``-``: standard input): one query a line (blank lines skipped), answered in batches by one
+    loaded model; one JSON line per query on stdout, ``{"query", "hits"}`` or ``{"query", "error"}``. Returns the
+    number of queries refused."""
+    import json
+
+    from tvr.search.index import QueryError
+
+    lines = sys.stdin.read().splitlines() if str(queries) == "-" else queries.read_text(encoding="utf-8").splitlines()
+    texts = [line for line in lines if line.strip()]
+    refused = 0
+    batch = 64
+    for start in range(0, len(texts), batch):
+        chunk = texts[start : start + batch]
+        for text, answer in zip(
+            chunk, opened.search_many(chunk, k=k, rerank=rerank, all_windows=all_windows), strict=True
+        ):
+            if isinstance(answer, QueryError):
+                refused += 1
+                print(json.dumps({"query": text, "error": str(answer)}), flush=True)
+            else:
+                print(json.dumps({"query": text, "hits": _hit_rows(answer)}), flush=True)
+    if refused:
+        say("warning", f"{refused} of {len(texts)} queries refused (their JSON lines say why)", "yellow")
+    return refused
+
+
 @app.command("search")
 def search_cmd(
     index: Path = typer.Argument(..., help="An index folder made by tvr index."),
     query: str | None = typer.Argument(None, help="The text to search for."),
-    k: int = typer.Option(10, "-k", help="Results to return."),
+    k: int = typer.Option(10, "-k", help="Results to return (1 to 1000)."),
     rerank: int | None = typer.Option(None, "--rerank", help="Windows scored exactly (default 100; 0 = none)."),
     all_windows: bool = typer.Option(False, "--all-windows", help="List windows, not one best window per video."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
-    video: Path | None = typer.Option(None, "--video", dir_okay=False, help="Rank --captions for this clip."),
-    captions: Path | None = typer.Option(None, "--captions", dir_okay=False, help="Captions, one per line."),
+    queries: Path | None = typer.Option(
+        None, "--queries", help="A file of queries, one a line (- = standard input): one JSON line per query."
+    ),
+    video: Path | None = typer.Option(None, "--video", help="Rank --captions for this clip."),
+    captions: Path | None = typer.Option(None, "--captions", help="Captions, one per line."),
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
@@ -734,32 +832,46 @@ def search_cmd(
     ef_search: int | None = typer.Option(
         None, "--ef-search", help="HNSW search beam (default: the index's, 256): larger finds more of the exact top k."
     ),
+    verbose: bool = typer.Option(False, "--verbose", help="Info messages on stderr (default: warnings and errors)."),
 ) -> None:
     """Search an index by text (or rank captions for a clip with --video and --captions)."""
     import json
 
-    from rich.table import Table
-
+    quiet_stderr(verbose)
+    _check_search_arguments(query, queries, video, captions, k, rerank)
     from tvr.search import open_index
 
-    if (video is None) != (captions is None):
-        raise UserError("--video and --captions go together: the clip, and a text file of captions to rank for it")
-    if video is None and not query:
-        raise UserError('give a query: tvr search INDEX "a dog runs on the beach" (or --video FILE --captions FILE)')
-    if video is not None and query:
-        raise UserError("give either a text query or --video/--captions, not both")
     opened = open_index(index, checkpoint=checkpoint, nprobe=nprobe, ef_search=ef_search)
+    if queries is not None:
+        raise typer.Exit(1 if _answer_queries(opened, queries, k, rerank, all_windows) else 0)
     if video is not None:
-        rows = [h.to_dict() for h in opened.rank_captions(video, captions.read_text().splitlines())][:k]
+        from tvr.data.video import VideoDecodeError
+
+        try:
+            ranked = opened.rank_captions(video, captions.read_text(encoding="utf-8").splitlines())
+        except VideoDecodeError as exc:
+            raise UserError(f"--video {video}: {_decode_problem(exc)}") from None
+        rows = _hit_rows(ranked)[:k]
         columns = ("rank", "score", "caption", "start", "end")
         title = f"captions for {video}"
     else:
-        rows = [h.to_dict() for h in opened.search(query, k=k, rerank=rerank, all_windows=all_windows)]
+        import torch
+
+        # one query's tensors are too small to share out: on a busy machine the threads' hand-offs cost more than
+        # the work (a 32-token MiniLM pass: 0.07 s on one thread, 0.5-0.9 s on two)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            rows = _hit_rows(opened.search(query, k=k, rerank=rerank, all_windows=all_windows))
+        finally:
+            torch.set_num_threads(threads)
         columns = ("rank", "score", "video", "start", "end")
         title = f"{query!r} in {index}"
     if as_json:
         print(json.dumps(rows, indent=2))
         return
+    from rich.table import Table
+
     table = Table(title=title)
     for column in columns:
         table.add_column(column)
@@ -771,6 +883,30 @@ def search_cmd(
             )
         )
     Console().print(table)
+
+
+def listening_socket(host: str, port: int) -> Any:
+    """A socket bound to ``host:port`` (SO_REUSEADDR, as uvicorn binds), made before anything slow runs: a busy
+    port or a bad address is one line naming it, and nothing can take the port while the model loads."""
+    import socket
+
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port {port}: expected 0 to 65535")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise UserError(f"--host {host}: not an address this machine can listen on ({exc.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise UserError(
+            f"--port {port}: cannot listen on {host}:{port} ({exc.strerror}); is another server running there? "
+            "Pick another with --port"
+        ) from None
+    return sock
 
 
 @app.command("serve")
@@ -788,18 +924,26 @@ def serve_cmd(
         file_okay=False,
         help="Folder the videos are served from (default: the folder the index records it was built from).",
     ),
+    verbose: bool = typer.Option(False, "--verbose", help="Info messages while loading (default: warnings, errors)."),
 ) -> None:
-    """Serve a search page and a JSON API (GET /api/search?q=...&k=...; OpenAPI docs at /docs)."""
+    """Serve a search page (/?q=...&k=... links to a search) and a JSON API (GET /api/search?q=...&k=...;
+    its OpenAPI description at /openapi.json)."""
+    quiet_stderr(verbose)
+    sock = listening_socket(host, port)
     import uvicorn
 
     from tvr.search import open_index
     from tvr.search.server import create_app
 
-    opened = open_index(index, checkpoint=checkpoint)
-    app_ = create_app(opened, media_root=media_root)
-    console.print(f"videos served from {media_root or opened.root}", highlight=False)
-    console.print(f"serving {index} on http://{host}:{port}/ (API docs: /docs)")
-    uvicorn.run(app_, host=host, port=port, log_level="info")
+    try:
+        opened = open_index(index, checkpoint=checkpoint)
+        app_ = create_app(opened, media_root=media_root)
+        bound = sock.getsockname()[1]  # --port 0: the port the system chose
+        console.print(f"videos served from {media_root or opened.root}", highlight=False)
+        console.print(f"serving {index} on http://{host}:{bound}/ (API: /api/search, /openapi.json)")
+        uvicorn.Server(uvicorn.Config(app_, log_level="info")).run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 def run() -> None:  # pragma: no cover - console entry point helper

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import signal
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -175,6 +176,13 @@ EVAL_SPLITS = ("val", "test", "test_multi", "train")
 METRIC_DIRECTIONS = ("t2v", "v2t", "t2v_dsl", "v2t_dsl")
 METRIC_NAMES = ("R1", "R5", "R10", "MdR", "MnR")
 SELECT_METRICS = tuple(f"{d}/{m}" for d in METRIC_DIRECTIONS for m in METRIC_NAMES)
+#: ``train.preemption_signals`` values: the termination notices schedulers send (SLURM, LSF, Kubernetes, torchrun),
+#: those this system has; never a fault signal (SIGSEGV, …) or one that cannot be caught (SIGKILL)
+PREEMPTION_SIGNALS = tuple(
+    name
+    for name in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT", "SIGXCPU", "SIGALRM")
+    if hasattr(signal, name)
+)
 
 
 @dataclass
@@ -409,8 +417,9 @@ class TrainConfig:
     device: str = "auto"
     #: intra-op CPU threads for torch (0 = torch's default); small models on a busy CPU run faster with 1
     num_threads: int = bounded(0, ge=0)
-    #: save a checkpoint every N optimizer steps (0 = only at epoch ends)
-    checkpoint_every: int = bounded(0, ge=0)
+    #: also write last.pt every N optimizer steps (0 = only at epoch ends); a mid-epoch checkpoint holds the position
+    #: in the epoch's data order, so a resume continues the exact batch sequence (``checkpoint_every`` before)
+    save_every_steps: int = bounded(0, ge=0)
     log_every: int = bounded(10, ge=0)
     #: evaluate on the validation split every N steps (0 = at epoch ends only)
     eval_every: int = bounded(0, ge=0)
@@ -418,6 +427,9 @@ class TrainConfig:
     max_steps: int = bounded(0, ge=0)
     #: select the checkpoint kept as best.pt by this validation metric (direction/metric)
     select_metric: str = choice("t2v/R1", *SELECT_METRICS)
+    #: signals that stop training gracefully (every rank finishes its step, last.pt is written, exit code 143); a
+    #: second one ends the process at once; [] = the signals' default action (docs/scaling.md, "Preemption")
+    preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
 
     def validate(self) -> None:
         for k, beta in enumerate(self.betas):
@@ -425,6 +437,9 @@ class TrainConfig:
                 raise ValueError(f"betas[{k}] = {beta!r}: expected a number >= 0 and < 1")
         if self.device != "auto" and not re.fullmatch(r"cpu|cuda(:\d+)?|mps|xpu(:\d+)?", self.device):
             raise ValueError(f"device = {self.device!r}: expected auto, cpu, cuda or cuda:N")
+        for k, name in enumerate(self.preemption_signals):
+            if name not in PREEMPTION_SIGNALS:
+                raise ValueError(f"preemption_signals[{k}] = {name!r}: expected one of {list(PREEMPTION_SIGNALS)}")
 
 
 @dataclass
@@ -619,6 +634,23 @@ def register_migration(migrate: Callable[[dict], dict]) -> Callable[[dict], dict
     if migrate not in _MIGRATIONS:
         _MIGRATIONS.append(migrate)
     return migrate
+
+
+@register_migration
+def migrate_checkpoint_every(values: dict) -> dict:
+    """``train.checkpoint_every`` (configs, run folders and checkpoints written before the rename) is read as
+    ``train.save_every_steps``."""
+    train = values.get("train")
+    if not isinstance(train, dict) or "checkpoint_every" not in train:
+        return values
+    train = dict(train)
+    every = train.pop("checkpoint_every")
+    if train.setdefault("save_every_steps", every) != every:
+        raise ConfigError(
+            "train.checkpoint_every is the old name of train.save_every_steps, and both are set to different values; "
+            "keep train.save_every_steps"
+        )
+    return {**values, "train": train}
 
 
 def config_from_dict(values: dict, where: str = "config") -> Config:

@@ -16,6 +16,7 @@ come from FAISS's fixed seed); the IVF quantizer is trained on a seeded sample o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Iterable
@@ -44,6 +45,7 @@ ADD_BLOCK = 65536
 SEED = 1234
 
 
+@functools.cache  # once: setting a logger's level clears every logger's cache (milliseconds a query)
 def _faiss():
     import logging
 

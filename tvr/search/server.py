@@ -13,14 +13,19 @@ Safe by construction:
 * every input is bounded (query length, k, rerank, thumbnail time) and a bad one gets a 4xx JSON answer
   ``{"error": "...", ...}``, never a traceback;
 * videos are sent with HTTP range support (seeking in the player), and a range that cannot be satisfied is a 416;
-* one model, loaded once, serves every request (the index serialises the model's work with a lock, so concurrent
-  requests never load or copy it).
+* one model, loaded once, serves every request; concurrent queries are micro-batched (:mod:`tvr.search.batching`:
+  one text-encoder pass per short tick for all the queries that arrived, then each query's own shortlist and exact
+  rerank), so many users share the model without queueing behind each other's passes.
+
+There is no ``/docs`` page: FastAPI's loads its script and styles from a CDN, so it is blank offline; the API's
+OpenAPI description is ``/openapi.json``.
 
 Nothing here authenticates: bind to 127.0.0.1 (the default) or put the app behind a proxy that does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import logging
@@ -40,6 +45,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tvr.data.prepare import VIDEO_EXTENSIONS
+from tvr.search.batching import MicroBatcher
 from tvr.search.index import MAX_QUERY_CHARS, SearchIndex
 from tvr.utils.errors import UserError
 
@@ -119,17 +125,28 @@ def is_video_container(path: Path) -> bool:
         return False
 
 
-def create_app(index: SearchIndex, media_root: str | os.PathLike | None = None) -> FastAPI:
+def create_app(index: SearchIndex, *, micro_batch: bool = True, media_root: str | os.PathLike | None = None) -> FastAPI:
     """The FastAPI app serving ``index`` (see the module docstring); videos are looked up in ``media_root``
-    (default: the folder the index records)."""
+    (default: the folder the index records). ``micro_batch=False``: one query at a time (what
+    ``benchmarks/search_serve.py`` compares against)."""
     numbers = {entry["video"]: k for k, entry in enumerate(index.videos)}
     root = Path(media_root if media_root is not None else index.root).resolve()
     verified: set[tuple[int, int, int, int, int]] = set()  # (number, device, inode, size, mtime) that opened as video
+    batcher = MicroBatcher(index) if micro_batch else None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        if batcher is not None:
+            batcher.close()
 
     app = FastAPI(
         title="tvr search",
         version="1",
         description=f"Text search over the {len(index)} videos of {index.path} (tvr index).",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
     )
 
     @app.exception_handler(RequestValidationError)
@@ -183,7 +200,8 @@ def create_app(index: SearchIndex, media_root: str | os.PathLike | None = None) 
     ) -> list[dict[str, Any]]:
         if not q.strip():
             raise HTTPException(422, "q: the query is empty")
-        hits = index.search(q[:MAX_QUERY_CHARS], k=k, rerank=rerank, all_windows=all_windows)
+        search = batcher.search if batcher is not None else index.search
+        hits = search(q[:MAX_QUERY_CHARS], k=k, rerank=rerank, all_windows=all_windows)
         out = []
         for hit in hits:
             number = numbers[hit.video]
@@ -224,6 +242,7 @@ def create_app(index: SearchIndex, media_root: str | os.PathLike | None = None) 
         return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
 
     app.state.index = index
+    app.state.batcher = batcher
     return app
 
 
