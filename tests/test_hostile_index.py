@@ -301,7 +301,7 @@ def test_served_videos_must_be_what_was_indexed(index: Path, search_setup, tmp_p
 
 def test_an_error_while_answering_is_a_json_500(index: Path, monkeypatch) -> None:
     opened = open_index(index)
-    client = TestClient(create_app(opened), raise_server_exceptions=False)
+    client = TestClient(create_app(opened, micro_batch=False), raise_server_exceptions=False)
 
     def damaged(*args, **kwargs):
         raise IndexFormatError("shards/x/state.npy changed since the index was opened: open the index again")
