@@ -52,7 +52,7 @@ def _positive_number(value: Any) -> bool:
 
 def is_relative_path(value: Any) -> bool:
     """A POSIX path that stays where it is put: relative, no ``..``, no empty or NUL parts."""
-    if not isinstance(value, str) or not value or "\0" in value or "\\" in value or value.startswith("/"):
+    if not isinstance(value, str) or not value or "\0" in value or value.startswith("/"):
         return False
     parts = value.split("/")
     return all(part not in ("", ".", "..") for part in parts) and posixpath.normpath(value) == value
