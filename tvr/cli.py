@@ -47,9 +47,26 @@ def _is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, (UserError, *_PATH_ERRORS)) or (isinstance(exc, OSError) and exc.errno in _DISK_FULL)
 
 
+def _file_system(path: str | os.PathLike) -> str:
+    """The mount point holding ``path`` and the space free on it, for a disk-full message."""
+    import shutil
+
+    where = Path(os.path.abspath(path))
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    mount = where
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        free = shutil.disk_usage(mount).free
+    except OSError:
+        return f"the file system mounted at {mount}"
+    return f"the file system mounted at {mount}, {free / 2**20:,.0f} MiB free"
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
-        where = f" writing {exc.filename}" if exc.filename else ""
+        where = f" writing {exc.filename} ({_file_system(exc.filename)})" if exc.filename else ""
         return (
             f"no space left on the device{where} ({exc.strerror or exc}); nothing already written was lost (every "
             "file is written whole or not at all, a half-written one is removed): free some space and rerun "
@@ -180,15 +197,27 @@ def _print_metrics(metrics: dict, title: str) -> None:
 
 @app.callback()
 def main(
+    ctx: typer.Context,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of user errors (bad config, files, …)."),
+    trust: bool = typer.Option(
+        False,
+        "--trust-code",
+        help="Let configs, checkpoints and indexes name a head by import path (pkg.module:Class), which imports and "
+        "runs that module (also TVR_TRUST_CODE=1). Registered heads need no trust.",
+    ),
 ) -> None:
+    from tvr.config import code_trusted, trust_code
+
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # per invocation as well: a quiet command (search, serve) lowers it for its own run only
     logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
     # decided per invocation (an app invoked twice in one process must not keep the first one's --debug)
     _DEBUG["on"] = debug or os.environ.get("TVR_DEBUG", "") not in ("", "0")
     _VERBOSE["on"] = verbose
+    before = code_trusted()
+    trust_code(trust or os.environ.get("TVR_TRUST_CODE", "") not in ("", "0"))
+    ctx.call_on_close(lambda: trust_code(before))  # for this command only (an app invoked again in one process)
 
 
 @app.command()
@@ -231,9 +260,9 @@ def _train_interrupted(out: Path) -> str:
     """What an interrupted ``tvr train`` left, and how to continue it."""
     last = out / "last.pt"
     try:
-        import torch
+        from tvr.utils.torch_files import load_torch_file
 
-        state = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["state"]
+        state = load_torch_file(last, mmap=True)["state"]
         where = f"step {state['global_step']}, epoch {state['epoch'] + 1} batch {state['batch_in_epoch']}"
     except FileNotFoundError:
         return (
@@ -888,6 +917,13 @@ def serve_cmd(
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
+    media_root: Path | None = typer.Option(
+        None,
+        "--media-root",
+        exists=True,
+        file_okay=False,
+        help="Folder the videos are served from (default: the folder the index records it was built from).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", help="Info messages while loading (default: warnings, errors)."),
 ) -> None:
     """Serve a search page (/?q=...&k=... links to a search) and a JSON API (GET /api/search?q=...&k=...;
@@ -900,8 +936,10 @@ def serve_cmd(
     from tvr.search.server import create_app
 
     try:
-        app_ = create_app(open_index(index, checkpoint=checkpoint))
+        opened = open_index(index, checkpoint=checkpoint)
+        app_ = create_app(opened, media_root=media_root)
         bound = sock.getsockname()[1]  # --port 0: the port the system chose
+        console.print(f"videos served from {media_root or opened.root}", highlight=False)
         console.print(f"serving {index} on http://{host}:{bound}/ (API: /api/search, /openapi.json)")
         uvicorn.Server(uvicorn.Config(app_, log_level="info")).run(sockets=[sock])
     finally:

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tvr.config import Config, config_from_dict
+from tvr.config import Config, check_head_import, config_from_dict
 from tvr.data.synthetic import SynthConfig
 from tvr.models.heads.registry import head_class
 from tvr.models.preprocess import resolve_preprocess
@@ -82,6 +82,7 @@ def demo_config(data_dir: Path, quick: bool = False, method: str = "clip4clip") 
     values["data"]["annotations"] = str(data_dir)
     values["data"]["video_dir"] = str(data_dir / "videos")
     values["head"]["name"] = method
+    check_head_import(method, "--method")
     head = head_class(method)
     values["head"]["options"] = dict(head.demo_options)
     if "proxies" in head.requires:

@@ -37,6 +37,7 @@ from tvr.utils.distributed import barrier, is_main_process
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_json
 from tvr.utils.lock import folder_lock
+from tvr.utils.torch_files import load_torch_file
 
 if TYPE_CHECKING:
     from tvr.train.distributed import DistInfo
@@ -260,7 +261,7 @@ def _prepare_run_folder(cfg: Config, out_dir: Path, resume: bool | str, overwrit
 
 def _checkpoint_step(path: Path) -> int | None:
     try:
-        return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["state"]["global_step"])
+        return int(load_torch_file(path, mmap=True)["state"]["global_step"])
     except Exception:  # noqa: BLE001 - only for the record; the resume itself reports an unreadable checkpoint
         return None
 

@@ -32,6 +32,7 @@ from tvr.utils.device import resolve_device
 from tvr.utils.io import atomic_torch_save, atomic_write_json, remove_stale_temporaries
 from tvr.utils.lock import folder_lock
 from tvr.utils.progress import progress_bar
+from tvr.utils.torch_files import load_torch_file
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def _earlier_shard(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        return load_torch_file(path, mmap=True)
     except Exception as exc:  # noqa: BLE001 - a damaged shard is encoded again
         log.warning("feature shard %s is unreadable (%s); encoding it again", path, exc)
         return None
