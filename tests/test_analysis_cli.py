@@ -213,6 +213,30 @@ def test_analyze_a_gare_checkpoint_on_val_and_test(gare_run: tuple[Path, Path], 
     assert result.exit_code == 2 and "--split 'dev'" in result.output
 
 
+def test_analyze_needs_nothing_but_the_checkpoint(gare_run: tuple[Path, Path], tmp_path: Path) -> None:
+    """As ``tvr eval``: the checkpoint carries its config; ``--set`` changes it, ``--config`` replaces it."""
+    run, config = gare_run
+    alone = tmp_path / "alone"
+    result = CliRunner().invoke(app, ["analyze", "--checkpoint", str(run / "best.pt"), "--out", str(alone)])
+    assert result.exit_code == 0, result.output
+    with_file = tmp_path / "with_file"
+    result = CliRunner().invoke(
+        app, ["analyze", "--checkpoint", str(run / "best.pt"), "--config", str(config), "--out", str(with_file)]
+    )
+    assert result.exit_code == 0, result.output
+    manifests = [json.loads((out / "analysis.json").read_text()) for out in (alone, with_file)]
+    assert [f["name"] for f in manifests[0]["figures"]] == FIGURES["gare"]
+    assert manifests[0]["metrics"] == manifests[1]["metrics"] and manifests[0]["num_texts"] == manifests[1]["num_texts"]
+
+    # --set changes the carried config: a folder with no videos is the error of that setting, not a missing --config
+    result = CliRunner().invoke(
+        app,
+        ["analyze", "--checkpoint", str(run / "best.pt"), "--out", str(tmp_path / "x")]
+        + ["--set", f"data.video_dir={tmp_path / 'nowhere'}"],
+    )
+    assert result.exit_code == 2 and "nowhere" in result.output and "--config" not in result.output
+
+
 @pytest.mark.parametrize("head", ["proxy", "gravialign"])
 def test_analyze_proxy_and_gravialign_checkpoints(head: str, data_root: Path, tmp_path: Path) -> None:
     cfg = config_from_dict(tiny_values(data_root, head))

@@ -251,16 +251,18 @@ def eval_(
 @app.command()
 def analyze(
     checkpoint: Path = typer.Option(..., "--checkpoint", exists=True, dir_okay=False, help="A tvr checkpoint."),
-    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for the figures (PNG + JSON each, analysis.json)."),
+    config: str | None = typer.Option(
+        None, "--config", "-c", help="Default: the config the checkpoint carries. " + CONFIG_HELP
+    ),
     split: str = typer.Option("val", "--split", help="Split to analyse: val (default) | test | test_multi | train."),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override, e.g. --set train.device=cpu (repeatable)."),
 ) -> None:
     """The papers' analyses of a checkpoint's head on one split (docs/analysis.md): score distributions and ranks for
     every head; gradient tension and Δ geometry (GARE), the γ sweep and proxy space (TV-ProxyNet), uncertainty
-    (GraviAlign)."""
+    (GraviAlign). The checkpoint carries its config: --config / --set only change it, as for tvr eval."""
     out_folder(out)
-    cfg = _load(config, set_)
+    cfg = _load(config, set_) if config else _load_from_checkpoint(checkpoint, set_)
     from tvr.pipeline.analyze import run_analyze
 
     manifest = run_analyze(cfg, checkpoint, out, split=split)
