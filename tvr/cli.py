@@ -444,11 +444,15 @@ def heads() -> None:
 
 @app.command()
 def presets() -> None:
-    """List the presets shipped with tvr; pass a name to --config (e.g. --config gare/msrvtt)."""
-    from tvr.config import PRESET_DIR, available_presets
+    """List the presets shipped with tvr, each with what it is, the paper table or ablation it reproduces and the
+    hardware it expects; pass a name to --config (e.g. --config gare/msrvtt)."""
+    from tvr.config import PRESET_DIR, available_presets, preset_description
 
-    for name in available_presets():
-        print(name)
+    names = available_presets()
+    width = max(map(len, names))
+    for name in names:
+        # one line a preset, so the list stays greppable (tvr presets | grep cpu/)
+        print(f"{name:<{width}}  {preset_description(name)}")
     console.print(f"[dim]({escape(str(PRESET_DIR))}; a path to your own YAML file works as well)[/dim]")
     benches = sorted(p.stem for p in (PRESET_DIR / "bench").glob("*.yaml"))
     console.print(f"[dim]bench configs for tvr bench --config: {', '.join(benches)}[/dim]")

@@ -527,6 +527,8 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
+    # what the file is (`tvr presets` shows it), not a setting: each file describes itself, nothing inherits it
+    _check_description(raw.pop("description", ""), path)
     base = raw.pop("base", None)
     if base is None:
         return raw
@@ -585,6 +587,23 @@ def available_presets() -> list[str]:
     configs in ``tvr/configs/bench/`` are not run presets and are left out."""
     names = (p.relative_to(PRESET_DIR).with_suffix("").as_posix() for p in PRESET_DIR.rglob("*.yaml"))
     return sorted(n for n in names if not n.startswith(f"{BENCH_SUBDIR}/"))
+
+
+def _check_description(description: Any, path: Path) -> str:
+    if not isinstance(description, str) or "\n" in description.strip():
+        raise ConfigError(f"{path}: description: expected one line of text, got {description!r}")
+    return description.strip()
+
+
+def preset_description(name_or_path: str | os.PathLike) -> str:
+    """The one-line ``description:`` a preset file gives itself (what it is, which paper table or ablation, what
+    hardware it expects); "" when it has none. A ``base:`` preset's description is not inherited."""
+    path = resolve_preset(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return _check_description(raw.get("description", "") if isinstance(raw, dict) else "", path)
 
 
 def resolve_preset(name_or_path: str | os.PathLike) -> Path:
