@@ -589,6 +589,12 @@ def available_presets() -> list[str]:
     return sorted(n for n in names if not n.startswith(f"{BENCH_SUBDIR}/"))
 
 
+def preset_values(name_or_path: str | os.PathLike) -> dict:
+    """The raw mapping of a preset (a shipped name or a file), its ``base`` chain merged, before any check: for a
+    caller that builds its config from a preset (``tvr demo`` from ``cpu/clip4clip``)."""
+    return _read_yaml(resolve_preset(name_or_path))
+
+
 def _check_description(description: Any, path: Path) -> str:
     if not isinstance(description, str) or "\n" in description.strip():
         raise ConfigError(f"{path}: description: expected one line of text, got {description!r}")
