@@ -80,3 +80,29 @@ def test_the_synth_command_the_presets_give_renders_the_demos_set(
     result = CliRunner().invoke(app, ["synth", "--out", str(tmp_path / "synth"), *args[2:]])
     assert result.exit_code == 0, result.output
     assert asked == [demo_synth_config(quick=False)]
+
+
+def test_num_workers_is_capped_at_the_cpus_with_one_note(
+    synth: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The GPU presets ask for 8 decoding workers; on a 2-CPU machine torch warned about it on every loader (train,
+    validation, test). Capped at the CPUs, nothing warns, and the cap is noted once."""
+    import logging
+    import os
+    import warnings
+
+    import tvr.utils.parallel
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # torch's check reads the same mask
+    monkeypatch.setitem(tvr.utils.parallel._CAP_NOTED, "done", False)
+    assert tvr.utils.parallel.loader_workers(1) == 1 and tvr.utils.parallel.loader_workers(2) == 2
+    tiny = ["train.max_steps=2", "train.batch_size=4", "data.val_fraction=0.25", "data.num_workers=8"]
+    sets = [arg for text in data_overrides(synth) + tiny for arg in ("--set", text)]
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO, logger="tvr.utils.parallel"):
+        warnings.simplefilter("always")
+        result = CliRunner().invoke(app, ["train", "--config", "cpu/clip4clip", "--out", str(tmp_path / "run"), *sets])
+    assert result.exit_code == 0, result.output
+    assert not [w for w in caught if "worker processes in total" in str(w.message)]
+    notes = [r.getMessage() for r in caplog.records if r.name == "tvr.utils.parallel"]
+    assert notes == ["data.num_workers 8: 2 decoding worker(s), one per CPU this process may use"]
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["data"]["num_workers"] == 8  # as asked

@@ -169,6 +169,8 @@ class DataConfig:
     augment: bool = False
     augment_magnitude: float = bounded(7.0, ge=0.0, le=10.0)
     augment_num_ops: int = bounded(4, ge=0)
+    #: decoding worker processes per loader (0 = decode in the main process); a loader uses at most one per CPU the
+    #: process may use (one log note says so), so a GPU preset's 8 does not oversubscribe a small machine
     num_workers: int = bounded(0, ge=0)
     #: folder of a ``tvr features`` cache; when set, training/eval read features instead of videos
     features_dir: str = ""

@@ -34,6 +34,7 @@ from tvr.utils.distributed import barrier, is_main_process
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_json
 from tvr.utils.lock import folder_lock
+from tvr.utils.parallel import loader_workers
 
 if TYPE_CHECKING:
     from tvr.train.distributed import DistInfo
@@ -170,7 +171,7 @@ def _train_data(cfg: Config, out_dir: Path, tokenizer, rank: int, world_size: in
         batch_size=cfg.train.batch_size // world_size,
         collate_fn=collate,
         seed=cfg.train.seed,
-        num_workers=cfg.data.num_workers,
+        num_workers=loader_workers(cfg.data.num_workers),
         drop_last=True,
         rank=rank,
         world_size=world_size,
