@@ -146,6 +146,57 @@ def test_plot_writes_every_curve_with_its_numbers(gare_run: tuple[Path, Path], t
     assert set(lrs["series"][label]) == set(train[0]["lr"])
 
 
+def test_plot_says_why_a_run_has_no_training_curve_and_marks_a_lone_validation(
+    gare_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of 7 steps with train.log_every 10 logged no training record and validated once: the terminal and the
+    figure say why its training curve is missing, and its one validation point is drawn as a visible marker."""
+    run, _ = gare_run
+    short = tmp_path / "short"
+    short.mkdir()
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["train"]["log_every"] = 10
+    (short / "config.yaml").write_text(yaml.safe_dump(config))
+    validation = {**read_jsonl(run / "val_log.jsonl")[0], "step": 7, "epoch": 1}
+    (short / "val_log.jsonl").write_text(json.dumps(validation) + "\n")
+    (short / "train_log.jsonl").write_text(json.dumps({"kind": "eval", **validation}) + "\n")
+    why = "short: no training loss logged: it trained 7 step(s) and logs one record every train.log_every = 10 steps"
+
+    import tvr.analysis.curves
+
+    drawn: dict[str, tuple[str, list]] = {}  # name: (title, [(points, marker, size) of every line]), before writing
+    write = tvr.analysis.curves.write_figure
+
+    def record(out: Path, name: str, fig, *args, **kwargs):
+        lines = [
+            (len(line.get_xdata()), line.get_marker(), line.get_markersize())
+            for ax in fig.axes
+            for line in ax.get_lines()
+        ]
+        drawn[name] = (fig._suptitle.get_text(), lines)
+        return write(out, name, fig, *args, **kwargs)
+
+    monkeypatch.setattr(tvr.analysis.curves, "write_figure", record)
+    out = tmp_path / "alone"
+    result = CliRunner().invoke(app, ["plot", str(short), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert why in " ".join(result.output.split())
+    manifest = json.loads((out / "plots.json").read_text())
+    assert manifest["skipped"] == ["training_losses", "learning_rates", "inference_setting"]
+    assert manifest["notes"] == [why + " (lower it to see curves)"]
+    lone = [(marker, size) for points, marker, size in drawn["validation"][1] if points == 1]
+    assert len(lone) == 6  # R@1, R@5, R@10 in both directions, one point each
+    assert all(marker not in (None, "None", "") and size >= 6 for marker, size in lone)
+    assert len({marker for marker, _ in lone}) == 3  # equal recalls overlap: the shapes tell them apart
+
+    out = tmp_path / "both"
+    result = CliRunner().invoke(app, ["plot", str(run), str(short), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    figure = json.loads((out / "training_losses.json").read_text())
+    assert figure["notes"] == [why + " (lower it to see curves)"]
+    assert why in drawn["training_losses"][0]
+
+
 def test_plot_refuses_what_is_not_a_run_folder(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["plot", str(tmp_path), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2

@@ -286,6 +286,8 @@ def plot(
         console.print(escape(f"{out / figure['png']}  {figure['title']}"), highlight=False, soft_wrap=True)
     if manifest["skipped"]:
         console.print(f"[dim]nothing to plot for: {escape(', '.join(map(str, manifest['skipped'])))}[/dim]")
+    for note in manifest["notes"]:
+        say("note", note, "yellow")
 
 
 @app.command()
