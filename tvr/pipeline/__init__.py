@@ -179,18 +179,32 @@ def _train_data(cfg: Config, out_dir: Path, tokenizer, rank: int, world_size: in
 
 
 def run_train(
-    cfg: Config, out_dir: str | Path, resume: bool = False, final_test: bool = True, overwrite: bool = False
+    cfg: Config,
+    out_dir: str | Path,
+    resume: bool = False,
+    final_test: bool = True,
+    overwrite: bool = False,
+    small_val_reason: str | None = None,
 ) -> dict[str, Any]:
     """Train, select on validation, then evaluate the test split once (last and best checkpoints).
 
-    A folder holding an earlier run's checkpoints needs ``resume`` (continue it) or ``overwrite`` (start over)."""
+    A folder holding an earlier run's checkpoints needs ``resume`` (continue it) or ``overwrite`` (start over).
+    ``small_val_reason``: why the caller chose a small validation split, said in place of the warning
+    (:func:`tvr.pipeline.preflight.preflight`)."""
     resolve_config(cfg)
     check_run_folder(Path(out_dir), resume, overwrite)
     with torch_threads(cfg):
-        return _run_train(cfg, out_dir, resume, final_test, overwrite)
+        return _run_train(cfg, out_dir, resume, final_test, overwrite, small_val_reason)
 
 
-def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool, overwrite: bool) -> dict[str, Any]:
+def _run_train(
+    cfg: Config,
+    out_dir: str | Path,
+    resume: bool,
+    final_test: bool,
+    overwrite: bool,
+    small_val_reason: str | None = None,
+) -> dict[str, Any]:
     from tvr.train.distributed import distributed_job
     from tvr.utils.distributed import all_gather_object, is_main_process
 
@@ -199,7 +213,9 @@ def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool,
     with distributed_job(cfg.train.device) as dist:
         out_dir = Path(out_dir)
         # every split parsed, the video folder and the validation videos checked: fail in seconds, not after training
-        checked = preflight(cfg, out_dir, final_test=final_test, progress=is_main_process())
+        checked = preflight(
+            cfg, out_dir, final_test=final_test, progress=is_main_process(), small_val_reason=small_val_reason
+        )
         out_dir.mkdir(parents=True, exist_ok=True)
         # one job per run folder: the main process holds the lock for all ranks of a torchrun job, and every rank
         # learns whether it got the folder (else the other ranks would wait for it in the first collective)
