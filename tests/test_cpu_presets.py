@@ -70,9 +70,13 @@ def test_the_synth_command_the_presets_give_renders_the_demos_set(
     import tvr.data.synthetic
 
     asked: list[SynthConfig] = []
-    monkeypatch.setattr(
-        tvr.data.synthetic, "generate_synthetic_dataset", lambda out, cfg, progress: asked.append(cfg) or {}
-    )
+
+    def generate(out: Path, cfg: SynthConfig, progress: bool) -> dict:
+        asked.append(cfg)
+        counts = {"num_train": 189, "num_validate": 21, "num_test": 30, "num_sentences": 1200, "num_frames": 24}
+        return {"num_videos": cfg.num_videos, "codec": "libx264", **counts}
+
+    monkeypatch.setattr(tvr.data.synthetic, "generate_synthetic_dataset", generate)
     comments = (Path(__file__).resolve().parents[1] / "tvr" / "configs" / "cpu" / "clip4clip.yaml").read_text()
     command = next(line for line in comments.splitlines() if "tvr synth --out" in line)
     args = command.split("#")[1].split()[2:6]  # "--out synth --num-videos 240"
@@ -80,6 +84,11 @@ def test_the_synth_command_the_presets_give_renders_the_demos_set(
     result = CliRunner().invoke(app, ["synth", "--out", str(tmp_path / "synth"), *args[2:]])
     assert result.exit_code == 0, result.output
     assert asked == [demo_synth_config(quick=False)]
+    # what was written and the next step, in words (it printed the summary as a raw Python dict)
+    said = " ".join(result.output.split())
+    assert "wrote 240 videos (210 train, 30 test; 24 frames each, libx264) and 1200 captions" in said
+    assert f"tvr train --config cpu/clip4clip --set data.annotations={tmp_path / 'synth'}" in said
+    assert "{" not in result.output
 
 
 def test_num_workers_is_capped_at_the_cpus_with_one_note(

@@ -270,8 +270,9 @@ def load_openai_clip(
     path: str | os.PathLike, text_heads: int | None = None, vision_heads: int | None = None
 ) -> CLIPModel:
     """Load and convert in memory (what ``ClipBackbone.from_config`` does for a ``.pt`` path)."""
+    state = load_openai_state_dict(path)  # its errors name the file already
     try:
-        return convert_state_dict(load_openai_state_dict(path), text_heads=text_heads, vision_heads=vision_heads)
+        return convert_state_dict(state, text_heads=text_heads, vision_heads=vision_heads)
     except ConversionError as exc:
         raise ConversionError(f"{path}: {exc}") from None
 

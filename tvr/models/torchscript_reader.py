@@ -227,10 +227,11 @@ def read_torchscript_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
             try:
                 info = archive.getinfo(member)
             except KeyError:
-                raise TorchScriptArchiveError(f"{path}: storage {key!r} is referenced but not in the archive") from None
+                # raised inside the unpickler, whose caller names the file
+                raise TorchScriptArchiveError(f"storage {key!r} is referenced but not in the archive") from None
             if numel < 0 or info.file_size != numel * itemsize:
                 raise TorchScriptArchiveError(
-                    f"{path}: storage {key!r} holds {info.file_size} bytes, not {numel} {kind.name} elements"
+                    f"storage {key!r} holds {info.file_size} bytes, not {numel} {kind.name} elements"
                 )
             raw = bytearray(archive.read(info))
             storages[key] = torch.frombuffer(raw, dtype=kind.dtype) if raw else torch.empty(0, dtype=kind.dtype)
