@@ -16,6 +16,7 @@ from videos import write_test_video
 
 from tvr.analysis import AnalysisOptions
 from tvr.analysis.figures import DPI
+from tvr.analysis.papers import GARE_PAPER, TEXT_PROXY_PAPER
 from tvr.cli import app
 from tvr.config import config_from_dict
 from tvr.models.build import build_model
@@ -277,6 +278,16 @@ def test_analyze_needs_nothing_but_the_checkpoint(gare_run: tuple[Path, Path], t
     assert result.exit_code == 0, result.output
     manifests = [json.loads((out / "analysis.json").read_text()) for out in (alone, with_file)]
     assert [f["name"] for f in manifests[0]["figures"]] == FIGURES["gare"]
+    # the figures of a paper name it and its figure, as a reader can look them up (not this repository's seed files)
+    titles = {f["name"]: f["title"] for f in manifests[0]["figures"]}
+    for name, figure in (
+        ("gare_gradient_tension", "Fig. 2 and 7"),
+        ("gare_delta_gradients", "Fig. 4"),
+        ("gare_delta_geometry", "Fig. 3"),
+        ("gare_hard_negatives", "Fig. 6"),
+    ):
+        assert f"as {figure} of {GARE_PAPER}" in titles[name]
+    assert not any("seed 0" in title for title in titles.values())
     assert manifests[0]["metrics"] == manifests[1]["metrics"] and manifests[0]["num_texts"] == manifests[1]["num_texts"]
 
     # --set changes the carried config: a folder with no videos is the error of that setting, not a missing --config
@@ -302,7 +313,10 @@ def test_analyze_proxy_and_gravialign_checkpoints(head: str, data_root: Path, tm
     for figure in manifest["figures"]:
         assert png(out / figure["png"])[0] >= 7 * DPI
         assert "not for model selection" in figure["title"]
+    assert not any("seed 0" in f["title"] for f in manifest["figures"])
     if head == "proxy":
+        space = next(f["title"] for f in manifest["figures"] if f["name"] == "proxy_feature_space")
+        assert f"as appendix Fig. 5 of {TEXT_PROXY_PAPER}" in space
         sweep = json.loads((out / "proxy_gamma_sweep.json").read_text())
         assert sweep["for_model_selection"] is False and sweep["stored_gamma"] == pytest.approx(0.3)
         assert (out / "proxy_gamma_sweep.csv").is_file()
