@@ -343,3 +343,14 @@ def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch) -> None:
     with pytest.raises(ConfigError, match="offline mode is on"):
         clip_backbone.load_clip_model("openai/clip-vit-base-patch32")
     assert [c.get("local_files_only") for c in calls] == [True] and len(probes) == 1
+
+
+def test_the_help_names_search_and_serve_and_the_readme_lists_the_exit_codes() -> None:
+    result = runner.invoke(app, ["--help"], terminal_width=200)
+    assert result.exit_code == 0
+    summary = " ".join(result.output.split()).split("Options")[0]
+    assert all(word in summary for word in ("index", "search", "serve", "train", "evaluate"))
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    exit_codes = readme[readme.index("Exit codes:") :][:400]
+    for code in ("**0**", "**1**", "**2**", "**130** interrupted by Ctrl-C"):
+        assert code in exit_codes

@@ -1,4 +1,5 @@
-"""``tvr`` command line: train, eval, features, synth, demo, bench, and checkpoint/tokenizer conversion."""
+"""``tvr`` command line: index / search / serve videos, train, eval, analyze, plot, features, synth, demo, bench, and
+checkpoint/tokenizer conversion."""
 
 from __future__ import annotations
 
@@ -106,7 +107,11 @@ class _Commands(typer.Typer):
 app = _Commands(
     add_completion=False,
     no_args_is_help=True,
-    help="Text-video retrieval: train, evaluate, cache features, synthesise data.",
+    help=(
+        "Text-video retrieval: search your videos by text (index, search, serve), train and evaluate the methods "
+        "(CLIP4Clip, GARE, TV-ProxyNet, GraviAlign), analyse and plot runs, synthesise data. First steps: README.md; "
+        "tvr demo trains a small model end to end on CPU."
+    ),
 )
 
 
