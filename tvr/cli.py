@@ -374,13 +374,8 @@ def synth(
         # train + validate: MSR-VTT's 9k training list holds both (a run holds its own validation out of it)
         f"wrote {summary['num_videos']} videos ({summary['num_train'] + summary['num_validate']} train, "
         f"{summary['num_test']} test; {summary['num_frames']} frames each, {summary['codec']}) and "
-        f"{summary['num_sentences']} captions in the MSR-VTT format to {out}; its settings: {out / 'synth_meta.json'}",
-        highlight=False,
-        soft_wrap=True,
-        markup=False,
-    )
-    console.print(
-        f"train on it: tvr train --config cpu/clip4clip --set data.annotations={out} "
+        f"{summary['num_sentences']} captions in the MSR-VTT format to {out}; its settings: {out / 'synth_meta.json'}"
+        f"\ntrain on it: tvr train --config cpu/clip4clip --set data.annotations={out} "
         f"--set data.video_dir={out / 'videos'} --out runs/first (tvr presets: cpu/*)",
         highlight=False,
         soft_wrap=True,
