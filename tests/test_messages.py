@@ -390,3 +390,14 @@ def test_a_disk_that_fills_up_inside_torch_save_is_one_line_naming_the_disk(tmp_
     assert f"no space left on the device writing {out / 'last.pt'} (the file system mounted at /" in text
     assert "MiB free" in text and "nothing already written was lost" in text
     assert not (out / "last.pt").exists() and not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_help_names_search_and_serve_and_the_readme_lists_the_exit_codes() -> None:
+    result = runner.invoke(app, ["--help"], terminal_width=200)
+    assert result.exit_code == 0
+    summary = " ".join(result.output.split()).split("Options")[0]
+    assert all(word in summary for word in ("index", "search", "serve", "train", "evaluate"))
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    exit_codes = readme[readme.index("Exit codes:") :][:400]
+    for code in ("**0**", "**1**", "**2**", "**130** interrupted by Ctrl-C"):
+        assert code in exit_codes

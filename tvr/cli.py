@@ -1,4 +1,5 @@
-"""``tvr`` command line: train, eval, features, synth, demo, bench, and checkpoint/tokenizer conversion."""
+"""``tvr`` command line: index / search / serve videos, train, eval, analyze, plot, features, synth, demo, bench, and
+checkpoint/tokenizer conversion."""
 
 from __future__ import annotations
 
@@ -129,7 +130,11 @@ class _Commands(typer.Typer):
 app = _Commands(
     add_completion=False,
     no_args_is_help=True,
-    help="Text-video retrieval: train, evaluate, cache features, synthesise data.",
+    help=(
+        "Text-video retrieval: search your videos by text (index, search, serve), train and evaluate the methods "
+        "(CLIP4Clip, GARE, TV-ProxyNet, GraviAlign), analyse and plot runs, synthesise data. First steps: README.md; "
+        "tvr demo trains a small model end to end on CPU."
+    ),
 )
 
 
@@ -299,16 +304,18 @@ def eval_(
 @app.command()
 def analyze(
     checkpoint: Path = typer.Option(..., "--checkpoint", exists=True, dir_okay=False, help="A tvr checkpoint."),
-    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for the figures (PNG + JSON each, analysis.json)."),
+    config: str | None = typer.Option(
+        None, "--config", "-c", help="Default: the config the checkpoint carries. " + CONFIG_HELP
+    ),
     split: str = typer.Option("val", "--split", help="Split to analyse: val (default) | test | test_multi | train."),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override, e.g. --set train.device=cpu (repeatable)."),
 ) -> None:
     """The papers' analyses of a checkpoint's head on one split (docs/analysis.md): score distributions and ranks for
     every head; gradient tension and Δ geometry (GARE), the γ sweep and proxy space (TV-ProxyNet), uncertainty
-    (GraviAlign)."""
+    (GraviAlign). The checkpoint carries its config: --config / --set only change it, as for tvr eval."""
     out_folder(out)
-    cfg = _load(config, set_)
+    cfg = _load(config, set_) if config else _load_from_checkpoint(checkpoint, set_)
     from tvr.pipeline.analyze import run_analyze
 
     manifest = run_analyze(cfg, checkpoint, out, split=split)
@@ -332,6 +339,8 @@ def plot(
         console.print(escape(f"{out / figure['png']}  {figure['title']}"), highlight=False, soft_wrap=True)
     if manifest["skipped"]:
         console.print(f"[dim]nothing to plot for: {escape(', '.join(map(str, manifest['skipped'])))}[/dim]")
+    for note in manifest["notes"]:
+        say("note", note, "yellow")
 
 
 @app.command()
@@ -409,7 +418,17 @@ def synth(
         ),
         progress=True,
     )
-    console.print(summary)
+    console.print(
+        # train + validate: MSR-VTT's 9k training list holds both (a run holds its own validation out of it)
+        f"wrote {summary['num_videos']} videos ({summary['num_train'] + summary['num_validate']} train, "
+        f"{summary['num_test']} test; {summary['num_frames']} frames each, {summary['codec']}) and "
+        f"{summary['num_sentences']} captions in the MSR-VTT format to {out}; its settings: {out / 'synth_meta.json'}"
+        f"\ntrain on it: tvr train --config cpu/clip4clip --set data.annotations={out} "
+        f"--set data.video_dir={out / 'videos'} --out runs/first (tvr presets: cpu/*)",
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
+    )
 
 
 @app.command()
@@ -490,11 +509,15 @@ def heads() -> None:
 
 @app.command()
 def presets() -> None:
-    """List the presets shipped with tvr; pass a name to --config (e.g. --config gare/msrvtt)."""
-    from tvr.config import PRESET_DIR, available_presets
+    """List the presets shipped with tvr, each with what it is, the paper table or ablation it reproduces and the
+    hardware it expects; pass a name to --config (e.g. --config gare/msrvtt)."""
+    from tvr.config import PRESET_DIR, available_presets, preset_description
 
-    for name in available_presets():
-        print(name)
+    names = available_presets()
+    width = max(map(len, names))
+    for name in names:
+        # one line a preset, so the list stays greppable (tvr presets | grep cpu/)
+        print(f"{name:<{width}}  {preset_description(name)}")
     console.print(f"[dim]({escape(str(PRESET_DIR))}; a path to your own YAML file works as well)[/dim]")
     benches = sorted(p.stem for p in (PRESET_DIR / "bench").glob("*.yaml"))
     console.print(f"[dim]bench configs for tvr bench --config: {', '.join(benches)}[/dim]")

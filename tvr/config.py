@@ -230,6 +230,8 @@ class DataConfig:
     augment: bool = False
     augment_magnitude: float = bounded(7.0, ge=0.0, le=10.0)
     augment_num_ops: int = bounded(4, ge=0)
+    #: decoding worker processes per loader (0 = decode in the main process); a loader uses at most one per CPU the
+    #: process may use (one log note says so), so a GPU preset's 8 does not oversubscribe a small machine
     num_workers: int = bounded(0, ge=0)
     #: folder of a ``tvr features`` cache; when set, training/eval read features instead of videos
     features_dir: str = ""
@@ -601,6 +603,8 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
+    # what the file is (`tvr presets` shows it), not a setting: each file describes itself, nothing inherits it
+    _check_description(raw.pop("description", ""), path)
     base = raw.pop("base", None)
     if base is None:
         return raw
@@ -678,6 +682,29 @@ def available_presets() -> list[str]:
     configs in ``tvr/configs/bench/`` are not run presets and are left out."""
     names = (p.relative_to(PRESET_DIR).with_suffix("").as_posix() for p in PRESET_DIR.rglob("*.yaml"))
     return sorted(n for n in names if not n.startswith(f"{BENCH_SUBDIR}/"))
+
+
+def preset_values(name_or_path: str | os.PathLike) -> dict:
+    """The raw mapping of a preset (a shipped name or a file), its ``base`` chain merged, before any check: for a
+    caller that builds its config from a preset (``tvr demo`` from ``cpu/clip4clip``)."""
+    return _read_yaml(resolve_preset(name_or_path))
+
+
+def _check_description(description: Any, path: Path) -> str:
+    if not isinstance(description, str) or "\n" in description.strip():
+        raise ConfigError(f"{path}: description: expected one line of text, got {description!r}")
+    return description.strip()
+
+
+def preset_description(name_or_path: str | os.PathLike) -> str:
+    """The one-line ``description:`` a preset file gives itself (what it is, which paper table or ablation, what
+    hardware it expects); "" when it has none. A ``base:`` preset's description is not inherited."""
+    path = resolve_preset(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return _check_description(raw.get("description", "") if isinstance(raw, dict) else "", path)
 
 
 def resolve_preset(name_or_path: str | os.PathLike) -> Path:
