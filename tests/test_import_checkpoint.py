@@ -51,7 +51,7 @@ def _cfg(head: str = "clip4clip", temporal: str = "seqTransf", layers: int = TEM
                     "vocab_size": VOCAB,
                 },
             },
-            "head": {"name": head, "gare": {"psi_dropout": 0.3, "pool_temperature": 3.0}},
+            "head": {"name": head, "options": {"psi_dropout": 0.3, "pool_temperature": 3.0} if head == "gare" else {}},
         }
     )
 

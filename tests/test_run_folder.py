@@ -19,6 +19,7 @@ from test_end_to_end import make_msrvtt
 from tvr.config import config_from_dict
 from tvr.pipeline import RunFolderError, run_train
 from tvr.train.checkpoint import CheckpointError, read_checkpoint
+from tvr.utils.errors import UserError
 from tvr.utils.lock import LOCK_NAME, FolderBusyError, folder_lock
 
 
@@ -230,3 +231,38 @@ def test_a_resume_that_fails_before_training_puts_the_record_back(data_values, t
     with pytest.raises(CheckpointError, match="does not fit"):
         run_train(config_from_dict(longer), out, resume=True, final_test=False)
     assert _snapshot(out) == before
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dangling", "hardlink", "fifo", "folder"])
+def test_a_planted_lock_file_is_refused_and_nothing_outside_is_written(tmp_path: Path, kind: str) -> None:
+    """A folder that arrives with ``.tvr.lock`` pointing elsewhere: the lock never writes through it."""
+    folder, victim = tmp_path / "job", tmp_path / "victim.txt"
+    folder.mkdir()
+    victim.write_text("precious\n")
+    lock = folder / LOCK_NAME
+    if kind == "symlink":
+        lock.symlink_to(os.path.relpath(victim, folder))
+    elif kind == "dangling":
+        lock.symlink_to("../created-outside.txt")
+    elif kind == "hardlink":
+        os.link(victim, lock)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.mkdir()
+    expected = {"symlink": "a symbolic link", "dangling": "a symbolic link", "hardlink": "a file with 2 names"}
+    with pytest.raises(UserError, match=rf"job: \.tvr\.lock is {expected.get(kind, 'not a plain file|a folder')}"):
+        with folder_lock(folder, "run folder"):
+            pass
+    assert victim.read_text() == "precious\n" and not (tmp_path / "created-outside.txt").exists()
+    assert lock.is_symlink() or lock.exists()  # what was there is left for the user to inspect
+
+
+def test_tvr_train_stops_on_a_planted_lock_link(data_values, tmp_path: Path) -> None:
+    out, victim = tmp_path / "run", tmp_path / "victim.txt"
+    out.mkdir()
+    victim.write_text("precious\n")
+    (out / LOCK_NAME).symlink_to("../victim.txt")
+    with pytest.raises(UserError, match="symbolic link"):
+        run_train(config_from_dict(data_values), out, final_test=False)
+    assert victim.read_text() == "precious\n" and not (out / "last.pt").exists()

@@ -1,4 +1,5 @@
-"""``tvr`` command line: train, eval, features, synth, demo, bench, and checkpoint/tokenizer conversion."""
+"""``tvr`` command line: index / search / serve videos, train, eval, analyze, plot, features, synth, demo, bench, and
+checkpoint/tokenizer conversion."""
 
 from __future__ import annotations
 
@@ -47,9 +48,26 @@ def _is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, (UserError, *_PATH_ERRORS)) or (isinstance(exc, OSError) and exc.errno in _DISK_FULL)
 
 
+def _file_system(path: str | os.PathLike) -> str:
+    """The mount point holding ``path`` and the space free on it, for a disk-full message."""
+    import shutil
+
+    where = Path(os.path.abspath(path))
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    mount = where
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        free = shutil.disk_usage(mount).free
+    except OSError:
+        return f"the file system mounted at {mount}"
+    return f"the file system mounted at {mount}, {free / 2**20:,.0f} MiB free"
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
-        where = f" writing {exc.filename}" if exc.filename else ""
+        where = f" writing {exc.filename} ({_file_system(exc.filename)})" if exc.filename else ""
         return (
             f"no space left on the device{where} ({exc.strerror or exc}); nothing already written was lost (every "
             "file is written whole or not at all, a half-written one is removed): free some space and rerun "
@@ -112,7 +130,11 @@ class _Commands(typer.Typer):
 app = _Commands(
     add_completion=False,
     no_args_is_help=True,
-    help="Text-video retrieval: train, evaluate, cache features, synthesise data.",
+    help=(
+        "Text-video retrieval: search your videos by text (index, search, serve), train and evaluate the methods "
+        "(CLIP4Clip, GARE, TV-ProxyNet, GraviAlign), analyse and plot runs, synthesise data. First steps: README.md; "
+        "tvr demo trains a small model end to end on CPU."
+    ),
 )
 
 
@@ -180,15 +202,27 @@ def _print_metrics(metrics: dict, title: str) -> None:
 
 @app.callback()
 def main(
+    ctx: typer.Context,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of user errors (bad config, files, …)."),
+    trust: bool = typer.Option(
+        False,
+        "--trust-code",
+        help="Let configs, checkpoints and indexes name a head by import path (pkg.module:Class), which imports and "
+        "runs that module (also TVR_TRUST_CODE=1). Registered heads need no trust.",
+    ),
 ) -> None:
+    from tvr.config import code_trusted, trust_code
+
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # per invocation as well: a quiet command (search, serve) lowers it for its own run only
     logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
     # decided per invocation (an app invoked twice in one process must not keep the first one's --debug)
     _DEBUG["on"] = debug or os.environ.get("TVR_DEBUG", "") not in ("", "0")
     _VERBOSE["on"] = verbose
+    before = code_trusted()
+    trust_code(trust or os.environ.get("TVR_TRUST_CODE", "") not in ("", "0"))
+    ctx.call_on_close(lambda: trust_code(before))  # for this command only (an app invoked again in one process)
 
 
 @app.command()
@@ -231,9 +265,9 @@ def _train_interrupted(out: Path) -> str:
     """What an interrupted ``tvr train`` left, and how to continue it."""
     last = out / "last.pt"
     try:
-        import torch
+        from tvr.utils.torch_files import load_torch_file
 
-        state = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["state"]
+        state = load_torch_file(last, mmap=True)["state"]
         where = f"step {state['global_step']}, epoch {state['epoch'] + 1} batch {state['batch_in_epoch']}"
     except FileNotFoundError:
         return (
@@ -270,16 +304,18 @@ def eval_(
 @app.command()
 def analyze(
     checkpoint: Path = typer.Option(..., "--checkpoint", exists=True, dir_okay=False, help="A tvr checkpoint."),
-    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for the figures (PNG + JSON each, analysis.json)."),
+    config: str | None = typer.Option(
+        None, "--config", "-c", help="Default: the config the checkpoint carries. " + CONFIG_HELP
+    ),
     split: str = typer.Option("val", "--split", help="Split to analyse: val (default) | test | test_multi | train."),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override, e.g. --set train.device=cpu (repeatable)."),
 ) -> None:
     """The papers' analyses of a checkpoint's head on one split (docs/analysis.md): score distributions and ranks for
     every head; gradient tension and Δ geometry (GARE), the γ sweep and proxy space (TV-ProxyNet), uncertainty
-    (GraviAlign)."""
+    (GraviAlign). The checkpoint carries its config: --config / --set only change it, as for tvr eval."""
     out_folder(out)
-    cfg = _load(config, set_)
+    cfg = _load(config, set_) if config else _load_from_checkpoint(checkpoint, set_)
     from tvr.pipeline.analyze import run_analyze
 
     manifest = run_analyze(cfg, checkpoint, out, split=split)
@@ -303,6 +339,8 @@ def plot(
         console.print(escape(f"{out / figure['png']}  {figure['title']}"), highlight=False, soft_wrap=True)
     if manifest["skipped"]:
         console.print(f"[dim]nothing to plot for: {escape(', '.join(map(str, manifest['skipped'])))}[/dim]")
+    for note in manifest["notes"]:
+        say("note", note, "yellow")
 
 
 @app.command()
@@ -380,7 +418,17 @@ def synth(
         ),
         progress=True,
     )
-    console.print(summary)
+    console.print(
+        # train + validate: MSR-VTT's 9k training list holds both (a run holds its own validation out of it)
+        f"wrote {summary['num_videos']} videos ({summary['num_train'] + summary['num_validate']} train, "
+        f"{summary['num_test']} test; {summary['num_frames']} frames each, {summary['codec']}) and "
+        f"{summary['num_sentences']} captions in the MSR-VTT format to {out}; its settings: {out / 'synth_meta.json'}"
+        f"\ntrain on it: tvr train --config cpu/clip4clip --set data.annotations={out} "
+        f"--set data.video_dir={out / 'videos'} --out runs/first (tvr presets: cpu/*)",
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
+    )
 
 
 @app.command()
@@ -461,11 +509,15 @@ def heads() -> None:
 
 @app.command()
 def presets() -> None:
-    """List the presets shipped with tvr; pass a name to --config (e.g. --config gare/msrvtt)."""
-    from tvr.config import PRESET_DIR, available_presets
+    """List the presets shipped with tvr, each with what it is, the paper table or ablation it reproduces and the
+    hardware it expects; pass a name to --config (e.g. --config gare/msrvtt)."""
+    from tvr.config import PRESET_DIR, available_presets, preset_description
 
-    for name in available_presets():
-        print(name)
+    names = available_presets()
+    width = max(map(len, names))
+    for name in names:
+        # one line a preset, so the list stays greppable (tvr presets | grep cpu/)
+        print(f"{name:<{width}}  {preset_description(name)}")
     console.print(f"[dim]({escape(str(PRESET_DIR))}; a path to your own YAML file works as well)[/dim]")
     benches = sorted(p.stem for p in (PRESET_DIR / "bench").glob("*.yaml"))
     console.print(f"[dim]bench configs for tvr bench --config: {', '.join(benches)}[/dim]")
@@ -888,6 +940,13 @@ def serve_cmd(
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
+    media_root: Path | None = typer.Option(
+        None,
+        "--media-root",
+        exists=True,
+        file_okay=False,
+        help="Folder the videos are served from (default: the folder the index records it was built from).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", help="Info messages while loading (default: warnings, errors)."),
 ) -> None:
     """Serve a search page (/?q=...&k=... links to a search) and a JSON API (GET /api/search?q=...&k=...;
@@ -900,8 +959,10 @@ def serve_cmd(
     from tvr.search.server import create_app
 
     try:
-        app_ = create_app(open_index(index, checkpoint=checkpoint))
+        opened = open_index(index, checkpoint=checkpoint)
+        app_ = create_app(opened, media_root=media_root)
         bound = sock.getsockname()[1]  # --port 0: the port the system chose
+        console.print(f"videos served from {media_root or opened.root}", highlight=False)
         console.print(f"serving {index} on http://{host}:{bound}/ (API: /api/search, /openapi.json)")
         uvicorn.Server(uvicorn.Config(app_, log_level="info")).run(sockets=[sock])
     finally:

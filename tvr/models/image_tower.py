@@ -10,10 +10,10 @@ shows for the B0–B7 models; on real frames the Lite normalisation gives the mo
 classes (checked on ``shared/data/real-scenes``). In [0, 1] units that is mean 127/255 and std 128/255
 (:data:`EFFICIENTNET_LITE_NORM`). Input size: the architecture's resolution (224 for lite0, 240 for lite1).
 
-Weights are data: the ``.pth`` is read with ``torch.load(weights_only=True)`` only, a shipped file's SHA-256 is
-checked against the value recorded in :data:`SHIPPED_WEIGHTS` before it is read, and the state dict must fit the
-architecture key by key (no missing, unexpected or differently shaped tensor) — a wrong file is an error naming it,
-never a silent partial load.
+Weights are data: the ``.pth`` is read with ``torch.load(weights_only=True)`` only (checked first:
+:mod:`tvr.utils.torch_files`), a shipped file's SHA-256 is checked against the value recorded in
+:data:`SHIPPED_WEIGHTS` before it is read, and the state dict must fit the architecture key by key (no missing,
+unexpected or differently shaped tensor) — a wrong file is an error naming it, never a silent partial load.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from torch.utils.checkpoint import checkpoint
 
 from tvr.config import ConfigError, TwoTowerConfig
 from tvr.data.transforms import PixelNorm
+from tvr.utils.pickle_scan import PickleRefusedError
+from tvr.utils.torch_files import TorchFileError, load_torch_file
 
 #: (x − 127) / 128 on 0..255 pixels, in [0, 1] units (module docstring)
 EFFICIENTNET_LITE_NORM = PixelNorm((127.0 / 255.0,) * 3, (128.0 / 255.0,) * 3)
@@ -97,9 +99,11 @@ def read_state_dict(path: str | os.PathLike, sha256: str | None = None) -> dict[
                 "or is another release — reinstall the package that ships it"
             )
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling refusal or damage, reported with the file named
-        raise WeightsError(f"{path}: not a readable weights-only state dict ({exc})") from exc
+        state = load_torch_file(path)
+    except PickleRefusedError as exc:
+        raise WeightsError(str(exc)) from None
+    except TorchFileError as exc:  # any unpickling refusal or damage, reported with the file named
+        raise WeightsError(f"{path}: not a readable weights-only state dict ({exc.detail})") from exc
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):

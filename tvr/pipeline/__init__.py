@@ -37,6 +37,8 @@ from tvr.utils.distributed import barrier, is_main_process
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_json
 from tvr.utils.lock import folder_lock
+from tvr.utils.parallel import loader_workers
+from tvr.utils.torch_files import load_torch_file
 
 if TYPE_CHECKING:
     from tvr.train.distributed import DistInfo
@@ -176,7 +178,7 @@ def _train_data(cfg: Config, out_dir: Path, tokenizer, rank: int, world_size: in
         batch_size=cfg.train.batch_size // world_size,
         collate_fn=collate,
         seed=cfg.train.seed,
-        num_workers=cfg.data.num_workers,
+        num_workers=loader_workers(cfg.data.num_workers),
         drop_last=True,
         rank=rank,
         world_size=world_size,
@@ -190,21 +192,28 @@ def run_train(
     resume: bool | str = False,
     final_test: bool = True,
     overwrite: bool = False,
+    small_val_reason: str | None = None,
 ) -> dict[str, Any]:
     """Train, select on validation, then evaluate the test split once (last and best checkpoints).
 
     A folder holding an earlier run's checkpoints needs ``resume`` (continue it) or ``overwrite`` (start over);
     ``resume="auto"`` continues the run when the folder holds ``last.pt`` and starts one otherwise, so the same call
     serves a first launch and every restart. A preemption signal during training writes ``last.pt`` and raises
-    :class:`PreemptedError` (the command line exits with :data:`PREEMPTED_EXIT_CODE`)."""
+    :class:`PreemptedError` (the command line exits with :data:`PREEMPTED_EXIT_CODE`). ``small_val_reason``: why the
+    caller chose a small validation split, said in place of the warning (:func:`tvr.pipeline.preflight.preflight`)."""
     resolve_config(cfg)
     check_run_folder(Path(out_dir), resume, overwrite)
     with torch_threads(cfg):
-        return _run_train(cfg, out_dir, resume, final_test, overwrite)
+        return _run_train(cfg, out_dir, resume, final_test, overwrite, small_val_reason)
 
 
 def _run_train(
-    cfg: Config, out_dir: str | Path, resume: bool | str, final_test: bool, overwrite: bool
+    cfg: Config,
+    out_dir: str | Path,
+    resume: bool | str,
+    final_test: bool,
+    overwrite: bool,
+    small_val_reason: str | None = None,
 ) -> dict[str, Any]:
     from tvr.train.distributed import distributed_job
     from tvr.utils.distributed import all_gather_object, is_main_process
@@ -214,7 +223,9 @@ def _run_train(
     with distributed_job(cfg.train.device) as dist:
         out_dir = Path(out_dir)
         # every split parsed, the video folder and the validation videos checked: fail in seconds, not after training
-        checked = preflight(cfg, out_dir, final_test=final_test, progress=is_main_process())
+        checked = preflight(
+            cfg, out_dir, final_test=final_test, progress=is_main_process(), small_val_reason=small_val_reason
+        )
         created = not out_dir.exists()
         out_dir.mkdir(parents=True, exist_ok=True)
         # one job per run folder: the main process holds the lock for all ranks of a torchrun job, decides whether
@@ -260,7 +271,7 @@ def _prepare_run_folder(cfg: Config, out_dir: Path, resume: bool | str, overwrit
 
 def _checkpoint_step(path: Path) -> int | None:
     try:
-        return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["state"]["global_step"])
+        return int(load_torch_file(path, mmap=True)["state"]["global_step"])
     except Exception:  # noqa: BLE001 - only for the record; the resume itself reports an unreadable checkpoint
         return None
 

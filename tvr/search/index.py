@@ -10,7 +10,6 @@ product — the top ``rerank`` windows are scored exactly with the rerank state 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import threading
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 
 import tvr.search.ann as ann
 from tvr.search.build import ANN_FILE, MANIFEST, SETTINGS, TABLES, embed_video, read_settings
+from tvr.search.checks import check_manifest, check_tables, load_ann, load_tables, read_index_json
 from tvr.search.encoders import CheckpointEncoder, ConfigEncoder, SearchEncoder
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, gather_state, state_class
 from tvr.search.windows import decode_windows
@@ -155,10 +155,8 @@ class SearchIndex:
                 f"{self.path}: the index is not finished (no {MANIFEST}): run tvr index again "
                 "with the same arguments to finish it"
             )
-        try:
-            self.manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise IndexFormatError(f"{manifest_path}: unreadable ({exc})") from None
+        self.manifest = read_index_json(manifest_path, "build the index again")
+        check_manifest(self.manifest, manifest_path)
         self.settings = settings
         self._checkpoint, self._device = checkpoint, device
         if encoder is None and checkpoint is None and device == "cpu":
@@ -179,19 +177,29 @@ class SearchIndex:
         self.rows = int(self.manifest["rows"])
         self.window = float(self.manifest["window"])
         self.stride = float(self.manifest["stride"])
-        tables = [np.load(self.path / name, mmap_mode="r", allow_pickle=False) for name in TABLES]
+        tables = load_tables(self.path, TABLES, self.rows)
         self.table_shard, self.table_row, self.table_video, self.table_times = tables
-        if any(len(t) != self.rows for t in tables):
-            raise IndexFormatError(f"{self.path}: row tables do not match the manifest's {self.rows} rows")
         self.readers = [ShardReader(self.path / SHARDS / name) for name in self.manifest["shards"]]
+        check_tables(self.path, tables, [reader.rows for reader in self.readers], len(self.videos))
         self.state_cls = None
         if self.readers and not self.head.indexable:
-            self.state_cls = state_class(self.readers[0].meta["state_class"])
-        self.ann = (
-            ann.load(self.path / ANN_FILE, self.manifest["ann"], nprobe=nprobe, ef_search=ef_search)
-            if self.rows
-            else None
-        )
+            named = {str(reader.meta.get("state_class")) for reader in self.readers}
+            if len(named) != 1:
+                raise IndexFormatError(f"{self.path}: its shards store rerank states of several types {sorted(named)}")
+            self.state_cls = state_class(named.pop(), self.readers[0].fields)
+        dims = {int(reader.emb.shape[1]) for reader in self.readers}
+        if len(dims) > 1:
+            raise IndexFormatError(f"{self.path}: its shards hold embeddings of different widths {sorted(dims)}")
+        if self.rows:
+            self.ann = load_ann(
+                self.path / ANN_FILE,
+                self.manifest["ann"],
+                self.rows,
+                dims.pop(),
+                lambda path: ann.load(path, self.manifest["ann"], nprobe=nprobe, ef_search=ef_search),
+            )
+        else:
+            self.ann = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ helpers

@@ -159,8 +159,9 @@ class QueryEncoder(SearchEncoder):
     (:meth:`window_features` raises), so indexing and ranking captions for a clip load the full model."""
 
     def __init__(self, folder: str | os.PathLike) -> None:
-        from tvr.config import HeadConfig, build_section
+        from tvr.config import HeadConfig, build_section, check_head_import
         from tvr.models.heads.registry import build_head
+        from tvr.utils.torch_files import load_torch_file
 
         self.folder = Path(folder)
         self.meta = json.loads((self.folder / "meta.json").read_text())
@@ -175,8 +176,9 @@ class QueryEncoder(SearchEncoder):
             self.text_path = torch.jit.load(str(self.folder / "text.pt"), map_location="cpu")
         head_meta = self.meta["head"]
         head_cfg = build_section(HeadConfig, head_meta["config"], "the exported head config")
+        check_head_import(head_cfg.name, "the exported head config's head.name")  # as for the full model
         self.head = build_head(head_cfg, int(head_meta["dim"]), float(head_meta["logit_scale_init"]))
-        state = torch.load(self.folder / "head.pt", map_location="cpu", weights_only=True)
+        state = load_torch_file(self.folder / "head.pt")
         self.head.load_state_dict(state)
         self.head.eval()
 
