@@ -4,6 +4,7 @@ model, exact GARE reranking against exhaustive scoring, the ANN kinds, and ranki
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -450,8 +451,16 @@ def test_default_encoder_on_real_clips(shared_data: Path, tmp_path: Path) -> Non
     # as the server's micro-batches and --queries are), each query gets exactly the answer it gets alone
     index = open_index(tmp_path / "idx")
     texts = ["a bear", "a red bus on a wet road in the city at night", "a kitesurfer " * 6, "bus", "a brown bear"]
+    with open(shared_data / "real-scenes" / "captions.csv", newline="", encoding="utf-8") as handle:
+        texts += [row["caption"] for row in csv.DictReader(handle)]
     assert sorted(set(index.encoder.query_lengths(texts))) == [16, 32]
-    assert index.search_many(texts, k=3) == [index.search(text, k=3) for text in texts]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # a caller on several threads: a query's features must still not depend on its batch
+    try:
+        assert index.search_many(texts, k=3) == [index.search(text, k=3) for text in texts]
+        assert torch.get_num_threads() == 2  # the caller's setting is restored
+    finally:
+        torch.set_num_threads(threads)
     result = runner.invoke(
         app,
         [

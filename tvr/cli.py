@@ -878,16 +878,7 @@ def search_cmd(
         columns = ("rank", "score", "caption", "start", "end")
         title = f"captions for {video}"
     else:
-        import torch
-
-        # one query's tensors are too small to share out: on a busy machine the threads' hand-offs cost more than
-        # the work (a 32-token MiniLM pass: 0.07 s on one thread, 0.5-0.9 s on two)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            rows = _hit_rows(opened.search(query, k=k, rerank=rerank, all_windows=all_windows))
-        finally:
-            torch.set_num_threads(threads)
+        rows = _hit_rows(opened.search(query, k=k, rerank=rerank, all_windows=all_windows))
         columns = ("rank", "score", "video", "start", "end")
         title = f"{query!r} in {index}"
     if as_json:

@@ -5,8 +5,9 @@ over one. So concurrent callers of :meth:`MicroBatcher.search` hand their query 
 takes whatever has arrived within a short tick after the first query (at most ``max_batch``), runs the text encoder
 once over all of them (:meth:`~tvr.search.index.SearchIndex.answer`), shortlists and reranks each query on its own,
 and hands every caller its own answer. While the worker runs a batch, the next one gathers. Each answer is the one
-a query alone gets (the encoder's rows do not depend on their batch neighbours: ``tests/test_search_server.py`` and
-``benchmarks/search_serve.py`` compare them with serial queries).
+a query alone gets (queries are encoded on one torch thread, where the encoder's rows do not depend on their batch
+neighbours: ``tests/test_search.py``, ``tests/test_search_server.py`` and ``benchmarks/search_serve.py`` compare
+them with serial queries).
 """
 
 from __future__ import annotations

@@ -71,8 +71,9 @@ class SearchEncoder:
     def query_lengths(self, texts: list[str]) -> list[int]:
         """The length each query is padded to for search: the shortest of :data:`QUERY_LENGTHS` and ``max_words``
         that holds all its tokens. A text-encoder pass costs in proportion to the padded length, and a query's
-        features at one length do not depend on the other queries encoded with it (``tests/test_search_server.py``
-        checks it), so queries grouped by length get the answers they get alone."""
+        features at one length do not depend on the other queries encoded with it on one thread (the search index
+        encodes on one; ``tests/test_search.py`` checks it), so queries grouped by length get the answers they get
+        alone."""
         _, mask = self.token_ids(texts, self.max_words)
         fits = sorted({n for n in QUERY_LENGTHS if n < self.max_words} | {self.max_words})
         return [next(n for n in fits if n >= count) for count in mask.sum(dim=1).tolist()]
