@@ -105,7 +105,7 @@ def main() -> None:
     record = {
         "command": "python benchmarks/real_search_default.py",
         "default_row": chosen["label"],
-        "commands": [" ".join(c[2:]) for c in commands],
+        "commands": [" ".join(["tvr", *c[3:]]) for c in commands],
         "columns": columns,
         "all_same_to_the_digit": all(c["same_to_the_digit"] for c in columns.values()),
         "seconds": round(time.perf_counter() - wall, 1),
