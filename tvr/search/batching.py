@@ -44,14 +44,18 @@ class MicroBatcher:
 
     def search(self, text: str, k: int = 10, *, rerank: int | None = None, all_windows: bool = False) -> list[Hit]:
         """What ``index.search(text, k, ...)`` returns, computed in a batch with the queries that arrive with it."""
+        return self.submit(text, k, rerank=rerank, all_windows=all_windows).result()
+
+    def submit(
+        self, text: str, k: int = 10, *, rerank: int | None = None, all_windows: bool = False
+    ) -> Future[list[Hit]]:
+        """Hand a query in and return at once: the future's result is :meth:`search`'s answer (its exception the
+        query's :class:`QueryError`). An async caller awaits it (``asyncio.wrap_future``) without holding a thread."""
         if self._closed:
             raise RuntimeError("the micro-batcher is closed")
         done: Future = Future()
         self._waiting.put((Query(text, k, rerank, all_windows), done))
-        answer = done.result()
-        if isinstance(answer, QueryError):
-            raise answer
-        return answer
+        return done
 
     def close(self) -> None:
         """Stop the worker once the queries already handed in are answered."""
@@ -86,6 +90,9 @@ class MicroBatcher:
                     done.set_exception(exc)
             else:
                 for (_, done), answer in zip(batch, answers, strict=True):
-                    done.set_result(answer)
+                    if isinstance(answer, QueryError):
+                        done.set_exception(answer)
+                    else:
+                        done.set_result(answer)
             if stop:
                 return
