@@ -181,6 +181,9 @@ def test_micro_batches_answer_as_serial_queries(served) -> None:
             assert answer == index.search(text, **options)
         with pytest.raises(ValueError, match="the query is empty"):
             batcher.search("   ")
+        # what an async caller awaits: the query's error is its future's exception, a good answer its result
+        assert "the query is empty" in str(batcher.submit("   ").exception(timeout=60))
+        assert batcher.submit("yellow", 2).result(timeout=60) == index.search("yellow", 2)
     finally:
         batcher.close()
     with pytest.raises(RuntimeError, match="closed"):
