@@ -1,8 +1,8 @@
 """Any head: how its scores separate positive from negative pairs, and where the ground truth ranks.
 
-Both read the [N_t, N_v] score matrix the evaluation ranks (``tvr.eval.runner.score_encoded``) and the split's
-ground truth (``text_video``: the gallery index of each caption's video) under its protocol, so the ranks here are
-the ones behind the reported R@K (:func:`protocol_ranks` reuses the evaluator's rank counting).
+Both read the [N_t, N_v] score matrix the evaluation ranks (the first of ``tvr.eval.runner.score_matrices``) and
+the split's ground truth (``text_video``: the gallery index of each caption's video) under its protocol, so the ranks
+here are the ones behind the reported R@K (:func:`protocol_ranks` reuses the evaluator's rank counting).
 """
 
 from __future__ import annotations

@@ -193,11 +193,6 @@ def score_matrices(
     return _score_states(head, *_states(head, encoded, device), cfg, encoded.text_video)
 
 
-def score_encoded(model: RetrievalModel, encoded: EncodedSplit, cfg: Config, device: torch.device) -> Tensor:
-    """The [N_t, N_v] matrix text queries rank (:func:`score_matrices`' first)."""
-    return score_matrices(model, encoded, cfg, device)[0]
-
-
 def _states(head: Any, encoded: EncodedSplit, device: torch.device) -> tuple[Any, Any]:
     return head.encode_texts(encoded.text.to(device)), head.encode_videos(encoded.video.to(device))
 
