@@ -61,7 +61,7 @@ class ToyHead(RetrievalHead):
     def score_block(self, text_state, video_state):
         return text_state @ video_state.t()
 
-    def loss(self, text, video):
+    def loss(self, text, video, shard=None):
         logits = self.logit_scale.exp() * self.score_block(self.encode_texts(text), self.encode_videos(video))
         loss = symmetric_infonce(logits)
         return {"loss": loss, "infonce": loss.detach(), "scale": self.logit_scale.detach().exp()}

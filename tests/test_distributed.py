@@ -125,7 +125,9 @@ def test_row_shard_rows_and_positives() -> None:
             RowShard(*bad)
 
 
-def test_the_model_passes_the_shard_to_a_head_whose_loss_takes_one() -> None:
+def test_the_model_passes_every_head_its_shard() -> None:
+    """``loss(text, video, shard=None)`` is the contract (declared in the base): the model always passes the shard,
+    and a head that ignores it computes the whole loss."""
     seen = []
 
     class Sharded(_Head):
@@ -133,15 +135,9 @@ def test_the_model_passes_the_shard_to_a_head_whose_loss_takes_one() -> None:
             seen.append(shard)
             return super().loss(text, video, shard)
 
-    class Whole(_Head):
-        def loss(self, text, video):
-            seen.append("whole")
-            return super().loss(text, video)
-
     batch = {k: torch.stack([item[k] for item in _Pairs()][:4]) for k in ("text_eot", "frame_feats", "video_mask")}
-    for head in (Sharded(), Whole()):
-        RetrievalModel(None, _Temporal(), head)(batch)
-    assert seen == [RowShard.whole(4), "whole"]
+    RetrievalModel(None, _Temporal(), Sharded())(batch)
+    assert seen == [RowShard.whole(4)]
 
 
 # --------------------------------------------------------------------------------------------- devices

@@ -36,7 +36,7 @@ class _Head(RetrievalHead):
     def score_block(self, t, v):
         return t @ v.t()
 
-    def loss(self, text, video):
+    def loss(self, text, video, shard=None):
         loss = symmetric_infonce(self.score_block(self.encode_texts(text), self.encode_videos(video)))
         return {"loss": loss}
 

@@ -39,7 +39,7 @@ class ExactShortlistHead(RetrievalHead):
     def score_block(self, text_state: Emb, video_state: Emb) -> Tensor:
         return text_state.emb @ video_state.emb.T
 
-    def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:  # pragma: no cover - unused
+    def loss(self, text: TextFeatures, video: VideoFeatures, shard=None) -> dict[str, Tensor]:  # pragma: no cover
         raise NotImplementedError
 
     def reference_pair_scores(self, text: TextFeatures, video: VideoFeatures) -> Tensor:  # pragma: no cover

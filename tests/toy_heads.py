@@ -13,6 +13,7 @@ from tvr.config import bounded, choice
 from tvr.losses import symmetric_infonce
 from tvr.models.heads.base import RetrievalHead
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
+from tvr.utils.distributed import RowShard
 
 
 @dataclasses.dataclass
@@ -53,7 +54,7 @@ class BilinearHead(RetrievalHead):
     def score_block(self, text_state: Emb, video_state: Emb) -> Tensor:
         return text_state.emb @ video_state.emb.T
 
-    def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
+    def loss(self, text: TextFeatures, video: VideoFeatures, shard: RowShard | None = None) -> dict[str, Tensor]:
         scores = self.score_block(self.encode_texts(text), self.encode_videos(video))
         loss = symmetric_infonce(self.logit_scale.exp() * scores)
         return {"loss": loss, "infonce": loss.detach(), "logit_scale": self.logit_scale.detach().exp()}
@@ -134,7 +135,7 @@ class MixtureHead(RetrievalHead):
     def baseline_settings(self) -> dict[str, dict]:
         return {"gamma=0": {"gamma": 0.0}}
 
-    def loss(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
+    def loss(self, text: TextFeatures, video: VideoFeatures, shard: RowShard | None = None) -> dict[str, Tensor]:
         scores = self.score_block(self.encode_texts(text), self.encode_videos(video))
         loss = symmetric_infonce(self.logit_scale.exp() * scores)
         return {"loss": loss}

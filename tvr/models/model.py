@@ -13,8 +13,6 @@ Both may carry ``video_ids`` / ``captions`` (lists) and ``skipped`` (ids of unre
 
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Any
 
 import torch
@@ -22,7 +20,7 @@ from torch import Tensor, nn
 
 from tvr.models.heads.base import RetrievalHead
 from tvr.types import TextFeatures, VideoFeatures
-from tvr.utils.distributed import RowShard, gather_batch
+from tvr.utils.distributed import gather_batch
 
 NO_DECAY_MARKERS = ("bias", "norm", "ln_", "layer_norm", "layernorm", "embedding", "logit_scale")
 
@@ -74,15 +72,15 @@ class RetrievalModel(nn.Module):
 
         This is ``forward`` so that DistributedDataParallel's hooks see the training step. Under torchrun the
         per-rank features are all-gathered first and the head gets the global batch with this rank's
-        :class:`~tvr.utils.distributed.RowShard` (a head whose ``loss`` takes ``shard`` computes its pairwise work
-        for its own rows only); every rank ends with the same global loss (see :mod:`tvr.train.distributed` for
+        :class:`~tvr.utils.distributed.RowShard` (a head that splits its pairwise work computes it for its own
+        rows only); every rank ends with the same global loss (see :mod:`tvr.train.distributed` for
         the gradient convention).
         """
         text = self.text_features(batch)
         video = self.video_features(batch)
         text = text.to(text.eot.device, torch.float32)
         text, video, shard = gather_batch(text, video)
-        return head_loss(self.head, text, video, shard)
+        return self.head.loss(text, video, shard=shard)
 
     def loss(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         """Alias of :meth:`forward` (``model(batch)``); prefer calling the module so DDP wrappers stay in the loop."""
@@ -141,19 +139,6 @@ class RetrievalModel(nn.Module):
                 )
             )
         return out
-
-
-def head_loss(head: RetrievalHead, text: TextFeatures, video: VideoFeatures, shard: RowShard) -> dict[str, Tensor]:
-    """``head.loss`` of the gathered batch, given this rank's shard when the head's ``loss`` takes one. A head
-    without a ``shard`` parameter computes the whole loss on every rank (the same gradient, without the speed-up)."""
-    if _takes_shard(type(head)):
-        return head.loss(text, video, shard=shard)
-    return head.loss(text, video)
-
-
-@functools.cache
-def _takes_shard(head_type: type) -> bool:
-    return "shard" in inspect.signature(head_type.loss).parameters
 
 
 def _group(

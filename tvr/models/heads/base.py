@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from tvr.config import check_field_values
 from tvr.models.heads.common import check_pairs, rerank_to_dense, top_k_by_dot
+from tvr.utils.distributed import RowShard
 
 LN_100 = math.log(100.0)
 #: texts per matrix product of an indexable head's all-pairs scoring (against every video at once)
@@ -143,9 +144,13 @@ class RetrievalHead(nn.Module, ABC):
         """Similarity of every text in the block with every video in the block: [n_t, n_v]."""
 
     @abstractmethod
-    def loss(self, text: Any, video: Any) -> dict[str, Tensor]:
+    def loss(self, text: Any, video: Any, shard: RowShard | None = None) -> dict[str, Tensor]:
         """Training loss for B aligned pairs (text i matches video i). Key ``"loss"`` is optimised;
-        the other keys are detached components for logging."""
+        the other keys are detached components for logging.
+
+        ``shard`` is this rank's :class:`~tvr.utils.distributed.RowShard` of the gathered batch under torchrun (None:
+        one process, every row). A head may ignore it and compute the whole loss on every rank (the same gradient,
+        without the speed-up); one that splits its pairwise work by rows computes it only for ``shard``'s texts."""
 
     def param_rules(self, lr: float, backbone_lr: float) -> list[ParamRule]:
         """Optimizer rules beyond the default backbone/head split (e.g. a module on its own peak lr); ``lr`` and
