@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,17 +115,21 @@ def test_switching_the_head_drops_the_previous_heads_options(tmp_path: Path) -> 
     assert load_config(child).head.options == {"video_pool": "text_softmax"}
 
 
-def test_old_head_sections_are_migrated_by_the_head_registry(caplog: pytest.LogCaptureFixture) -> None:
-    """The migration of head.<name> sections lives with the heads (registered on import of the registry); the config
-    module itself names no head."""
-    from tvr.models.heads import registry
-
-    assert registry.migrate_legacy_head_sections in config_mod._MIGRATIONS
+def test_old_head_sections_are_migrated_by_config_loading_itself(caplog: pytest.LogCaptureFixture) -> None:
+    """The migration of head.<name> sections runs from config_from_dict (so load_config and checkpoint configs), not
+    as a side effect of importing the head registry: in a fresh process that imports only tvr.config it works."""
+    assert config_mod.migrate_legacy_head_sections in config_mod._MIGRATIONS
     old = {"head": {"name": "gare", "gare": {"eta": -1.0, "rerank_k": 50}, "clip4clip": {"video_pool": "mean"}}}
     cfg = config_from_dict(old)
     assert cfg.head.options == {"eta": -1.0} and cfg.eval.rerank_k == 50
     assert "head.options" in caplog.text
-    assert not hasattr(config_mod, "_migrate_legacy") and not hasattr(config_mod, "_LEGACY_HEAD_SECTIONS")
+    probe = (
+        "import sys; from tvr.config import config_from_dict; "
+        "cfg = config_from_dict({'head': {'name': 'gare', 'gare': {'eta': -1.0}}}); "
+        "assert cfg.head.options == {'eta': -1.0}, cfg.head.options; "
+        "assert 'tvr.models.heads.registry' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True)
 
 
 def test_presets_are_addressed_by_name_from_any_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

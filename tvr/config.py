@@ -646,8 +646,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 #: functions that rewrite a raw config mapping written by an older tvr into today's layout, applied in order by
-#: :func:`config_from_dict`. The layer that owned an old layout registers its own (the head registry: the per-head
-#: sections of configs written before ``head.options`` existed), so this module names no head.
+#: :func:`config_from_dict` (so by :func:`load_config` and every checkpoint's config, whatever has been imported).
 _MIGRATIONS: list[Callable[[dict], dict]] = []
 
 
@@ -674,6 +673,37 @@ def migrate_checkpoint_every(values: dict) -> dict:
             "keep train.save_every_steps"
         )
     return {**values, "train": train}
+
+
+#: head option sections of configs written before ``head.options`` existed (each head's options sat under its
+#: name; GARE's two-stage ``rerank_k`` has since moved to ``eval.rerank_k``)
+LEGACY_HEAD_SECTIONS = ("clip4clip", "gare")
+
+
+@register_migration
+def migrate_legacy_head_sections(values: dict) -> dict:
+    """Accept a run config written before heads declared their own options: ``head.<name>`` → ``head.options``
+    (other heads' sections dropped) and ``head.gare.rerank_k`` → ``eval.rerank_k``; warns once per config."""
+    head = values.get("head")
+    if not isinstance(head, dict) or not any(k in head for k in LEGACY_HEAD_SECTIONS):
+        return values
+    values, head = dict(values), dict(head)
+    name = head.get("name", HeadConfig.name)
+    legacy = {k: head.pop(k) for k in LEGACY_HEAD_SECTIONS if k in head}
+    options = legacy.get(name)
+    if isinstance(options, dict):
+        options = dict(options)
+        rerank = options.pop("rerank_k", None)
+        if rerank:
+            values["eval"] = {**(values.get("eval") or {}), "rerank_k": rerank}
+        if "options" in head:
+            raise ConfigError(f"head: both head.options and the old head.{name} section are set; keep head.options")
+        head["options"] = options
+    log.warning(
+        "config: head.%s sections are the old layout; head options now live under head.options", "/".join(legacy)
+    )
+    values["head"] = head
+    return values
 
 
 def config_from_dict(values: dict, where: str = "config") -> Config:

@@ -23,7 +23,7 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tvr.config import ConfigError, HeadConfig, build_section, register_migration
+from tvr.config import ConfigError, HeadConfig, build_section
 from tvr.models.heads.base import RetrievalHead
 
 log = logging.getLogger(__name__)
@@ -131,37 +131,6 @@ def head_options(name: str, values: Any = None) -> Any:
     unknown keys, wrong types, bad choices and out-of-range values raise a ConfigError naming the field."""
     cls = head_class(name)
     return build_section(cls.Options, values, "head.options")
-
-
-#: head option sections of configs written before ``head.options`` existed (each head's options sat under its
-#: name; GARE's two-stage ``rerank_k`` has since moved to ``eval.rerank_k``)
-LEGACY_HEAD_SECTIONS = ("clip4clip", "gare")
-
-
-@register_migration
-def migrate_legacy_head_sections(values: dict) -> dict:
-    """Accept a run config written before heads declared their own options: ``head.<name>`` → ``head.options``
-    (other heads' sections dropped) and ``head.gare.rerank_k`` → ``eval.rerank_k``; warns once per config."""
-    head = values.get("head")
-    if not isinstance(head, dict) or not any(k in head for k in LEGACY_HEAD_SECTIONS):
-        return values
-    values, head = dict(values), dict(head)
-    name = head.get("name", HeadConfig.name)
-    legacy = {k: head.pop(k) for k in LEGACY_HEAD_SECTIONS if k in head}
-    options = legacy.get(name)
-    if isinstance(options, dict):
-        options = dict(options)
-        rerank = options.pop("rerank_k", None)
-        if rerank:
-            values["eval"] = {**(values.get("eval") or {}), "rerank_k": rerank}
-        if "options" in head:
-            raise ConfigError(f"head: both head.options and the old head.{name} section are set; keep head.options")
-        head["options"] = options
-    log.warning(
-        "config: head.%s sections are the old layout; head options now live under head.options", "/".join(legacy)
-    )
-    values["head"] = head
-    return values
 
 
 def resolve_head_config(head_cfg: HeadConfig) -> HeadConfig:
