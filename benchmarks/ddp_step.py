@@ -110,8 +110,9 @@ def worker(
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     import tvr.models.model as model_module
-    from tvr.train.distributed import init_distributed, wrap_model
+    from tvr.train.distributed import wrap_model
     from tvr.utils.distributed import all_reduce_max, barrier
+    from tvr.utils.process_group import init_distributed
 
     if replicated:  # every rank computes the whole loss on the gathered batch (tvr before the per-rank loss)
         model_module._takes_shard = lambda head_type: False

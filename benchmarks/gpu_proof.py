@@ -311,7 +311,7 @@ def _step_settings(args: argparse.Namespace) -> list[tuple[str, str, bool]]:
 def part_steps(args: argparse.Namespace) -> dict:
     import torch
 
-    from tvr.train.distributed import DistInfo
+    from tvr.utils.process_group import DistInfo
 
     rows = []
     for preset, amp_dtype, checkpointing in _step_settings(args):
@@ -382,9 +382,9 @@ def distributed_worker(args: argparse.Namespace) -> None:
     import torch
     from test_distributed_heads import global_batch
 
-    from tvr.train.distributed import init_distributed
     from tvr.utils.distributed import all_gather_object
     from tvr.utils.io import atomic_write_json
+    from tvr.utils.process_group import init_distributed
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -480,7 +480,7 @@ def compare_with_one_device(row: dict, reference: dict) -> dict:
 def part_distributed(args: argparse.Namespace) -> dict:
     import torch
 
-    from tvr.train.distributed import DistInfo
+    from tvr.utils.process_group import DistInfo
 
     world = args.devices
     if world < 2:

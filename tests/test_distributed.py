@@ -25,17 +25,11 @@ from tvr.losses import symmetric_infonce
 from tvr.models.heads.base import RetrievalHead
 from tvr.models.model import RetrievalModel
 from tvr.train.data import DatasetTrainData
-from tvr.train.distributed import (
-    DistInfo,
-    distributed_job,
-    epoch_permutation,
-    init_distributed,
-    shard_batches,
-    wrap_model,
-)
+from tvr.train.distributed import epoch_permutation, shard_batches, wrap_model
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.device import resolve_device
 from tvr.utils.distributed import RowShard, all_reduce_mean, gather_batch, gather_features
+from tvr.utils.process_group import DistInfo, distributed_job, init_distributed
 
 D, F_SLOTS = 5, 3
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tvr.train.distributed import init_distributed
+from tvr.utils.process_group import init_distributed
 
 
 def torchrun() -> str:

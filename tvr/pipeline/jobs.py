@@ -37,7 +37,7 @@ from tvr.utils.parallel import loader_workers
 from tvr.utils.torch_files import load_torch_file
 
 if TYPE_CHECKING:
-    from tvr.train.distributed import DistInfo
+    from tvr.utils.process_group import DistInfo
 
 __all__ = [
     "PREEMPTED_EXIT_CODE",
@@ -211,8 +211,8 @@ def _run_train(
     overwrite: bool,
     small_val_reason: str | None = None,
 ) -> dict[str, Any]:
-    from tvr.train.distributed import distributed_job
     from tvr.utils.distributed import all_gather_object, is_main_process
+    from tvr.utils.process_group import distributed_job
 
     # first: a device this machine lacks fails before the run folder exists. Under torchrun the job has returned
     # (its model and DDP wrapper freed) before the process group it joined is destroyed.
@@ -331,7 +331,7 @@ def _train_and_test(
 def run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
     """Evaluate ``checkpoint`` on ``eval.split`` into ``out_dir``. Under torchrun every rank encodes and scores its
     share of the split (sharded evaluation) and rank 0 writes the results."""
-    from tvr.train.distributed import distributed_job
+    from tvr.utils.process_group import distributed_job
 
     resolve_config(cfg)
     resolve_device(cfg.train.device)  # first: a device this machine lacks fails before out_dir is written

@@ -9,7 +9,7 @@ from typing import Any
 from tvr.search.build import IndexOptions, build_index
 from tvr.search.encoders import SearchEncoder, load_encoder
 from tvr.search.query_encoder import export_query_encoder
-from tvr.train.distributed import distributed_job
+from tvr.utils.process_group import distributed_job
 
 
 def run_index(

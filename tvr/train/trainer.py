@@ -42,7 +42,7 @@ from tvr.train.checkpoint import (
     save_checkpoint,
 )
 from tvr.train.data import DatasetTrainData, TrainData
-from tvr.train.distributed import DistInfo, init_distributed, wrap_model
+from tvr.train.distributed import wrap_model
 from tvr.train.logging import RunLogger, TrainProgress
 from tvr.train.optim import build_optimizer, current_lrs
 from tvr.train.precision import autocast, autocast_dtype, grad_scaler
@@ -60,6 +60,7 @@ from tvr.train.utils import (
 )
 from tvr.utils.distributed import all_gather_object, all_reduce_max, barrier
 from tvr.utils.io import atomic_write_json
+from tvr.utils.process_group import DistInfo, init_distributed
 from tvr.utils.progress import progress_enabled
 
 __all__ = ["DatasetTrainData", "TrainData", "Trainer", "seed_everything"]
