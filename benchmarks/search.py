@@ -454,8 +454,8 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
 
 def real_clips_part(args: argparse.Namespace, scratch: Path) -> dict:
     """tvr index on the real clips against decode-only and encode-only throughput."""
-    from tvr.search.build import IndexOptions, build_index, embed_video
-    from tvr.search.encoders import load_encoder
+    from tvr.search.build import IndexOptions, build_index
+    from tvr.search.encoders import embed_video, load_encoder
     from tvr.search.windows import decode_windows
 
     clips = SHARED / "real-scenes"

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from tvr.cli import app
 from tvr.search import open_index
-from tvr.search.build import ANN_FILE, MANIFEST, SETTINGS, TABLES
+from tvr.search.layout import ANN_FILE, MANIFEST, SETTINGS, TABLES
 from tvr.search.server import create_app
 from tvr.search.store import SHARDS, IndexFormatError
 

@@ -22,8 +22,9 @@ from typer.testing import CliRunner
 
 from tvr.cli import app
 from tvr.search import Hit, open_index
-from tvr.search.build import ANN_FILE, MANIFEST, TABLES, IndexOptions, build_index
+from tvr.search.build import IndexOptions, build_index
 from tvr.search.encoders import CheckpointEncoder, EncoderMismatchError
+from tvr.search.layout import ANN_FILE, MANIFEST, TABLES
 from tvr.search.windows import DEFAULT_STRIDE, DEFAULT_WINDOW, plan_windows
 from tvr.utils.errors import UserError
 from tvr.utils.io import is_temporary_name
@@ -351,7 +352,7 @@ def test_gare_rerank_is_exhaustive_exact_scoring(search_setup, tmp_path: Path) -
     index = open_index(tmp_path / "idx", encoder=encoder)
     assert index.state_cls.__name__ == "GareRerankState" and len(index.readers) > 1
     # exhaustive: every window's features scored by the head itself
-    from tvr.search.build import embed_video  # noqa: F401  (the same path the index took)
+    from tvr.search.encoders import embed_video  # noqa: F401  (the same path the index took)
     from tvr.search.windows import decode_windows
 
     features, labels = [], []

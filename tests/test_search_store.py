@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tvr.search.store as store
-from tvr.search.build import SETTINGS, read_settings
+from tvr.search.layout import SETTINGS, read_settings
 from tvr.search.store import IndexFormatError, ShardReader, gather_state, write_shard
 from tvr.types import Sliceable
 

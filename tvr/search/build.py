@@ -37,24 +37,16 @@ import tvr.search.ann as ann
 
 # video files are found as ``tvr prepare`` finds them (the same suffixes, hidden files skipped)
 from tvr.data.prepare import VIDEO_EXTENSIONS, find_videos
-from tvr.search.encoders import EncoderMismatchError, SearchEncoder
+from tvr.search.encoders import EncoderMismatchError, SearchEncoder, embed_video
+from tvr.search.layout import ANN_FILE, FORMAT, MANIFEST, REPORT, SETTINGS, VERSION, read_settings
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, read_meta, write_shard
 from tvr.search.windows import DEFAULT_STRIDE, DEFAULT_WINDOW, FrameSpec, check_window, decode_windows
 from tvr.types import Sliceable
-from tvr.utils.errors import UserError, reason
-from tvr.utils.io import atomic_write_json, is_temporary_name, json_kind, read_regular_bytes, remove_stale_temporaries
+from tvr.utils.errors import UserError
+from tvr.utils.io import atomic_write_json, is_temporary_name, remove_stale_temporaries
 from tvr.utils.lock import folder_lock
 from tvr.utils.parallel import parallel_map
 
-FORMAT = "tvr-search-index"
-#: 2: the rerank state packed one record per window (``state.npy``), GARE's as standardised frames
-VERSION = 2
-SETTINGS = "settings.json"
-MANIFEST = "manifest.json"
-REPORT = "report.json"
-ANN_FILE = "ann.faiss"
-#: row tables written at finalisation: shard number, row inside the shard, video number, (start, end) seconds
-TABLES = ("table_shard.npy", "table_row.npy", "table_video.npy", "table_times.npy")
 STATE_DTYPES = ("float32", "float16")
 
 
@@ -186,28 +178,6 @@ def settings_for(encoder: SearchEncoder, source: Source, options: IndexOptions) 
     }
 
 
-def read_settings(index: Path) -> dict[str, Any]:
-    import json
-
-    path = index / SETTINGS
-    try:
-        settings = json.loads(read_regular_bytes(path))
-    except FileNotFoundError:
-        raise IndexFormatError(f"{index} is not a tvr search index (no {SETTINGS}); build one with tvr index") from None
-    except (OSError, ValueError) as exc:
-        raise IndexFormatError(f"{path}: unreadable ({reason(exc)})") from None
-    if not isinstance(settings, dict) or settings.get("format") != FORMAT:
-        raise IndexFormatError(f"{path}: not a tvr search index")
-    if settings.get("version") != VERSION:
-        raise IndexFormatError(
-            f"{path}: index format version {settings.get('version')}, this tvr reads version {VERSION}: build the "
-            "index again with tvr index into a new --out folder (the model's stamp and the videos are unchanged)"
-        )
-    if not isinstance(settings.get("model"), dict):
-        raise IndexFormatError(f"{path}: the model stamp is {json_kind(settings.get('model'))}, not an object")
-    return settings
-
-
 def _check_settings(index: Path, wanted: dict[str, Any], encoder: SearchEncoder) -> None:
     """Create ``settings.json``, or check that the existing index was built the same way."""
     if not (index / SETTINGS).exists():
@@ -304,19 +274,6 @@ class _NoState(Sliceable):
 
 
 # --------------------------------------------------------------------------------------------- encoding
-
-
-@torch.no_grad()
-def embed_video(encoder: SearchEncoder, decoded) -> tuple[torch.Tensor, Any]:
-    """(shortlist embedding [W, E] float32, rerank state) of a decoded video's windows."""
-    slots = decoded.slots
-    mask = torch.from_numpy((slots >= 0).astype(np.int64))
-    crops = torch.from_numpy(decoded.frames[np.clip(slots, 0, None)])
-    features = encoder.encode_windows(crops, mask)
-    head = encoder.head
-    state = head.encode_videos(features)
-    emb = head.shortlist_videos(state).float().cpu()
-    return emb, (None if head.indexable else head.rerank_state(state))
 
 
 def _progress_items(items: list, fn, workers: int, progress: bool) -> Iterator[dict[str, Any]]:

@@ -282,3 +282,16 @@ def load_encoder(
 
     name = config or DEFAULT_CONFIG
     return ConfigEncoder(load_config(name, list(overrides)), name=str(name), device=device)
+
+
+@torch.no_grad()
+def embed_video(encoder: SearchEncoder, decoded) -> tuple[torch.Tensor, Any]:
+    """(shortlist embedding [W, E] float32, rerank state) of a decoded video's windows."""
+    slots = decoded.slots
+    mask = torch.from_numpy((slots >= 0).astype(np.int64))
+    crops = torch.from_numpy(decoded.frames[np.clip(slots, 0, None)])
+    features = encoder.encode_windows(crops, mask)
+    head = encoder.head
+    state = head.encode_videos(features)
+    emb = head.shortlist_videos(state).float().cpu()
+    return emb, (None if head.indexable else head.rerank_state(state))

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 import tvr.search.ann as ann
-from tvr.search.build import ANN_FILE, MANIFEST, SETTINGS, TABLES, embed_video, read_settings
 from tvr.search.checks import check_manifest, check_tables, load_ann, load_tables, read_index_json
-from tvr.search.encoders import CheckpointEncoder, ConfigEncoder, SearchEncoder
+from tvr.search.encoders import CheckpointEncoder, ConfigEncoder, SearchEncoder, embed_video
+from tvr.search.layout import ANN_FILE, MANIFEST, SETTINGS, TABLES, read_settings
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, gather_state, state_class
 from tvr.search.windows import decode_windows
 from tvr.utils.errors import UserError
