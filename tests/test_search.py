@@ -174,6 +174,27 @@ def test_hnsw_search_beam_grows_with_the_graph() -> None:
     assert ann.choose("hnsw", 1000, 8).ef_search == 256 and ann.choose("auto", 1000, 8).kind == "flat"
 
 
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_faiss_thread_counts_are_set_per_call_and_restored(kind: str) -> None:
+    """Building and searching set FAISS's OpenMP threads for their own call only: the caller's setting survives."""
+    import faiss
+
+    from tvr.search import ann
+
+    rows = np.random.default_rng(0).standard_normal((400, 8)).astype(np.float32)
+    settings = ann.choose(kind, len(rows), 8, nlist=4)
+    before = faiss.omp_get_max_threads()
+    try:
+        faiss.omp_set_num_threads(3)
+        index = ann.build(settings, rows, [rows[:150], rows[150:]])
+        assert faiss.omp_get_max_threads() == 3
+        for queries in (rows[:1], rows[:5]):
+            ann.search(index, queries, 4)
+            assert faiss.omp_get_max_threads() == 3
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
 # --------------------------------------------------------------------------------------------- bad files
 
 

@@ -15,11 +15,12 @@ come from FAISS's fixed seed); the IVF quantizer is trained on a seeded sample o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,30 +117,27 @@ def build(settings: AnnSettings, training: np.ndarray | None, blocks: Iterable[n
     """Build the FAISS index: train on ``training`` (IVF), then add ``blocks`` of float32 rows in order (blocks of
     :data:`ADD_BLOCK` rows, for HNSW)."""
     faiss = _faiss()
-    faiss.omp_set_num_threads(os.cpu_count() or 1)
-    dim = settings.dim
-    if settings.kind == "flat":
-        index = faiss.IndexFlatIP(dim)
-    elif settings.kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, settings.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
-        index.hnsw.efSearch = settings.ef_search
-    else:
-        quantizer = faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFFlat(quantizer, dim, settings.nlist, faiss.METRIC_INNER_PRODUCT)
-        index.cp.seed = SEED
-        if training is None:
-            raise ValueError("an IVF index needs training rows")
-        index.train(np.ascontiguousarray(training, dtype=np.float32))
-        index.nprobe = settings.nprobe
-    if settings.kind == "hnsw":
-        faiss.omp_set_num_threads(1)  # parallel insertion would make the graph depend on thread timing
-    try:
-        for block in blocks:
-            if len(block):
-                index.add(np.ascontiguousarray(block, dtype=np.float32))
-    finally:
-        faiss.omp_set_num_threads(os.cpu_count() or 1)
+    with _omp_threads(faiss, os.cpu_count() or 1):
+        dim = settings.dim
+        if settings.kind == "flat":
+            index = faiss.IndexFlatIP(dim)
+        elif settings.kind == "hnsw":
+            index = faiss.IndexHNSWFlat(dim, settings.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+            index.hnsw.efSearch = settings.ef_search
+        else:
+            quantizer = faiss.IndexFlatIP(dim)
+            index = faiss.IndexIVFFlat(quantizer, dim, settings.nlist, faiss.METRIC_INNER_PRODUCT)
+            index.cp.seed = SEED
+            if training is None:
+                raise ValueError("an IVF index needs training rows")
+            index.train(np.ascontiguousarray(training, dtype=np.float32))
+            index.nprobe = settings.nprobe
+        # parallel HNSW insertion would make the graph depend on thread timing
+        with _omp_threads(faiss, 1 if settings.kind == "hnsw" else os.cpu_count() or 1):
+            for block in blocks:
+                if len(block):
+                    index.add(np.ascontiguousarray(block, dtype=np.float32))
     if index.ntotal != settings.rows:
         raise RuntimeError(f"ANN index holds {index.ntotal} rows, expected {settings.rows}")
     return index
@@ -150,11 +148,20 @@ def search(index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     gains little from OpenMP, and OpenMP threads spinning beside torch's slow both down on a busy machine (measured:
     a 20k-row flat scan took 6× longer with two OpenMP threads than with one on the 2-core benchmark machine)."""
     faiss = _faiss()
-    if len(queries) == 1:
-        faiss.omp_set_num_threads(1)
-    else:
-        faiss.omp_set_num_threads(os.cpu_count() or 1)
-    return index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+    with _omp_threads(faiss, 1 if len(queries) == 1 else os.cpu_count() or 1):
+        return index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+
+
+@contextlib.contextmanager
+def _omp_threads(faiss, threads: int) -> Iterator[None]:
+    """FAISS's OpenMP thread count for one call, restored afterwards: a process-wide setting would leak into every
+    later FAISS call of the caller (and OpenMP keeps it per calling thread)."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(threads)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 def save(index, path: Path) -> None:
