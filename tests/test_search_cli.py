@@ -86,3 +86,22 @@ def test_search_many_equals_one_query_at_a_time(built: Path) -> None:
             assert isinstance(answer, ValueError) and "empty" in str(answer)
         else:
             assert answer == index.search(text, k=4)
+
+
+def test_the_command_line_defaults_are_the_librarys() -> None:
+    """tvr index / tvr search take their defaults from the library's, so the two cannot drift apart."""
+    import dataclasses
+
+    import typer.main
+
+    from tvr.search.build import IndexOptions
+    from tvr.search.index import Query
+
+    commands = {c.name: c for c in typer.main.get_command(app).commands.values()}
+    index_flags = {p.name: p.default for p in commands["index"].params}
+    library = IndexOptions()
+    for field in ("window", "stride", "ann_kind", "ann_threshold", "nlist", "state_dtype", "shard_windows", "workers"):
+        assert index_flags[field] == getattr(library, field), field
+    search_flags = {p.name: p.default for p in commands["search"].params}
+    query_defaults = {f.name: f.default for f in dataclasses.fields(Query)}
+    assert search_flags["k"] == query_defaults["k"] and search_flags["rerank"] is query_defaults["rerank"] is None

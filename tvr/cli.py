@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+import tvr.search.defaults as search_defaults
 from tvr.utils.errors import RestartableStopError, UserError
 
 console = Console(stderr=True)
@@ -717,16 +718,26 @@ def index_cmd(
         help="Index with the model a config builds (no checkpoint), e.g. a local CLIP: " + CONFIG_HELP,
     ),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override of --config (repeatable)."),
-    window: float = typer.Option(10.0, "--window", help="Window length in seconds."),
-    stride: float = typer.Option(5.0, "--stride", help="Seconds between window starts."),
+    window: float = typer.Option(search_defaults.DEFAULT_WINDOW, "--window", help="Window length in seconds."),
+    stride: float = typer.Option(search_defaults.DEFAULT_STRIDE, "--stride", help="Seconds between window starts."),
     workers: int = typer.Option(0, "--workers", "-j", help="Decoding processes (0 = one per CPU, at most 8)."),
-    ann_kind: str = typer.Option("auto", "--ann", help="auto | flat | ivf | hnsw: the shortlist index."),
+    ann_kind: str = typer.Option(
+        search_defaults.DEFAULT_ANN, "--ann", help=" | ".join(search_defaults.ANN_KINDS) + ": the shortlist index."
+    ),
     ann_threshold: int = typer.Option(
-        50_000, "--ann-threshold", help="Windows above which auto builds HNSW (below: exact flat)."
+        search_defaults.AUTO_THRESHOLD,
+        "--ann-threshold",
+        help="Windows above which auto builds HNSW (below: exact flat).",
     ),
     nlist: int = typer.Option(0, "--nlist", help="IVF cells (0 = about 4·√windows)."),
-    state_dtype: str = typer.Option("float32", "--state-dtype", help="float32 | float16: the stored rerank state."),
-    shard_windows: int = typer.Option(4096, "--shard-windows", help="Windows per shard (the unit a kill loses)."),
+    state_dtype: str = typer.Option(
+        search_defaults.DEFAULT_STATE_DTYPE,
+        "--state-dtype",
+        help=" | ".join(search_defaults.STATE_DTYPES) + ": the stored rerank state.",
+    ),
+    shard_windows: int = typer.Option(
+        search_defaults.SHARD_WINDOWS, "--shard-windows", help="Windows per shard (the unit a kill loses)."
+    ),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N | auto."),
 ) -> None:
     """Index a folder of videos: timestamped windows, embedded by the model, shortlisted by FAISS, reranked exactly."""
@@ -839,8 +850,10 @@ def _answer_queries(opened: Any, queries: Path, k: int, rerank: int | None, all_
 def search_cmd(
     index: Path = typer.Argument(..., help="An index folder made by tvr index."),
     query: str | None = typer.Argument(None, help="The text to search for."),
-    k: int = typer.Option(10, "-k", help="Results to return (1 to 1000)."),
-    rerank: int | None = typer.Option(None, "--rerank", help="Windows scored exactly (default 100; 0 = none)."),
+    k: int = typer.Option(search_defaults.DEFAULT_K, "-k", help="Results to return (1 to 1000)."),
+    rerank: int | None = typer.Option(
+        None, "--rerank", help=f"Windows scored exactly (default {search_defaults.DEFAULT_RERANK}; 0 = none)."
+    ),
     all_windows: bool = typer.Option(False, "--all-windows", help="List windows, not one best window per video."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
     queries: Path | None = typer.Option(

@@ -5,6 +5,17 @@
 windows, resume, model stamping and serving are described in docs/search.md.
 """
 
-from tvr.search.index import CaptionHit, Hit, SearchIndex, open_index
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["CaptionHit", "Hit", "SearchIndex", "open_index"]
+
+
+def __getattr__(name: str) -> Any:
+    # imported on first use, so that tvr.search.defaults (read by the command line) does not load torch
+    if name in __all__:
+        from tvr.search import index
+
+        return getattr(index, name)
+    raise AttributeError(f"module 'tvr.search' has no attribute {name!r}")

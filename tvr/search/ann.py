@@ -26,12 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from tvr.search.defaults import ANN_KINDS, AUTO_THRESHOLD
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_output
 
-KINDS = ("auto", "flat", "ivf", "hnsw")
-#: windows above which ``auto`` builds an HNSW graph instead of an exact index
-AUTO_THRESHOLD = 50_000
+KINDS = ANN_KINDS
 #: training rows per IVF cell (FAISS warns below 39)
 TRAIN_PER_CELL = 64
 #: cells probed per query, as a fraction of the cells (at least MIN_NPROBE), tuned with benchmarks/search.py

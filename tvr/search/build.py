@@ -37,6 +37,13 @@ import tvr.search.ann as ann
 
 # video files are found as ``tvr prepare`` finds them (the same suffixes, hidden files skipped)
 from tvr.data.prepare import VIDEO_EXTENSIONS, find_videos
+from tvr.search.defaults import (
+    AUTO_THRESHOLD,
+    DEFAULT_ANN,
+    DEFAULT_STATE_DTYPE,
+    SHARD_WINDOWS,
+    STATE_DTYPES,
+)
 from tvr.search.encoders import EncoderMismatchError, SearchEncoder, embed_video
 from tvr.search.layout import ANN_FILE, FORMAT, MANIFEST, REPORT, SETTINGS, VERSION, read_settings
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, read_meta, write_shard
@@ -46,8 +53,6 @@ from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_json, is_temporary_name, remove_stale_temporaries
 from tvr.utils.lock import folder_lock
 from tvr.utils.parallel import parallel_map
-
-STATE_DTYPES = ("float32", "float16")
 
 
 class IndexSettingsError(UserError, ValueError):
@@ -61,11 +66,11 @@ class IndexOptions:
     window: float = DEFAULT_WINDOW
     stride: float = DEFAULT_STRIDE
     workers: int = 0
-    ann_kind: str = "auto"
-    ann_threshold: int = ann.AUTO_THRESHOLD
+    ann_kind: str = DEFAULT_ANN
+    ann_threshold: int = AUTO_THRESHOLD
     nlist: int = 0
-    state_dtype: str = "float32"
-    shard_windows: int = 4096
+    state_dtype: str = DEFAULT_STATE_DTYPE
+    shard_windows: int = SHARD_WINDOWS
     flush_seconds: float = 60.0
     progress: bool = True
 

@@ -22,14 +22,13 @@ import torch
 
 import tvr.search.ann as ann
 from tvr.search.checks import check_manifest, check_tables, load_ann, load_tables, read_index_json
+from tvr.search.defaults import DEFAULT_K, DEFAULT_RERANK
 from tvr.search.encoders import CheckpointEncoder, ConfigEncoder, SearchEncoder, embed_video
 from tvr.search.layout import ANN_FILE, MANIFEST, SETTINGS, TABLES, read_settings
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, gather_state, state_class
 from tvr.search.windows import decode_windows
 from tvr.utils.errors import UserError
 
-#: windows scored exactly per query by default (heads whose score is not a dot product)
-DEFAULT_RERANK = 100
 #: bounds a query must respect (the web API enforces them too)
 MAX_K = 1000
 MAX_QUERY_CHARS = 1000
@@ -62,7 +61,7 @@ class Query:
     """One text query with its settings (:meth:`SearchIndex.search`'s arguments)."""
 
     text: str
-    k: int = 10
+    k: int = DEFAULT_K
     rerank: int | None = None
     all_windows: bool = False
 
@@ -238,7 +237,9 @@ class SearchIndex:
         return gather_state(self.readers, self.table_shard[rows], self.table_row[rows], self.state_cls, dtype)
 
     # ------------------------------------------------------------------ text → video
-    def search(self, text: str, k: int = 10, *, rerank: int | None = None, all_windows: bool = False) -> list[Hit]:
+    def search(
+        self, text: str, k: int = DEFAULT_K, *, rerank: int | None = None, all_windows: bool = False
+    ) -> list[Hit]:
         """The ``k`` best videos for ``text`` (each at its best window), or the ``k`` best windows with
         ``all_windows``. ``rerank``: windows scored exactly (default :data:`DEFAULT_RERANK` for a head whose score
         is not a dot product; 0 = rank by the shortlist embedding alone)."""
@@ -247,7 +248,7 @@ class SearchIndex:
         return self._answer([Query(text, k, rerank, all_windows)])[0]
 
     def search_many(
-        self, texts: list[str], k: int = 10, *, rerank: int | None = None, all_windows: bool = False
+        self, texts: list[str], k: int = DEFAULT_K, *, rerank: int | None = None, all_windows: bool = False
     ) -> list[list[Hit] | QueryError]:
         """:meth:`search` for many queries at once: the text encoder runs once on all of them (in batches of the
         encoder's ``batch_size``), then each query is shortlisted and reranked on its own, so every answer is the one

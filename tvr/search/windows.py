@@ -22,9 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-#: default window length and stride, in seconds
-DEFAULT_WINDOW = 10.0
-DEFAULT_STRIDE = 5.0
+from tvr.search.defaults import DEFAULT_STRIDE, DEFAULT_WINDOW
+
 #: windows whose ends differ by less than this are the same window (float rounding of durations)
 _EPS = 1e-6
 

@@ -1,0 +1,19 @@
+"""The defaults of indexing and searching, in one module that imports nothing: the library's options and the
+command line's flags both read them, so they cannot drift apart (and ``tvr --help`` needs no torch to show them)."""
+
+#: window length and stride, in seconds
+DEFAULT_WINDOW = 10.0
+DEFAULT_STRIDE = 5.0
+#: the shortlist index kinds ``--ann`` takes
+ANN_KINDS = ("auto", "flat", "ivf", "hnsw")
+DEFAULT_ANN = "auto"
+#: windows above which ``auto`` builds an HNSW graph instead of an exact index
+AUTO_THRESHOLD = 50_000
+#: dtypes the rerank state may be stored in
+STATE_DTYPES = ("float32", "float16")
+DEFAULT_STATE_DTYPE = "float32"
+#: windows per shard: the unit a killed ``tvr index`` loses
+SHARD_WINDOWS = 4096
+#: results returned, and windows scored exactly by a head whose score is not indexable
+DEFAULT_K = 10
+DEFAULT_RERANK = 100
