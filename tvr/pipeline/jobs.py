@@ -15,8 +15,7 @@ from tvr.config import Config, ConfigError, save_config
 from tvr.models.build import check_image_size
 from tvr.models.heads.registry import resolve_head_config
 from tvr.models.preprocess import resolve_preprocess
-from tvr.pipeline.features import build_feature_cache
-from tvr.pipeline.preflight import PreflightError, preflight
+from tvr.pipeline.preflight import preflight
 from tvr.pipeline.run_folder import (
     RESUME_AUTO,
     RunFolderError,
@@ -27,7 +26,6 @@ from tvr.pipeline.run_folder import (
     resume_changes,
     sweep_temporaries,
 )
-from tvr.train.preemption import PREEMPTED_EXIT_CODE, PreemptedError
 from tvr.utils.device import resolve_device
 from tvr.utils.distributed import barrier, is_main_process
 from tvr.utils.errors import UserError
@@ -39,20 +37,6 @@ from tvr.utils.torch_files import load_torch_file
 if TYPE_CHECKING:
     from tvr.utils.process_group import DistInfo
 
-__all__ = [
-    "PREEMPTED_EXIT_CODE",
-    "RESUME_AUTO",
-    "PreflightError",
-    "RunFolderError",
-    "SplitEvaluator",
-    "PreemptedError",
-    "build_feature_cache",
-    "load_model_for_eval",
-    "resolve_config",
-    "run_eval",
-    "run_train",
-    "write_eval",
-]
 
 log = logging.getLogger(__name__)
 
