@@ -678,49 +678,66 @@ def split_groups(groups: list[list[VideoSpec]]) -> list[list[VideoSpec]]:
     return list(members.values())
 
 
-def group_stratum(group: list[VideoSpec]) -> tuple[bool, bool]:
-    """(holds a temporal twin pair, holds videos sharing caption attributes): what a gallery's composition counts."""
-    return any(s.twin_kind is not None for s in group), len({s.caption_key() for s in group}) < len(group)
+def group_counts(group: list[VideoSpec]) -> tuple[int, int, int]:
+    """(videos, videos with their twin, videos whose caption attributes another one shares): what a gallery's
+    composition counts. A group is closed under both relations, so its counts are the same in any split."""
+    keys = [s.caption_key() for s in group]
+    return len(group), sum(s.twin_kind is not None for s in group), sum(keys.count(k) > 1 for k in keys)
 
 
 def _grouped_splits(groups: list[list[VideoSpec]], cfg: SynthConfig, rng: np.random.Generator) -> dict[str, list]:
-    """Whole :func:`split_groups` per split, allocated stratum by stratum in proportion to the split sizes, so the
-    validation and test galleries hold the same shares of twins and false negatives; then exact sizes by moving
-    whole groups (plain single videos first) between train and the split that is off."""
+    """Whole :func:`split_groups` per split, so that test and validation hold the same shares of twins and of false
+    negatives as the whole set. Stratified systematic allocation: the groups are walked in order of their kind (with
+    false negatives or not, with twins or not, size; in random order within a kind), and each goes to the test or
+    validation split when that split is behind its share of the videos walked so far by at least half the group,
+    else to train, so every kind of group is shared out in proportion. The split sizes are then made exact by moving
+    groups between train and the split that is off, each time the one that leaves the split's shares nearest the
+    whole set's (a split too large with no group small enough first gives its smallest group back)."""
     sizes = _split_sizes(cfg)
     if sizes["validate"] < 1:
         raise ConfigError(f"SynthConfig.val_fraction {cfg.val_fraction} leaves no validation video; raise it")
-    shares = {split: n / cfg.num_videos for split, n in sizes.items()}
-    shares["train"] = 1.0 - shares["test"] - shares["validate"]
-    strata: dict[tuple[bool, bool], list[list[VideoSpec]]] = {}
-    for group in split_groups(groups):
-        strata.setdefault(group_stratum(group), []).append(group)
+    members = split_groups(groups)
+    counts = [group_counts(g) for g in members]
+    totals = np.maximum(np.sum(counts, axis=0), 1).astype(np.float64)
+    shuffled = [int(k) for k in rng.permutation(len(members))]
+    order = sorted(shuffled, key=lambda k: (counts[k][2] > 0, counts[k][1] / counts[k][0], counts[k][0]))  # stable
     placed: dict[str, list[list[VideoSpec]]] = {"train": [], "validate": [], "test": []}
-    for stratum in sorted(strata):
-        members = strata[stratum]
-        counts = dict.fromkeys(placed, 0)
-        for k in rng.permutation(len(members)):
-            group = members[int(k)]
-            total = sum(counts.values()) + len(group)
-            # the split furthest below its share of this stratum's videos so far takes the group
-            split = max(placed, key=lambda name: shares[name] * total - counts[name])
-            placed[split].append(group)
-            counts[split] += len(group)
-    plain = (False, False)
+    walked, held = 0, {"test": 0, "validate": 0}
+    for k in order:
+        size = counts[k][0]
+        walked += size
+        behind = {split: sizes[split] / cfg.num_videos * walked - held[split] for split in held}
+        split = max(behind, key=lambda name: behind[name])
+        if behind[split] >= size / 2:
+            held[split] += size
+        else:
+            split = "train"
+        placed[split].append(members[k])
+    target = totals[1:] / cfg.num_videos  # the shares of twins and of false negatives over the whole set
+
+    def miss(held_now: np.ndarray, change: np.ndarray) -> float:
+        after = held_now + change
+        return float(np.sum((after[1:] / max(after[0], 1.0) - target) ** 2))
+
     for split in ("test", "validate"):
-        while (excess := sum(map(len, placed[split])) - sizes[split]) != 0:
-            source, target = (split, "train") if excess > 0 else ("train", split)
+        held_now = np.sum([group_counts(g) for g in placed[split]] or [np.zeros(3)], axis=0).astype(np.float64)
+        while (excess := int(held_now[0]) - sizes[split]) != 0:
+            source, sign = (split, -1.0) if excess > 0 else ("train", 1.0)
             fits = [g for g in placed[source] if len(g) <= abs(excess)]
+            if not fits and excess > 0:  # only larger groups to give back: give the smallest, then fill up again
+                fits = [min(placed[source], key=len)]
             if not fits:
                 raise ConfigError(
                     f"SynthConfig: the {split} split cannot hold exactly {sizes[split]} videos made of whole groups "
                     "(twin pairs and videos sharing caption attributes stay together); change num_test, "
                     "val_fraction or num_videos by one"
                 )
-            # a plain single video moves first: it changes no share of twins or false negatives
-            group = max(reversed(fits), key=lambda g: (group_stratum(g) == plain, len(g)))
+            # the move that leaves the split's shares nearest the set's (a plain single video changes only its size)
+            change = {id(g): sign * np.asarray(group_counts(g), np.float64) for g in fits}
+            group = min(fits, key=lambda g: miss(held_now, change[id(g)]))
             placed[source].remove(group)
-            placed[target].append(group)
+            placed["train" if source == split else split].append(group)
+            held_now += change[id(group)]
     return {split: [spec for group in groups_ for spec in group] for split, groups_ in placed.items()}
 
 
