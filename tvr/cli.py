@@ -336,6 +336,16 @@ def synth(
     paraphrase: float = typer.Option(1.0, help="Paraphrase diversity in [0, 1] (1 = every wording)."),
     distractor_prob: float = typer.Option(0.3, help="Chance a single-object video shows a distractor."),
     distractor_motion: float = typer.Option(0.0, help="Chance a distractor drifts instead of standing still."),
+    vague_captions: float = typer.Option(
+        0.0, help="Ambiguity: chance a caption other than the full one names none of its objects."
+    ),
+    lossless: bool = typer.Option(
+        False, "--lossless", help="Lossless RGB H.264: clips decode to the rendered frames, byte-identical re-renders."
+    ),
+    val_like_test: bool = typer.Option(
+        False, "--val-like-test", help="Whole twin / false-negative groups per split; MSRVTT_val.csv like the test."
+    ),
+    val_fraction: float = typer.Option(0.1, help="Share of the non-test videos in the validate split."),
 ) -> None:
     """Render a synthetic captioned video set (real mp4 files) in the MSR-VTT annotation format; the dials are
     recorded in OUT/synth_meta.json."""
@@ -358,6 +368,10 @@ def synth(
             paraphrase=paraphrase,
             distractor_prob=distractor_prob,
             distractor_motion=distractor_motion,
+            vague_captions=vague_captions,
+            lossless=lossless,
+            val_like_test=val_like_test,
+            val_fraction=val_fraction,
         ),
         progress=True,
     )
