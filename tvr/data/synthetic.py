@@ -124,6 +124,8 @@ SHAPE_WORDS: dict[str, tuple[str, ...]] = {
 GENERIC_NOUNS: tuple[str, ...] = ("shape", "object", "thing")
 #: what a vague caption (``vague_captions``) calls every object: nothing that tells one video's objects from another's
 VAGUE_NOUNS: tuple[str, ...] = ("object", "thing")
+#: the random stream the vague captions are drawn from (beside ``SynthConfig.seed``)
+VAGUE_STREAM = 0x76616775
 #: shapes whose rotation is visible (a circle has no orientation; a diamond is a rotated square)
 ROTATABLE: tuple[str, ...] = ("square", "triangle", "cross", "star")
 
@@ -340,8 +342,9 @@ class SynthConfig:
     paraphrase: float = 1.0
     #: probability that a distractor drifts across its half of the frame instead of standing still
     distractor_motion: float = 0.0
-    #: ambiguity dial: probability that a caption other than the full one names none of its objects ("something
-    #: moves to the right"), so it fits every video with that motion (a one-to-many caption)
+    #: ambiguity dial: probability that a caption other than the full one is replaced by one that names none of
+    #: its objects ("an object moves to the right"), so it fits every video with that motion (one-to-many); the
+    #: set is otherwise that of vague_captions 0 (same videos, splits and full captions)
     vague_captions: float = 0.0
     #: encode losslessly (libx264rgb, qp 0, in the same .mp4 files): every clip decodes to exactly its rendered
     #: frames and the same dials give byte-identical files (benchmarks/synth_encoding.py; ``codec`` and ``crf`` are
@@ -799,9 +802,15 @@ def make_video_specs(cfg: SynthConfig) -> list[VideoSpec]:
             i, j = (next(k for k, s in enumerate(specs) if s is g) for g in group)
             specs[i].twin, specs[j].twin = j, i
     for spec in specs:
-        spec.captions, spec.full_caption = _captions(
-            spec, rng, cfg.captions_per_video, cfg.paraphrase, cfg.vague_captions
-        )
+        spec.captions, spec.full_caption = _captions(spec, rng, cfg.captions_per_video, cfg.paraphrase)
+    if cfg.vague_captions > 0:
+        # from a stream of its own, after everything else: the videos, splits, full captions (the queries of
+        # validation and test) and the other captions are those of the same set without vague captions
+        vague_rng = np.random.default_rng([cfg.seed, VAGUE_STREAM])
+        for spec in specs:
+            for k in range(len(spec.captions)):
+                if k != spec.full_caption and vague_rng.random() < cfg.vague_captions:
+                    spec.captions[k] = _one_caption(spec, vague_rng, full=False, diversity=cfg.paraphrase, vague=True)
     return specs
 
 
@@ -885,16 +894,13 @@ def _one_caption(
     return text
 
 
-def _captions(
-    spec: VideoSpec, rng: np.random.Generator, count: int, diversity: float = 1.0, vague: float = 0.0
-) -> tuple[list[str], int]:
+def _captions(spec: VideoSpec, rng: np.random.Generator, count: int, diversity: float = 1.0) -> tuple[list[str], int]:
     """``count`` distinct captions (duplicates only if the templates run out) in random order, plus the index of
-    the one that names every attribute; each other caption is vague with probability ``vague``."""
+    the one that names every attribute."""
     captions = [_one_caption(spec, rng, full=True, diversity=diversity)]
     attempts = 0
     while len(captions) < count:
-        is_vague = vague > 0 and rng.random() < vague  # the default draws no number: earlier sets stay the same
-        text = _one_caption(spec, rng, full=False, diversity=diversity, vague=is_vague)
+        text = _one_caption(spec, rng, full=False, diversity=diversity)
         attempts += 1
         if text not in captions or attempts > 50 * count:
             captions.append(text)
