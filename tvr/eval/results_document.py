@@ -7,7 +7,8 @@ again and compares. The template is data, never code: a placeholder is a dotted 
 optional format, or the name of a table or figure this module renders.
 
 * ``{{default.differences.gare.t2v.R1.mean|+.1f}}``: a value (``default``: the bench; ``sweeps.<dial>``: a sweep;
-  ``hypotheses``: every sweep's pre-registered hypotheses with Holm-adjusted p-values across all of them). A list
+  ``hypotheses``: every sweep's pre-registered hypotheses with Holm-adjusted p-values across all of them;
+  ``derived``: counts and sums of the bench, :func:`derived_values`). A list
   item is addressed by its index. Formats: Python's format specification, ``p`` (a p-value as the tables print
   it) or ``%N`` (a share as a percentage with N decimals: ``0.7`` → ``70 %``).
 * ``{{table:default.differences}}`` (also ``results``, ``holm``, ``mde``, ``composition``, ``selection``,
@@ -69,6 +70,33 @@ def all_hypotheses(sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     for h, adjusted in zip(found, holm([h["p_one_sided"] for h in found]), strict=True):
         h["p_holm"] = adjusted
     return found
+
+
+def derived_values(results: dict[str, Any]) -> dict[str, Any]:
+    """Counts and sums the prose of a results document quotes that no single JSON field holds."""
+    cells = [c for diff in results["differences"].values() for d in diff.values() for c in d.values()]
+    timings = results.get("provenance", {}).get("timings", {})
+    session = timings.get("this_session", {})
+    composition = results.get("composition") or {}
+    synth = results["config"].get("synth") or {}
+    r1 = [diff["t2v"]["R1"]["mde"] for diff in results["differences"].values()]
+    return {
+        "n_seeds": len(results["seeds"]),
+        "n_methods": len(results["methods"]),
+        "n_runs": len(results["runs"]),
+        "n_comparisons": len(cells),
+        "n_significant_holm": sum(report.significant(c) for c in cells),
+        "n_significant_raw": sum(c["p"] < report.ALPHA for c in cells),
+        "max_mde_t2v_r1": max(r1, default=math.nan),
+        "min_mde_t2v_r1": min(r1, default=math.nan),
+        "n_photos": len((results.get("dials") or {}).get("photos", {})),
+        "train_videos": synth.get("num_videos", 0)
+        - sum(composition.get(split, {}).get("videos", 0) for split in ("val", "test")),
+        "wall_minutes": session.get("wall_seconds", math.nan) / 60.0,
+        "cpu_minutes": session.get("cpu_seconds", math.nan) / 60.0,
+        # judged as the bench's CPU time spread over two cores: what a quiet 2-core machine would take
+        "quiet_two_core_minutes": session.get("cpu_seconds", math.nan) / 120.0,
+    }
 
 
 def selection_table(results: dict[str, Any]) -> str:
@@ -147,7 +175,7 @@ def fill_template(
     """``template`` with every placeholder replaced (module docstring); figures are written into ``figures`` and
     linked as ``link/<name>``."""
     hypotheses = all_hypotheses(sweeps)
-    sources = {"default": results, "sweeps": sweeps, "hypotheses": hypotheses}
+    sources = {"default": results, "sweeps": sweeps, "hypotheses": hypotheses, "derived": derived_values(results)}
     renderers = _renderers(results, sweeps, hypotheses, figures, link)
 
     def replace(match: re.Match) -> str:
@@ -190,4 +218,12 @@ def write_report(
     return atomic_write_text(out_path, text)
 
 
-__all__ = ["TemplateError", "fill_template", "format_value", "lookup", "selection_table", "write_report"]
+__all__ = [
+    "TemplateError",
+    "derived_values",
+    "fill_template",
+    "format_value",
+    "lookup",
+    "selection_table",
+    "write_report",
+]
