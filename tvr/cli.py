@@ -440,6 +440,7 @@ def _bench(
     options = {"jobs": jobs, "rerun_changed": rerun_changed, "allow_unlike_validation": allow_unlike_validation}
     echo = lambda line: console.print(line, highlight=False)  # noqa: E731
     command = f"tvr bench --config {config} --out {out}" + (f" --sweep {sweep}" if sweep else "")
+    command += f" --jobs {jobs}" if jobs > 1 else ""
     if sweep:
         from tvr.pipeline.bench_sweep import parse_sweep, run_sweep
 
