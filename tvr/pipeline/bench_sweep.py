@@ -151,21 +151,13 @@ def decide(hypothesis: dict[str, Any], curves: dict[str, Any]) -> dict[str, Any]
             "p_one_sided": p_value, "held": bool(p_value < ALPHA)}  # fmt: skip
 
 
-def run_sweep(
-    bench: BenchConfig,
-    sweep: Sweep,
-    out_dir: str | Path,
-    *,
-    command: str = "",
-    progress: bool = True,
-    echo: ProgressFn | None = None,
-    jobs: int = 1,
-    rerun_changed: bool = False,
-    allow_unlike_validation: bool = False,
-) -> dict[str, Any]:
-    """One bench per value into ``OUT/<dial>=<value>``, then ``OUT/sweep.json`` and ``OUT/sweep.md``."""
+def run_sweep(bench: BenchConfig, sweep: Sweep, out_dir: str | Path, *, command: str = "", **options: Any) -> dict:
+    """One bench per value into ``OUT/<dial>=<value>``, then ``OUT/sweep.json`` and ``OUT/sweep.md``. ``options``:
+    :func:`tvr.pipeline.bench.run_bench`'s (``progress``, ``echo``, ``jobs``, ``rerun_changed``,
+    ``allow_unlike_validation``), for every point."""
     from tvr.eval.bench_report import plot_sweep, sweep_markdown
 
+    echo: ProgressFn | None = options.get("echo")
     say = echo or (lambda line: None)
     out_dir = Path(out_dir)
     clock = Clock()
@@ -173,10 +165,8 @@ def run_sweep(
     for value in sweep.values:
         say(f"sweep {sweep.dial}={value_text(value)}")
         results = run_bench(
-            point_bench(bench, sweep.dial, value), point_folder(out_dir, sweep.dial, value), command=command,
-            progress=progress, echo=echo, jobs=jobs, rerun_changed=rerun_changed,
-            allow_unlike_validation=allow_unlike_validation,
-        )  # fmt: skip
+            point_bench(bench, sweep.dial, value), point_folder(out_dir, sweep.dial, value), command=command, **options
+        )
         points.append({
             "value": value,
             "folder": point_folder(out_dir, sweep.dial, value).name,
@@ -211,7 +201,7 @@ def run_sweep(
         "config_file": bench.source,
         "source": source_commit(),
         "packages": package_versions(),
-        "jobs": jobs,
+        "jobs": options.get("jobs", 1),
         "timings": clock.lap(),
     }
     for point in points:  # timings are provenance: the digest covers the rest
