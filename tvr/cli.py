@@ -475,13 +475,22 @@ def bench_report(
     figures: str = typer.Option(
         "figures/results", help="Folder for the figures, relative to --out's folder (written there, linked so)."
     ),
+    sources: list[str] = typer.Option(
+        None, "--source", help="NAME=FILE: another JSON record the template reads as {{NAME...}} (repeatable)."
+    ),
 ) -> None:
     """Write a results document from committed bench results: every table and every number in it is computed from
     the JSON files, so `tests/test_bench_report.py` can recompute the shipped docs/results.md."""
     out_file(out)
     from tvr.eval.results_document import write_report
 
-    write_report(results, template, out, sweeps or [], figures)
+    extra: dict[str, Path] = {}
+    for item in sources or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not Path(path).is_file():
+            raise UserError(f"--source {item!r}: expected NAME=FILE with an existing JSON file")
+        extra[name] = Path(path)
+    write_report(results, template, out, sweeps or [], figures, extra)
     console.print(f"wrote {out}")
 
 

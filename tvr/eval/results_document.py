@@ -15,6 +15,8 @@ optional format, or the name of a table or figure this module renders.
   ``transfer``), ``{{table:sweep.<dial>.<method>}}``, ``{{table:sweep.<dial>.hypotheses}}``, ``{{table:hypotheses}}``.
 * ``{{figure:default.val}}``, ``{{figure:default.test}}``, ``{{figure:sweep.<dial>}}``: the figure is written into
   the figures folder and the placeholder becomes its path relative to the document.
+* Further JSON records named on the command line (``--source power=benchmarks/results/bench_power.json``) are read
+  by their name: ``{{power.by_size.1000.pooled_sd|.2f}}``.
 """
 
 from __future__ import annotations
@@ -170,12 +172,21 @@ def _renderers(
 
 
 def fill_template(
-    template: str, results: dict[str, Any], sweeps: dict[str, dict[str, Any]], figures: Path, link: str = ""
+    template: str,
+    results: dict[str, Any],
+    sweeps: dict[str, dict[str, Any]],
+    figures: Path,
+    link: str = "",
+    extra: dict[str, Any] | None = None,
 ) -> str:
     """``template`` with every placeholder replaced (module docstring); figures are written into ``figures`` and
-    linked as ``link/<name>``."""
+    linked as ``link/<name>``; ``extra`` names further JSON records placeholders may read (``{{name.path}}``)."""
     hypotheses = all_hypotheses(sweeps)
     sources = {"default": results, "sweeps": sweeps, "hypotheses": hypotheses, "derived": derived_values(results)}
+    for name, record in (extra or {}).items():
+        if name in sources:
+            raise TemplateError(f"an extra source may not be named {name!r} (reserved: {sorted(sources)})")
+        sources[name] = record
     renderers = _renderers(results, sweeps, hypotheses, figures, link)
 
     def replace(match: re.Match) -> str:
@@ -203,10 +214,16 @@ def read_record(path: Path, what: str) -> dict[str, Any]:
 
 
 def write_report(
-    results_path: Path, template_path: Path, out_path: Path, sweep_paths: list[Path], figures: str
+    results_path: Path,
+    template_path: Path,
+    out_path: Path,
+    sweep_paths: list[Path],
+    figures: str,
+    extra_paths: dict[str, Path] | None = None,
 ) -> Path:
-    """``tvr bench report``: fill ``template_path`` from a bench's results.json and its sweeps' sweep.json into
-    ``out_path``, the figures into ``figures`` (relative to ``out_path``'s folder)."""
+    """``tvr bench report``: fill ``template_path`` from a bench's results.json, its sweeps' sweep.json and any
+    ``extra_paths`` (name → JSON file) into ``out_path``, the figures into ``figures`` (relative to ``out_path``'s
+    folder)."""
     results = read_record(results_path, "bench results.json")
     sweeps: dict[str, dict[str, Any]] = {}
     for path in sweep_paths:
@@ -214,7 +231,13 @@ def write_report(
         if "dial" not in record:
             raise UserError(f"{path}: not a sweep.json (no dial)")
         sweeps[record["dial"]] = record
-    text = fill_template(template_path.read_text(), results, sweeps, out_path.parent / figures, figures)
+    extra = {}
+    for name, path in (extra_paths or {}).items():
+        try:
+            extra[name] = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path}: cannot read the JSON named {name!r} ({exc})") from None
+    text = fill_template(template_path.read_text(), results, sweeps, out_path.parent / figures, figures, extra)
     return atomic_write_text(out_path, text)
 
 
