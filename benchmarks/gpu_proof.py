@@ -1,51 +1,60 @@
-"""The GPU path, proven in one command (issue 26, item 5). Needs a CUDA GPU; nothing is downloaded.
+"""The GPU path, proven in one command, on one GPU or several. Nothing is downloaded.
 
-    .venv/bin/python benchmarks/gpu_proof.py            # everything below → benchmarks/results/gpu_proof.json
+    .venv/bin/python benchmarks/gpu_proof.py                  # → benchmarks/results/gpu_proof.json
     .venv/bin/python benchmarks/gpu_proof.py --parts steps --presets gare/msrvtt,proxy/msrvtt_b16
+    .venv/bin/python benchmarks/gpu_proof.py --cpu-smoke      # the script itself, on the CPU at toy sizes
+
+The JSON is written whatever part fails: each failure is recorded where its figures would be (and listed under
+``failures``), the file is rewritten after every part, and the exit code is 1 when anything failed.
 
 Parts (``--parts``, default all):
 
-* ``steps`` — one AMP training step of every shipped preset (ablations and the CPU recipe excepted) at full size
-  with random weights: the preset's model and head with CLIP ViT-B/32 or ViT-B/16 dimensions (the preset's
-  ``model.clip`` decides the patch size; a CLIP-ViP checkpoint is not loaded), the two-tower presets on their
-  installed real weights; synthetic raw batches of ``--batch`` items (default 16 = the papers' global batch of 128
-  on 8 GPUs) at the preset's frames, words and resolution. Through the trainer's own step (autocast, the fp16 grad
-  scaler, clipping, AdamW): the warm step's time, the peak allocated GPU memory, the loss. ``--amp-dtypes``
-  (default ``auto,fp16``: bf16 on a GPU that has it, and the fp16 + scaler path) and, with
-  ``--checkpointing``, the same step with ``model.gradient_checkpointing`` for the memory it saves.
-* ``nccl`` — the two-process gradient equivalence of ``tests/test_distributed_heads.py`` over NCCL, one GPU per
-  process (every registered head and variant: loss, gradients and buffers equal one process on the global batch;
-  the reference is computed in each process before it joins the group). With one GPU: one process joins an NCCL
-  group of one and runs the same DDP step.
-* ``scoring`` — test-time all-pairs scoring of GARE, TV-ProxyNet and GraviAlign (``s_align`` mode) through each
-  head's ``score`` on 1000 texts × 1000 videos, D = 512 (MSR-VTT 1k-A), against its GPU floor:
+* ``environment`` (always): torch, ``torch.version.cuda``, cuDNN and NCCL versions, the device count and every
+  device's name, memory and compute capability.
+* ``steps`` — one GPU: a full-size AMP training step of every shipped preset (the CPU recipe and ablations
+  excepted), through the trainer's own step (autocast, the fp16 grad scaler, clipping, AdamW): the preset's model and
+  head with CLIP ViT-B/32 or B/16 dimensions and random weights (the preset's ``model.clip`` decides the patch size;
+  no CLIP-ViP checkpoint is loaded), the two-tower presets on their installed weights, a synthetic raw batch of
+  ``--batch`` items (default 16 = the papers' global 128 on 8 GPUs) at the preset's frames, words and resolution.
+  Per ``--amp-dtypes`` (default bf16 and fp16 + scaler): one warm-up step, fp16 steps until the scaler has found its
+  scale (each a skipped step), then the measured step: every loss finite, the skipped steps, the measured step's time
+  and peak allocated memory. ``--checkpointing`` adds the same step with ``model.gradient_checkpointing``.
+* ``distributed`` — every GPU under ``torchrun`` (NCCL, one process per GPU), each rank ``--batch`` items of one
+  global batch, so the heads' per-rank loss runs (each rank's pairwise work for its own texts, :mod:`tvr.train.
+  distributed`): the same AMP steps, each rank's peak memory (its own pairs, not one process's) and time, and the
+  loss and gradient norm against one GPU training the same global batch from the same weights (dropout off in both,
+  the reference with gradient checkpointing for memory). First the float32 equivalence check of
+  ``tests/test_distributed_heads.py`` over NCCL (every head and variant: loss and gradients of one process). With
+  one device this part is recorded as not run (it needs two).
+* ``scoring`` — every exact test-time scorer (CLIP4Clip mean and text-conditioned pooling, GARE, TV-ProxyNet,
+  GraviAlign's cos_f, s_align and mixed) through the head's ``score`` on ``--texts`` × ``--videos`` at D = 512, in
+  float32 (TF32 off), timed with the L2 cache flushed before each call, against a roofline that is a true lower
+  bound: the scorer's minimal arithmetic (:func:`minimal_cost`: only work no exact method can skip, each operation
+  counted as one FLOP, a multiply-add as two) over the device's peak FP32 rate, or its compulsory input bytes over
+  the peak memory bandwidth, whichever is longer. Peaks come from the datasheet table :data:`PEAKS` by device name
+  (the largest of the variants a name may stand for); a device not in it gets no roofline. efficiency = roofline /
+  measured ≤ 1; ``bound_holds`` records that it is.
 
-  - GARE: the factorised scorer's unavoidable arithmetic, three [N_t, D] × [D, N_v·F] products (3·F·D
-    multiply-adds per pair), timed as plain GEMMs;
-  - TV-ProxyNet: the 5·D² multiply-adds per pair of the CPU benchmark's floor (query projection and two FFN layers
-    per round folded as in benchmarks/proxy_scoring.py), timed as plain [P, D] × [D, D] GEMMs;
-  - GraviAlign: the elementwise passes S_align cannot avoid over the N_t·N_v·D (pair, dimension) grid (s = σ_v² +
-    σ_t², δ = μ_v − μ_t, δ²/s, log s, two reductions over D), each timed alone on a resident block of the GPU
-    and scaled to all pairs (the GPU analogue of benchmarks/gravialign_scoring.py's floor).
-
-  efficiency = floor / scorer (1 = at the floor), in the GPU's default precision (float32, TF32 off).
-
-Nothing here has been run by the project yet: the figures in docs/benchmarks.md and docs/scaling.md are pending a
-machine with a GPU (record them there, naming the GPU).
+``--cpu-smoke`` runs every part on the CPU at toy sizes: the one-device path (``--devices 1``: no distributed part)
+or the several-device path (``--devices 2``, the default: two gloo processes under torchrun), writing
+``benchmarks/results/gpu_proof_cpu_smoke.json``. Its CPU roofline takes 6 GHz and the widest vector unit the CPU
+reports (AVX-512: 64 FP32 FLOPs per cycle and core), no memory term: a loose but true bound.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
-import socket
+import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 for _path in (REPO, REPO / "tests"):  # tests/test_distributed_heads.py holds the equivalence check
@@ -53,29 +62,44 @@ for _path in (REPO, REPO / "tests"):  # tests/test_distributed_heads.py holds th
         sys.path.insert(0, str(_path))
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "gpu_proof.json"
+SMOKE_OUT = REPO / "benchmarks" / "results" / "gpu_proof_cpu_smoke.json"
 EOT = 49407
 VIT = {  # OpenAI CLIP ViT-B: text 512 wide × 12 layers × 8 heads, vision 768 × 12 × 12, projection 512
     "embed_dim": 512, "text_width": 512, "text_layers": 12, "text_heads": 8, "vision_width": 768,
     "vision_layers": 12, "vision_heads": 12, "image_size": 224, "context_length": 77, "vocab_size": 49408,
 }  # fmt: skip
-
-
-def presets() -> list[str]:
-    root = REPO / "tvr" / "configs"
-    return sorted(
-        str(p.relative_to(root).with_suffix(""))
-        for p in root.glob("*/*.yaml")
-        if p.parent.name not in ("cpu", "ablations")
-    )
-
-
-#: ``--cpu-smoke`` runs every part on the CPU at toy sizes (gloo instead of NCCL) to check the script itself
-SMOKE = {"on": False}
 SMOKE_VIT = {
     "embed_dim": 32, "text_width": 32, "text_layers": 4, "text_heads": 2, "vision_width": 32, "vision_layers": 1,
     "vision_heads": 2, "image_size": 32, "context_length": 77, "vocab_size": 49408,
 }  # fmt: skip
 SMOKE_PRESETS = "clip4clip/msrvtt,gare/msrvtt,proxy/msrvtt_b16,gravialign/msrvtt"
+#: fp16 warm-up: steps the scaler may skip (halving its scale from 2^16) before the measured step
+MAX_SCALER_STEPS = 24
+#: relative difference of loss / gradient norm between the ranks and one GPU that rounding in each AMP dtype
+#: explains (bf16 keeps 8 significant bits, fp16 11; the global batch is reduced in another order)
+TOLERANCE = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 1e-4}
+
+#: datasheet peaks (dense FP32 without tensor cores, TFLOP/s; memory bandwidth, TB/s) by device-name pattern, checked
+#: in order; where one name may stand for several variants the largest figures are taken, so the bound stays a bound
+PEAKS = [
+    ("H200", 67.0, 4.8, "NVIDIA H200 SXM / NVL datasheet: 67 / 60 TFLOP/s FP32, 4.8 TB/s HBM3e"),
+    ("GH200", 67.0, 4.9, "NVIDIA GH200 datasheet: 67 TFLOP/s FP32, up to 4.9 TB/s HBM3e"),
+    ("H100 NVL", 60.0, 3.9, "NVIDIA H100 NVL datasheet: 60 TFLOP/s FP32, 3.9 TB/s"),
+    ("H100 PCIe", 51.0, 2.0, "NVIDIA H100 PCIe datasheet: 51 TFLOP/s FP32, 2.0 TB/s"),
+    ("H100", 67.0, 3.9, "NVIDIA H100 SXM5 datasheet: 67 TFLOP/s FP32, 3.35 TB/s (3.9: the NVL's, any H100)"),
+    ("A100", 19.5, 2.039, "NVIDIA A100 datasheet: 19.5 TFLOP/s FP32, up to 2.039 TB/s (80 GB SXM4)"),
+    ("L40S", 91.6, 0.864, "NVIDIA L40S datasheet: 91.6 TFLOP/s FP32, 864 GB/s"),
+    ("L40", 90.5, 0.864, "NVIDIA L40 datasheet: 90.5 TFLOP/s FP32, 864 GB/s"),
+    ("L4", 30.3, 0.3, "NVIDIA L4 datasheet: 30.3 TFLOP/s FP32, 300 GB/s"),
+    ("A10", 31.2, 0.6, "NVIDIA A10 datasheet: 31.2 TFLOP/s FP32, 600 GB/s"),
+    ("V100", 15.7, 0.9, "NVIDIA V100 SXM2 datasheet: 15.7 TFLOP/s FP32, 900 GB/s"),
+    ("T4", 8.1, 0.32, "NVIDIA T4 datasheet: 8.1 TFLOP/s FP32, 320 GB/s"),
+    ("RTX 4090", 82.6, 1.008, "GeForce RTX 4090 specifications: 82.6 TFLOP/s FP32, 1008 GB/s"),
+]
+#: the CPU smoke's clock: above any x86 core's sustained clock, so the CPU roofline stays a lower bound
+CPU_BOUND_HZ = 6.0e9
+
+SMOKE = {"on": False}
 
 
 def _device():  # noqa: ANN202
@@ -101,7 +125,57 @@ def _reset_peak() -> None:
 def _peak_gib() -> float | None:
     import torch
 
-    return None if SMOKE["on"] else round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return None if SMOKE["on"] else round(torch.cuda.max_memory_allocated() / 2**30, 3)
+
+
+def _failure(exc: BaseException) -> dict:
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return {"error": f"out of memory: {str(exc).splitlines()[0]}"}
+    return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
+
+
+def presets() -> list[str]:
+    """Every shipped run preset but the CPU recipe and the ablations."""
+    from tvr.config import available_presets
+
+    return [name for name in available_presets() if not name.startswith("cpu/") and "/ablations/" not in name]
+
+
+# --------------------------------------------------------------------------------------------- environment
+
+
+def environment(devices: int) -> dict:
+    import torch
+
+    record: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_smoke": SMOKE["on"],
+        "cuda_available": torch.cuda.is_available(),
+        "device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "devices_used": devices,
+        "devices": [],
+    }
+    if torch.cuda.is_available():
+        record["nccl"] = (
+            ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None
+        )
+        for k in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(k)
+            record["devices"].append(
+                {
+                    "name": props.name,
+                    "memory_gib": round(props.total_memory / 2**30, 1),
+                    "capability": f"{props.major}.{props.minor}",
+                    "multiprocessors": props.multi_processor_count,
+                }
+            )
+    return record
 
 
 # --------------------------------------------------------------------------------------------- training steps
@@ -131,7 +205,7 @@ def full_size_config(preset: str, batch: int, amp_dtype: str, checkpointing: boo
 
 
 class _OneBatch:
-    """TrainData of one synthetic batch (the trainer's step is all this part runs)."""
+    """TrainData of one synthetic batch (the trainer's step is all these parts run)."""
 
     def __init__(self, batch: dict) -> None:
         self.batch = batch
@@ -144,6 +218,7 @@ class _OneBatch:
 
 
 def synthetic_batch(cfg, n: int, work: Path) -> dict:  # noqa: ANN001
+    """``n`` raw items (token ids, frames) from a fixed seed: every rank builds the same global batch."""
     import torch
 
     from tvr.data.tokenizer import build_tokenizer
@@ -168,140 +243,130 @@ def synthetic_batch(cfg, n: int, work: Path) -> dict:  # noqa: ANN001
     }
 
 
-def training_step(preset: str, batch: int, amp_dtype: str, checkpointing: bool) -> dict:
+def train_steps(cfg, batch: dict, dist_info, no_dropout: bool = False) -> dict:  # noqa: ANN001
+    """The trainer's own step on ``batch`` from seeded weights: a warm-up step (cuDNN/cuBLAS autotuning, allocator
+    growth), fp16 steps until the scaler stops skipping, then the measured step (its time and peak memory)."""
     import torch
+    from torch import nn
 
     from tvr.models.build import build_model
-    from tvr.train.distributed import DistInfo
     from tvr.train.trainer import Trainer
 
-    cfg, base = full_size_config(preset, batch, amp_dtype, checkpointing)
-    device = _device()
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    if no_dropout:
+        for module in model.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = 0.0  # a pair's dropout draw on a rank is not one process's draw
+    steps: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        data = _OneBatch(synthetic_batch(cfg, batch, Path(tmp)))
-        torch.manual_seed(0)
-        model = build_model(cfg)
-        trainer = Trainer(model, cfg, data, Path(tmp) / "run", dist_info=DistInfo(0, 1, 0, device))
-        params = sum(p.numel() for p in model.parameters())
-        trainer._train_step(data.batch)  # warm-up: cuDNN/cuBLAS autotuning, allocator growth
-        # fp16: the scaler starts at 2^16 and halves the scale, skipping the step, while the gradients overflow;
-        # warm up until it has found its scale (a skipped step would time no optimizer update)
-        for _ in range(24):
-            if trainer.scaler is None:
-                break
-            before = trainer.scaler.get_scale()
-            trainer._train_step(data.batch)
-            if trainer.scaler.get_scale() >= before:
-                break
-        _sync()
-        _reset_peak()
-        scale_before = trainer.scaler.get_scale() if trainer.scaler is not None else None
-        start = time.perf_counter()
-        losses, grad_norm = trainer._train_step(data.batch)
-        _sync()
-        seconds = time.perf_counter() - start
-        scale_after = trainer.scaler.get_scale() if trainer.scaler is not None else None
+        trainer = Trainer(model, cfg, _OneBatch(batch), Path(tmp) / "run", dist_info=dist_info)
+
+        def step() -> None:
+            scale = trainer.scaler.get_scale() if trainer.scaler is not None else None
+            _sync()
+            _reset_peak()
+            start = time.perf_counter()
+            losses, grad_norm = trainer._train_step(batch)
+            _sync()
+            seconds = time.perf_counter() - start
+            after = trainer.scaler.get_scale() if trainer.scaler is not None else None
+            steps.append(
+                {
+                    "loss": float(losses["loss"]),
+                    "grad_norm": None if grad_norm is None else float(grad_norm),
+                    "skipped": scale is not None and after < scale,
+                    "grad_scale": after,
+                    "seconds": round(seconds, 4),
+                }
+            )
+
+        step()
+        while trainer.scaler is not None and steps[-1]["skipped"] and len(steps) <= MAX_SCALER_STEPS:
+            step()
+        step()
+        peak = _peak_gib()
+        amp = str(trainer.amp_dtype).replace("torch.", "")
     return {
-        "preset": preset,
-        "clip": str(base.model.clip),
-        "backbone": cfg.model.backbone,
-        "head": cfg.head.name,
-        "batch_per_gpu": batch,
-        "frames": cfg.data.max_frames,
-        "image_size": cfg.data.image_size,
-        "amp_dtype": str(trainer.amp_dtype).replace("torch.", ""),
+        "autocast_dtype": amp,
         "grad_scaler": trainer.scaler is not None,
-        "gradient_checkpointing": checkpointing,
-        "parameters_m": round(params / 1e6, 1),
-        "step_seconds": round(seconds, 4),
-        "peak_allocated_gib": _peak_gib(),
-        "loss": float(losses["loss"]),
-        "loss_finite": bool(torch.isfinite(losses["loss"]).item()),
-        "grad_norm": None if grad_norm is None else float(grad_norm),
-        "grad_scale": scale_after,
-        "step_skipped_by_scaler": None if scale_before is None else scale_after < scale_before,
+        "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
+        "loss_finite": all(math.isfinite(s["loss"]) for s in steps),
+        "skipped_steps": sum(s["skipped"] for s in steps),
+        "step_seconds": steps[-1]["seconds"],
+        "peak_allocated_gib": peak,
+        "steps": steps,
     }
 
 
-def part_steps(args: argparse.Namespace) -> list[dict]:
+def _step_settings(args: argparse.Namespace) -> list[tuple[str, str, bool]]:
+    chosen = args.presets.split(",") if args.presets else presets()
+    dtypes = args.amp_dtypes.split(",")
+    settings = [(preset, dtype, False) for preset in chosen for dtype in dtypes]
+    if args.checkpointing:
+        settings += [(preset, dtypes[0], True) for preset in chosen]
+    return settings
+
+
+def part_steps(args: argparse.Namespace) -> dict:
     import torch
+
+    from tvr.train.distributed import DistInfo
 
     rows = []
-    chosen = args.presets.split(",") if args.presets else presets()
-    for preset in chosen:
-        settings = [(dtype, False) for dtype in args.amp_dtypes.split(",")]
-        if args.checkpointing:
-            settings.append((args.amp_dtypes.split(",")[0], True))
-        for amp_dtype, checkpointing in settings:
-            try:
-                row = training_step(preset, args.batch, amp_dtype, checkpointing)
-            except torch.OutOfMemoryError as exc:
-                row = {
-                    "preset": preset,
-                    "amp_dtype": amp_dtype,
-                    "gradient_checkpointing": checkpointing,
-                    "error": f"out of memory: {str(exc).splitlines()[0]}",
-                }
-            except Exception as exc:  # noqa: BLE001 - recorded, the other presets still run
-                row = {
-                    "preset": preset,
-                    "amp_dtype": amp_dtype,
-                    "gradient_checkpointing": checkpointing,
-                    "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc()[-2000:],
-                }
-            if not SMOKE["on"]:
-                torch.cuda.empty_cache()
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    return rows
+    for preset, amp_dtype, checkpointing in _step_settings(args):
+        row: dict[str, Any] = {"preset": preset, "amp_dtype": amp_dtype, "gradient_checkpointing": checkpointing}
+        try:
+            cfg, base = full_size_config(preset, args.batch, amp_dtype, checkpointing)
+            row.update(clip=str(base.model.clip), backbone=cfg.model.backbone, head=cfg.head.name)
+            row.update(batch=args.batch, frames=cfg.data.max_frames, image_size=cfg.data.image_size)
+            with tempfile.TemporaryDirectory() as tmp:
+                batch = synthetic_batch(cfg, args.batch, Path(tmp))
+            row.update(train_steps(cfg, batch, DistInfo(0, 1, 0, _device())))
+        except Exception as exc:  # noqa: BLE001 - recorded; the other presets still run
+            row.update(_failure(exc))
+        if not SMOKE["on"]:
+            torch.cuda.empty_cache()
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("steps", "traceback")}), flush=True)
+    return {"rows": rows}
 
 
-# --------------------------------------------------------------------------------------------- NCCL
+# --------------------------------------------------------------------------------------------- distributed
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _equivalence_references(batch: dict, device) -> list:  # noqa: ANN001
+    """One process's loss and gradients of every head variant of tests/test_distributed_heads.py on ``batch``
+    (float32), computed before this process joins the group (a model under a process group gathers)."""
+    from test_distributed_heads import VARIANTS, build_model
 
-
-def nccl_worker(rank: int, world: int, port: int, out: str, smoke: bool) -> None:
-    import gc
-
-    import torch
-    from test_distributed_heads import SIZES, VARIANTS, _assert_close, _rows, build_model, global_batch
-
-    from tvr.train.distributed import init_distributed, wrap_model
-
-    SMOKE["on"] = smoke
-    torch.set_num_threads(1)
-    device = torch.device("cpu") if SMOKE["on"] else torch.device("cuda", rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    batch = {k: v.to(device) for k, v in global_batch().items()}
-    sizes = SIZES if world == 2 else (sum(SIZES),)
-    rows = slice(sum(sizes[:rank]), sum(sizes[: rank + 1]))
-    # references first: before this process joins the group, the model does not gather
     references = []
     for name, options in VARIANTS:
-        ref = build_model(name, options).to(device)
-        out_ref = ref(batch)
-        out_ref["loss"].backward()
-        references.append((ref, out_ref["loss"].detach()))
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
-    )
-    info = init_distributed(device.type)
-    assert torch.distributed.get_backend() == ("gloo" if smoke else "nccl")
+        model = build_model(name, options).to(device)
+        out = model(batch)
+        out["loss"].backward()
+        references.append((name, options, model, out["loss"].detach()))
+    return references
+
+
+def _equivalence(info, batch: dict, references: list) -> dict:  # noqa: ANN001
+    """tests/test_distributed_heads.py's check over this process group: each rank's unequal share of ``batch``
+    through DDP and the per-rank loss gives one process's loss and gradients."""
+    from test_distributed_heads import _assert_close, _rows, build_model
+
+    from tvr.train.distributed import wrap_model
+    from tvr.utils.distributed import RowShard
+
+    sizes = RowShard.split(len(batch["text_eot"]), info.rank, info.world_size).sizes
+    rows = slice(sum(sizes[: info.rank]), sum(sizes[: info.rank + 1]))
     checked, failures = [], []
-    for (name, options), (ref, ref_loss) in zip(VARIANTS, references, strict=True):
+    for name, options, ref, ref_loss in references:
         try:
-            model = build_model(name, options).to(device)
-            ddp = wrap_model(model, info) if world > 1 else model
-            out_local = ddp(_rows(batch, rows))
-            out_local["loss"].backward()
-            _assert_close(f"{name} {options}: loss", out_local["loss"].detach(), ref_loss)
+            model = build_model(name, options).to(info.device)
+            ddp = wrap_model(model, info)
+            out = ddp(_rows(batch, rows))
+            out["loss"].backward()
+            _assert_close(f"{name} {options}: loss", out["loss"].detach(), ref_loss)
             for (key, p), ref_p in zip(model.named_parameters(), ref.parameters(), strict=True):
                 if p.requires_grad:
                     _assert_close(f"{name} {options}: grad {key}", p.grad, ref_p.grad)
@@ -309,34 +374,253 @@ def nccl_worker(rank: int, world: int, port: int, out: str, smoke: bool) -> None
             del ddp
         except Exception as exc:  # noqa: BLE001
             failures.append(f"{name} {options}: {exc}")
-    if rank == 0:
-        Path(out).write_text(json.dumps({"world_size": world, "checked": checked, "failures": failures}))
-    gc.collect()
-    torch.distributed.destroy_process_group()
+    return {"checked": checked, "failures": failures, "rows_per_rank": list(sizes)}
 
 
-def part_nccl(args: argparse.Namespace) -> dict:
+def distributed_worker(args: argparse.Namespace) -> None:
+    """One torchrun rank of the ``distributed`` part; rank 0 writes ``args.worker_out`` after every row."""
     import torch
-    import torch.multiprocessing as mp
+    from test_distributed_heads import global_batch
 
-    world = 2 if SMOKE["on"] or torch.cuda.device_count() >= 2 else 1
+    from tvr.train.distributed import init_distributed
+    from tvr.utils.distributed import all_gather_object
+    from tvr.utils.io import atomic_write_json
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = torch.device("cpu") if SMOKE["on"] else torch.device("cuda", local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # unequal shares, at least 2 items per rank
+    batch = {k: v.to(device) for k, v in global_batch(max(7, 2 * world + 1)).items()}
+    references = _equivalence_references(batch, device)
+    info = init_distributed(device.type)
+    record: dict[str, Any] = {
+        "world_size": info.world_size,
+        "backend": torch.distributed.get_backend(),
+        "batch_per_rank": args.batch,
+        "global_batch": args.batch * info.world_size,
+    }
+
+    def save() -> None:
+        if info.is_main:
+            atomic_write_json(args.worker_out, record)
+
+    parts = all_gather_object(_equivalence(info, batch, references))
+    del references
+    record["equivalence_float32"] = {
+        "checked": len(parts[0]["checked"]),
+        "failures": [f for part in parts for f in part["failures"]],
+        "rows_per_rank": parts[0]["rows_per_rank"],
+    }
+    save()
+    record["rows"] = []
+    for preset, amp_dtype, checkpointing in _step_settings(args):
+        row: dict[str, Any] = {"preset": preset, "amp_dtype": amp_dtype, "gradient_checkpointing": checkpointing}
+        result: dict[str, Any]
+        try:
+            cfg, _ = full_size_config(preset, args.batch * info.world_size, amp_dtype, checkpointing)
+            with tempfile.TemporaryDirectory() as tmp:
+                batch = synthetic_batch(cfg, args.batch * info.world_size, Path(tmp))
+            mine = {k: v[info.rank * args.batch : (info.rank + 1) * args.batch] for k, v in batch.items()}
+            result = train_steps(cfg, mine, info, no_dropout=True)
+        except Exception as exc:  # noqa: BLE001 - recorded; every rank goes on to the next row together
+            result = _failure(exc)
+        gathered = all_gather_object(
+            {k: result.get(k) for k in ("peak_allocated_gib", "step_seconds", "error", "skipped_steps")}
+        )
+        row.update(result)
+        row["per_rank_peak_allocated_gib"] = [g["peak_allocated_gib"] for g in gathered]
+        row["per_rank_step_seconds"] = [g["step_seconds"] for g in gathered]
+        errors = [f"rank {r}: {g['error']}" for r, g in enumerate(gathered) if g["error"]]
+        if errors:
+            row["error"] = "; ".join(errors)
+        record["rows"].append(row)
+        save()
+        if not SMOKE["on"]:
+            torch.cuda.empty_cache()
+
+
+def _worker_command(args: argparse.Namespace, world: int, out: Path) -> list[str]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world)]
+    command += [str(Path(__file__).resolve()), "--worker-out", str(out), "--batch", str(args.batch)]
+    command += ["--amp-dtypes", args.amp_dtypes, "--presets", args.presets or ",".join(presets())]
+    if args.checkpointing:
+        command.append("--checkpointing")
+    if SMOKE["on"]:
+        command.append("--cpu-smoke")
+    return command
+
+
+def _relative(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+        return None
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def compare_with_one_device(row: dict, reference: dict) -> dict:
+    """Step 1's loss, and the gradient norm of each run's first step its fp16 scaler did not skip: both from the
+    same weights and batch (a skipped step leaves the weights as they were)."""
+    ours, ref = row.get("steps") or [], reference.get("steps") or []
+    loss = _relative(ours[0]["loss"], ref[0]["loss"]) if ours and ref else None
+    first = [next((s["grad_norm"] for s in steps if not s["skipped"]), None) for steps in (ours, ref)]
+    norm = _relative(*first)
+    tolerance = TOLERANCE.get(str(row.get("autocast_dtype")), TOLERANCE["float32"])
+    return {
+        "loss_step1": [ours[0]["loss"] if ours else None, ref[0]["loss"] if ref else None],
+        "loss_relative_difference": loss,
+        "grad_norm_first_unskipped": first,
+        "grad_norm_relative_difference": norm,
+        "skipped_steps": [sum(s["skipped"] for s in steps) for steps in (ours, ref)],
+        "tolerance": tolerance,
+        "within_tolerance": loss is not None and norm is not None and max(loss, norm) <= tolerance,
+    }
+
+
+def part_distributed(args: argparse.Namespace) -> dict:
+    import torch
+
+    from tvr.train.distributed import DistInfo
+
+    world = args.devices
+    if world < 2:
+        have = "the CPU smoke's one device" if SMOKE["on"] else f"{world} GPU"
+        return {"not_run": f"needs two or more devices; this run uses {have} (--devices)"}
     with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "nccl.json")
-        worker_args = (world, _free_port(), out, SMOKE["on"])
-        mp.start_processes(nccl_worker, args=worker_args, nprocs=world, join=True, start_method="spawn")
-        record = json.loads(Path(out).read_text())
-    print(json.dumps(record), flush=True)
+        out = Path(tmp) / "worker.json"
+        env = {**os.environ, "TVR_DIST_TIMEOUT_MIN": str(args.collective_timeout_min)}
+        if SMOKE["on"]:
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        else:
+            env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(k) for k in range(world)))
+        started = time.perf_counter()
+        try:
+            run = subprocess.run(
+                _worker_command(args, world, out),
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=REPO,
+                timeout=args.distributed_timeout,
+            )
+            code, tail = run.returncode, (run.stdout + run.stderr)[-3000:]
+        except subprocess.TimeoutExpired as exc:
+            code, tail = None, f"torchrun did not finish within {args.distributed_timeout} s: {str(exc)[-500:]}"
+        record = json.loads(out.read_text()) if out.is_file() else {}
+    record["torchrun_seconds"] = round(time.perf_counter() - started, 1)
+    if code != 0:
+        record["error"] = f"torchrun exit code {code}" if code is not None else "torchrun timed out"
+        record["log_tail"] = tail
+    for row in record.get("rows", []):
+        if row.get("error"):
+            continue
+        try:  # one device, the same global batch, the same starting weights
+            cfg, _ = full_size_config(row["preset"], args.batch * world, row["amp_dtype"], True)
+            with tempfile.TemporaryDirectory() as tmp:
+                batch = synthetic_batch(cfg, args.batch * world, Path(tmp))
+            reference = train_steps(cfg, batch, DistInfo(0, 1, 0, _device()), no_dropout=True)
+            row["one_device"] = {
+                "gradient_checkpointing": True,
+                "peak_allocated_gib": reference["peak_allocated_gib"],
+                "step_seconds": reference["step_seconds"],
+                "steps": reference["steps"],
+            }
+            row["comparison"] = compare_with_one_device(row, reference)
+        except Exception as exc:  # noqa: BLE001
+            row["one_device"] = _failure(exc)
+        if not SMOKE["on"]:
+            torch.cuda.empty_cache()
+        shown = {k: row.get(k) for k in ("preset", "amp_dtype", "per_rank_peak_allocated_gib", "comparison")}
+        print(json.dumps(shown), flush=True)
     return record
 
 
 # --------------------------------------------------------------------------------------------- scoring
 
 
-def _cuda_time(fn, repeats: int = 3) -> float:  # noqa: ANN001
+#: (head, options, inference setting) of every exact scorer timed; frames and proxies as on MSR-VTT (12, 4)
+SCORERS: list[tuple[str, dict, dict | None]] = [
+    ("clip4clip", {"video_pool": "mean"}, None),
+    ("clip4clip", {"video_pool": "text_softmax"}, None),
+    ("gare", {}, None),
+    ("proxy", {}, {"gamma": 1.0}),
+    ("gravialign", {"inference_mode": "cos_f", "select_modes": ""}, None),
+    ("gravialign", {"inference_mode": "s_align", "select_modes": ""}, None),
+    ("gravialign", {"inference_mode": "mixed", "select_modes": ""}, None),
+]
+FRAMES, PROXIES = 12, 4
+
+
+def minimal_cost(name: str, options: Any, n_t: int, n_v: int, dim: int, frames: int, proxies: int) -> dict:
+    """FLOPs and input bytes that any exact computation of the scorer's all-pairs matrix needs (float32), with the
+    formula. Only per-pair work counts (per-text and per-video preparation is left out, which only lowers the bound),
+    each operation is one FLOP and a multiply-add two (the way peak rates count them)."""
+    pairs, f32 = n_t * n_v, 4
+    if name == "clip4clip" and options.video_pool == "mean":
+        flops, text_b, video_b = 2 * dim * pairs, n_t * dim, n_v * dim
+        formula = "2·D per pair (one dot product of the pooled embeddings)"
+    elif name == "clip4clip":
+        flops = 2 * frames * (dim + frames) * pairs
+        text_b, video_b = n_t * dim, n_v * (frames * dim + frames * frames + frames)
+        formula = "2·F·(D + F) per pair: the F text-frame logits and the pooled norm wᵀGw"
+    elif name == "gare":
+        flops, text_b, video_b = 6 * frames * dim * pairs, n_t * dim, n_v * (frames * dim + frames)
+        formula = "6·F·D per pair: three text × (video·frame) products of inner size D (the factorised scorer)"
+    elif name == "proxy":
+        flops = 4 * dim * options.ffn_dim * options.layers * pairs
+        text_b, video_b = n_t * dim, n_v * (dim + proxies * dim)
+        formula = "4·D·ffn_dim per pair and round: each round's FFN, whose input depends on the pair"
+    elif name == "gravialign" and options.inference_mode in ("cos_f", "cos_mu"):
+        flops, text_b, video_b = 2 * dim * pairs, n_t * dim, n_v * dim
+        formula = "2·D per pair (one dot product)"
+    elif name == "gravialign":
+        # S_align per (pair, dimension): σ_v² + σ_t², μ_v − μ_t, the square, the division, the sum over D, and with
+        # the log-determinant term one product (or log) more
+        s_align = 6 if "C" in options.terms else 5
+        mixed = options.inference_mode == "mixed"
+        flops = (s_align + 2 * mixed) * dim * pairs
+        text_b, video_b = (2 + mixed) * n_t * dim, (2 + mixed) * n_v * dim  # μ and log σ² (and f for the cosine)
+        formula = f"{s_align}·D per pair for S_align" + (" + 2·D for the cosine" if mixed else "")
+    else:
+        raise ValueError(f"no cost model for {name}")
+    return {"flops": flops, "input_bytes": f32 * (text_b + video_b), "formula": formula}
+
+
+def device_peaks() -> dict:
+    """Peak FP32 FLOP/s and memory bandwidth of the scoring device (None where no bound is known)."""
+    if SMOKE["on"]:
+        flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+        per_cycle = 64 if " avx512f" in flags else (32 if " avx2" in flags else 16)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return {
+            "device": platform.processor() or "cpu",
+            "flops_per_second": cores * CPU_BOUND_HZ * per_cycle,
+            "bytes_per_second": None,
+            "source": f"{cores} cores × 6 GHz × {per_cycle} FP32 FLOPs per cycle (widest vector unit reported); "
+            "no memory term",
+        }
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    for pattern, tflops, tbps, source in PEAKS:
+        if pattern in name:
+            return {
+                "device": name,
+                "flops_per_second": tflops * 1e12,
+                "bytes_per_second": tbps * 1e12,
+                "source": source,
+            }
+    return {"device": name, "flops_per_second": None, "bytes_per_second": None, "source": "not in the table"}
+
+
+def _time_cold(fn, flush) -> float:  # noqa: ANN001
+    """Best of three calls after a warm-up, each after the L2 cache was overwritten (inputs come from memory)."""
     fn()
-    _sync()
     best = float("inf")
-    for _ in range(repeats):
+    for _ in range(3):
+        if flush is not None:
+            flush.zero_()
+        _sync()
         start = time.perf_counter()
         fn()
         _sync()
@@ -344,7 +628,7 @@ def _cuda_time(fn, repeats: int = 3) -> float:  # noqa: ANN001
     return best
 
 
-def _features(n_t: int, n_v: int, dim: int, frames: int, proxies: int):  # noqa: ANN201
+def _features(n_t: int, n_v: int, dim: int):  # noqa: ANN202
     import torch
 
     from tvr.types import TextFeatures, VideoFeatures
@@ -353,137 +637,149 @@ def _features(n_t: int, n_v: int, dim: int, frames: int, proxies: int):  # noqa:
     base = torch.randn(n_v, dim, generator=g)
     text = TextFeatures(base[torch.randint(0, n_v, (n_t,), generator=g)] + 0.5 * torch.randn(n_t, dim, generator=g))
     video = VideoFeatures(
-        base[:, None] + torch.randn(n_v, frames, dim, generator=g),
-        torch.ones(n_v, frames, dtype=torch.long),
-        base[:, None] + torch.randn(n_v, proxies, dim, generator=g) if proxies else None,
+        base[:, None] + torch.randn(n_v, FRAMES, dim, generator=g),
+        torch.ones(n_v, FRAMES, dtype=torch.long),
+        base[:, None] + torch.randn(n_v, PROXIES, dim, generator=g),
     )
     return text.to(_device()), video.to(_device())
 
 
-def _gemm_floor(rows: int, inner: int, cols: int, count: int) -> float:
-    """Time of ``count`` plain [rows, inner] × [inner, cols] products on the GPU."""
-    import torch
-
-    a = torch.randn(rows, inner, device=_device())
-    b = torch.randn(inner, cols, device=_device())
-    return count * _cuda_time(lambda: torch.mm(a, b))
-
-
-def _gravialign_floor(n_t: int, n_v: int, dim: int, block_texts: int = 64) -> float:
-    """The elementwise passes S_align cannot avoid, each timed alone on a [T, N_v, D] block, scaled to N_t texts."""
-    import torch
-
-    device = _device()
-    mu_t, mu_v = torch.randn(block_texts, 1, dim, device=device), torch.randn(1, n_v, dim, device=device)
-    var_t, var_v = torch.rand(block_texts, 1, dim, device=device), torch.rand(1, n_v, dim, device=device)
-    s = torch.empty(block_texts, n_v, dim, device=device)
-    d = torch.empty_like(s)
-    steps = [
-        lambda: torch.add(var_t, var_v, out=s),  # s = σ_t² + σ_v²
-        lambda: torch.sub(mu_t, mu_v, out=d),  # δ
-        lambda: d.mul_(d).div_(s),  # δ²/s (one pass in a fused kernel; two here)
-        lambda: d.sum(dim=-1),  # q
-        lambda: s.log_(),  # log s
-        lambda: s.sum(dim=-1),  # Σ log s
-    ]
-    per_block = sum(_cuda_time(step) for step in steps)
-    return per_block * n_t / block_texts
-
-
-def part_scoring(args: argparse.Namespace) -> list[dict]:
+def part_scoring(args: argparse.Namespace) -> dict:
     import torch
 
     from tvr.config import HeadConfig
     from tvr.models.heads.registry import build_head
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    n_t, n_v, dim, frames, proxies = args.texts, args.videos, 512, 12, 4
+    torch.backends.cudnn.allow_tf32 = False
+    n_t, n_v, dim = args.texts, args.videos, 512
+    peaks = device_peaks()
+    flush = None
+    if not SMOKE["on"]:
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 256 * 2**20
+        flush = torch.empty(2 * l2 // 4, device=_device())
+    text, video = _features(n_t, n_v, dim)
     rows = []
-    for name, options, setting in [
-        ("gare", {}, None),
-        ("proxy", {}, {"gamma": 1.0}),
-        ("gravialign", {"inference_mode": "s_align", "select_modes": ""}, None),
-    ]:
-        torch.manual_seed(0)
-        head = build_head(HeadConfig(name=name, options=options), dim, 4.6).to(_device()).eval()
-        if setting:
-            head.set_inference_setting(setting)
-        text, video = _features(n_t, n_v, dim, frames if name == "gare" else 1, proxies if name == "proxy" else 0)
-        with torch.no_grad():
-            text_state, video_state = head.encode_texts(text), head.encode_videos(video)
-            seconds = _cuda_time(lambda: head.score(text_state, video_state))  # noqa: B023
-        if name == "gare":
-            floor = _gemm_floor(n_t, dim, n_v * frames, 3)
-            floor_text = "3 GEMMs [N_t, D] × [D, N_v·F] (3·F·D multiply-adds per pair)"
-        elif name == "proxy":
-            pairs, block = n_t * n_v, 32768
-            floor = _gemm_floor(block, dim, dim, 5) * pairs / block
-            floor_text = "5·D² multiply-adds per pair as [32768, D] × [D, D] GEMMs"
-        else:
-            floor = _gravialign_floor(n_t, n_v, dim)
-            floor_text = "6 elementwise passes over the N_t·N_v·D grid, each at the GPU's rate"
-        row = {
-            "head": name,
-            "texts": n_t,
-            "videos": n_v,
-            "dim": dim,
-            "seconds": round(seconds, 5),
-            "floor_seconds": round(floor, 5),
-            "efficiency": round(floor / seconds, 3),
-            "floor": floor_text,
-        }
+    for name, options, setting in SCORERS:
+        row: dict[str, Any] = {"head": name, "options": options, "texts": n_t, "videos": n_v, "dim": dim}
+        try:
+            torch.manual_seed(0)
+            head = build_head(HeadConfig(name=name, options=dict(options)), dim, 4.6).to(_device()).eval()
+            if setting:
+                head.set_inference_setting(setting)
+            row["setting"] = head.inference_setting() if hasattr(head, "inference_setting") else None
+            with torch.no_grad():
+                text_state, video_state = head.encode_texts(text), head.encode_videos(video)
+                seconds = _time_cold(lambda: head.score(text_state, video_state), flush)  # noqa: B023
+            cost = minimal_cost(name, head.options, n_t, n_v, dim, FRAMES, PROXIES)
+            row.update(cost, seconds=round(seconds, 6))
+            terms = []
+            if peaks["flops_per_second"]:
+                terms.append(cost["flops"] / peaks["flops_per_second"])
+            if peaks["bytes_per_second"]:
+                terms.append(cost["input_bytes"] / peaks["bytes_per_second"])
+            if terms:
+                bound = max(terms)
+                row.update(
+                    roofline_seconds=bound, efficiency=float(f"{bound / seconds:.3g}"), bound_holds=bound <= seconds
+                )
+            else:
+                row.update(roofline_seconds=None, efficiency=None, bound_holds=None)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other scorers still run
+            row.update(_failure(exc))
         rows.append(row)
-        print(json.dumps(row), flush=True)
-    return rows
+        print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
+    return {"peaks": peaks, "tf32": False, "l2_flushed": flush is not None, "rows": rows}
 
 
 # --------------------------------------------------------------------------------------------- main
 
 
-def main() -> None:
+PARTS = {"steps": part_steps, "distributed": part_distributed, "scoring": part_scoring}
+
+
+def failures_of(record: dict) -> list[str]:
+    """Every failure the record holds, one line each."""
+    found = []
+    for part, result in record["parts"].items():
+        if result.get("error"):
+            found.append(f"{part}: {result['error']}")
+        for failure in (result.get("equivalence_float32") or {}).get("failures", []):
+            found.append(f"{part}: equivalence: {failure}")
+        for row in result.get("rows", []):
+            label = " ".join(str(row.get(k)) for k in ("preset", "head", "amp_dtype") if row.get(k) is not None)
+            if row.get("error"):
+                found.append(f"{part}: {label}: {row['error']}")
+            if isinstance(row.get("one_device"), dict) and row["one_device"].get("error"):
+                found.append(f"{part}: {label}: one device: {row['one_device']['error']}")
+            if row.get("bound_holds") is False:
+                found.append(f"{part}: {label}: measured below the roofline (a peak in the table is too low)")
+            if row.get("loss_finite") is False:
+                found.append(f"{part}: {label}: a non-finite loss")
+    return found
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="steps,nccl,scoring")
+    parser.add_argument("--parts", default="steps,distributed,scoring")
     parser.add_argument("--presets", default="", help="comma-separated preset names (default: every preset)")
     parser.add_argument("--batch", type=int, default=16, help="items per GPU in the training steps")
-    parser.add_argument("--amp-dtypes", default="auto,fp16")
+    parser.add_argument("--amp-dtypes", default="bf16,fp16")
     parser.add_argument("--checkpointing", action="store_true", help="also a step with gradient checkpointing")
+    parser.add_argument("--devices", type=int, default=0, help="devices to use (0: every GPU; the CPU smoke: 2)")
     parser.add_argument("--texts", type=int, default=1000)
     parser.add_argument("--videos", type=int, default=1000)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--cpu-smoke", action="store_true", help="check the script on the CPU at toy sizes (no file)")
+    parser.add_argument("--distributed-timeout", type=int, default=3600, help="seconds torchrun may take")
+    parser.add_argument("--collective-timeout-min", type=float, default=5.0, help="TVR_DIST_TIMEOUT_MIN of the ranks")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--cpu-smoke", action="store_true", help="every part on the CPU at toy sizes")
+    parser.add_argument("--worker-out", type=Path, default=None, help=argparse.SUPPRESS)  # a torchrun rank
     args = parser.parse_args()
     import torch
 
     if args.cpu_smoke:
         SMOKE["on"] = True
-        args.presets, args.batch, args.texts, args.videos = args.presets or SMOKE_PRESETS, 2, 64, 64
-        args.amp_dtypes = "bf16,fp16"
+        args.presets, args.texts, args.videos = args.presets or SMOKE_PRESETS, min(args.texts, 64), min(args.videos, 64)
+        args.batch = min(args.batch, 2)
+        args.devices = args.devices or 2
     elif not torch.cuda.is_available():
-        sys.exit("gpu_proof: no CUDA GPU is visible to torch (this script proves the GPU path; run it on a GPU)")
-    record = {
-        "benchmark": "gpu_proof",
-        "command": " ".join(["benchmarks/gpu_proof.py", *sys.argv[1:]]),
-        "gpus": [] if SMOKE["on"] else [torch.cuda.get_device_name(k) for k in range(torch.cuda.device_count())],
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "platform": platform.platform(),
-    }
-    parts = args.parts.split(",")
-    if "steps" in parts:
-        record["training_steps"] = part_steps(args)
-    if "nccl" in parts:
-        record["nccl_equivalence"] = part_nccl(args)
-    if "scoring" in parts:
-        record["scoring"] = part_scoring(args)
-    if SMOKE["on"]:
-        print("cpu smoke run: every part ran; nothing written")
-        return
+        print("gpu_proof: no CUDA GPU is visible to torch (this script proves the GPU path; --cpu-smoke checks it)")
+        return 2
+    else:
+        args.devices = min(args.devices or torch.cuda.device_count(), torch.cuda.device_count())
+    if args.worker_out is not None:
+        distributed_worker(args)
+        return 0
     from tvr.utils.io import atomic_write_json
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(args.out, record)
-    print(f"wrote {args.out}")
+    out = args.out or (SMOKE_OUT if SMOKE["on"] else DEFAULT_OUT)
+    record: dict[str, Any] = {
+        "benchmark": "gpu_proof",
+        "command": " ".join(["benchmarks/gpu_proof.py", *sys.argv[1:]]),
+        "environment": environment(args.devices),
+        "parts": {},
+    }
+    chosen = [p for p in args.parts.split(",") if p]
+    unknown = [p for p in chosen if p not in PARTS]
+    if unknown:
+        record["parts"]["arguments"] = {"error": f"unknown part(s) {unknown}; expected some of {list(PARTS)}"}
+    try:
+        for part in (p for p in chosen if p in PARTS):
+            started = time.perf_counter()
+            try:
+                record["parts"][part] = PARTS[part](args)
+            except Exception as exc:  # noqa: BLE001 - recorded; the next part still runs
+                record["parts"][part] = _failure(exc)
+            record["parts"][part]["part_seconds"] = round(time.perf_counter() - started, 1)
+            record["failures"] = failures_of(record)
+            atomic_write_json(out, record)
+    finally:
+        record["failures"] = failures_of(record)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out, record)
+        print(f"wrote {out}; {len(record['failures'])} failure(s)", flush=True)
+    return 1 if record["failures"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

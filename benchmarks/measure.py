@@ -62,3 +62,19 @@ def summarize_runs(runs: list[dict], digits: int = 4) -> dict:
     if "threads" in best:
         summary["threads"] = best["threads"]
     return summary
+
+
+def index_to_measure(index: Path | None, videos: Path, prefix: str) -> tuple[Path, dict[str, str]]:
+    """The search index a benchmark runs against (``index``, or ``tvr index`` of ``videos`` with the default encoder
+    into a scratch folder) and the environment its commands run in (``TVR_CACHE_DIR``: the caller's, else one in the
+    scratch folder, where ``tvr index`` leaves the exported query encoder)."""
+    import os
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    env = {**os.environ, "TVR_CACHE_DIR": os.environ.get("TVR_CACHE_DIR", str(scratch / "cache"))}
+    if index is None:
+        index = scratch / "idx"
+        command = [sys.executable, "-m", "tvr.cli", "index", str(videos), "--out", str(index)]
+        subprocess.run(command, check=True, env=env, cwd=REPO)
+    return index, env

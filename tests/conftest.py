@@ -24,6 +24,18 @@ def _seed_everything() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _query_encoder_exports(tmp_path_factory: pytest.TempPathFactory):
+    """Indexes' exported text sides (tvr.search.query_encoder) go to a folder of the session, not the user's cache."""
+    import tvr.search.query_encoder as query_encoder
+
+    folder = tmp_path_factory.mktemp("query-encoders")
+    original = query_encoder.export_root
+    query_encoder.export_root = lambda: folder
+    yield folder
+    query_encoder.export_root = original
+
+
 @pytest.fixture(scope="session")
 def search_setup(tmp_path_factory: pytest.TempPathFactory):
     """Five small distinct colour videos and a tiny checkpoint trained to tell them apart (tests/search_fixtures.py),
@@ -35,3 +47,18 @@ def search_setup(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("search")
     videos = write_videos(root / "videos")
     return SimpleNamespace(root=root, videos=videos, checkpoint=train_checkpoint(root / "work", videos, steps=40))
+
+
+@pytest.fixture(scope="session")
+def search_index(search_setup, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tvr index`` of ``search_setup``'s videos with its checkpoint (which also exports the model's text side), for
+    the tests that only query it."""
+    from search_fixtures import index_args
+    from typer.testing import CliRunner
+
+    from tvr.cli import app
+
+    out = tmp_path_factory.mktemp("search_index") / "idx"
+    result = CliRunner().invoke(app, index_args(search_setup.videos, out, search_setup.checkpoint))
+    assert result.exit_code == 0, result.output
+    return out

@@ -16,6 +16,7 @@ from videos import write_test_video
 
 from tvr.analysis import AnalysisOptions
 from tvr.analysis.figures import DPI
+from tvr.analysis.papers import GARE_PAPER, TEXT_PROXY_PAPER
 from tvr.cli import app
 from tvr.config import config_from_dict
 from tvr.models.build import build_model
@@ -146,6 +147,57 @@ def test_plot_writes_every_curve_with_its_numbers(gare_run: tuple[Path, Path], t
     assert set(lrs["series"][label]) == set(train[0]["lr"])
 
 
+def test_plot_says_why_a_run_has_no_training_curve_and_marks_a_lone_validation(
+    gare_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of 7 steps with train.log_every 10 logged no training record and validated once: the terminal and the
+    figure say why its training curve is missing, and its one validation point is drawn as a visible marker."""
+    run, _ = gare_run
+    short = tmp_path / "short"
+    short.mkdir()
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["train"]["log_every"] = 10
+    (short / "config.yaml").write_text(yaml.safe_dump(config))
+    validation = {**read_jsonl(run / "val_log.jsonl")[0], "step": 7, "epoch": 1}
+    (short / "val_log.jsonl").write_text(json.dumps(validation) + "\n")
+    (short / "train_log.jsonl").write_text(json.dumps({"kind": "eval", **validation}) + "\n")
+    why = "short: no training loss logged: it trained 7 step(s) and logs one record every train.log_every = 10 steps"
+
+    import tvr.analysis.curves
+
+    drawn: dict[str, tuple[str, list]] = {}  # name: (title, [(points, marker, size) of every line]), before writing
+    write = tvr.analysis.curves.write_figure
+
+    def record(out: Path, name: str, fig, *args, **kwargs):
+        lines = [
+            (len(line.get_xdata()), line.get_marker(), line.get_markersize())
+            for ax in fig.axes
+            for line in ax.get_lines()
+        ]
+        drawn[name] = (fig._suptitle.get_text(), lines)
+        return write(out, name, fig, *args, **kwargs)
+
+    monkeypatch.setattr(tvr.analysis.curves, "write_figure", record)
+    out = tmp_path / "alone"
+    result = CliRunner().invoke(app, ["plot", str(short), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert why in " ".join(result.output.split())
+    manifest = json.loads((out / "plots.json").read_text())
+    assert manifest["skipped"] == ["training_losses", "learning_rates", "inference_setting"]
+    assert manifest["notes"] == [why + " (lower it to see curves)"]
+    lone = [(marker, size) for points, marker, size in drawn["validation"][1] if points == 1]
+    assert len(lone) == 6  # R@1, R@5, R@10 in both directions, one point each
+    assert all(marker not in (None, "None", "") and size >= 6 for marker, size in lone)
+    assert len({marker for marker, _ in lone}) == 3  # equal recalls overlap: the shapes tell them apart
+
+    out = tmp_path / "both"
+    result = CliRunner().invoke(app, ["plot", str(run), str(short), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    figure = json.loads((out / "training_losses.json").read_text())
+    assert figure["notes"] == [why + " (lower it to see curves)"]
+    assert why in drawn["training_losses"][0]
+
+
 def test_plot_refuses_what_is_not_a_run_folder(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["plot", str(tmp_path), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
@@ -213,6 +265,40 @@ def test_analyze_a_gare_checkpoint_on_val_and_test(gare_run: tuple[Path, Path], 
     assert result.exit_code == 2 and "--split 'dev'" in result.output
 
 
+def test_analyze_needs_nothing_but_the_checkpoint(gare_run: tuple[Path, Path], tmp_path: Path) -> None:
+    """As ``tvr eval``: the checkpoint carries its config; ``--set`` changes it, ``--config`` replaces it."""
+    run, config = gare_run
+    alone = tmp_path / "alone"
+    result = CliRunner().invoke(app, ["analyze", "--checkpoint", str(run / "best.pt"), "--out", str(alone)])
+    assert result.exit_code == 0, result.output
+    with_file = tmp_path / "with_file"
+    result = CliRunner().invoke(
+        app, ["analyze", "--checkpoint", str(run / "best.pt"), "--config", str(config), "--out", str(with_file)]
+    )
+    assert result.exit_code == 0, result.output
+    manifests = [json.loads((out / "analysis.json").read_text()) for out in (alone, with_file)]
+    assert [f["name"] for f in manifests[0]["figures"]] == FIGURES["gare"]
+    # the figures of a paper name it and its figure, as a reader can look them up (not this repository's seed files)
+    titles = {f["name"]: f["title"] for f in manifests[0]["figures"]}
+    for name, figure in (
+        ("gare_gradient_tension", "Fig. 2 and 7"),
+        ("gare_delta_gradients", "Fig. 4"),
+        ("gare_delta_geometry", "Fig. 3"),
+        ("gare_hard_negatives", "Fig. 6"),
+    ):
+        assert f"as {figure} of {GARE_PAPER}" in titles[name]
+    assert not any("seed 0" in title for title in titles.values())
+    assert manifests[0]["metrics"] == manifests[1]["metrics"] and manifests[0]["num_texts"] == manifests[1]["num_texts"]
+
+    # --set changes the carried config: a folder with no videos is the error of that setting, not a missing --config
+    result = CliRunner().invoke(
+        app,
+        ["analyze", "--checkpoint", str(run / "best.pt"), "--out", str(tmp_path / "x")]
+        + ["--set", f"data.video_dir={tmp_path / 'nowhere'}"],
+    )
+    assert result.exit_code == 2 and "nowhere" in result.output and "--config" not in result.output
+
+
 @pytest.mark.parametrize("head", ["proxy", "gravialign"])
 def test_analyze_proxy_and_gravialign_checkpoints(head: str, data_root: Path, tmp_path: Path) -> None:
     cfg = config_from_dict(tiny_values(data_root, head))
@@ -227,7 +313,10 @@ def test_analyze_proxy_and_gravialign_checkpoints(head: str, data_root: Path, tm
     for figure in manifest["figures"]:
         assert png(out / figure["png"])[0] >= 7 * DPI
         assert "not for model selection" in figure["title"]
+    assert not any("seed 0" in f["title"] for f in manifest["figures"])
     if head == "proxy":
+        space = next(f["title"] for f in manifest["figures"] if f["name"] == "proxy_feature_space")
+        assert f"as appendix Fig. 5 of {TEXT_PROXY_PAPER}" in space
         sweep = json.loads((out / "proxy_gamma_sweep.json").read_text())
         assert sweep["for_model_selection"] is False and sweep["stored_gamma"] == pytest.approx(0.3)
         assert (out / "proxy_gamma_sweep.csv").is_file()

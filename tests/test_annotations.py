@@ -465,3 +465,23 @@ def test_generic_bad_rows(tmp_path):
     write_generic(tmp_path, [{"video": "a", "caption": "x"}], fmt="jsonl", name="mine")
     with pytest.raises(AnnotationError, match=r"mine\.jsonl: no rows with split='test'"):
         load_split(_cfg("generic", tmp_path, generic_file="mine.jsonl"), "test")
+
+
+def test_generic_file_messages_say_what_is_wrong(tmp_path):
+    """A caption over the CSV reader's 128 KiB field limit is named as such (with the line it starts on), not as
+    invalid CSV; a folder given as data.generic_file is a folder, not a missing file."""
+    (tmp_path / "captions.csv").write_text(
+        "video,caption\na.mp4,a short caption\nb.mp4," + "w" * 140_000 + "\nc.mp4,another\n"
+    )
+    with pytest.raises(AnnotationError, match=r"captions\.csv line 3: a field longer than 131,072 characters") as info:
+        load_split(_cfg("generic", tmp_path), "train")
+    assert "not valid CSV" not in str(info.value) and "unclosed quote" in str(info.value)
+    clear_cache()
+    (tmp_path / "captions.csv").write_text('video,caption\na.mp4,"an unclosed quote\n' + "b.mp4,x\n" * 20_000)
+    with pytest.raises(AnnotationError, match=r"captions\.csv line 2: a field longer than"):
+        load_split(_cfg("generic", tmp_path), "train")
+    (tmp_path / "folder.csv").mkdir()
+    with pytest.raises(AnnotationError, match=r"folder\.csv: is a folder; the generic format needs data.generic_file"):
+        load_split(_cfg("generic", tmp_path, generic_file="folder.csv"), "train")
+    with pytest.raises(AnnotationError, match=r"absent\.csv: file not found"):
+        load_split(_cfg("generic", tmp_path, generic_file="absent.csv"), "train")

@@ -1,5 +1,6 @@
-"""Checkpoints and the training loop: bit-for-bit resume (after an exception and after SIGKILL), atomic saves,
-clear load errors, skipped-video reporting, best-checkpoint selection, grad clipping, logit-scale clamping."""
+"""Checkpoints and the training loop: bit-for-bit resume (after an exception, after SIGKILL at an epoch end and
+mid-epoch, after a preemption signal), ``resume="auto"``, atomic saves, clear load errors, skipped-video reporting,
+best-checkpoint selection, grad clipping, logit-scale clamping."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from tvr.models.heads.base import RetrievalHead
 from tvr.models.model import RetrievalModel
 from tvr.train.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from tvr.train.logging import read_jsonl
+from tvr.train.preemption import PREEMPTED_EXIT_CODE, PreemptedError
 from tvr.train.schedule import warmup_cosine
 from tvr.train.trainer import DatasetTrainData, Trainer
 
@@ -124,7 +126,7 @@ def make_config(**train) -> Config:
         warmup=0.1,
         seed=3,
         device="cpu",
-        checkpoint_every=4,
+        save_every_steps=4,
         log_every=1,
         eval_every=5,
         grad_clip=1.0,
@@ -302,7 +304,8 @@ def test_kill_between_a_validation_record_and_its_checkpoint_logs_it_once(full_r
 
 
 def _child(out_dir: str, kill_step: int, threads: int) -> None:
-    """Entry point of the subprocess in :func:`test_resume_after_sigkill_is_bit_exact`."""
+    """Entry point of the subprocesses of the SIGKILL and second-signal tests: train, and at ``kill_step`` say READY
+    and wait inside the step's callback."""
     torch.set_num_threads(threads)
 
     def announce(trainer, record):
@@ -313,25 +316,44 @@ def _child(out_dir: str, kill_step: int, threads: int) -> None:
     make_trainer(Path(out_dir), step_callback=announce).fit()
 
 
-def test_resume_after_sigkill_is_bit_exact(full_run, tmp_path) -> None:
-    full_out, full_model, _ = full_run
+def _start_child(out_dir: Path, kill_step: int) -> subprocess.Popen:
     code = (
         f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_checkpoint_resume as t; "
-        f"t._child({str(tmp_path)!r}, 15, {torch.get_num_threads()})"
+        f"t._child({str(out_dir)!r}, {kill_step}, {torch.get_num_threads()})"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if line.strip() != "READY":
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the training subprocess did not reach step {kill_step}:\n{proc.stderr.read()}")
+    return proc
+
+
+def _signal_child(proc: subprocess.Popen, *signums: int) -> int:
+    """Send ``signums`` in turn (the child must outlive every one but the last) and return its exit status; the child
+    never outlives the test."""
     try:
-        line = proc.stdout.readline()
-        assert line.strip() == "READY", proc.stderr.read()
-        os.kill(proc.pid, signal.SIGKILL)
+        for k, signum in enumerate(signums):
+            if k:
+                time.sleep(0.5)  # let the handler run, not a measurement
+                assert proc.poll() is None, f"signal {signums[k - 1]} ended the child:\n{proc.stderr.read()}"
+            os.kill(proc.pid, signum)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    return proc.returncode
+
+
+# save_every_steps=4 with 6 batches per epoch: last.pt at steps 4, 6 (epoch end), 8, 12 (epoch end), 16, 18
+@pytest.mark.parametrize(("kill_step", "position"), [(15, (12, 2, 0)), (10, (8, 1, 2))], ids=["epoch_end", "mid_epoch"])
+def test_resume_after_sigkill_is_bit_exact(full_run, tmp_path, kill_step, position) -> None:
+    full_out, full_model, _ = full_run
+    assert _signal_child(_start_child(tmp_path, kill_step), signal.SIGKILL) == -signal.SIGKILL
     state = read_checkpoint(tmp_path / "last.pt")["state"]
-    assert (state["global_step"], state["epoch"], state["batch_in_epoch"]) == (12, 2, 0)
+    assert (state["global_step"], state["epoch"], state["batch_in_epoch"]) == position
     assert not list(tmp_path.glob(".*.tmp"))
 
     resumed = make_trainer(tmp_path, model=make_model(seed=7))
@@ -340,11 +362,100 @@ def test_resume_after_sigkill_is_bit_exact(full_run, tmp_path) -> None:
     assert train_records(tmp_path) == train_records(full_out)
 
 
+def _signal_self(at_step: int, signum: int = signal.SIGTERM):
+    """A step callback that sends this process ``signum`` once, during step ``at_step``."""
+
+    def send(trainer, record):
+        if trainer.global_step == at_step:
+            os.kill(os.getpid(), signum)
+
+    return send
+
+
+@pytest.mark.parametrize(
+    ("at_step", "signum", "position"),
+    [(10, signal.SIGTERM, (1, 4, 10)), (12, signal.SIGUSR1, (2, 0, 12))],
+    ids=["mid_epoch", "epoch_end"],
+)
+def test_a_preemption_signal_stops_after_the_step_and_the_resume_is_bit_exact(
+    full_run, tmp_path, at_step, signum, position
+) -> None:
+    """The signal arrives during a step: that step finishes, last.pt is written once at the position after it (at
+    an epoch end the epoch-end checkpoint and validation come first, then nothing more is written), the run stops
+    with PreemptedError, and the previous handler is back. The resume equals the uninterrupted run."""
+    full_out, full_model, _ = full_run
+    before = signal.getsignal(signum)
+    trainer = make_trainer(tmp_path, step_callback=_signal_self(at_step, signum))
+    saves = []
+    save_last = trainer._save_last
+    trainer._save_last = lambda pending_eval=False: (
+        saves.append((trainer.global_step, pending_eval)) or save_last(pending_eval)
+    )
+    with pytest.raises(PreemptedError, match=rf"{signal.Signals(signum).name}: training stopped after step {at_step}"):
+        trainer.fit()
+    assert signal.getsignal(signum) == before
+    state = read_checkpoint(tmp_path / "last.pt")["state"]
+    assert (state["epoch"], state["batch_in_epoch"], state["global_step"]) == position
+    assert state["pending_eval"] is False
+    # every checkpoint of the uninterrupted run up to here, then the one of the stop (at an epoch end: none more)
+    expected = [(4, False), (6, True), (6, False), (8, False)] + ([(10, False)] if at_step == 10 else [])
+    expected += [(12, True), (12, False)] if at_step == 12 else []
+    assert saves == expected
+    assert max(r["step"] for r in read_jsonl(tmp_path / "train_log.jsonl")) == at_step
+
+    resumed = make_trainer(tmp_path, model=make_model(seed=99))
+    resumed.fit(resume="auto")
+    assert_same_params(resumed.model, full_model)
+    assert train_records(tmp_path) == train_records(full_out)
+    assert [e["metrics"] for e in read_jsonl(tmp_path / "val_log.jsonl")] == [
+        e["metrics"] for e in read_jsonl(full_out / "val_log.jsonl")
+    ]
+
+
+def test_a_second_signal_ends_the_process_at_once(tmp_path) -> None:
+    """The first SIGTERM is recorded while the step's callback still runs; the second, before that step is over,
+    ends the process with the signal's default action: no checkpoint of the interrupted step, no temporary left."""
+    assert _signal_child(_start_child(tmp_path, 10), signal.SIGTERM, signal.SIGTERM) == -signal.SIGTERM
+    state = read_checkpoint(tmp_path / "last.pt")["state"]
+    assert (state["global_step"], state["epoch"], state["batch_in_epoch"]) == (8, 1, 2)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_preemption_signals_can_be_turned_off(tmp_path) -> None:
+    """``preemption_signals: []`` leaves the signals alone: SIGUSR1 keeps the handler it had."""
+    seen = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    try:
+        cfg = make_config(max_steps=3, preemption_signals=())
+        make_trainer(tmp_path, cfg=cfg, evaluate=False, step_callback=_signal_self(2, signal.SIGUSR1)).fit()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert seen == [signal.SIGUSR1]
+    assert read_checkpoint(tmp_path / "last.pt")["state"]["global_step"] == 3
+    assert PREEMPTED_EXIT_CODE == 128 + signal.SIGTERM
+
+
+def test_resume_auto_starts_a_new_run_or_continues_the_one_there(full_run, tmp_path) -> None:
+    full_out, full_model, _ = full_run
+
+    def crash(trainer, record):
+        if trainer.global_step == 9:
+            raise StopError
+
+    with pytest.raises(StopError):
+        make_trainer(tmp_path, step_callback=crash).fit(resume="auto")  # no last.pt: a new run
+    assert read_checkpoint(tmp_path / "last.pt")["state"]["global_step"] == 8
+    resumed = make_trainer(tmp_path, model=make_model(seed=5))
+    resumed.fit(resume="auto")  # last.pt: continued
+    assert_same_params(resumed.model, full_model)
+    assert train_records(tmp_path) == train_records(full_out)
+
+
 def test_resume_mid_epoch_without_evaluation_matches(tmp_path) -> None:
     """Validation is RNG-neutral: the same run with and without evaluate_fn trains identically."""
     a = make_trainer(tmp_path / "a", cfg=make_config(max_steps=9))
     a.fit()
-    b = make_trainer(tmp_path / "b", cfg=make_config(max_steps=9, checkpoint_every=0), evaluate=False)
+    b = make_trainer(tmp_path / "b", cfg=make_config(max_steps=9, save_every_steps=0), evaluate=False)
     summary = b.fit()
     assert summary["stopped_early"] and summary["steps"] == 9
     assert_same_params(a.model, b.model)
@@ -468,7 +579,7 @@ class ScriptedData:
 
 
 def test_skipped_videos_reported_and_empty_batches_skipped(tmp_path) -> None:
-    cfg = make_config(epochs=2, checkpoint_every=0, eval_every=0)
+    cfg = make_config(epochs=2, save_every_steps=0, eval_every=0)
     trainer = Trainer(make_model(), cfg, ScriptedData(), tmp_path)
     summary = trainer.fit()
     assert summary["steps"] == 4  # 2 of 3 batches per epoch train
@@ -507,7 +618,7 @@ def test_skipped_report_written_when_the_run_dies(tmp_path) -> None:
 
 def test_dataset_unreadable_items_are_skipped(tmp_path) -> None:
     dataset = ToyDataset(bad=tuple(range(N_ITEMS - 4)))  # most items unreadable: some batches come back empty
-    cfg = make_config(epochs=1, checkpoint_every=0, eval_every=0)
+    cfg = make_config(epochs=1, save_every_steps=0, eval_every=0)
     data = DatasetTrainData(dataset, BATCH, collate, seed=cfg.train.seed)
     plan = data.epoch_plan(0)
     expected_steps = sum(any(i >= N_ITEMS - 4 for i in b) for b in plan)
@@ -555,7 +666,7 @@ def test_best_checkpoint_follows_select_metric(tmp_path) -> None:
     def evaluate(model):
         return {"t2v": {"R1": next(values)}, "v2t": {"R1": 0.0}}
 
-    cfg = make_config(epochs=2, eval_every=2, checkpoint_every=0)
+    cfg = make_config(epochs=2, eval_every=2, save_every_steps=0)
     data = DatasetTrainData(ToyDataset(n=12), BATCH, collate, seed=1)  # 3 steps per epoch
     summary = Trainer(make_model(), cfg, data, tmp_path, evaluate_fn=evaluate).fit()
     evals = read_jsonl(tmp_path / "val_log.jsonl")
@@ -573,3 +684,21 @@ def test_best_checkpoint_follows_select_metric(tmp_path) -> None:
     data = DatasetTrainData(ToyDataset(n=4), BATCH, collate, seed=1)
     with pytest.raises(KeyError, match="t2v/R1"):
         Trainer(make_model(), bad, data, tmp_path / "bad", evaluate_fn=lambda m: {"t2v": {"R1": 1.0}}).fit()
+
+
+class _WorkerSignals(torch.utils.data.Dataset):
+    """Reports, from inside the DataLoader worker that loads it, whether SIGUSR1 is ignored there."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, k: int) -> dict:
+        return {"ignored": torch.tensor(signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)}
+
+
+def test_dataloader_workers_ignore_the_preemption_signals() -> None:
+    """A signal sent to the whole process group must not kill the workers while the main process checkpoints."""
+    for names, expected in ((("SIGUSR1",), True), ((), False)):
+        data = DatasetTrainData(_WorkerSignals(), 2, seed=0, num_workers=1, worker_ignored_signals=names)
+        assert [bool(b["ignored"].all()) for b in data.batches(0)] == [expected, expected]
+    assert signal.getsignal(signal.SIGUSR1) != signal.SIG_IGN  # the main process keeps its own handler

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,40 @@ def test_presets_are_addressed_by_name_from_any_folder(tmp_path: Path, monkeypat
     assert set(config_mod.available_presets()) == {
         p.relative_to(CONFIGS).with_suffix("").as_posix() for p in RUN_PRESETS
     }
+
+
+def test_every_preset_describes_itself_in_one_line() -> None:
+    """``tvr presets`` prints, beside each name, the preset's own description: what it is, which paper table or
+    ablation, and the hardware it expects. A ``base:`` preset's description is never inherited."""
+    from typer.testing import CliRunner
+
+    from tvr.cli import app
+
+    result = CliRunner().invoke(app, ["presets"])
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    for path in RUN_PRESETS:
+        name = path.relative_to(CONFIGS).with_suffix("").as_posix()
+        own = (yaml.safe_load(path.read_text()) or {}).get("description")
+        assert isinstance(own, str) and len(own) > 40 and "\n" not in own.strip(), f"{name}: no description of its own"
+        assert config_mod.preset_description(name) == own.strip()
+        assert re.search(r"\b(GPU|CPU)", own), f"{name}: the description names no hardware"
+        paper = re.search(r"Table \d|main table|no paper number|not in the paper|spec §", own)
+        assert paper, f"{name}: the description names no paper table or ablation"
+        assert lines[name].endswith(own.strip()), f"tvr presets: {name} is listed without its description"
+
+
+def test_a_description_is_the_files_own_and_not_a_setting(tmp_path: Path) -> None:
+    parent = tmp_path / "parent.yaml"
+    parent.write_text("description: the parent\ntrain:\n  lr: 0.5\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("base: parent.yaml\ntrain:\n  epochs: 2\n")
+    assert load_config(child).train.lr == 0.5  # loads: the description is no config key
+    assert config_mod.preset_description(child) == "" and config_mod.preset_description(parent) == "the parent"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("description: |\n  two\n  lines\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: description: expected one line of text"):
+        load_config(bad)
 
 
 def test_a_user_file_wins_over_a_preset_of_the_same_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -220,3 +220,30 @@ def test_every_key_is_checked(tmp_path: Path) -> None:
     junk.write_bytes(b"not a checkpoint")
     with pytest.raises(ConversionError, match="junk.pt"):
         load_openai_state_dict(junk)
+
+
+def test_a_state_dict_describing_a_larger_model_than_it_holds_is_refused_before_building_it(monkeypatch) -> None:
+    """The layer count comes from key names and the widths from block 0: a file of tiny tensors under many block
+    names must not get a model of that size allocated (it is checked against a skeleton on the meta device)."""
+    from transformers import CLIPModel
+
+    import tvr.models.convert_openai as convert
+
+    built: list[str] = []
+
+    def recording_clip_model(config):
+        built.append(torch.empty(()).device.type)
+        return CLIPModel(config)
+
+    monkeypatch.setattr(convert, "CLIPModel", recording_clip_model)
+    sd = openai_state_dict()
+    for i in range(LAYERS, 50):
+        sd.update({k: torch.zeros(3) for k in _block_tensors(f"transformer.resblocks.{i}.", 1)})
+    with pytest.raises(ConversionError, match=r"shape mismatch .*text_model\.encoder\.layers\.2\."):
+        convert_state_dict(sd)
+    assert built == ["meta"]
+    sd["transformer.resblocks.2.attn.in_proj_weight"] = torch.zeros(2)
+    with pytest.raises(ConversionError, match=r"in_proj_weight has shape \(2,\); expected 3 × width rows"):
+        convert_state_dict(sd)
+    convert_state_dict(openai_state_dict())
+    assert built == ["meta", "meta", "cpu"]

@@ -11,7 +11,9 @@ import pytest
 import yaml
 
 from tvr.data.synthetic import SynthConfig
-from tvr.demo import _describe_run, demo_synth_config, prepare_demo_data, run_demo
+from tvr.demo import DEMO_VALIDATION, _describe_run, demo_config, demo_synth_config, prepare_demo_data, run_demo
+from tvr.pipeline import resolve_config
+from tvr.pipeline.preflight import preflight
 from tvr.utils.errors import UserError
 
 TINY = SynthConfig(num_videos=4, num_test=1, fps=4, seconds=1.0, size=16, captions_per_video=2)
@@ -73,7 +75,11 @@ def test_the_demo_says_which_run_it_replaces(
 
     calls = []
     monkeypatch.setattr(tvr.demo, "prepare_demo_data", lambda data, synth: calls.append(synth))
-    monkeypatch.setattr(tvr.pipeline, "run_train", lambda cfg, out, overwrite: {"out": out, "overwrite": overwrite})
+    monkeypatch.setattr(
+        tvr.pipeline,
+        "run_train",
+        lambda cfg, out, overwrite, small_val_reason: {"out": out, "overwrite": overwrite},
+    )
     out = tmp_path / "demo"
     with caplog.at_level(logging.WARNING, logger="tvr.demo"):
         summary = run_demo(out, quick=True)
@@ -96,3 +102,25 @@ def test_describe_run(tmp_path: Path) -> None:
     assert _describe_run(tmp_path) == "head gare, 15 epochs"
     (tmp_path / "config.yaml").write_text(": not yaml [")
     assert _describe_run(tmp_path) == "a run whose config.yaml cannot be read"
+
+
+def test_the_demo_says_what_its_small_validation_split_means_instead_of_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The demo holds out a tenth of its training videos (21 of 210) on purpose: a run on real data is warned that
+    such a split is a coarse signal, the demo says what it means for the demo instead."""
+    data = tmp_path / "data"
+    prepare_demo_data(data, TINY)
+    cfg = resolve_config(demo_config(data, quick=True))
+    with caplog.at_level(logging.INFO, logger="tvr.pipeline.preflight"):
+        plain = preflight(cfg, tmp_path / "run", progress=False)
+    assert any("raise data.val_fraction" in w for w in plain.warnings)
+    assert "raise data.val_fraction" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tvr.pipeline.preflight"):
+        demo = preflight(cfg, tmp_path / "run", progress=False, small_val_reason=DEMO_VALIDATION)
+    assert demo.warnings == []
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+    assert (
+        "R@1 in steps of 100 points: the demo's choice" in caplog.text and "raise data.val_fraction" not in caplog.text
+    )

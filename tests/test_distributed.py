@@ -1,11 +1,15 @@
 """Distributed training: deterministic sharded data order, and (2 CPU processes over gloo) the feature all-gather,
 its gradients through DistributedDataParallel, a 2-rank Trainer run against the 1-process run with the same global
-batch, bit-exact 2-rank resume, and the report of trainable parameters that take no part in the loss."""
+batch, bit-exact 2-rank resume (after a stop, after kill -9 of both ranks mid-epoch, after a preemption signal to
+one rank), and the report of trainable parameters that take no part in the loss."""
 
 from __future__ import annotations
 
 import gc
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -283,7 +287,7 @@ def _assert_grads_equal(model: nn.Module, ref: nn.Module) -> None:
 
 
 def _train_config(**kw) -> Config:
-    values = dict(epochs=2, batch_size=4, lr=5e-2, seed=0, device="cpu", log_every=1, checkpoint_every=0, grad_clip=0.5)
+    values = dict(epochs=2, batch_size=4, lr=5e-2, seed=0, device="cpu", log_every=1, save_every_steps=0, grad_clip=0.5)
     values.update(kw)
     return Config(train=TrainConfig(**values))
 
@@ -337,12 +341,8 @@ def _worker_checks(rank: int, world: int, out_dir: str, info: DistInfo) -> None:
     torch.testing.assert_close(all_reduce_mean(torch.tensor([float(rank)])), torch.tensor([0.5]))
 
     # --- a 2-rank Trainer run (2 items per rank) follows the 1-process run with batch 4
-    from tvr.train.trainer import Trainer
-
-    def trainer(out: Path, model: RetrievalModel, **train) -> Trainer:
-        cfg = _train_config(batch_size=2, **train)
-        data = DatasetTrainData(_Pairs(), 2, seed=cfg.train.seed, rank=rank, world_size=world)
-        return Trainer(model, cfg, data, out, dist_info=info)
+    def trainer(out: Path, model: RetrievalModel, **train):  # noqa: ANN202
+        return _rank_trainer(rank, world, info, out, model, **train)
 
     model = _model()
     if rank == 1:  # DDP must start every replica from rank 0's parameters
@@ -360,10 +360,7 @@ def _worker_checks(rank: int, world: int, out_dir: str, info: DistInfo) -> None:
     # --- 2-rank resume is bit-exact: stop after 3 steps, resume to the end, match the straight run
     resumed_dir = Path(out_dir) / "resumed"
     assert trainer(resumed_dir, _model(), max_steps=3).fit()["steps"] == 3
-    resumed = _model()
-    with torch.no_grad():
-        for p in resumed.parameters():
-            p.zero_()  # everything must come from the checkpoint
+    resumed = _zeroed_model()
     assert trainer(resumed_dir, resumed).fit(resume=True)["steps"] == 8
     for key, value in model.state_dict().items():
         assert torch.equal(resumed.state_dict()[key], value), key
@@ -374,8 +371,135 @@ def _worker_checks(rank: int, world: int, out_dir: str, info: DistInfo) -> None:
     spare = _model(unused=True)
     cfg = _train_config(batch_size=2, max_steps=2)
     data = DatasetTrainData(_Pairs(), 2, seed=cfg.train.seed, rank=rank, world_size=world)
+    from tvr.train.trainer import Trainer
+
     summary = Trainer(spare, cfg, data, Path(out_dir) / "unused_ok", dist_info=info, find_unused_parameters=True)
     assert summary.fit()["steps"] == 2
+
+
+def _rank_trainer(rank: int, world: int, info: DistInfo, out: Path, model: RetrievalModel, callback=None, **train):  # noqa: ANN001, ANN201
+    """A Trainer on this rank's share of _Pairs: 2 items per rank, 4 steps per epoch with 2 ranks."""
+    from tvr.train.trainer import Trainer
+
+    cfg = _train_config(batch_size=2, **train)
+    data = DatasetTrainData(_Pairs(), 2, seed=cfg.train.seed, rank=rank, world_size=world)
+    return Trainer(model, cfg, data, out, dist_info=info, step_callback=callback)
+
+
+def _zeroed_model() -> RetrievalModel:
+    model = _model()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()  # everything must come from the checkpoint
+    return model
+
+
+def _assert_resumed_equals_straight(rank: int, world: int, info: DistInfo, out_dir: Path) -> None:
+    """Resume the stopped run in ``out_dir / "stopped"`` to the end, train the same run straight through, and compare
+    bit for bit: parameters and the logged losses and gradient norms."""
+    from tvr.train.logging import read_jsonl
+
+    resumed = _zeroed_model()
+    assert _rank_trainer(rank, world, info, out_dir / "stopped", resumed).fit(resume="auto")["steps"] == 8
+    straight = _model()
+    _rank_trainer(rank, world, info, out_dir / "straight", straight).fit()
+    for key, value in straight.state_dict().items():
+        assert torch.equal(resumed.state_dict()[key], value), key
+    if rank == 0:
+        logs = [read_jsonl(out_dir / run / "train_log.jsonl") for run in ("stopped", "straight")]
+        drop = {"seconds", "it_s"}
+        assert [{k: v for k, v in r.items() if k not in drop} for r in logs[0]] == [
+            {k: v for k, v in r.items() if k not in drop} for r in logs[1]
+        ]
+
+
+def _preempted_ranks(rank: int, world: int, info: DistInfo, out_dir: str) -> None:
+    from tvr.train.checkpoint import read_checkpoint
+    from tvr.train.preemption import PreemptedError
+
+    out = Path(out_dir)
+
+    def signal_rank_1(trainer, record) -> None:  # noqa: ANN001
+        if rank == 1 and trainer.global_step == 5:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    with pytest.raises(PreemptedError) as stop:
+        _rank_trainer(rank, world, info, out / "stopped", _model(), callback=signal_rank_1).fit()
+    # both ranks stop after the same step; rank 0 learns of the signal through the reduced flag
+    assert stop.value.step == 5
+    assert stop.value.signal_name == ("SIGUSR1" if rank == 1 else "a preemption signal to another rank")
+    state = read_checkpoint(out / "stopped" / "last.pt")["state"]
+    assert (state["epoch"], state["batch_in_epoch"], state["global_step"]) == (1, 1, 5)
+    assert len(state["rng_per_rank"]) == 2
+    _assert_resumed_equals_straight(rank, world, info, out)
+
+
+def test_a_preemption_signal_to_one_rank_stops_both_after_the_same_step(tmp_path) -> None:
+    run_two_processes(_preempted_ranks, str(tmp_path))
+
+
+def _killed_rank(out_dir: str, port: int, rank: int) -> None:
+    """Entry point of one rank of :func:`test_kill_9_of_both_ranks_mid_epoch_resumes_bit_exact`: train with
+    last.pt every 3 steps, and during step 7 say READY and wait to be killed."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)
+    )
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    info = init_distributed("cpu")
+
+    def announce(trainer, record) -> None:  # noqa: ANN001
+        if trainer.global_step == 7:
+            print("READY", flush=True)
+            time.sleep(120)
+
+    _rank_trainer(rank, 2, info, Path(out_dir) / "stopped", _model(), callback=announce, save_every_steps=3).fit()
+
+
+def _resume_killed(rank: int, world: int, info: DistInfo, out_dir: str) -> None:
+    _assert_resumed_equals_straight(rank, world, info, Path(out_dir))
+
+
+def test_kill_9_of_both_ranks_mid_epoch_resumes_bit_exact(tmp_path) -> None:
+    """Two ranks (separate processes, as torchrun starts them) save last.pt every 3 steps (4 steps per epoch: step 6
+    is epoch 2, batch 2) and are killed with SIGKILL during step 7; two new ranks resume from the mid-epoch
+    checkpoint and end bit-identical to a run that never stopped."""
+    from tvr.train.checkpoint import read_checkpoint
+
+    port = free_port()
+    here = str(Path(__file__).parent)
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                f"import sys; sys.path.insert(0, {here!r}); import test_distributed as t; "
+                f"t._killed_rank({str(tmp_path)!r}, {port}, {rank})",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank in range(2)
+    ]
+    try:
+        for proc in procs:
+            line = proc.stdout.readline()
+            if line.strip() != "READY":
+                pytest.fail(f"a rank did not reach step 7:\n{proc.stderr.read()}")
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGKILL)
+        for proc in procs:
+            proc.wait(timeout=30)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert [proc.returncode for proc in procs] == [-signal.SIGKILL] * 2
+    state = read_checkpoint(tmp_path / "stopped" / "last.pt")["state"]
+    assert (state["epoch"], state["batch_in_epoch"], state["global_step"]) == (1, 2, 6)
+    run_two_processes(_resume_killed, str(tmp_path))
 
 
 def _job_worker(rank: int, world: int, ports: tuple[int, int, int]) -> None:

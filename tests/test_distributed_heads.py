@@ -2,14 +2,15 @@
 
 Training: DistributedDataParallel over the per-rank loss gives every parameter (head, and the trainable modules
 before the feature gather on both sides) the gradient one process computes on the global batch, every rank holds
-the global loss, buffers a training forward updates agree, and a pairwise head computes its per-pair work for its
-own texts only (a 1/W share). Evaluation: the sharded encode + score gives every rank one process's encoded split,
-metrics and chosen inference setting.
+the global loss, buffers a training forward updates agree, and each of the four heads (CLIP4Clip, GARE, TV-ProxyNet,
+GraviAlign, every variant) computes its per-pair work for its own texts only (a 1/W share). Evaluation: the sharded
+encode + score gives every rank one process's encoded split, metrics and chosen inference setting.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ D, FRAMES, WORDS, PROXIES = 16, 4, 5, 4
 SIZES = (4, 3)
 TOY = "toy_heads:BilinearHead"
 #: heads whose loss takes the shard (pairwise work split by rows)
-SHARDED_HEADS = {"clip4clip", "gare"}
+SHARDED_HEADS = {"clip4clip", "gare", "proxy", "gravialign"}
 
 #: every registered head with its defaults, plus the option variants that change what the loss computes
 VARIANTS: list[tuple[str, dict[str, Any]]] = [(name, {}) for name in registry.available_heads()] + [
@@ -40,6 +41,7 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [(name, {}) for name in registry.av
     ),
     ("proxy", {"dash": "linear", "layers": 1, "heads": 2}),
     ("gravialign", {"infonce_on": "both", "sgi_to_backbone": False}),
+    ("gravialign", {"sgi_objective": "contrastive"}),
     (TOY, {}),
 ]
 
@@ -107,24 +109,45 @@ def _assert_close(name: str, value: Tensor, ref: Tensor) -> None:
     assert err <= 1e-3 * scale + 1e-7, f"{name}: |difference| {err:.3g} vs |reference| {scale:.3g}"
 
 
-#: (module attribute of the head, how many texts its first input holds) of the per-pair work of each head
-PAIRWISE = {"gare": "psi", "proxy": "generator"}
-
-
-def _pairwise_texts(head: nn.Module, name: str, options: dict[str, Any]) -> list[int]:
-    """Record how many texts each call of the head's per-pair module gets."""
+def _watch_pairwise(head: nn.Module, name: str, options: dict[str, Any]) -> tuple[list[int], Callable[[], None]]:
+    """Record how many texts each call of the head's per-pair work gets; returns the record and what undoes the
+    watch. The per-pair work: CLIP4Clip's score of texts × videos (text-conditioned pooling), GARE's ψ, TV-ProxyNet's
+    proxy generator, GraviAlign's S_align of texts × videos (the contrastive objective, and the running statistics
+    of the positive one)."""
     seen: list[int] = []
-    attr = PAIRWISE.get(name)
-    if attr is None:
-        return seen
-    words = name == "gare" and options.get("context") == "words"
+    if name in ("gare", "proxy"):
+        words = name == "gare" and options.get("context") == "words"
 
-    def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-        # ψ's query is [N_t, N_v, D], transposed to [N_v, N_t, D] for word context; the generator takes texts first
-        seen.append(int(args[0].shape[1] if words else args[0].shape[0]))
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            # ψ's query is [N_t, N_v, D], transposed to [N_v, N_t, D] for word context; the generator: texts first
+            seen.append(int(args[0].shape[1] if words else args[0].shape[0]))
 
-    getattr(head, attr).register_forward_pre_hook(hook)
-    return seen
+        return seen, getattr(head, "psi" if name == "gare" else "generator").register_forward_pre_hook(hook).remove
+    if name == "clip4clip":
+        score_block = head.score_block
+
+        def scored(text_state: Any, video_state: Any) -> Tensor:
+            seen.append(len(text_state))
+            return score_block(text_state, video_state)
+
+        head.score_block = scored
+        return seen, lambda: delattr(head, "score_block")
+    if name == "gravialign":
+        import tvr.models.heads.gravialign as module
+
+        originals = {f: getattr(module, f) for f in ("sgi_align_pairwise", "s_align_scores")}
+
+        def counted(function: Callable[..., Tensor]) -> Callable[..., Tensor]:
+            def call(mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+                seen.append(int(mu_t.shape[0]))  # videos first, then texts
+                return function(mu_v, logvar_v, mu_t, *args, **kwargs)
+
+            return call
+
+        for function, original in originals.items():
+            setattr(module, function, counted(original))
+        return seen, lambda: [setattr(module, f, original) for f, original in originals.items()]
+    return seen, lambda: None
 
 
 def reference_step(name: str, options: dict[str, Any]) -> RetrievalModel:
@@ -142,10 +165,11 @@ def _check_training(rank: int, world: int, info: Any, references: list[Retrieval
     for (name, options), ref in zip(VARIANTS, references, strict=True):
         where = f"{name} {options}"
         model = build_model(name, options)
-        seen = _pairwise_texts(model.head, name, options)
+        seen, unwatch = _watch_pairwise(model.head, name, options)
         ddp = wrap_model(model, info)
         out = ddp(_rows(batch, rows))
         out["loss"].backward()
+        unwatch()
         _assert_close(f"{where}: loss", out["loss"].detach(), ref.reference_loss)
         for (key, p), ref_p in zip(model.named_parameters(), ref.parameters(), strict=True):
             if not p.requires_grad:
@@ -159,8 +183,8 @@ def _check_training(rank: int, world: int, info: Any, references: list[Retrieval
                 assert torch.equal(buf, ref_buf), f"{where}: buffer {key}"
         if name in SHARDED_HEADS:
             assert _takes_shard(type(model.head)), f"{name}: loss takes no shard (every rank repeats all the work)"
-        if seen and name in SHARDED_HEADS:  # the per-pair work covers this rank's texts only
-            assert set(seen) == {SIZES[rank]}, f"{where}: per-pair module saw {seen} texts, own rows {SIZES[rank]}"
+            # the per-pair work ran, and only for this rank's texts
+            assert seen and set(seen) == {SIZES[rank]}, f"{where}: per-pair work saw {seen} texts, own {SIZES[rank]}"
         del ddp
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tvr.config import ConfigError, HeadConfig, load_config
+from tvr.config import ConfigError, HeadConfig, config_from_dict, load_config, trusting_code
 from tvr.models.heads import registry
 from tvr.models.heads.base import LN_100, PAIRWISE_CHUNK, RetrievalHead
 from tvr.models.heads.common import top_k_by_dot
@@ -352,6 +352,7 @@ def test_a_head_outside_the_package_trains_and_evaluates_from_the_cli(tmp_path: 
     runner = CliRunner()
     run = tmp_path / "run"
     args = [
+        "--trust-code",  # the config names a head by import path, which imports that module
         "train",
         "--config",
         str(config),
@@ -366,7 +367,8 @@ def test_a_head_outside_the_package_trains_and_evaluates_from_the_cli(tmp_path: 
     ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    saved = load_config(run / "config.yaml")
+    with trusting_code():
+        saved = load_config(run / "config.yaml")
     assert saved.head.name == TOY and saved.head.options == {"proj_dim": 8, "pool": "mean"}
     metrics = json.loads((run / "test_best" / "metrics.json").read_text())
     assert metrics["head"] == TOY and metrics["indexable"] is True and metrics["scoring"] == "exhaustive"
@@ -374,19 +376,30 @@ def test_a_head_outside_the_package_trains_and_evaluates_from_the_cli(tmp_path: 
     # the saved config re-evaluates the checkpoint
     ev = tmp_path / "eval"
     result = runner.invoke(
-        app, ["eval", "--config", str(run / "config.yaml"), "--checkpoint", str(run / "best.pt"), "--out", str(ev)]
+        app,
+        [
+            "--trust-code",
+            "eval",
+            "--config",
+            str(run / "config.yaml"),
+            "--checkpoint",
+            str(run / "best.pt"),
+            "--out",
+            str(ev),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert json.loads((ev / "metrics.json").read_text())["t2v"] == metrics["t2v"]
 
     # the checkpoint describes itself: no --config needed, and --set still overrides what it carries
     ev2 = tmp_path / "eval_self"
-    result = runner.invoke(app, ["eval", "--checkpoint", str(run / "best.pt"), "--out", str(ev2)])
+    result = runner.invoke(app, ["--trust-code", "eval", "--checkpoint", str(run / "best.pt"), "--out", str(ev2)])
     assert result.exit_code == 0, result.output
     assert json.loads((ev2 / "metrics.json").read_text())["t2v"] == metrics["t2v"]
     result = runner.invoke(
         app,
         [
+            "--trust-code",
             "eval",
             "--checkpoint",
             str(run / "best.pt"),
@@ -402,16 +415,70 @@ def test_a_head_outside_the_package_trains_and_evaluates_from_the_cli(tmp_path: 
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and "--overwrite" in result.output
     fresh = tmp_path / "run2"
-    bad = runner.invoke(app, [*args[:4], str(fresh), "--set", f"head.name={TOY}", "--set", "head.options.pool=median"])
+    bad = runner.invoke(app, [*args[:5], str(fresh), "--set", f"head.name={TOY}", "--set", "head.options.pool=median"])
     assert bad.exit_code == 2 and "head.options.pool = 'median'" in bad.output and "['mean', 'max']" in bad.output
     assert not fresh.exists()  # nothing was written
+
+
+def _canary_head_module(folder: Path, marker: Path) -> str:
+    """A module that records its import in ``marker`` (and defines a head): an import path to it."""
+    (folder / "canary_heads.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\nfrom toy_heads import BilinearHead\n"
+    )
+    return "canary_heads:BilinearHead"
+
+
+def test_an_import_path_imports_code_only_when_the_user_trusts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config, a checkpoint's config or an index's model stamp is a file: it names a head by import path only
+    with ``--trust-code`` (the module is never imported otherwise); registered names need no trust."""
+    import sys
+
+    import yaml
+    from test_end_to_end import make_msrvtt
+
+    from tvr.cli import app
+
+    marker = tmp_path / "imported"
+    spec = _canary_head_module(tmp_path, marker)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "canary_heads", raising=False)
+    with pytest.raises(ConfigError, match=r"head.name = 'canary_heads:BilinearHead' is an import path.*--trust-code"):
+        config_from_dict({"head": {"name": spec}})
+    with pytest.raises(ConfigError, match=r"the index's model config.head.name = 'canary_heads:Bil"):
+        config_from_dict({"head": {"name": spec}}, where="the index's model config")
+    assert config_from_dict({"head": {"name": "gare"}}).head.name == "gare"
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(make_msrvtt(tmp_path / "data")))
+    runner = CliRunner()
+    train = ["train", "-c", str(config), "--out", str(tmp_path / "run"), "--set", f"head.name={spec}"]
+    result = runner.invoke(app, [*train, "--set", "train.max_steps=1", "--no-test"])
+    assert result.exit_code == 2 and "is an import path" in result.output and "--trust-code" in result.output
+    result = runner.invoke(app, ["demo", "--quick", "--method", spec, "--out", str(tmp_path / "demo")])
+    assert result.exit_code == 2 and "--method = 'canary_heads:BilinearHead' is an import path" in result.output
+    assert not marker.exists() and "canary_heads" not in sys.modules and not (tmp_path / "run").exists()
+    # trusted: it trains; the checkpoint it writes names the import path, so reading it back needs trust again
+    result = runner.invoke(app, ["--trust-code", *train, "--set", "train.max_steps=1", "--no-test"])
+    assert result.exit_code == 0, result.output
+    assert marker.read_text() == "imported"
+    result = runner.invoke(
+        app, ["eval", "--checkpoint", str(tmp_path / "run" / "best.pt"), "--out", str(tmp_path / "e")]
+    )
+    assert result.exit_code == 2 and "is an import path" in result.output
+    with trusting_code():
+        assert config_from_dict({"head": {"name": spec}}).head.name == spec
+    with pytest.raises(ConfigError):
+        config_from_dict({"head": {"name": spec}})
 
 
 def test_the_demo_runs_a_head_by_import_path(tmp_path: Path) -> None:
     """... and its tables name the inference setting validation chose and the chance level of the test split."""
     from tvr.cli import app
 
-    result = CliRunner().invoke(app, ["demo", "--quick", "--method", MIXTURE, "--out", str(tmp_path / "demo")])
+    result = CliRunner().invoke(
+        app, ["--trust-code", "demo", "--quick", "--method", MIXTURE, "--out", str(tmp_path / "demo")]
+    )
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "demo" / "run" / "test_best" / "metrics.json").read_text())
     assert metrics["head"] == MIXTURE

@@ -343,3 +343,61 @@ def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch) -> None:
     with pytest.raises(ConfigError, match="offline mode is on"):
         clip_backbone.load_clip_model("openai/clip-vit-base-patch32")
     assert [c.get("local_files_only") for c in calls] == [True] and len(probes) == 1
+
+
+def test_a_disk_that_fills_up_inside_torch_save_is_one_line_naming_the_disk(tmp_path: Path, monkeypatch) -> None:
+    """torch.save reports a failed write as a RuntimeError ("unexpected pos …"), with the OSError only as its
+    context: a full disk during ``tvr train`` used to print a long traceback. The write here fails like a full
+    disk, after the first 4 kB of a checkpoint."""
+    import builtins
+
+    import tvr.utils.io as io_module
+
+    values = make_msrvtt(tmp_path / "data")
+    values["train"]["max_steps"] = 1
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(values))
+    out = tmp_path / "run"
+
+    class FillsUp:
+        def __init__(self, handle) -> None:
+            self.handle, self.written = handle, 0
+
+        def write(self, data) -> int:
+            self.written += len(data)
+            if self.written > 4096:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.handle.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.handle.close()
+
+    def full_disk_open(path, mode="r", *args, **kwargs):
+        handle = builtins.open(path, mode, *args, **kwargs)
+        return FillsUp(handle) if "w" in mode and ".last.pt." in str(path) else handle
+
+    monkeypatch.setattr(io_module, "open", full_disk_open, raising=False)
+    result = runner.invoke(app, ["train", "-c", str(config), "-o", str(out), "--no-test"])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "Traceback" not in result.output and "unexpected pos" not in text
+    assert f"no space left on the device writing {out / 'last.pt'} (the file system mounted at /" in text
+    assert "MiB free" in text and "nothing already written was lost" in text
+    assert not (out / "last.pt").exists() and not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_help_names_search_and_serve_and_the_readme_lists_the_exit_codes() -> None:
+    result = runner.invoke(app, ["--help"], terminal_width=200)
+    assert result.exit_code == 0
+    summary = " ".join(result.output.split()).split("Options")[0]
+    assert all(word in summary for word in ("index", "search", "serve", "train", "evaluate"))
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    exit_codes = readme[readme.index("Exit codes:") :][:400]
+    for code in ("**0**", "**1**", "**2**", "**130** interrupted by Ctrl-C"):
+        assert code in exit_codes

@@ -1,39 +1,32 @@
 """Two "machines" on loopback: two torchrun agents (one process each) meet through a c10d rendezvous on 127.0.0.1,
-as two nodes of a cluster would, and run ``tvr train`` (GARE: the per-rank loss, sharded validation and test). The
-run must equal one process training on the same global batch: the same weights (to float rounding), losses and
-test metrics. So multi-node launch is proven, not assumed."""
+as two nodes of a cluster would, with the launch lines of docs/scaling.md and docs/search.md. ``tvr train`` (GARE:
+the per-rank loss, sharded validation and test) must equal one process training on the same global batch: the same
+weights (to float rounding), losses and test metrics; ``tvr index`` must build the index one process builds. So
+multi-node launch is proven, not assumed."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from search_fixtures import index_args
 from test_end_to_end import make_msrvtt
-from two_process import free_port
+from test_search_distributed import OPTIONS, assert_built_like_one_process
+from two_process import free_port, torchrun
 
 from tvr.config import config_from_dict
 from tvr.pipeline import run_train
 from tvr.train.logging import read_jsonl
 
 
-def _torchrun() -> str:
-    local = Path(sys.executable).with_name("torchrun")
-    found = str(local) if local.exists() else shutil.which("torchrun")
-    if found is None:
-        pytest.skip("torchrun not installed")
-    return found
-
-
-def _node(torchrun: str, node_rank: int, port: int, config: Path, out: Path, log: Path) -> subprocess.Popen:
+def _node(launcher: str, node_rank: int, port: int, tvr_args: list[str], log: Path) -> subprocess.Popen:
     command = [
-        torchrun,
+        launcher,
         "--nnodes", "2",
         "--node_rank", str(node_rank),
         "--nproc_per_node", "1",
@@ -43,14 +36,28 @@ def _node(torchrun: str, node_rank: int, port: int, config: Path, out: Path, log
         # node 0 hosts the rendezvous store; both nodes reach each other through the loopback address
         "--rdzv_conf", f"is_host={'true' if node_rank == 0 else 'false'}",
         "--local_addr", "127.0.0.1",
-        "-m", "tvr.cli", "train", "-c", str(config), "-o", str(out),
+        "-m", "tvr.cli", *tvr_args,
     ]  # fmt: skip
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
 
 
+def _run_two_nodes(tvr_args: list[str], logs: Path) -> None:
+    """``python -m tvr.cli *tvr_args`` on two loopback "nodes"; fails the test unless both finish with code 0."""
+    launcher = torchrun()
+    port = free_port()
+    paths = [logs / f"node{k}.log" for k in range(2)]
+    nodes = [_node(launcher, k, port, tvr_args, paths[k]) for k in range(2)]
+    try:
+        codes = [node.wait(timeout=420) for node in nodes]
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            node.kill()
+        pytest.fail("the two torchrun nodes did not finish within 420 s:\n" + paths[0].read_text()[-3000:])
+    assert codes == [0, 0], "\n".join(path.read_text()[-3000:] for path in paths)
+
+
 def test_two_nodes_on_loopback_train_like_one_process(tmp_path: Path) -> None:
-    torchrun = _torchrun()
     values = make_msrvtt(tmp_path / "data")
     # GARE without ψ dropout (a pair's dropout draw on a rank is not the single process's draw)
     values["head"] = {"name": "gare", "options": {"psi_dropout": 0.0}}
@@ -59,16 +66,7 @@ def test_two_nodes_on_loopback_train_like_one_process(tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump(values))
 
     out = tmp_path / "two_nodes"
-    port = free_port()
-    logs = [tmp_path / f"node{k}.log" for k in range(2)]
-    nodes = [_node(torchrun, k, port, config, out, logs[k]) for k in range(2)]
-    try:
-        codes = [node.wait(timeout=420) for node in nodes]
-    except subprocess.TimeoutExpired:
-        for node in nodes:
-            node.kill()
-        pytest.fail("the two torchrun nodes did not finish within 420 s:\n" + logs[0].read_text()[-3000:])
-    assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+    _run_two_nodes(["train", "-c", str(config), "-o", str(out)], tmp_path)
 
     single = run_train(config_from_dict(json.loads(json.dumps(values))), tmp_path / "one")
     two = json.loads((out / "summary.json").read_text())
@@ -93,3 +91,11 @@ def test_two_nodes_on_loopback_train_like_one_process(tmp_path: Path) -> None:
     for tag in ("last", "best"):
         metrics = [json.loads((run / f"test_{tag}" / "metrics.json").read_text()) for run in runs]
         assert metrics[0]["t2v"] == metrics[1]["t2v"] and metrics[0]["v2t"] == metrics[1]["v2t"], tag
+
+
+def test_two_nodes_on_loopback_index_like_one_process(search_setup, tmp_path: Path) -> None:
+    """docs/search.md's multi-node ``tvr index`` line on loopback: each node embeds its share of the videos, rank 0
+    builds the IVF shortlist once; the index equals one process's (manifest, row tables, embeddings, FAISS bytes)."""
+    extra = ["--ann", "ivf", "--nlist", str(OPTIONS.nlist), "--shard-windows", str(OPTIONS.shard_windows)]
+    _run_two_nodes(index_args(search_setup.videos, tmp_path / "two", search_setup.checkpoint, *extra), tmp_path)
+    assert_built_like_one_process(search_setup, tmp_path / "two", tmp_path / "one")

@@ -320,3 +320,39 @@ def test_a_second_job_on_the_destination_is_refused(tmp_path: Path) -> None:
         prepare_videos(src, tmp_path / "out", workers=1, progress=False)
     with folder_lock(tmp_path / "frames"), pytest.raises(FolderBusyError, match="frame cache .* in use"):
         extract_frames(src, tmp_path / "frames", workers=1, progress=False)
+
+
+def test_a_frame_cache_entry_never_resolves_outside_the_cache(tmp_path: Path) -> None:
+    """With data.allow_outside_video_dir, a video id may be ``../outside/x.mp4``: the cache is not asked for it
+    (``absolute()`` keeps ``..``, so it used to map to ``CACHE/../outside/x.npy``)."""
+    from tvr.data.frame_cache import FrameCacheReader
+
+    src = tmp_path / "videos"
+    src.mkdir()
+    write_test_video(src / "clip.mp4", 9, 3.0, size=(64, 48))
+    settings = FrameSettings(max_frames=4, frame_rate=1.0, image_size=32)
+    extract_frames(src, tmp_path / "cache", settings, workers=1, progress=False)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    np.save(outside / "x.npy", np.zeros((1, 32, 32, 3), dtype=np.uint8))  # CACHE/../outside/x.npy exists
+    reader = FrameCacheReader(tmp_path / "cache", src, settings)
+    assert reader.entry(src / "clip.mp4", None, None, train=False) == tmp_path / "cache" / "clip.npy"
+    assert reader.entry(src / ".." / "outside" / "x.mp4", None, None, train=False) is None
+    assert reader.entry(src / "sub" / ".." / "clip.mp4", None, None, train=False) == tmp_path / "cache" / "clip.npy"
+
+
+def test_a_manifest_of_the_wrong_kind_is_named_in_words(tmp_path: Path) -> None:
+    """ "settings is a int" read like a bug; the message says what the JSON holds instead."""
+    src = tmp_path / "raw"
+    src.mkdir()
+    write_test_video(src / "good.mp4", 6, 10.0, size=(64, 48))
+    out = tmp_path / "out"
+    out.mkdir()
+    for content, said in (
+        ('{"settings": 5}', '"settings" is a number, not an object'),
+        ("[1, 2]", "the file is a list"),
+    ):
+        (out / "prepare_manifest.json").write_text(content)
+        result = CliRunner().invoke(app, ["prepare", "videos", str(src), str(out)])
+        assert result.exit_code == 2 and said in result.output, result.output
+        assert "a int" not in result.output

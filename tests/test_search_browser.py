@@ -1,7 +1,9 @@
 """A real browser against ``tvr serve``: headless Chromium (Debian's ``chromium`` + ``chromium-driver``, driven by
 Selenium with both paths given, so nothing is ever downloaded) loads the page served from an index built here, types
-a query, and the expected video is ranked first; the thumbnails load and the player starts at the hit's window. A
-screenshot is saved under ``$TVR_ARTIFACTS`` (default: the test's tmp folder) and its path printed.
+a query, and the expected video is ranked first; the thumbnails load and the player starts at the hit's window; the
+address follows the search and a deep link ``/?q=...&k=...`` (opened, reloaded, stepped back to) shows its results;
+blank and over-long queries get a message, and a long query never widens the page. A screenshot is saved under
+``$TVR_ARTIFACTS`` (default: the test's tmp folder) and its path printed.
 
 Skips only where Chromium or its driver is not installed (``.ci/run`` installs both)."""
 
@@ -117,3 +119,54 @@ def test_the_page_finds_the_video_in_a_real_browser(browser, server: str, tmp_pa
     shot = folder / "search_page.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 1000
     print(f"\nscreenshot: {shot}")
+
+
+def _settled(browser) -> str:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    body = browser.find_element(By.TAG_NAME, "body")
+    WebDriverWait(browser, 60).until(lambda d: body.get_attribute("data-state") in ("done", "error"))
+    return body.get_attribute("data-state")
+
+
+def _shown(browser) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [hit.get_attribute("data-video") for hit in browser.find_elements(By.CSS_SELECTOR, "li.hit")]
+
+
+def test_the_address_is_a_deep_link(browser, server: str) -> None:
+    from urllib.parse import parse_qs, urlsplit
+
+    from selenium.webdriver.common.by import By
+
+    browser.get(server + "/?q=a%20magenta%20screen&k=2")
+    assert _settled(browser) == "done"
+    assert _shown(browser)[0] == "sub/magenta.mp4" and len(_shown(browser)) == 2
+    assert browser.find_element(By.ID, "q").get_attribute("value") == "a magenta screen"
+    assert browser.find_element(By.ID, "k").get_attribute("value") == "2"
+    # a search from the box moves the address; a reload shows the same results
+    box = browser.find_element(By.ID, "q")
+    box.clear()
+    box.send_keys("a green screen")
+    browser.execute_script("document.body.dataset.state = 'typing'")
+    browser.find_element(By.ID, "go").click()
+    assert _settled(browser) == "done" and _shown(browser)[0] == "green.mp4"
+    assert parse_qs(urlsplit(browser.current_url).query) == {"q": ["a green screen"], "k": ["2"]}
+    browser.execute_script("document.body.dataset.state = 'reloading'")
+    browser.refresh()
+    assert _settled(browser) == "done" and _shown(browser)[0] == "green.mp4"
+    # back: the earlier search again
+    browser.execute_script("document.body.dataset.state = 'back'")
+    browser.back()
+    assert _settled(browser) == "done" and _shown(browser)[0] == "sub/magenta.mp4"
+    # a blank query and one longer than the API takes get a message, not silence
+    browser.get(server + "/?q=%20%20%20")
+    assert _settled(browser) == "error" and "type what to search for" in browser.find_element(By.ID, "status").text
+    browser.get(server + "/?q=" + "y" * 600)
+    assert _settled(browser) == "error" and "at most 500" in browser.find_element(By.ID, "status").text
+    long_query = "z" * 480  # accepted; the page must not scroll sideways to show it
+    browser.get(server + "/?q=" + long_query + "&k=3")
+    assert _settled(browser) == "done"
+    assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")

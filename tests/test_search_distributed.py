@@ -51,14 +51,19 @@ def test_two_processes_build_the_single_process_index(search_setup, tmp_path: Pa
             for process in context.processes:
                 process.kill()
             pytest.fail("the two-process index build did not finish within 300 s")
-    shards = sorted(p.name for p in (tmp_path / "two" / "shards").iterdir())
-    assert any("-r000-" in s for s in shards) and any("-r001-" in s for s in shards)  # each rank wrote its own
+    assert_built_like_one_process(search_setup, tmp_path / "two", tmp_path / "one")
 
+
+def assert_built_like_one_process(search_setup, index: Path, scratch: Path) -> None:  # noqa: ANN001
+    """``index`` was built by two ranks, each writing its own shards, and equals the index one process builds (in
+    ``scratch``) with :data:`OPTIONS` on one thread, the ranks' arithmetic."""
+    shards = sorted(p.name for p in (index / "shards").iterdir())
+    assert any("-r000-" in s for s in shards) and any("-r001-" in s for s in shards)  # each rank wrote its own
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the same arithmetic as the one-thread ranks
+    torch.set_num_threads(1)
     try:
-        report = run_index(search_setup.videos, tmp_path / "one", OPTIONS, checkpoint=search_setup.checkpoint)
+        report = run_index(search_setup.videos, scratch, OPTIONS, checkpoint=search_setup.checkpoint)
     finally:
         torch.set_num_threads(threads)
     assert report["ann"]["kind"] == "ivf" and report["processes"] == 1
-    assert_same_index(tmp_path / "one", tmp_path / "two")
+    assert_same_index(scratch, index)

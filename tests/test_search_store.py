@@ -183,3 +183,49 @@ def test_an_index_of_format_version_1_asks_for_a_rebuild(tmp_path: Path) -> None
     (tmp_path / SETTINGS).write_text(json.dumps({"format": "tvr-search-index", "version": 1}))
     with pytest.raises(IndexFormatError, match="version 1, this tvr reads version 2: build the index again"):
         read_settings(tmp_path)
+
+
+def test_a_field_described_as_objects_or_of_another_shape_is_refused(tmp_path: Path) -> None:
+    """A field's dtype comes from meta.json: "object" would make the state's bytes pointers."""
+    _shards(tmp_path, [3])
+    meta_path = tmp_path / "s0" / "meta.json"
+    pristine = json.loads(meta_path.read_text())
+    for field, change in (
+        ("count", {"dtype": "object"}),
+        ("count", {"dtype": "<U2"}),
+        ("frames", {"shape": [4, 3, 5]}),
+        ("frames", {"shape": [3, -3, 5]}),
+        ("frames", {"shape": "3x3x5"}),
+    ):
+        meta = json.loads(json.dumps(pristine))
+        meta["fields"][field].update(change)
+        meta_path.write_text(json.dumps(meta))
+        with pytest.raises(IndexFormatError, match="not described as this tvr stores it"):
+            ShardReader(tmp_path / "s0")
+    meta = json.loads(json.dumps(pristine))
+    meta["rows"] = "3"
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(IndexFormatError, match="rows is '3'; expected a count"):
+        ShardReader(tmp_path / "s0")
+
+
+def test_a_state_class_with_other_fields_is_refused_when_the_index_opens(tmp_path: Path) -> None:
+    """Another head's state class (an imported Sliceable dataclass with other fields) is refused by name and fields,
+    not accepted and then failing in the first query."""
+
+    @dataclasses.dataclass
+    class OtherState(Sliceable):
+        emb: torch.Tensor
+
+    readers, _ = _shards(tmp_path, [2])
+    name = readers[0].meta["state_class"]
+    assert store.state_class(name, readers[0].fields) is MixedState
+    module = __name__
+    globals()["OtherState"] = OtherState
+    try:
+        with pytest.raises(
+            IndexFormatError, match=r"with the fields \['absent', 'count', 'frames', 'mask', 'scalar'\]"
+        ):
+            store.state_class(f"{module}:OtherState", readers[0].fields)
+    finally:
+        del globals()["OtherState"]

@@ -219,3 +219,28 @@ def test_unreadable_files_get_a_plain_description(tmp_path: Path) -> None:
     torch.save({}, emptydict)
     with pytest.raises(ConversionError, match="holds an empty dict"):
         load_openai_state_dict(emptydict)
+
+
+def test_convert_openai_names_the_bad_file_once(tmp_path: Path) -> None:
+    """Each refusal names the file once (a text file, a state dict of something else, an archive missing a
+    storage the pickle refers to), not ``x.pt: x.pt: …``."""
+    text = tmp_path / "notes.pt"
+    text.write_text("hello")
+    other = tmp_path / "other.pt"
+    torch.save({"weight": torch.zeros(2)}, other)
+    whole = _scripted_clip(tmp_path)
+    broken = tmp_path / "broken.pt"
+    with zipfile.ZipFile(whole) as source, zipfile.ZipFile(broken, "w") as target:
+        dropped = next(n for n in source.namelist() if "/data/" in n)
+        for name in source.namelist():
+            if name != dropped:
+                target.writestr(name, source.read(name))
+    for path, what in (
+        (text, "not an OpenAI CLIP checkpoint: a text file"),
+        (other, "checkpoint has no 'visual.conv1.weight'"),
+        (broken, f"storage {dropped.rsplit('/', 1)[1]!r} is referenced but not in the archive"),
+    ):
+        result = CliRunner().invoke(app, ["convert-openai", str(path), str(tmp_path / "out")])
+        said = " ".join(result.output.split())
+        assert result.exit_code == 2 and what in said, said
+        assert said.count(path.name) == 1, said

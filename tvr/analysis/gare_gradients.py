@@ -1,4 +1,4 @@
-"""GARE's gradient tension (seed 001 Fig. 2, 4 and 7), measured on a checkpoint.
+"""GARE's gradient tension (Fig. 2, 4 and 7 of the GARE paper), measured on a checkpoint.
 
 On batches of B aligned pairs drawn from a split (distinct videos per batch, one caption each; seeded), with the
 head in eval mode (ψ without dropout), for the InfoNCE term of the loss (the paper's argument is about it; the Δ
@@ -27,6 +27,7 @@ from torch import Tensor
 from tvr.analysis.figures import COLORS, FigureFiles, new_figure, note, split_label, write_figure
 from tvr.analysis.gradients import PairGradients, cosine_rows, pair_gradients
 from tvr.analysis.pairs import sample_pair_batches
+from tvr.analysis.papers import GARE_PAPER, as_in
 from tvr.analysis.summaries import describe, per_dimension
 from tvr.losses import symmetric_infonce
 from tvr.models.heads.gare import GareHead
@@ -173,8 +174,8 @@ def plot_gare_gradients(out_dir: Path, data: dict[str, Any], *, split: str) -> l
     axes[0, 0].set_ylabel("gradient on t_i (parts)")
     axes[1, 0].set_ylabel("gradient on t_i (sum)")
     title = (
-        f"GARE gradient tension on the text anchors (seed 001 Fig. 2, 7) — {data['num_batches']} batches of "
-        f"{data['batch_size']} — {where}"
+        f"GARE gradient tension on the text anchors ({as_in('Fig. 2 and 7', GARE_PAPER)}) — "
+        f"{data['num_batches']} batches of {data['batch_size']} — {where}"
     )
     fig.suptitle(title, fontsize=10, wrap=True)
     files.append(
@@ -216,7 +217,7 @@ def plot_gare_gradients(out_dir: Path, data: dict[str, Any], *, split: str) -> l
     ax.set_xticks(range(len(bars)), list(bars), fontsize=8)
     ax.set_ylabel("mean over anchors")
     ax.set_title("what reaches the anchor vs the increments", fontsize=9)
-    title = f"GARE: gradients on the increments Δ_ij (seed 001 Fig. 4) — {where}"
+    title = f"GARE: gradients on the increments Δ_ij ({as_in('Fig. 4', GARE_PAPER)}) — {where}"
     fig.suptitle(title, fontsize=10, wrap=True)
     files.append(
         write_figure(

@@ -1,4 +1,4 @@
-"""The gradient a contrastive loss puts on each text anchor, split pair by pair (GARE, seed 001 §1, Fig. 2).
+"""The gradient a contrastive loss puts on each text anchor, split pair by pair (the GARE paper, §1, Fig. 2).
 
 For a batch of B aligned pairs the loss L = InfoNCE(τ·S) reads the scores s_ij. When s_ij depends on the texts
 only through t_i (true of every head here: a pair's score never looks at another text), the anchor's gradient is a

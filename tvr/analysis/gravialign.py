@@ -1,4 +1,4 @@
-"""GraviAlign's uncertainty, measured on a checkpoint (seed 004: "uncertainty that tracks ambiguity").
+"""GraviAlign's uncertainty, measured on a checkpoint (the GraviAlign summary: "uncertainty that tracks ambiguity").
 
 * σ̄² = mean_k σ_k², the per-sample mean variance of a caption's (or a video's) Gaussian, against the caption's
   length in BPE tokens (SOT/EOT excluded, after truncation to ``data.max_words``) and against the ground truth's

@@ -1,4 +1,4 @@
-"""TV-ProxyNet's test-time proxies, measured on a checkpoint (seed 002, appendix).
+"""TV-ProxyNet's test-time proxies, measured on a checkpoint (the Text Proxy paper's appendix).
 
 * **γ sweep**: R@1 of s_ij = cos(t_i, v_j) + γ·cos(t^p_ij, v_j) against γ on the analysed split, from one scoring
   pass (the head's score components). γ = 0 is the CLIP-ViP baseline score. A sweep on the test split is for reading
@@ -31,6 +31,7 @@ from tvr.analysis.figures import (
     write_figure,
 )
 from tvr.analysis.pairs import sample_negatives
+from tvr.analysis.papers import TEXT_PROXY_PAPER, as_in
 from tvr.analysis.summaries import describe
 from tvr.eval.protocol import evaluate
 from tvr.models.heads.proxy import ProxyHead, ProxyTextState, ProxyVideoState
@@ -228,7 +229,10 @@ def plot_feature_space(
     ax.set_yticks([])
     ax.legend(fontsize=8, loc="best")
     note(ax, f"{n_t} captions × {n_v} videos, γ = {gamma:g}" + (f"\n{gamma_note}" if gamma_note else ""))
-    title = f"TV-ProxyNet feature space ({method.upper()}; seed 002 appendix Fig. 5) — {split_label(split)}"
+    title = (
+        f"TV-ProxyNet feature space ({method.upper()}; {as_in('appendix Fig. 5', TEXT_PROXY_PAPER)}) — "
+        f"{split_label(split)}"
+    )
     fig.suptitle(title, fontsize=10, wrap=True)
     data = {
         "split": split,

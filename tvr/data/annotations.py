@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from tvr.config import DataConfig
-from tvr.utils.errors import UserError
+from tvr.utils.errors import UserError, first_line
+from tvr.utils.pickle_scan import PickleRefusedError, scan_pickle
 
 SPLITS = ("train", "val", "test")
 #: extra split names: the MSR-VTT 1k-A test with all 20 captions per video (``MSRVTT_test1ka.jsonl``)
@@ -139,9 +140,14 @@ def _fail(path: Path | str, message: str, line: int | None = None, field_path: s
     return AnnotationError(f"{_where(path, line, field_path)}: {message}")
 
 
+def _not_a_file(path: Path) -> str:
+    """What stands at ``path`` instead of the file an annotation reader wanted."""
+    return "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "file not found"
+
+
 def _read_text(path: Path, expected: str) -> str:
     if not path.is_file():
-        raise _fail(path, f"file not found; expected {expected}")
+        raise _fail(path, f"{_not_a_file(path)}; expected {expected}")
     data = path.read_bytes()
     return _decode(data, path, expected)
 
@@ -185,6 +191,19 @@ def _read_jsonl(path: Path, expected: str) -> list[tuple[int, dict]]:
     return rows
 
 
+def _csv_problem(exc: csv.Error, start: int, expected: str) -> tuple[str, int]:
+    """(message, line) for a row the CSV reader refused; a field over the reader's size limit names itself (it is
+    valid CSV: a caption that long, or an unclosed quote that made the rest of the file one field)."""
+    if "field larger than field limit" in str(exc):
+        limit = csv.field_size_limit()
+        return (
+            f"a field longer than {limit:,} characters, the most a CSV field may hold here: a caption that long is "
+            'not read, and an unclosed quote (") makes everything after it one field; expected ' + expected,
+            start,
+        )
+    return f"not valid CSV ({exc}); expected {expected}", start
+
+
 def _read_csv(path: Path, required: Sequence[str], expected: str) -> list[tuple[int, dict[str, str]]]:
     """(line number, row) for every data row; the header must contain ``required``."""
     text = _read_text(path, expected)
@@ -192,18 +211,19 @@ def _read_csv(path: Path, required: Sequence[str], expected: str) -> list[tuple[
     try:
         header = [h.strip() for h in next(reader)]
     except csv.Error as exc:
-        raise _fail(path, f"not valid CSV ({exc}); expected {expected}", reader.line_num) from exc
+        raise _fail(path, *_csv_problem(exc, 1, expected)) from exc
     for column in required:
         if column not in header:
             raise _fail(path, f"expected a {column!r} column in the header ({expected}); found {header}", 1)
     rows = []
     while True:
+        start = reader.line_num + 1  # where the next row starts (a quoted field may span lines)
         try:
             values = next(reader)
         except StopIteration:
             break
         except csv.Error as exc:
-            raise _fail(path, f"not valid CSV ({exc}); expected {expected}", reader.line_num) from exc
+            raise _fail(path, *_csv_problem(exc, start, expected)) from exc
         if not values or all(not v.strip() for v in values):
             continue
         if len(values) != len(header):
@@ -572,9 +592,13 @@ def _load_msvd_captions(path: Path) -> dict[str, list[str]]:
         if not data:
             raise _fail(path, f"file is empty; expected {expected}")
         try:
+            scan_pickle(data, str(path))
+        except PickleRefusedError as exc:
+            raise _fail(path, f"{exc.reason}; expected {expected}") from None
+        try:
             obj = _PlainUnpickler(io.BytesIO(data), encoding="utf-8").load()
         except Exception as exc:
-            raise _fail(path, f"cannot unpickle ({exc}); expected {expected}") from exc
+            raise _fail(path, f"cannot unpickle ({first_line(exc)}); expected {expected}") from exc
         if not isinstance(obj, dict) or not obj:
             raise _fail(path, f"expected {expected}, got {type(obj).__name__}")
         budget = min(MSVD_MAX_TEXT_BYTES, MSVD_MAX_EXPANSION * len(data))
@@ -763,8 +787,8 @@ def _generic_part(folder: Path, cfg: DataConfig, split: str) -> _Part | None:
     if not path.is_file():
         raise _fail(
             path,
-            "file not found; the generic format needs data.generic_file (relative to "
-            "data.annotations): a .csv or .jsonl with fields video, caption[, split]",
+            f"{_not_a_file(path)}; the generic format needs data.generic_file (relative to "
+            "data.annotations): a .csv or .jsonl file with fields video, caption[, split]",
         )
     rows = _cached("generic-rows", [path], lambda: _generic_rows(path))
     chosen = [(vid, cap) for _, vid, cap, s in rows if s == split]

@@ -25,6 +25,8 @@ from torch import Tensor
 
 from tvr.config import Config
 from tvr.utils.errors import UserError
+from tvr.utils.pickle_scan import PickleRefusedError
+from tvr.utils.torch_files import TorchFileError, load_torch_file
 
 MANIFEST = "manifest.json"
 
@@ -117,11 +119,14 @@ class CachedSplit:
 def _shards(paths: list[Path]) -> Iterator[dict[str, Any]]:
     for path in paths:
         try:
-            yield torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - re-raised with the file named
+            shard = load_torch_file(path, mmap=True)
+        except PickleRefusedError as exc:
+            raise FeatureCacheError(f"feature cache shard {exc}; delete it and rerun tvr features") from None
+        except TorchFileError as exc:
             raise FeatureCacheError(
-                f"feature cache shard {path} is unreadable ({exc}); delete it and rerun tvr features"
+                f"feature cache shard {path} is unreadable ({exc.detail}); delete it and rerun tvr features"
             ) from exc
+        yield shard
 
 
 def read_manifest(cache_dir: str | Path) -> dict:

@@ -106,14 +106,15 @@ class FrameCacheReader:
         self.settings = settings
         manifest = json.loads((self.cache_dir / FRAMES_MANIFEST).read_text())["settings"]  # read just above
         self.flat = bool(manifest.get("flat", False))
-        # the resolver's paths are data.video_dir joined with the file name, not resolved (the folder may be a link)
-        self.video_root = Path(video_dir).absolute()
+        # the resolver's paths are data.video_dir joined with the file name, not resolved (the folder may be a link);
+        # normalised (``a/../b`` → ``b``) so a name with ``..`` cannot stand for a place outside the folder
+        self.video_root = Path(os.path.normpath(Path(video_dir).absolute()))
 
     def entry(self, video_path: str | os.PathLike, start: float | None, end: float | None, train: bool) -> Path | None:
         """The cached ``.npy`` standing in for this clip, or None when the clip must be decoded."""
         if start is not None or end is not None or (train and self.settings.sampling != "clip4clip"):
             return None
-        video_path = Path(video_path).absolute()
+        video_path = Path(os.path.normpath(Path(video_path).absolute()))
         if self.flat:
             rel = Path(video_path.name)
         elif video_path.is_relative_to(self.video_root):

@@ -43,7 +43,6 @@ import functools
 import json
 import os
 import platform
-import stat
 import time
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -60,7 +59,9 @@ from tvr.utils.io import (
     atomic_write,
     atomic_write_json,
     is_temporary_name,
+    json_kind,
     remove_stale_temporaries,
+    why_not_regular_file,
 )
 from tvr.utils.lock import folder_lock
 from tvr.utils.parallel import parallel_map
@@ -292,28 +293,6 @@ def find_videos(
     return found
 
 
-def _not_a_regular_file(path: Path) -> str | None:
-    """Why ``path`` cannot be read as a video file (a FIFO would block a reader forever), or None."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        if os.path.islink(path):
-            return f"a broken or looping symbolic link ({exc.strerror})"
-        return f"cannot stat it ({exc.strerror})"
-    if stat.S_ISREG(mode):
-        return None
-    kind = (
-        "a FIFO"
-        if stat.S_ISFIFO(mode)
-        else "a socket"
-        if stat.S_ISSOCK(mode)
-        else "a device"
-        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-        else "not a regular file"
-    )
-    return f"{kind}, not a regular file; only regular files are read"
-
-
 def _plan(
     src: Path, dst: Path, suffix: str, flat: bool = False
 ) -> tuple[list[tuple[Path, Path]], list[dict[str, Any]]]:
@@ -328,7 +307,7 @@ def _plan(
     clashes: list[dict[str, Any]] = []
     owner: dict[Path, Path] = {}
     for rel in find_videos(src, exclude=dst if inside else None, problems=clashes):
-        unreadable = _not_a_regular_file(src / rel)
+        unreadable = why_not_regular_file(src / rel)
         if unreadable is not None:
             clashes.append({"source": str(rel), "status": "failed", "error": unreadable})
             continue
@@ -358,9 +337,11 @@ def _check_manifest(dst: Path, name: str, settings: dict[str, Any], outputs: Seq
     path = dst / name
     if path.is_file():
         try:
-            saved = json.loads(path.read_text(encoding="utf-8"))["settings"]
+            record = json.loads(path.read_text(encoding="utf-8"))
+            saved = record.get("settings") if isinstance(record, dict) else record
             if not isinstance(saved, dict):
-                raise TypeError(f"settings is a {type(saved).__name__}, not a mapping")
+                what = "the file" if saved is record else '"settings"'
+                raise TypeError(f"{what} is {json_kind(saved)}, not an object")
         except (ValueError, KeyError, TypeError) as exc:
             raise PrepareError(
                 f"{path}: damaged ({exc}), so the settings of the outputs in {dst} are unknown; "

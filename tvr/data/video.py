@@ -30,8 +30,9 @@ SAMPLING_MODES = ("clip4clip", "clipvip")
 class VideoDecodeError(Exception):
     """A video file cannot provide the requested frames.
 
-    ``path`` is the file, ``reason`` a short code (missing | empty | unreadable | no video stream | no frames |
-    truncated | no frame rate), ``decoded`` how many frames decoded before the stream ended (truncated files).
+    ``path`` is the file, ``reason`` a short code (missing | empty | unreadable | not a video | no video stream |
+    no frames | truncated | no frame rate), ``decoded`` how many frames decoded before the stream ended (truncated
+    files).
     """
 
     def __init__(self, path: str | os.PathLike, reason: str, detail: str = "", decoded: int | None = None) -> None:
@@ -72,12 +73,21 @@ def _check_file(path: Path) -> None:
         raise VideoDecodeError(path, "empty", "zero-length file")
 
 
+#: FFmpeg demuxers that render a text file as a "video" (ANSI art, binary text): any text file opens with them, so
+#: a caption list passed where a clip belongs would otherwise be "decoded" as a fraction of a second of video
+TEXT_DEMUXERS = frozenset({"tty", "bin", "xbin", "adf", "idf"})
+
+
 def _open(path: Path) -> av.container.InputContainer:
     _check_file(path)
     try:
         container = av.open(str(path), mode="r")
     except av.FFmpegError as exc:
         raise VideoDecodeError(path, "unreadable", f"not a video container or corrupt: {exc}") from exc
+    formats = set(str(container.format.name or "").split(","))
+    if formats & TEXT_DEMUXERS:
+        container.close()
+        raise VideoDecodeError(path, "not a video", "a text file, which FFmpeg would show as frames of characters")
     if not container.streams.video:
         container.close()
         raise VideoDecodeError(path, "no video stream")

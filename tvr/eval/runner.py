@@ -28,6 +28,7 @@ from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.distributed import RowShard, is_main_process
 from tvr.utils.errors import UserError
 from tvr.utils.metric_paths import higher_is_better, lookup_metric
+from tvr.utils.parallel import loader_workers
 from tvr.utils.progress import progress_bar
 
 
@@ -77,7 +78,10 @@ def encode_split_raw(
     mine = _shard(len(split.videos), distributed)
     dataset = VideoDataset(split.videos[mine.rows], split.video_spans[mine.rows], resolver, cfg.data)
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=cfg.eval.batch_size, num_workers=cfg.data.num_workers, collate_fn=collate_videos
+        dataset,
+        batch_size=cfg.eval.batch_size,
+        num_workers=loader_workers(cfg.data.num_workers),
+        collate_fn=collate_videos,
     )
     videos, kept, skipped = [], [], []
     for batch in progress_bar(loader, f"{split.name}: videos"):

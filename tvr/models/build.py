@@ -8,8 +8,6 @@ import logging
 from torch import nn
 
 from tvr.config import Config, ConfigError, ModelConfig
-from tvr.models.clip_backbone import ClipBackbone, backbone_image_size
-from tvr.models.clipvip import ClipVipBackbone
 from tvr.models.heads.registry import build_head, head_class, head_options
 from tvr.models.model import RetrievalModel
 from tvr.models.temporal import build_temporal
@@ -48,7 +46,11 @@ def build_backbone(model_cfg: ModelConfig) -> nn.Module:
     """The video/text backbone named by ``model.backbone``: a :class:`~tvr.models.clip_backbone.ClipBackbone`, a
     :class:`~tvr.models.clipvip.ClipVipBackbone` or a :class:`~tvr.models.two_tower.TwoTowerBackbone`."""
     kind = model_cfg.backbone
+    # each backbone's module is imported when it is built: CLIP's pulls in transformers' CLIP modelling, which a
+    # two-tower model never runs
     if kind == "clip":
+        from tvr.models.clip_backbone import ClipBackbone
+
         return ClipBackbone.from_config(model_cfg)
     if kind == "clipvip":
         if model_cfg.temporal not in CLIPVIP_TEMPORAL:
@@ -56,6 +58,8 @@ def build_backbone(model_cfg: ModelConfig) -> nn.Module:
                 f"model.temporal={model_cfg.temporal!r} with model.backbone=clipvip: CLIP-ViP pools the video "
                 f"itself into one slot, so there is no frame sequence to aggregate; set model.temporal=none"
             )
+        from tvr.models.clipvip import ClipVipBackbone
+
         return ClipVipBackbone.from_config(model_cfg)
     if kind == "two_tower":
         from tvr.models.two_tower import TwoTowerBackbone
@@ -91,6 +95,8 @@ def check_image_size(cfg: Config) -> None:
         return
     if cfg.data.image_size is None:  # unset: resolving the config gives it the backbone's own size
         return
+    from tvr.models.clip_backbone import backbone_image_size
+
     known = backbone_image_size(cfg.model)
     if known is not None and known[0] != cfg.data.image_size:
         size, source = known

@@ -17,7 +17,9 @@ from torch import nn
 
 from tvr.config import Config, ConfigError, config_from_dict
 from tvr.utils.errors import UserError
+from tvr.utils.pickle_scan import PickleRefusedError
 from tvr.utils.seeding import seed_everything
+from tvr.utils.torch_files import TorchFileError, load_torch_file
 
 FORMAT = "tvr-checkpoint"
 VERSION = 1
@@ -27,7 +29,7 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint file is missing, unreadable, or does not fit the model/optimizer it is loaded into."""
 
 
-def _why_unreadable(path: Path, exc: Exception) -> str:
+def _why_unreadable(path: Path, exc: str) -> str:
     """What a file that torch.load rejects looks like, so the message says more than the unpickler's opcode."""
     with open(path, "rb") as handle:
         head = handle.read(512)
@@ -52,9 +54,11 @@ def read_checkpoint(path: str | os.PathLike, *, mmap: bool = False) -> dict[str,
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, … for damaged files
-        raise CheckpointError(f"{path}: not a readable checkpoint: {_why_unreadable(path, exc)}") from exc
+        payload = load_torch_file(path, mmap=mmap)
+    except PickleRefusedError as exc:
+        raise CheckpointError(str(exc)) from None
+    except TorchFileError as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, … for damaged files
+        raise CheckpointError(f"{path}: not a readable checkpoint: {_why_unreadable(path, exc.detail)}") from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a tvr training checkpoint (no '{FORMAT}' marker)")
     if payload.get("version") != VERSION:

@@ -32,6 +32,8 @@ from tvr.config import ConfigError, ModelConfig, TinyClipConfig
 from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
 from tvr.models.convert_openai import load_openai_clip
 from tvr.types import TextFeatures, VideoFeatures
+from tvr.utils.pickle_scan import PickleRefusedError
+from tvr.utils.torch_files import TorchFileError, check_model_folder
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -85,6 +87,10 @@ def load_clip_model(spec: str) -> CLIPModel:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model.clip: {path} is a folder but has no config.json (not a HF CLIP folder)")
+        try:
+            check_model_folder(path)  # transformers torch.loads a pytorch_model.bin itself: scanned first
+        except (PickleRefusedError, TorchFileError) as exc:
+            raise ConfigError(f"model.clip: {exc}") from None
         try:
             return CLIPModel.from_pretrained(str(path), dtype=torch.float32)
         except Exception as exc:  # noqa: BLE001 - a broken config.json or truncated weights raise many types

@@ -46,6 +46,8 @@ from tvr.models.clip_files import save_clip_atomic
 from tvr.types import VideoFeatures
 from tvr.utils.errors import UserError
 from tvr.utils.io import describe_file_start
+from tvr.utils.pickle_scan import PickleRefusedError
+from tvr.utils.torch_files import TorchFileError, load_torch_file
 
 log = logging.getLogger(__name__)
 
@@ -331,8 +333,10 @@ class ClipVipBackbone(ClipBackbone):
             if not path.is_file():
                 raise FileNotFoundError(f"model.clipvip.checkpoint: file not found: {path}")
             try:
-                raw = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as exc:  # noqa: BLE001 - torch raises many types for files that are not checkpoints
+                raw = load_torch_file(path)
+            except PickleRefusedError as exc:
+                raise ClipVipCheckpointError(f"model.clipvip.checkpoint {exc}") from None
+            except TorchFileError as exc:
                 raise ClipVipCheckpointError(
                     f"model.clipvip.checkpoint {path}: not a torch checkpoint: {describe_file_start(path)}; expected "
                     "CLIP-ViP's pretrain_clipvip_base_32.pt layout"

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from tvr.utils.io import atomic_torch_save
+from tvr.utils.torch_files import load_torch_file
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def read_cached_embeddings(path: Path, width: int) -> Tensor | None:
     if not path.is_file():
         return None
     try:
-        value = torch.load(path, map_location="cpu", weights_only=True)
+        value = load_torch_file(path)
     except Exception as exc:  # noqa: BLE001 - a damaged cache entry is recomputed, never fatal
         log.warning("ConSE class-embedding cache %s is unreadable (%s); recomputing it", path, exc)
         return None

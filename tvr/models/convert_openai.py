@@ -26,6 +26,8 @@ from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
 from tvr.models.torchscript_reader import TorchScriptArchiveError, is_torchscript_archive, read_torchscript_state_dict
 from tvr.utils.errors import UserError
 from tvr.utils.io import describe_file_start
+from tvr.utils.pickle_scan import PickleRefusedError
+from tvr.utils.torch_files import TorchFileError, load_torch_file
 
 #: scalars stored next to the weights in OpenAI's TorchScript archives; checked, not converted
 METADATA_KEYS = ("input_resolution", "context_length", "vocab_size")
@@ -83,8 +85,10 @@ def load_openai_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
         except TorchScriptArchiveError as exc:
             raise ConversionError(str(exc)) from None
     try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for files that are not checkpoints
+        obj = load_torch_file(path)
+    except PickleRefusedError as exc:
+        raise ConversionError(str(exc)) from None
+    except TorchFileError as exc:
         raise ConversionError(
             f"{path}: not an OpenAI CLIP checkpoint: {describe_file_start(path)}; expected OpenAI's TorchScript .pt "
             "file (ViT-B-32.pt, …) or a torch.save-d CLIP state dict"
@@ -227,7 +231,10 @@ def map_residual_block(
     out: dict[str, Tensor] = {}
     for kind in ("weight", "bias"):
         fused = f"{src}attn.in_proj_{kind}"
-        for name, part in zip("qkv", take(fused).chunk(3, dim=0), strict=True):
+        packed = take(fused)
+        if packed.dim() == 0 or packed.shape[0] % 3:
+            raise ConversionError(f"{fused} has shape {tuple(packed.shape)}; expected 3 × width rows (q, k, v)")
+        for name, part in zip("qkv", packed.chunk(3, dim=0), strict=True):
             out[f"{dst}self_attn.{name}_proj.{kind}"] = part.contiguous()
             if origins is not None:
                 origins[f"{dst}self_attn.{name}_proj.{kind}"] = f"{fused}[{name}]"
@@ -247,8 +254,10 @@ def convert_state_dict(
     unused = sorted(set(state) - used)
     if unused:
         raise ConversionError(f"{len(unused)} checkpoint tensor(s) have no HF counterpart: {unused[:20]}")
-    model = CLIPModel(config)
-    target = model.state_dict()
+    # checked against a skeleton without storage first: the architecture is read off a few tensors (the layer
+    # count off key names, the widths off block 0), so a small file could describe a model of many gigabytes
+    with torch.device("meta"):
+        target = CLIPModel(config).state_dict()
     missing = sorted(set(target) - set(mapped))
     unexpected = sorted(set(mapped) - set(target))
     if missing or unexpected:
@@ -262,6 +271,7 @@ def convert_state_dict(
     ]
     if wrong:
         raise ConversionError(f"shape mismatch (converted vs HF): {wrong[:20]}")
+    model = CLIPModel(config)  # every parameter is one of the file's tensors, checked above
     model.load_state_dict(mapped, strict=True)
     return model.eval()
 
@@ -270,8 +280,9 @@ def load_openai_clip(
     path: str | os.PathLike, text_heads: int | None = None, vision_heads: int | None = None
 ) -> CLIPModel:
     """Load and convert in memory (what ``ClipBackbone.from_config`` does for a ``.pt`` path)."""
+    state = load_openai_state_dict(path)  # its errors name the file already
     try:
-        return convert_state_dict(load_openai_state_dict(path), text_heads=text_heads, vision_heads=vision_heads)
+        return convert_state_dict(state, text_heads=text_heads, vision_heads=vision_heads)
     except ConversionError as exc:
         raise ConversionError(f"{path}: {exc}") from None
 

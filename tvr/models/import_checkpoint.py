@@ -42,6 +42,8 @@ from tvr.models.convert_openai import METADATA_KEYS, ConversionError, count_bloc
 from tvr.models.model import RetrievalModel
 from tvr.utils.errors import UserError
 from tvr.utils.io import describe_file_start
+from tvr.utils.pickle_scan import PickleRefusedError
+from tvr.utils.torch_files import TorchFileError, load_torch_file
 
 LAYOUTS = ("clip4clip", "gare")
 #: prefixes under which a GARE release stores ψ (``GARE.agent.psi`` and its alias ``GARE.psi``)
@@ -131,8 +133,10 @@ def load_release_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
         raise CheckpointImportError(f"checkpoint not found: {path}")
     expected = "a torch.save-d state dict such as CLIP4Clip's pytorch_model.bin or GARE's best.pth"
     try:
-        obj: Any = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for files that are not checkpoints
+        obj: Any = load_torch_file(path)
+    except PickleRefusedError as exc:
+        raise CheckpointImportError(str(exc)) from None
+    except TorchFileError as exc:
         raise CheckpointImportError(
             f"{path}: not a readable PyTorch checkpoint: {describe_file_start(path)}; expected {expected}"
         ) from exc

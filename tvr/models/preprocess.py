@@ -19,7 +19,6 @@ from pathlib import Path
 
 from tvr.config import Config, ConfigError, ModelConfig
 from tvr.data.transforms import CLIP_NORM, PixelNorm
-from tvr.models.clip_backbone import backbone_image_size
 
 __all__ = [
     "HUB_IMAGE_SIZES",
@@ -108,6 +107,8 @@ def clip_image_size(model_cfg: ModelConfig) -> int | None:
             return None
         stat = path.stat()
         return _openai_image_size(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    from tvr.models.clip_backbone import backbone_image_size  # CLIP's module: only for a CLIP backbone
+
     known = backbone_image_size(model_cfg)
     if known is not None:
         return known[0]

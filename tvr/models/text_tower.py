@@ -34,6 +34,8 @@ from tvr.data.sentence_tokenizer import (  # noqa: F401 (DEFAULT_TEXT_MODEL, Sen
     tiny_tokenizer,
     write_tiny_vocab,
 )
+from tvr.utils.pickle_scan import PickleRefusedError
+from tvr.utils.torch_files import TorchFileError, check_model_folder
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,10 @@ def load_sentence_model(spec: str, tiny: TinyTwoTowerConfig):
         return build_tiny_sentence_model(tiny)
     source, local = resolve_text_model(spec)
     if local:
+        try:
+            check_model_folder(source)  # sentence-transformers torch.loads a pytorch_model.bin itself
+        except (PickleRefusedError, TorchFileError) as exc:
+            raise ConfigError(f"model.two_tower.text_model: {exc}") from None
         with hf_offline():
             return SentenceTransformer(source, device="cpu", local_files_only=True)
     try:

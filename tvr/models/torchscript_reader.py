@@ -12,16 +12,21 @@ TorchScript archives, so tvr reads them as data instead. An archive is a zip fil
 * ``<root>/code/__torch__/…/<module>.py``: the class definitions, which list each class's ``__parameters__`` and
   ``__buffers__``.
 
-The pickle is read by an unpickler that knows a handful of names (the tensor rebuild functions, storage types,
-``collections.OrderedDict``, TorchScript's list/type-tag helpers) and turns every ``__torch__`` class into an inert
-record of its state; anything else is refused. Class definitions are read as text with a regular expression (the
-parameter and buffer name lists), never compiled. The result is what ``torch.jit.load(path).state_dict()`` returns:
-every module's parameters and buffers under their dotted names.
+The zip's members are checked before anything is read (:func:`tvr.utils.torch_files.check_archive_members`: no
+member inflating far beyond its compressed size, small records small), and the pickle passes the bounded pre-scan
+of :mod:`tvr.utils.pickle_scan` (nesting depth, memo indices) before an unpickler that knows a handful of names
+(the tensor rebuild functions, storage types, ``collections.OrderedDict``, TorchScript's list/type-tag helpers)
+reads it, turning every ``__torch__`` class into an inert record of its state; anything else is refused. A tensor
+may not hold more elements than its storage (a stride-0 tensor of one stored value could otherwise stand for a
+``(40 000 000, 64)`` embedding, and the model built from its shape for gigabytes). Class definitions are read as
+text with a regular expression (the parameter and buffer name lists), never compiled. The result is what
+``torch.jit.load(path).state_dict()`` returns: every module's parameters and buffers under their dotted names.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import re
@@ -34,7 +39,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tvr.utils.errors import UserError
+from tvr.utils.errors import UserError, first_line
+from tvr.utils.pickle_scan import PickleRefusedError
+from tvr.utils.torch_files import check_archive_members, read_archive_pickle
 
 #: storage class name in the pickle -> element type
 STORAGE_DTYPES = {
@@ -49,8 +56,6 @@ STORAGE_DTYPES = {
     "ByteStorage": torch.uint8,
     "BoolStorage": torch.bool,
 }
-#: the module-tree pickle of a CLIP archive is a few hundred kB; anything far larger is not what we read
-MAX_PICKLE_BYTES = 64 << 20
 MAX_CODE_BYTES = 64 << 20
 _CLASS = re.compile(r"^class (\w+)\((\w+)\):\n((?:[ \t]+\S.*\n|[ \t]*\n)*)", re.MULTILINE)
 _NAME_LIST = r"^[ \t]+{}[ \t]*=[ \t]*\[([^\]]*)\]"
@@ -111,13 +116,19 @@ def _rebuild_tensor(storage: Tensor, offset: int, size: Any, stride: Any, *_: An
     size, stride = _check_dims(size, "size"), _check_dims(stride, "stride")
     if not isinstance(storage, Tensor) or not isinstance(offset, int) or offset < 0 or len(size) != len(stride):
         raise TorchScriptArchiveError("a tensor's storage, offset, size or stride is malformed")
-    if 0 in size:
-        return torch.empty(size, dtype=storage.dtype)
+    numel = math.prod(size)
+    if numel == 0:
+        return storage.new_empty(size)
     last = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
     if last >= storage.numel():
         raise TorchScriptArchiveError(
             f"a tensor of size {size} (stride {stride}, offset {offset}) reaches past its storage of "
             f"{storage.numel()} elements"
+        )
+    if numel > storage.numel():  # within the storage's extent only by repeating elements (a stride of 0)
+        raise TorchScriptArchiveError(
+            f"a tensor of size {size} (stride {stride}) has more elements than its storage of {storage.numel()}; "
+            "every element of a saved tensor must be stored"
         )
     return storage.as_strided(size, stride, offset)
 
@@ -209,49 +220,55 @@ def read_torchscript_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
         archive = zipfile.ZipFile(path)
     except zipfile.BadZipFile as exc:
         raise TorchScriptArchiveError(f"{path}: not a zip archive ({exc}), so not a TorchScript file") from None
-    with archive:
-        names = archive.namelist()
-        root = archive_root(names)
-        if root is None:
-            raise TorchScriptArchiveError(f"{path}: a zip file without TorchScript's <root>/data.pkl and code/")
-        byteorder = archive.read(f"{root}/byteorder").decode().strip() if f"{root}/byteorder" in names else "little"
-        if byteorder != "little":
-            raise TorchScriptArchiveError(f"{path}: stored {byteorder}-endian; only little-endian archives are read")
-        storages: dict[str, Tensor] = {}
+    try:
+        with archive:
+            return _read_archive(archive, path)
+    except TorchScriptArchiveError as exc:  # raised below without the path: named once, here
+        raise TorchScriptArchiveError(f"{path}: {exc}") from None
+    except PickleRefusedError as exc:
+        raise TorchScriptArchiveError(str(exc)) from None
 
-        def read_storage(key: str, kind: _StorageType, numel: int) -> Tensor:
-            if key in storages:
-                return storages[key]
-            member = f"{root}/data/{key}"
-            itemsize = torch.empty((), dtype=kind.dtype).element_size()
-            try:
-                info = archive.getinfo(member)
-            except KeyError:
-                raise TorchScriptArchiveError(f"{path}: storage {key!r} is referenced but not in the archive") from None
-            if numel < 0 or info.file_size != numel * itemsize:
-                raise TorchScriptArchiveError(
-                    f"{path}: storage {key!r} holds {info.file_size} bytes, not {numel} {kind.name} elements"
-                )
-            raw = bytearray(archive.read(info))
-            storages[key] = torch.frombuffer(raw, dtype=kind.dtype) if raw else torch.empty(0, dtype=kind.dtype)
+
+def _read_archive(archive: zipfile.ZipFile, path: Path) -> dict[str, Tensor]:
+    names = archive.namelist()
+    root = archive_root(names)
+    if root is None:
+        raise TorchScriptArchiveError("a zip file without TorchScript's <root>/data.pkl and code/")
+    check_archive_members(archive, str(path), path.stat().st_size)
+    byteorder = archive.read(f"{root}/byteorder").decode() if f"{root}/byteorder" in names else "little"
+    if byteorder != "little":
+        raise TorchScriptArchiveError(f"stored {byteorder}-endian; only little-endian archives are read")
+    storages: dict[str, Tensor] = {}
+
+    def read_storage(key: str, kind: _StorageType, numel: int) -> Tensor:
+        if key in storages:
             return storages[key]
-
-        info = archive.getinfo(f"{root}/data.pkl")
-        if info.file_size > MAX_PICKLE_BYTES:
-            raise TorchScriptArchiveError(
-                f"{path}: its module pickle is {info.file_size} bytes; expected a module tree of a few MB at most"
-            )
+        member = f"{root}/data/{key}"
+        itemsize = torch.empty((), dtype=kind.dtype).element_size()
         try:
-            tree = _Unpickler(archive.read(info), read_storage).load()
-        except TorchScriptArchiveError as exc:
-            raise TorchScriptArchiveError(f"{path}: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 - a malformed pickle raises anything; name the file
-            raise TorchScriptArchiveError(f"{path}: the archive's module pickle is unreadable ({exc})") from None
-        classes = _class_definitions(archive, root)
+            info = archive.getinfo(member)
+        except KeyError:
+            raise TorchScriptArchiveError(f"storage {key!r} is referenced but not in the archive") from None
+        if numel < 0 or info.file_size != numel * itemsize:
+            raise TorchScriptArchiveError(
+                f"storage {key!r} holds {info.file_size} bytes, not {numel} {kind.name} elements"
+            )
+        raw = bytearray(archive.read(info))
+        storages[key] = torch.frombuffer(raw, dtype=kind.dtype) if raw else torch.empty(0, dtype=kind.dtype)
+        return storages[key]
+
+    data = read_archive_pickle(archive, f"{root}/data.pkl", str(path))
+    try:
+        tree = _Unpickler(data, read_storage).load()
+    except TorchScriptArchiveError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a malformed pickle raises anything; name the file
+        raise TorchScriptArchiveError(f"the archive's module pickle is unreadable ({first_line(exc)})") from None
+    classes = _class_definitions(archive, root)
     if not isinstance(tree, _ScriptObject):
-        raise TorchScriptArchiveError(f"{path}: the archive holds a {type(tree).__name__}, not a scripted module")
+        raise TorchScriptArchiveError(f"the archive holds a {type(tree).__name__}, not a scripted module")
     out: dict[str, Tensor] = {}
-    _collect(tree, "", classes, out, path, set())
+    _collect(tree, "", classes, out, set())
     return out
 
 
@@ -260,18 +277,17 @@ def _collect(
     prefix: str,
     classes: dict[str, tuple[bool, list[str], list[str]]],
     out: dict[str, Tensor],
-    path: Path,
     active: set[int],
 ) -> None:
     if id(obj) in active:
-        raise TorchScriptArchiveError(f"{path}: module {prefix.rstrip('.') or '<root>'} contains itself")
+        raise TorchScriptArchiveError(f"module {prefix.rstrip('.') or '<root>'} contains itself")
     definition = classes.get(obj.qualified)
     if definition is None:
-        raise TorchScriptArchiveError(f"{path}: no definition of class {obj.qualified} in the archive's code/")
+        raise TorchScriptArchiveError(f"no definition of class {obj.qualified} in the archive's code/")
     state = getattr(obj, "state", None)
     if not isinstance(state, dict):
         raise TorchScriptArchiveError(
-            f"{path}: module {prefix.rstrip('.') or '<root>'} ({obj.qualified}) was saved with a custom state, not "
+            f"module {prefix.rstrip('.') or '<root>'} ({obj.qualified}) was saved with a custom state, not "
             "its attributes; its weights cannot be read as data"
         )
     active.add(id(obj))
@@ -281,9 +297,9 @@ def _collect(
         if value is None:  # an optional parameter left unset (e.g. a Linear without bias)
             continue
         if not isinstance(value, Tensor):
-            raise TorchScriptArchiveError(f"{path}: {prefix}{name} is a {type(value).__name__}, not a tensor")
+            raise TorchScriptArchiveError(f"{prefix}{name} is a {type(value).__name__}, not a tensor")
         out[prefix + name] = value
     for name, value in state.items():
         if isinstance(value, _ScriptObject) and classes.get(value.qualified, (False,))[0]:
-            _collect(value, f"{prefix}{name}.", classes, out, path, active)
+            _collect(value, f"{prefix}{name}.", classes, out, active)
     active.discard(id(obj))

@@ -22,26 +22,34 @@ from tvr.models.preprocess import resolve_preprocess
 from tvr.pipeline.features import build_feature_cache
 from tvr.pipeline.preflight import PreflightError, preflight
 from tvr.pipeline.run_folder import (
+    RESUME_AUTO,
     RunFolderError,
+    StartUndo,
     check_run_folder,
     clear_run_state,
     record_config,
     resume_changes,
     sweep_temporaries,
 )
+from tvr.train.preemption import PREEMPTED_EXIT_CODE, PreemptedError
 from tvr.utils.device import resolve_device
 from tvr.utils.distributed import barrier, is_main_process
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_json
 from tvr.utils.lock import folder_lock
+from tvr.utils.parallel import loader_workers
+from tvr.utils.torch_files import load_torch_file
 
 if TYPE_CHECKING:
     from tvr.train.distributed import DistInfo
 
 __all__ = [
+    "PREEMPTED_EXIT_CODE",
+    "RESUME_AUTO",
     "PreflightError",
     "RunFolderError",
     "SplitEvaluator",
+    "PreemptedError",
     "build_feature_cache",
     "load_model_for_eval",
     "resolve_config",
@@ -170,26 +178,43 @@ def _train_data(cfg: Config, out_dir: Path, tokenizer, rank: int, world_size: in
         batch_size=cfg.train.batch_size // world_size,
         collate_fn=collate,
         seed=cfg.train.seed,
-        num_workers=cfg.data.num_workers,
+        num_workers=loader_workers(cfg.data.num_workers),
         drop_last=True,
         rank=rank,
         world_size=world_size,
+        worker_ignored_signals=cfg.train.preemption_signals,
     )
 
 
 def run_train(
-    cfg: Config, out_dir: str | Path, resume: bool = False, final_test: bool = True, overwrite: bool = False
+    cfg: Config,
+    out_dir: str | Path,
+    resume: bool | str = False,
+    final_test: bool = True,
+    overwrite: bool = False,
+    small_val_reason: str | None = None,
 ) -> dict[str, Any]:
     """Train, select on validation, then evaluate the test split once (last and best checkpoints).
 
-    A folder holding an earlier run's checkpoints needs ``resume`` (continue it) or ``overwrite`` (start over)."""
+    A folder holding an earlier run's checkpoints needs ``resume`` (continue it) or ``overwrite`` (start over);
+    ``resume="auto"`` continues the run when the folder holds ``last.pt`` and starts one otherwise, so the same call
+    serves a first launch and every restart. A preemption signal during training writes ``last.pt`` and raises
+    :class:`PreemptedError` (the command line exits with :data:`PREEMPTED_EXIT_CODE`). ``small_val_reason``: why the
+    caller chose a small validation split, said in place of the warning (:func:`tvr.pipeline.preflight.preflight`)."""
     resolve_config(cfg)
     check_run_folder(Path(out_dir), resume, overwrite)
     with torch_threads(cfg):
-        return _run_train(cfg, out_dir, resume, final_test, overwrite)
+        return _run_train(cfg, out_dir, resume, final_test, overwrite, small_val_reason)
 
 
-def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool, overwrite: bool) -> dict[str, Any]:
+def _run_train(
+    cfg: Config,
+    out_dir: str | Path,
+    resume: bool | str,
+    final_test: bool,
+    overwrite: bool,
+    small_val_reason: str | None = None,
+) -> dict[str, Any]:
     from tvr.train.distributed import distributed_job
     from tvr.utils.distributed import all_gather_object, is_main_process
 
@@ -198,31 +223,38 @@ def _run_train(cfg: Config, out_dir: str | Path, resume: bool, final_test: bool,
     with distributed_job(cfg.train.device) as dist:
         out_dir = Path(out_dir)
         # every split parsed, the video folder and the validation videos checked: fail in seconds, not after training
-        checked = preflight(cfg, out_dir, final_test=final_test, progress=is_main_process())
+        checked = preflight(
+            cfg, out_dir, final_test=final_test, progress=is_main_process(), small_val_reason=small_val_reason
+        )
+        created = not out_dir.exists()
         out_dir.mkdir(parents=True, exist_ok=True)
-        # one job per run folder: the main process holds the lock for all ranks of a torchrun job, and every rank
-        # learns whether it got the folder (else the other ranks would wait for it in the first collective)
+        # one job per run folder: the main process holds the lock for all ranks of a torchrun job, decides whether
+        # this start resumes, and every rank learns both (else the other ranks would wait in the first collective)
         with contextlib.ExitStack() as held:
             refusal: BaseException | None = None
+            undo = resuming = None
             if is_main_process():
+                # entered before the lock, so it runs after the lock is released (and its file gone)
+                undo = held.enter_context(StartUndo(out_dir, created_folder=created))
                 try:
                     held.enter_context(folder_lock(out_dir, "run folder"))
-                    _prepare_run_folder(cfg, out_dir, resume, overwrite)
+                    resuming = _prepare_run_folder(cfg, out_dir, resume, overwrite, undo)
                 except (UserError, OSError) as exc:
                     refusal = exc
-            refusals = all_gather_object(None if refusal is None else str(refusal))
+            decisions = all_gather_object((None if refusal is None else str(refusal), resuming))
             if refusal is not None:
                 raise refusal
-            if refusals[0] is not None:
-                raise RunFolderError(f"the main process could not take the run folder: {refusals[0]}")
-            return _train_and_test(cfg, out_dir, resume, final_test, dist, checked)
+            if decisions[0][0] is not None:
+                raise RunFolderError(f"the main process could not take the run folder: {decisions[0][0]}")
+            return _train_and_test(cfg, out_dir, bool(decisions[0][1]), final_test, dist, checked, undo)
 
 
-def _prepare_run_folder(cfg: Config, out_dir: Path, resume: bool, overwrite: bool) -> None:
+def _prepare_run_folder(cfg: Config, out_dir: Path, resume: bool | str, overwrite: bool, undo: StartUndo) -> bool:
     """Under the folder's lock, before anything of this run is written: check again what the folder holds, clear
-    an earlier run's state for ``overwrite``, check a resume against the folder's record, then write the record."""
-    check_run_folder(out_dir, resume, overwrite)
-    changes = resume_changes(cfg, out_dir) if resume else {}
+    an earlier run's state for ``overwrite``, check a resume against the folder's record, then write the record.
+    Returns whether this start resumes."""
+    resuming = check_run_folder(out_dir, resume, overwrite)
+    changes = resume_changes(cfg, out_dir) if resuming else {}
     if overwrite:
         removed = clear_run_state(out_dir)
         if removed:
@@ -230,18 +262,28 @@ def _prepare_run_folder(cfg: Config, out_dir: Path, resume: bool, overwrite: boo
     # temporaries of a run killed mid-write (nothing of this run is being written yet)
     for leftover in sweep_temporaries(out_dir):
         log.info("removed a leftover temporary of an interrupted run: %s", leftover)
+    if resume == RESUME_AUTO:
+        log.info("--resume auto: %s", f"continuing {out_dir / 'last.pt'}" if resuming else "starting a new run")
+    undo.record()
     record_config(cfg, out_dir, changes, _checkpoint_step(out_dir / "last.pt") if changes else None)
+    return resuming
 
 
 def _checkpoint_step(path: Path) -> int | None:
     try:
-        return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["state"]["global_step"])
+        return int(load_torch_file(path, mmap=True)["state"]["global_step"])
     except Exception:  # noqa: BLE001 - only for the record; the resume itself reports an unreadable checkpoint
         return None
 
 
 def _train_and_test(
-    cfg: Config, out_dir: Path, resume: bool, final_test: bool, dist: DistInfo, checked: Any
+    cfg: Config,
+    out_dir: Path,
+    resume: bool,
+    final_test: bool,
+    dist: DistInfo,
+    checked: Any,
+    undo: StartUndo | None,
 ) -> dict[str, Any]:
     from tvr.data.tokenizer import build_tokenizer
     from tvr.models.build import build_model
@@ -264,7 +306,11 @@ def _train_and_test(
         cfg, "val", tokenizer, select_inference=True, split=checked.splits["val"], distributed=dist.distributed
     )
     trainer = Trainer(model, cfg, train_data, out_dir, evaluate_fn=validator, dist_info=dist)
-    summary = trainer.fit(resume=resume)
+    try:
+        summary = trainer.fit(resume=resume)
+    finally:
+        if trainer.started and undo is not None:
+            undo.keep()  # what the run wrote from here on is its own, failed or not
 
     summary["preflight_warnings"] = checked.warnings
     if final_test:

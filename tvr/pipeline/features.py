@@ -31,7 +31,9 @@ from tvr.train.utils import seed_everything
 from tvr.utils.device import resolve_device
 from tvr.utils.io import atomic_torch_save, atomic_write_json, remove_stale_temporaries
 from tvr.utils.lock import folder_lock
+from tvr.utils.parallel import loader_workers
 from tvr.utils.progress import progress_bar
+from tvr.utils.torch_files import load_torch_file
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ def _earlier_shard(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        return load_torch_file(path, mmap=True)
     except Exception as exc:  # noqa: BLE001 - a damaged shard is encoded again
         log.warning("feature shard %s is unreadable (%s); encoding it again", path, exc)
         return None
@@ -147,7 +149,10 @@ def _build(
                 spans = data.video_spans[start : start + shard_size]
                 dataset = VideoDataset(ids, spans, resolver, cfg.data)
                 loader = torch.utils.data.DataLoader(
-                    dataset, batch_size=cfg.eval.batch_size, num_workers=cfg.data.num_workers, collate_fn=collate_videos
+                    dataset,
+                    batch_size=cfg.eval.batch_size,
+                    num_workers=loader_workers(cfg.data.num_workers),
+                    collate_fn=collate_videos,
                 )
                 kept, frames, masks, proxies, skipped = [], [], [], [], []
                 for batch in loader:

@@ -41,9 +41,16 @@ def check_run_folder_path(out_dir: Path) -> None:
         raise PreflightError(f"--out {out_dir}: is a file; expected a folder (existing or new)")
 
 
-def preflight(cfg: Config, out_dir: str | Path, final_test: bool = True, progress: bool = True) -> Preflight:
+def preflight(
+    cfg: Config,
+    out_dir: str | Path,
+    final_test: bool = True,
+    progress: bool = True,
+    small_val_reason: str | None = None,
+) -> Preflight:
     """Parse and resolve everything the run will need; raise :class:`PreflightError` / ``AnnotationError`` naming
-    the file, field or video when something would stop the run later."""
+    the file, field or video when something would stop the run later. ``small_val_reason``: why the caller chose a
+    small validation split (the demo's); it is said, as a note, in place of the small-split warning."""
     check_run_folder_path(Path(out_dir))
     if not cfg.data.features_dir:  # cached features were encoded already; the crop no longer reaches the backbone
         check_image_size(cfg)
@@ -72,7 +79,14 @@ def preflight(cfg: Config, out_dir: str | Path, final_test: bool = True, progres
             "model selection needs some (run tvr check-data for every problem)"
         )
     warnings = []
-    if usable < SMALL_VAL:
+    if usable < SMALL_VAL and small_val_reason:
+        log.info(
+            "the validation split has %d usable video(s), R@1 in steps of %.3g points: %s",
+            usable,
+            100.0 / usable,
+            small_val_reason,
+        )
+    elif usable < SMALL_VAL:
         step = 100.0 / usable
         warnings.append(
             f"the validation split has only {usable} usable video(s): R@1 moves in steps of {step:.3g} points, so "

@@ -5,6 +5,11 @@ record keeps describing what actually ran.
   removes the earlier run's state (checkpoints, logs, test results, tokenizer) *before* the new run writes
   anything, so a new run killed before its first checkpoint cannot leave the old ``last.pt`` for ``--resume`` to
   continue under the new run's config.
+* ``--resume`` needs ``last.pt``; ``--resume auto`` continues from it when it is there and starts a new run when
+  the folder holds no checkpoint, so one command line serves a first launch and every restart (torchrun
+  ``--max-restarts``, a requeued job).
+* A start that fails before training begins (the model does not build, the checkpoint does not fit, a split
+  cannot be read) leaves the folder as it found it (:class:`StartUndo`).
 * A resume must run the configuration the folder records (``config.yaml``). Settings that only change how the run
   executes or how often it logs, validates and saves (:data:`RESUME_MAY_CHANGE`, and the ``eval`` section) may
   differ: the new values are written to ``config.yaml`` and the change is appended to ``config_changes.jsonl``.
@@ -18,12 +23,13 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import yaml
 
-from tvr.config import Config, ConfigError, config_from_dict, config_to_dict, save_config
-from tvr.utils.io import atomic_write_text, remove_stale_temporaries
+from tvr.config import Config, ConfigError, UntrustedCodeError, config_from_dict, config_to_dict, save_config
+from tvr.utils.io import atomic_write_bytes, atomic_write_text, remove_stale_temporaries
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +60,8 @@ RESUME_MAY_CHANGE = (
     "train.device",
     "train.num_threads",
     "train.log_every",
-    "train.checkpoint_every",
+    "train.save_every_steps",
+    "train.preemption_signals",
     "train.eval_every",
     "data.num_workers",
     "data.video_dir",
@@ -63,22 +70,106 @@ RESUME_MAY_CHANGE = (
 )
 
 
+#: ``resume`` value that continues a run when its folder holds ``last.pt`` and starts one otherwise
+RESUME_AUTO = "auto"
+
+
 class RunFolderError(ConfigError):
     """The run folder holds an earlier run that this command may not continue or replace as asked."""
 
 
-def check_run_folder(out_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse to start a fresh run over an earlier run's checkpoints unless ``overwrite`` (``resume`` continues)."""
+def check_run_folder(out_dir: Path, resume: bool | str, overwrite: bool) -> bool:
+    """Whether this start continues the run in ``out_dir`` (``resume``: False, True or ``"auto"``); refuses a fresh
+    run over an earlier run's checkpoints unless ``overwrite``, and a resume with no ``last.pt`` to continue."""
+    if resume not in (False, True, RESUME_AUTO):
+        raise RunFolderError(f"--resume {resume!r}: expected --resume alone or --resume {RESUME_AUTO}")
     if resume and overwrite:
         raise RunFolderError("--resume and --overwrite exclude each other")
-    if resume or overwrite:
-        return
+    if overwrite:
+        return False
     found = [name for name in RUN_CHECKPOINTS if (out_dir / name).exists()]
-    if found:
+    if (out_dir / "last.pt").exists():
+        if resume:
+            return True
         raise RunFolderError(
-            f"run folder {out_dir} holds checkpoints of an earlier run ({', '.join(found)}); pass --resume to "
-            "continue it or --overwrite to start over"
+            f"run folder {out_dir} holds checkpoints of an earlier run ({', '.join(found)}); pass --resume (or "
+            "--resume auto) to continue it, or --overwrite to start over"
         )
+    if found:  # best.pt alone holds weights, not the training state: nothing can continue from it
+        raise RunFolderError(
+            f"run folder {out_dir} holds best.pt of an earlier run but no last.pt to continue from; pass --overwrite "
+            "to start over there, or use another --out"
+        )
+    if resume is True:
+        raise RunFolderError(
+            f"--resume: run folder {out_dir} holds no last.pt, so there is nothing to continue (a run stopped before "
+            f"its first checkpoint leaves none); --resume {RESUME_AUTO} starts a new run where there is nothing to "
+            "continue"
+        )
+    return False
+
+
+class StartUndo:
+    """Puts a run folder back as a start found it when the start fails before training begins.
+
+    ``record()`` (under the folder's lock, after ``--overwrite`` removed what it removes) notes which of the run's
+    files and folders exist and keeps the bytes of the few small files a start rewrites before training; when the
+    block exits with an exception and ``keep()`` was not called, the files written since are removed, the rewritten
+    ones restored, and a folder the start created is removed when nothing else is in it. Files that are not the
+    run's (:data:`RUN_FILES`, :data:`RUN_FOLDERS`) are never touched.
+    """
+
+    #: the files a start rewrites before its first training step (the record, the splits read)
+    REWRITTEN = (CONFIG, CONFIG_CHANGES, "splits.json", "skipped_videos_cache.json")
+
+    def __init__(self, out_dir: Path, created_folder: bool) -> None:
+        self.out_dir = out_dir
+        self.created_folder = created_folder
+        self.kept = False
+        self._existed: set[str] | None = None
+        self._saved: dict[str, bytes] = {}
+
+    def record(self) -> None:
+        names = (*RUN_FILES, *RUN_FOLDERS)
+        self._existed = {name for name in names if (self.out_dir / name).exists()}
+        self._saved = {n: (self.out_dir / n).read_bytes() for n in self.REWRITTEN if (self.out_dir / n).is_file()}
+
+    def keep(self) -> None:
+        """Training has begun: from here on the folder is the run's."""
+        self.kept = True
+
+    def __enter__(self) -> StartUndo:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if exc_type is None or self.kept:
+            return
+        undone = self.undo()
+        if undone:
+            log.info("the start failed before training: put %s back as it was (%s)", self.out_dir, ", ".join(undone))
+
+    def undo(self) -> list[str]:
+        undone = []
+        if self._existed is not None:
+            for name in RUN_FILES:
+                path = self.out_dir / name
+                if name in self._saved:
+                    if not path.is_file() or path.read_bytes() != self._saved[name]:
+                        atomic_write_bytes(path, self._saved[name])
+                        undone.append(f"{name} restored")
+                elif name not in self._existed and (path.is_file() or path.is_symlink()):
+                    path.unlink()
+                    undone.append(f"{name} removed")
+            for name in RUN_FOLDERS:
+                path = self.out_dir / name
+                if name not in self._existed and path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                    undone.append(f"{name}/ removed")
+        if self.created_folder and self.out_dir.is_dir() and not any(self.out_dir.iterdir()):
+            self.out_dir.rmdir()
+        return undone
 
 
 def clear_run_state(out_dir: Path) -> list[str]:
@@ -126,6 +217,8 @@ def _recorded_config(out_dir: Path) -> dict[str, Any] | None:
     try:
         recorded = config_from_dict(yaml.safe_load(path.read_text()) or {}, where=str(path))
         resolve_head_config(recorded.head)  # head.options as the head's dataclass, as in the run's own config
+    except UntrustedCodeError:  # the record is fine: it needs --trust-code, as the run did
+        raise
     except (yaml.YAMLError, ConfigError, UnicodeDecodeError) as exc:
         raise RunFolderError(
             f"{path}: unreadable ({exc}); it records what the run in {out_dir} ran with, so the resume cannot be "

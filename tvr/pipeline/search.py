@@ -8,6 +8,7 @@ from typing import Any
 
 from tvr.search.build import IndexOptions, build_index
 from tvr.search.encoders import SearchEncoder, load_encoder
+from tvr.search.query_encoder import export_query_encoder
 from tvr.train.distributed import distributed_job
 
 
@@ -28,4 +29,7 @@ def run_index(
     with distributed_job(device) as info:
         if encoder is None:
             encoder = load_encoder(checkpoint, config, overrides, device=str(info.device))
-        return build_index(Path(source), Path(out), encoder, options, rank=info.rank, world_size=info.world_size)
+        report = build_index(Path(source), Path(out), encoder, options, rank=info.rank, world_size=info.world_size)
+        if info.rank == 0:  # the first `tvr search` of the index then loads the model's text side alone
+            export_query_encoder(encoder)
+        return report

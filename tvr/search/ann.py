@@ -16,6 +16,7 @@ come from FAISS's fixed seed); the IVF quantizer is trained on a seeded sample o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Iterable
@@ -35,15 +36,19 @@ TRAIN_PER_CELL = 64
 #: cells probed per query, as a fraction of the cells (at least MIN_NPROBE), tuned with benchmarks/search.py
 NPROBE_FRACTION = 1 / 16
 MIN_NPROBE = 8
-#: graph degree, construction and search beam: recall@10 ≈ 0.98 on the benchmark's 100k cross-modal queries
+#: graph degree and construction beam
 HNSW_M = 24
 HNSW_EF_CONSTRUCTION = 64
+#: the smallest search beam (recall@10 ≈ 0.98 on the benchmark's 100k-200k cross-modal queries), and the beam per
+#: million windows a larger graph gets (:func:`hnsw_ef_search`)
 HNSW_EF_SEARCH = 256
+HNSW_EF_PER_MILLION = 768
 #: rows added per FAISS call (fixed: HNSW inserts a batch's higher-level nodes first, so batches must not vary)
 ADD_BLOCK = 65536
 SEED = 1234
 
 
+@functools.cache  # once: setting a logger's level clears every logger's cache (milliseconds a query)
 def _faiss():
     import logging
 
@@ -72,6 +77,15 @@ class AnnSettings:
         return dataclasses.asdict(self)
 
 
+def hnsw_ef_search(rows: int) -> int:
+    """The default search beam of an HNSW graph of ``rows`` windows: :data:`HNSW_EF_PER_MILLION` per million windows
+    (a multiple of 64), at least :data:`HNSW_EF_SEARCH`. With the beam fixed, cross-modal recall falls as the graph
+    grows (``benchmarks/search.py``: recall@10 0.98 at 200k windows, 0.89 at 1M with 256); at 1M, 768 finds 0.957
+    of the exact top 10 (docs/benchmarks.md)."""
+    beam = 64 * math.ceil(HNSW_EF_PER_MILLION * rows / 1_000_000 / 64)
+    return max(HNSW_EF_SEARCH, beam)
+
+
 def choose(kind: str, rows: int, dim: int, threshold: int = AUTO_THRESHOLD, nlist: int = 0) -> AnnSettings:
     """The settings ``kind`` (auto | flat | ivf | hnsw) means for ``rows`` windows of ``dim`` floats."""
     if kind not in KINDS:
@@ -86,7 +100,7 @@ def choose(kind: str, rows: int, dim: int, threshold: int = AUTO_THRESHOLD, nlis
         nprobe = min(nlist, max(MIN_NPROBE, round(nlist * NPROBE_FRACTION)))
         return AnnSettings("ivf", rows, dim, nlist=nlist, nprobe=nprobe)
     if kind == "hnsw":
-        return AnnSettings("hnsw", rows, dim, hnsw_m=HNSW_M, ef_search=HNSW_EF_SEARCH)
+        return AnnSettings("hnsw", rows, dim, hnsw_m=HNSW_M, ef_search=hnsw_ef_search(rows))
     return AnnSettings("flat", rows, dim)
 
 

@@ -41,8 +41,8 @@ from tvr.search.encoders import EncoderMismatchError, SearchEncoder
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, read_meta, write_shard
 from tvr.search.windows import DEFAULT_STRIDE, DEFAULT_WINDOW, FrameSpec, check_window, decode_windows
 from tvr.types import Sliceable
-from tvr.utils.errors import UserError
-from tvr.utils.io import atomic_write_json, is_temporary_name, remove_stale_temporaries
+from tvr.utils.errors import UserError, reason
+from tvr.utils.io import atomic_write_json, is_temporary_name, json_kind, read_regular_bytes, remove_stale_temporaries
 from tvr.utils.lock import folder_lock
 from tvr.utils.parallel import parallel_map
 
@@ -95,20 +95,31 @@ class IndexOptions:
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """The videos to index: ``root`` (an absolute folder) and their paths relative to it (sorted, POSIX)."""
+    """The videos to index: ``root`` (an absolute folder) and their paths relative to it (sorted, POSIX);
+    ``skipped``: files left out, each ``{"video", "error"}`` (reported with the unreadable ones)."""
 
     root: Path
     kind: str  # folder | list
     videos: tuple[str, ...]
+    skipped: tuple[dict[str, str], ...] = ()
 
 
 def read_source(path: str | os.PathLike) -> Source:
-    """A folder (walked recursively for video files, hidden files skipped) or a list file (one path per line,
+    """A folder (walked recursively for video files, hidden files skipped; a file or folder linked from outside the
+    folder is skipped and reported, as ``tvr serve`` would refuse to serve it) or a list file (one path per line,
     relative to the list's folder or absolute inside it; blank lines and ``#`` comments skipped)."""
     path = Path(path)
     if path.is_dir():
         root = path.resolve()
-        return Source(root, "folder", tuple(sorted(p.as_posix() for p in find_videos(root))))
+        videos, skipped = [], []
+        for rel in sorted(p.as_posix() for p in find_videos(root)):
+            target = (root / rel).resolve()
+            if target.is_relative_to(root):
+                videos.append(rel)
+            else:
+                error = f"a symbolic link to {target}, outside the indexed folder {root}: not indexed"
+                skipped.append({"video": rel, "error": error})
+        return Source(root, "folder", tuple(videos), tuple(skipped))
     if path.is_file():
         root = path.resolve().parent
         rels: set[str] = set()
@@ -180,11 +191,11 @@ def read_settings(index: Path) -> dict[str, Any]:
 
     path = index / SETTINGS
     try:
-        settings = json.loads(path.read_text())
+        settings = json.loads(read_regular_bytes(path))
     except FileNotFoundError:
         raise IndexFormatError(f"{index} is not a tvr search index (no {SETTINGS}); build one with tvr index") from None
     except (OSError, ValueError) as exc:
-        raise IndexFormatError(f"{path}: unreadable ({exc})") from None
+        raise IndexFormatError(f"{path}: unreadable ({reason(exc)})") from None
     if not isinstance(settings, dict) or settings.get("format") != FORMAT:
         raise IndexFormatError(f"{path}: not a tvr search index")
     if settings.get("version") != VERSION:
@@ -192,6 +203,8 @@ def read_settings(index: Path) -> dict[str, Any]:
             f"{path}: index format version {settings.get('version')}, this tvr reads version {VERSION}: build the "
             "index again with tvr index into a new --out folder (the model's stamp and the videos are unchanged)"
         )
+    if not isinstance(settings.get("model"), dict):
+        raise IndexFormatError(f"{path}: the model stamp is {json_kind(settings.get('model'))}, not an object")
     return settings
 
 
@@ -497,7 +510,7 @@ def _build(
     report: dict[str, Any] = {}
     if rank == 0:
         manifest = finalise(index, source, options, settings)
-        bad = sorted((b for p in parts for b in p["bad"]), key=lambda b: b["video"])
+        bad = sorted([*source.skipped, *(b for p in parts for b in p["bad"])], key=lambda b: b["video"])
         seconds = time.perf_counter() - start
         windows = sum(p["windows"] for p in parts)
         report = {

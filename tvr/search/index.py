@@ -10,7 +10,6 @@ product — the top ``rerank`` windows are scored exactly with the rerank state 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import threading
 from pathlib import Path
@@ -21,15 +20,49 @@ import torch
 
 import tvr.search.ann as ann
 from tvr.search.build import ANN_FILE, MANIFEST, SETTINGS, TABLES, embed_video, read_settings
+from tvr.search.checks import check_manifest, check_tables, load_ann, load_tables, read_index_json
 from tvr.search.encoders import CheckpointEncoder, ConfigEncoder, SearchEncoder
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, gather_state, state_class
 from tvr.search.windows import decode_windows
+from tvr.utils.errors import UserError
 
 #: windows scored exactly per query by default (heads whose score is not a dot product)
 DEFAULT_RERANK = 100
 #: bounds a query must respect (the web API enforces them too)
 MAX_K = 1000
 MAX_QUERY_CHARS = 1000
+
+
+class QueryError(UserError, ValueError):
+    """A query the index cannot answer as given (empty or too long text, k or rerank out of range, no captions)."""
+
+
+def check_limits(k: Any, rerank: Any = None) -> None:
+    """Raise :class:`QueryError` unless ``k`` (results) and ``rerank`` (windows scored exactly) are in range."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise QueryError(f"-k {k!r}: expected an integer from 1 to {MAX_K}")
+    if rerank is not None and (isinstance(rerank, bool) or not isinstance(rerank, int) or rerank < 0):
+        raise QueryError(f"--rerank {rerank!r}: expected an integer >= 0 (0 = rank by the shortlist alone)")
+
+
+def check_query(text: Any) -> str:
+    """Raise :class:`QueryError` unless ``text`` is a query the index answers (not blank, not too long). The command
+    line checks its arguments with this before loading any model, the library on every call."""
+    if not isinstance(text, str) or not text.strip():
+        raise QueryError("the query is empty: give the text to search for")
+    if len(text) > MAX_QUERY_CHARS:
+        raise QueryError(f"the query has {len(text)} characters, at most {MAX_QUERY_CHARS} are accepted")
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Query:
+    """One text query with its settings (:meth:`SearchIndex.search`'s arguments)."""
+
+    text: str
+    k: int = 10
+    rerank: int | None = None
+    all_windows: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,12 +155,21 @@ class SearchIndex:
                 f"{self.path}: the index is not finished (no {MANIFEST}): run tvr index again "
                 "with the same arguments to finish it"
             )
-        try:
-            self.manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise IndexFormatError(f"{manifest_path}: unreadable ({exc})") from None
+        self.manifest = read_index_json(manifest_path, "build the index again")
+        check_manifest(self.manifest, manifest_path)
         self.settings = settings
-        self.encoder = encoder if encoder is not None else encoder_for(settings["model"], checkpoint, device)
+        self._checkpoint, self._device = checkpoint, device
+        if encoder is None and checkpoint is None and device == "cpu":
+            from tvr.search.query_encoder import load_query_encoder
+
+            encoder = load_query_encoder(settings["model"])  # the text side alone, when it was exported
+        if encoder is None:
+            encoder = encoder_for(settings["model"], checkpoint, device)
+            if checkpoint is None:  # the next cold start loads the text side alone
+                from tvr.search.query_encoder import export_query_encoder
+
+                export_query_encoder(encoder)
+        self.encoder = encoder
         self.encoder.check_stamp(self.manifest["model"], f"the index {self.path}")
         self.head = self.encoder.head.eval()
         self.root = Path(self.manifest["source"]["root"])
@@ -135,19 +177,29 @@ class SearchIndex:
         self.rows = int(self.manifest["rows"])
         self.window = float(self.manifest["window"])
         self.stride = float(self.manifest["stride"])
-        tables = [np.load(self.path / name, mmap_mode="r", allow_pickle=False) for name in TABLES]
+        tables = load_tables(self.path, TABLES, self.rows)
         self.table_shard, self.table_row, self.table_video, self.table_times = tables
-        if any(len(t) != self.rows for t in tables):
-            raise IndexFormatError(f"{self.path}: row tables do not match the manifest's {self.rows} rows")
         self.readers = [ShardReader(self.path / SHARDS / name) for name in self.manifest["shards"]]
+        check_tables(self.path, tables, [reader.rows for reader in self.readers], len(self.videos))
         self.state_cls = None
         if self.readers and not self.head.indexable:
-            self.state_cls = state_class(self.readers[0].meta["state_class"])
-        self.ann = (
-            ann.load(self.path / ANN_FILE, self.manifest["ann"], nprobe=nprobe, ef_search=ef_search)
-            if self.rows
-            else None
-        )
+            named = {str(reader.meta.get("state_class")) for reader in self.readers}
+            if len(named) != 1:
+                raise IndexFormatError(f"{self.path}: its shards store rerank states of several types {sorted(named)}")
+            self.state_cls = state_class(named.pop(), self.readers[0].fields)
+        dims = {int(reader.emb.shape[1]) for reader in self.readers}
+        if len(dims) > 1:
+            raise IndexFormatError(f"{self.path}: its shards hold embeddings of different widths {sorted(dims)}")
+        if self.rows:
+            self.ann = load_ann(
+                self.path / ANN_FILE,
+                self.manifest["ann"],
+                self.rows,
+                dims.pop(),
+                lambda path: ann.load(path, self.manifest["ann"], nprobe=nprobe, ef_search=ef_search),
+            )
+        else:
+            self.ann = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ helpers
@@ -172,51 +224,87 @@ class SearchIndex:
         """The ``k`` best videos for ``text`` (each at its best window), or the ``k`` best windows with
         ``all_windows``. ``rerank``: windows scored exactly (default :data:`DEFAULT_RERANK` for a head whose score
         is not a dot product; 0 = rank by the shortlist embedding alone)."""
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError("the query is empty")
-        if len(text) > MAX_QUERY_CHARS:
-            raise ValueError(f"the query has {len(text)} characters, at most {MAX_QUERY_CHARS} are accepted")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
-            raise ValueError(f"k = {k!r}: expected an integer from 1 to {MAX_K}")
-        if rerank is not None and (isinstance(rerank, bool) or not isinstance(rerank, int) or rerank < 0):
-            raise ValueError(f"rerank = {rerank!r}: expected an integer >= 0")
+        check_query(text)
+        check_limits(k, rerank)
+        return self._answer([Query(text, k, rerank, all_windows)])[0]
+
+    def search_many(
+        self, texts: list[str], k: int = 10, *, rerank: int | None = None, all_windows: bool = False
+    ) -> list[list[Hit] | QueryError]:
+        """:meth:`search` for many queries at once: the text encoder runs once on all of them (in batches of the
+        encoder's ``batch_size``), then each query is shortlisted and reranked on its own, so every answer is the one
+        :meth:`search` gives. A bad query's answer is its :class:`QueryError`; ``k`` and ``rerank`` are checked
+        for all."""
+        check_limits(k, rerank)
+        return self.answer([Query(text, k, rerank, all_windows) for text in texts])
+
+    def answer(self, queries: list[Query]) -> list[list[Hit] | QueryError]:
+        """Answer ``queries`` (each with its own k, rerank and all_windows) with one text-encoder pass over all of
+        them: what :meth:`search_many` and the server's micro-batches run. A bad query's answer is its
+        :class:`QueryError`."""
+        answers: list[list[Hit] | QueryError] = []
+        good: list[Query] = []
+        for query in queries:
+            try:
+                check_query(query.text)
+                check_limits(query.k, query.rerank)
+                good.append(query)
+                answers.append([])
+            except QueryError as exc:
+                answers.append(exc)
+        found = iter(self._answer(good) if good else [])
+        return [answer if isinstance(answer, QueryError) else next(found) for answer in answers]
+
+    def _answer(self, queries: list[Query]) -> list[list[Hit]]:
         if not self.rows:
-            return []
-        exact = not self.head.indexable
-        rerank = DEFAULT_RERANK if rerank is None else rerank
+            return [[] for _ in queries]
         # inference mode: a query is dozens of small tensor operations, each cheaper without autograd's bookkeeping
         with self._lock, torch.inference_mode():
-            text_state = self.encoder.encode_texts([text])
-            query = self.head.shortlist_texts(text_state).float().cpu().numpy()
-            want = max(k, rerank if exact else 0)
-            while True:
-                rows, scores = self._shortlist(query, min(want, self.rows))
-                if exact and rerank > 0:
-                    rows = rows[: max(rerank, k)]
-                    scores = exact_scores(
-                        self.head,
-                        text_state,
-                        self.readers,
-                        self.table_shard[rows],
-                        self.table_row[rows],
-                        self.state_cls,
-                    )
-                order = np.lexsort((rows, -scores))
-                rows, scores = rows[order], scores[order]
-                if not all_windows:
-                    _, first = np.unique(self.table_video[rows], return_index=True)
-                    keep = np.sort(first)
-                    rows, scores = rows[keep], scores[keep]
-                if len(rows) >= k or want >= self.rows:
-                    break
-                want = min(self.rows, want * 4)  # fewer than k videos among the shortlist: widen it
-                if exact and rerank > 0:
-                    rerank = want
-        hits = []
-        for rank, (row, score) in enumerate(zip(rows[:k], scores[:k], strict=True), 1):
-            video, start, end = self.window_of(int(row))
-            hits.append(Hit(self.videos[video]["video"], start, end, float(score), rank))
-        return hits
+            text_state = self.encoder.encode_texts([q.text for q in queries])
+            vectors = self.head.shortlist_texts(text_state).float().cpu().numpy()
+            found = [
+                self._rank(text_state[i : i + 1], vectors[i : i + 1], q.k, q.rerank, q.all_windows)
+                for i, q in enumerate(queries)
+            ]
+        return [
+            [
+                Hit(self.videos[video]["video"], start, end, float(score), rank)
+                for rank, (video, start, end, score) in enumerate(rows, 1)
+            ]
+            for rows in found
+        ]
+
+    def _rank(
+        self, text_state: Any, query: np.ndarray, k: int, rerank: int | None, all_windows: bool
+    ) -> list[tuple[int, float, float, float]]:
+        """One encoded query's best ``k`` (video, start, end, score): shortlist, exact rerank, one per video."""
+        exact = not self.head.indexable
+        rerank = DEFAULT_RERANK if rerank is None else rerank
+        want = max(k, rerank if exact else 0)
+        while True:
+            rows, scores = self._shortlist(query, min(want, self.rows))
+            if exact and rerank > 0:
+                rows = rows[: max(rerank, k)]
+                scores = exact_scores(
+                    self.head,
+                    text_state,
+                    self.readers,
+                    self.table_shard[rows],
+                    self.table_row[rows],
+                    self.state_cls,
+                )
+            order = np.lexsort((rows, -scores))
+            rows, scores = rows[order], scores[order]
+            if not all_windows:
+                _, first = np.unique(self.table_video[rows], return_index=True)
+                keep = np.sort(first)
+                rows, scores = rows[keep], scores[keep]
+            if len(rows) >= k or want >= self.rows:
+                break
+            want = min(self.rows, want * 4)  # fewer than k videos among the shortlist: widen it
+            if exact and rerank > 0:
+                rerank = want
+        return [(*self.window_of(int(row)), float(score)) for row, score in zip(rows[:k], scores[:k], strict=True)]
 
     def _shortlist(self, query: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         scores, rows = ann.search(self.ann, query, n)
@@ -224,20 +312,34 @@ class SearchIndex:
         return rows[0][keep].astype(np.int64), scores[0][keep].astype(np.float64)
 
     # ------------------------------------------------------------------ video → text
+    def _full_encoder(self) -> SearchEncoder:
+        """The whole model (a query encoder has only the text side): loaded on first use, checked against the
+        index's stamp."""
+        from tvr.search.query_encoder import QueryEncoder
+
+        if isinstance(self.encoder, QueryEncoder):
+            full = encoder_for(self.settings["model"], self._checkpoint, self._device)
+            full.check_stamp(self.manifest["model"], f"the index {self.path}")
+            self.encoder = full
+            self.head = full.head.eval()
+        return self.encoder
+
     def rank_captions(self, video: str | os.PathLike, captions: list[str]) -> list[CaptionHit]:
         """Rank ``captions`` for the clip ``video`` (any file, decoded with the index's window settings): a
         caption's score is its exact score with the clip's best window."""
         captions = [c.strip() for c in captions if c.strip()]
         if not captions:
-            raise ValueError("no captions to rank (one caption per line)")
-        decoded = decode_windows(video, self.encoder.spec, self.window, self.stride)
+            raise QueryError("no captions to rank (one caption per line)")
+        with self._lock:
+            encoder = self._full_encoder()
+        decoded = decode_windows(video, encoder.spec, self.window, self.stride)
         with self._lock, torch.no_grad():
             slots = decoded.slots
             crops = torch.from_numpy(decoded.frames[np.clip(slots, 0, None)])
-            features = self.encoder.encode_windows(crops, torch.from_numpy((slots >= 0).astype(np.int64)))
-            video_state = self.head.encode_videos(features)
-            text_state = self.encoder.encode_texts(captions)
-            scores = self.head.score(text_state, video_state).float().cpu()
+            features = encoder.encode_windows(crops, torch.from_numpy((slots >= 0).astype(np.int64)))
+            video_state = encoder.head.encode_videos(features)
+            text_state = encoder.encode_texts(captions)
+            scores = encoder.head.score(text_state, video_state).float().cpu()
         best, window = scores.max(dim=1)
         order = sorted(range(len(captions)), key=lambda i: (-float(best[i]), i))
         return [
@@ -261,4 +363,4 @@ def open_index(
     return SearchIndex(path, encoder, checkpoint=checkpoint, device=device, nprobe=nprobe, ef_search=ef_search)
 
 
-__all__ = ["CaptionHit", "Hit", "SearchIndex", "embed_video", "exact_scores", "open_index", "SETTINGS"]
+__all__ = ["CaptionHit", "Hit", "Query", "SearchIndex", "embed_video", "exact_scores", "open_index", "SETTINGS"]

@@ -4,20 +4,34 @@ Safe by construction:
 
 * the only files ever read for a request are the videos the manifest lists, addressed by their number in it
   (``/media/3``); no part of a request is ever turned into a path;
+* the index does not choose what is served: a video is looked up in the media folder the operator names
+  (``--media-root``; by default the folder the index records), and served only when it is a regular file inside
+  that folder (symbolic links followed, and refused when they lead out), of the size and modification time the
+  manifest recorded when it was indexed, and a container FFmpeg opens with a video stream — a tampered manifest
+  naming ``/`` and ``etc/passwd`` gets a 404;
+* an error while answering (a damaged index file read mid-query) is a JSON 500, never a plain-text one;
 * every input is bounded (query length, k, rerank, thumbnail time) and a bad one gets a 4xx JSON answer
   ``{"error": "...", ...}``, never a traceback;
 * videos are sent with HTTP range support (seeking in the player), and a range that cannot be satisfied is a 416;
-* one model, loaded once, serves every request (the index serialises the model's work with a lock, so concurrent
-  requests never load or copy it).
+* one model, loaded once, serves every request; concurrent queries are micro-batched (:mod:`tvr.search.batching`:
+  one text-encoder pass per short tick for all the queries that arrived, then each query's own shortlist and exact
+  rerank), so many users share the model without queueing behind each other's passes.
+
+There is no ``/docs`` page: FastAPI's loads its script and styles from a CDN, so it is blank offline; the API's
+OpenAPI description is ``/openapi.json``.
 
 Nothing here authenticates: bind to 127.0.0.1 (the default) or put the app behind a proxy that does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
+import logging
+import os
 import re
+import stat
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
@@ -30,7 +44,12 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tvr.data.prepare import VIDEO_EXTENSIONS
+from tvr.search.batching import MicroBatcher
 from tvr.search.index import MAX_QUERY_CHARS, SearchIndex
+from tvr.utils.errors import UserError
+
+log = logging.getLogger(__name__)
 
 #: bounds of the web API (tighter than the library's)
 API_MAX_K = 100
@@ -85,15 +104,49 @@ class HitOut(BaseModel):
     thumbnail: str
 
 
-def create_app(index: SearchIndex) -> FastAPI:
-    """The FastAPI app serving ``index`` (see the module docstring)."""
+#: FFmpeg demuxers of the video containers ``tvr index`` reads (FFmpeg also "opens" a text file as a video, through
+#: its tty demuxer, and an image through image2: those are not videos)
+VIDEO_DEMUXERS = frozenset(
+    {"mov", "mp4", "m4a", "3gp", "3g2", "mj2", "matroska", "webm", "avi", "mpeg", "mpegvideo", "flv", "asf", "mpegts"}
+)
+
+
+def is_video_container(path: Path) -> bool:
+    """Whether ``path`` has a video file's suffix and FFmpeg opens it as one of :data:`VIDEO_DEMUXERS` with a video
+    stream."""
+    import av
+
+    if path.suffix.lower() not in VIDEO_EXTENSIONS:
+        return False
+    try:
+        with av.open(str(path)) as container:
+            return bool(set(container.format.name.split(",")) & VIDEO_DEMUXERS) and bool(container.streams.video)
+    except Exception:  # noqa: BLE001 - any file FFmpeg cannot open is simply not a video
+        return False
+
+
+def create_app(index: SearchIndex, *, micro_batch: bool = True, media_root: str | os.PathLike | None = None) -> FastAPI:
+    """The FastAPI app serving ``index`` (see the module docstring); videos are looked up in ``media_root``
+    (default: the folder the index records). ``micro_batch=False``: one query at a time (what
+    ``benchmarks/search_serve.py`` compares against)."""
     numbers = {entry["video"]: k for k, entry in enumerate(index.videos)}
-    root = index.root.resolve()
+    root = Path(media_root if media_root is not None else index.root).resolve()
+    verified: set[tuple[int, int, int, int, int]] = set()  # (number, device, inode, size, mtime) that opened as video
+    batcher = MicroBatcher(index) if micro_batch else None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        if batcher is not None:
+            batcher.close()
 
     app = FastAPI(
         title="tvr search",
         version="1",
         description=f"Text search over the {len(index)} videos of {index.path} (tvr index).",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
     )
 
     @app.exception_handler(RequestValidationError)
@@ -107,12 +160,31 @@ def create_app(index: SearchIndex) -> FastAPI:
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
+    @app.exception_handler(Exception)
+    async def failed(_: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, UserError):  # a damaged index file met while answering: its one-line message
+            return JSONResponse({"error": str(exc)}, status_code=500)
+        log.exception("request failed")
+        return JSONResponse({"error": f"internal error ({type(exc).__name__}); see the server's log"}, status_code=500)
+
     def file_of(number: int) -> Path:
         if not 0 <= number < len(index):
             raise HTTPException(404, f"no video number {number} in this index (0 to {len(index) - 1})")
-        path = index.video_file(number).resolve()
-        if not path.is_relative_to(root) or not path.is_file():
-            raise HTTPException(404, f"video number {number} is no longer available")
+        entry = index.videos[number]
+        try:
+            path = (root / entry["video"]).resolve(strict=True)
+            st = os.stat(path)
+        except OSError:
+            raise HTTPException(404, f"video number {number} is no longer available") from None
+        if not path.is_relative_to(root) or not stat.S_ISREG(st.st_mode):
+            raise HTTPException(404, f"video number {number} is not a file inside the media folder")
+        if (st.st_size, st.st_mtime_ns) != (entry["size"], entry["mtime_ns"]):
+            raise HTTPException(404, f"video number {number} changed since it was indexed (run tvr index again)")
+        key = (number, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in verified:
+            if not is_video_container(path):
+                raise HTTPException(404, f"video number {number} is not a video file")
+            verified.add(key)
         return path
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -128,7 +200,8 @@ def create_app(index: SearchIndex) -> FastAPI:
     ) -> list[dict[str, Any]]:
         if not q.strip():
             raise HTTPException(422, "q: the query is empty")
-        hits = index.search(q[:MAX_QUERY_CHARS], k=k, rerank=rerank, all_windows=all_windows)
+        search = batcher.search if batcher is not None else index.search
+        hits = search(q[:MAX_QUERY_CHARS], k=k, rerank=rerank, all_windows=all_windows)
         out = []
         for hit in hits:
             number = numbers[hit.video]
@@ -169,6 +242,7 @@ def create_app(index: SearchIndex) -> FastAPI:
         return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
 
     app.state.index = index
+    app.state.batcher = batcher
     return app
 
 

@@ -37,11 +37,21 @@ import torch
 from torch import Tensor
 
 from tvr.types import Sliceable
-from tvr.utils.errors import UserError
-from tvr.utils.io import atomic_write_json, create_temporary_dir, fsync_path
+from tvr.utils.errors import UserError, reason
+from tvr.utils.io import (
+    atomic_write_json,
+    check_regular_file,
+    create_temporary_dir,
+    fsync_path,
+    open_regular,
+    read_regular_bytes,
+)
 
 SHARDS = "shards"
 META = "meta.json"
+#: what a rerank-state field may be stored as (numbers only: a field described as "object" would turn bytes into
+#: pointers)
+FIELD_DTYPES = frozenset({"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8"})
 EMB = "emb.npy"
 STATE = "state.npy"
 #: a record's size is a multiple of this, so every row starts aligned for every field
@@ -120,18 +130,21 @@ def _row_bytes(info: dict[str, Any]) -> int:
 
 def read_meta(shard: Path) -> dict[str, Any]:
     try:
-        meta = json.loads((shard / META).read_text())
+        meta = json.loads(read_regular_bytes(shard / META))
     except (OSError, ValueError) as exc:
         raise IndexFormatError(
-            f"{shard / META}: unreadable shard description ({exc}); delete the shard folder to re-embed its videos"
+            f"{shard / META}: unreadable shard description ({reason(exc)}); delete the shard folder to re-embed "
+            "its videos"
         ) from None
     if not isinstance(meta, dict) or not isinstance(meta.get("videos"), list) or "fields" not in meta:
         raise IndexFormatError(f"{shard / META}: not a tvr index shard")
     return meta
 
 
-def state_class(name: str) -> type:
-    """The rerank-state dataclass ``module:qualname``, among modules already imported only."""
+def state_class(name: str, fields: Any = None) -> type:
+    """The rerank-state dataclass ``module:qualname``, among modules already imported only; with ``fields`` (a
+    shard's field descriptions), its fields must be exactly those (another head's state is refused here, not when a
+    query tries to score it)."""
     module_name, _, qualname = str(name).partition(":")
     module = sys.modules.get(module_name)
     cls: Any = module
@@ -141,6 +154,13 @@ def state_class(name: str) -> type:
         raise IndexFormatError(
             f"the index stores rerank state of type {name!r}, which this model's head does not produce (was the "
             "index built with another head?)"
+        )
+    names = {f.name for f in dataclasses.fields(cls)}
+    if fields is not None and (not isinstance(fields, dict) or set(fields) != names):
+        stored = sorted(fields) if isinstance(fields, dict) else fields
+        raise IndexFormatError(
+            f"the index stores rerank state of type {name!r} with the fields {stored!r}, which that class does not "
+            "have (was the index built with another head?)"
         )
     return cls
 
@@ -207,7 +227,7 @@ class RowFile:
                 shape, fortran, stored = read_header(fh)
                 self.offset = fh.tell()
             except (OSError, ValueError) as exc:
-                raise IndexFormatError(f"{path}: unreadable ({exc}); {_REDO}") from None
+                raise IndexFormatError(f"{path}: unreadable ({reason(exc)}); {_REDO}") from None
         if stored.hasobject or str(stored) != dtype or fortran or tuple(shape) != (rows, width):
             raise IndexFormatError(
                 f"{path}: {stored} {'Fortran' if fortran else 'C'}-ordered {tuple(shape)}, the shard says {dtype} "
@@ -222,9 +242,9 @@ class RowFile:
     def open(self) -> Any:
         """A handle on the file, refused if it is not the file this reader was made from."""
         try:
-            handle = open(self.path, "rb", buffering=0)  # noqa: SIM115 (kept open by _FILES, closed on eviction)
+            handle = open_regular(self.path)  # kept open by _FILES, closed on eviction
         except OSError as exc:
-            raise IndexFormatError(f"{self.path}: unreadable ({exc}); {_REDO}") from None
+            raise IndexFormatError(f"{self.path}: unreadable ({reason(exc)}); {_REDO}") from None
         st = os.fstat(handle.fileno())
         identity = (st.st_dev, st.st_ino, st.st_size)
         if self.identity is None:
@@ -258,7 +278,10 @@ class ShardReader:
     def __init__(self, shard: Path, meta: dict[str, Any] | None = None) -> None:
         self.path = shard
         self.meta = meta if meta is not None else read_meta(shard)
-        self.rows = int(self.meta["rows"])
+        rows = self.meta.get("rows")
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise IndexFormatError(f"{shard / META}: rows is {rows!r}; expected a count (delete the shard to re-embed)")
+        self.rows = rows
         self.emb = self._load(shard / EMB)
         self.fields: dict[str, dict[str, Any] | None] = self.meta["fields"]
         self.state_file: RowFile | None = None
@@ -267,8 +290,15 @@ class ShardReader:
             described = [info for info in self.fields.values() if info is not None]
             for info in described:
                 start = int(info["offset"])
+                shape = info["shape"]
                 if not (
-                    0 <= start and start + _row_bytes(info) <= record and start % np.dtype(info["dtype"]).itemsize == 0
+                    info["dtype"] in FIELD_DTYPES
+                    and isinstance(shape, list)
+                    and shape[:1] == [self.rows]
+                    and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
+                    and 0 <= start
+                    and start + _row_bytes(info) <= record
+                    and start % np.dtype(info["dtype"]).itemsize == 0
                 ):
                     raise ValueError(info)
         except (AttributeError, KeyError, TypeError, ValueError):
@@ -288,11 +318,16 @@ class ShardReader:
 
     def _load(self, path: Path) -> np.ndarray:
         try:
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
+            array = np.load(check_regular_file(path), mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise IndexFormatError(
-                f"{path}: unreadable ({exc}); delete the shard folder {self.path} to re-embed its videos"
+                f"{path}: unreadable ({reason(exc)}); delete the shard folder {self.path} to re-embed its videos"
             ) from None
+        if array.dtype != np.float32 or array.ndim != 2:
+            raise IndexFormatError(
+                f"{path}: {array.dtype} {array.shape}; a shortlist embedding is float32 [rows, dim]: delete the shard "
+                f"folder {self.path} to re-embed its videos"
+            )
         if array.shape[:1] != (self.rows,):
             raise IndexFormatError(f"{path}: {array.shape[0] if array.ndim else 0} rows, the shard says {self.rows}")
         return array

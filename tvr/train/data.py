@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from tvr.train.distributed import epoch_permutation, shard_batches
+from tvr.train.preemption import ignore_signals
 
 
 @runtime_checkable
@@ -34,6 +36,9 @@ class DatasetTrainData:
     is called, when it has one, before the epoch's loader starts, so per-sample randomness (augmentation, frame
     jitter) can be derived from (seed, epoch, index) and then survives a resume; randomness drawn from a worker's
     running RNG stream is only reproduced exactly with ``num_workers=0``.
+
+    ``worker_ignored_signals``: signal names the loader's worker processes ignore (the run's preemption signals:
+    the main process finishes its step and checkpoints, see :mod:`tvr.train.preemption`).
     """
 
     def __init__(
@@ -47,6 +52,7 @@ class DatasetTrainData:
         rank: int = 0,
         world_size: int = 1,
         pin_memory: bool = False,
+        worker_ignored_signals: Sequence[str] = (),
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"DatasetTrainData: batch_size must be positive, got {batch_size}")
@@ -61,6 +67,7 @@ class DatasetTrainData:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.pin_memory = bool(pin_memory)
+        self.worker_ignored_signals = tuple(worker_ignored_signals)
 
     def __len__(self) -> int:
         return self.len_epoch()
@@ -92,6 +99,9 @@ class DatasetTrainData:
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             generator=torch.Generator().manual_seed(self.seed + epoch),
+            worker_init_fn=functools.partial(ignore_signals, self.worker_ignored_signals)
+            if self.worker_ignored_signals and self.num_workers > 0
+            else None,
         )
         it = iter(loader)
         for indices in plan:

@@ -17,7 +17,7 @@ from typing import Any
 
 from tvr.utils.io import atomic_write_text, read_jsonl
 
-__all__ = ["RunLogger", "TrainProgress", "flatten", "read_jsonl"]
+__all__ = ["RunLogger", "TrainProgress", "flatten", "format_duration", "format_lrs", "read_jsonl"]
 
 log = logging.getLogger("tvr.train")
 
@@ -127,8 +127,32 @@ class RunLogger:
         self._append_jsonl(self.train_jsonl, {"kind": "eval", **record})
 
 
-def _format_lr(lrs: dict[str, float]) -> str:
-    return " ".join(f"{name} {lr:.2e}" for name, lr in lrs.items())
+#: suffix of a parameter group that differs from its namesake only by having no weight decay (same rate)
+_NO_DECAY = "-nodecay"
+
+
+def format_lrs(lrs: dict[str, float]) -> str:
+    """The learning rates of a log line: one rate when every group has it; else each distinct rate once, after the
+    groups that have it (``head 1.00e-04, backbone 1.00e-07``). A ``-nodecay`` group is named by its namesake."""
+    by_rate: dict[str, list[str]] = {}
+    for name, lr in lrs.items():
+        names = by_rate.setdefault(f"{lr:.2e}", [])
+        base = name.removesuffix(_NO_DECAY)
+        if base not in names:
+            names.append(base)
+    if len(by_rate) <= 1:
+        return next(iter(by_rate), "-")
+    return ", ".join(f"{'+'.join(names)} {rate}" for rate, names in by_rate.items())
+
+
+def format_duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h07m``: an ETA's precision."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 class TrainProgress:
@@ -144,6 +168,10 @@ class TrainProgress:
         self._task: Any = None
         self._window_start = time.perf_counter()
         self._window_steps = 0
+        # the ETA: steps and time of this session (a resumed run's earlier steps took another session's time); the
+        # time includes the validations so far, as the remaining time will
+        self._session_start = self._window_start
+        self._session_first_step = 0
 
     def __enter__(self) -> TrainProgress:
         if self.enabled:
@@ -168,6 +196,7 @@ class TrainProgress:
             self._progress = None
 
     def set_completed(self, step: int) -> None:
+        self._session_start, self._session_first_step = time.perf_counter(), step
         if self._progress is not None:
             self._progress.update(self._task, completed=step)
 
@@ -176,25 +205,37 @@ class TrainProgress:
         if self._progress is not None:
             self._progress.update(self._task, advance=1, epoch=f"{epoch + 1}/{self.epochs}")
 
+    def eta(self, step: int) -> float | None:
+        """Seconds left to ``total_steps`` at this session's pace so far (None before its first step)."""
+        done = step - self._session_first_step
+        if done <= 0:
+            return None
+        return (self.total_steps - step) * (time.perf_counter() - self._session_start) / done
+
     def update(self, epoch: int, step: int, loss: float, lrs: dict[str, float]) -> float:
         """Refresh the shown values; returns the steps per second since the previous update."""
         now = time.perf_counter()
         its = self._window_steps / max(now - self._window_start, 1e-9)
         self._window_start, self._window_steps = now, 0
         if self._progress is not None:
-            first = next(iter(lrs.values()), float("nan"))
             self._progress.update(
-                self._task, epoch=f"{epoch + 1}/{self.epochs}", loss=f"{loss:.4f}", lr=f"{first:.2e}", its=f"{its:.2f}"
+                self._task,
+                epoch=f"{epoch + 1}/{self.epochs}",
+                loss=f"{loss:.4f}",
+                lr=format_lrs(lrs),
+                its=f"{its:.2f}",
             )
         if self.log_enabled:
+            eta = self.eta(step)
             log.info(
-                "epoch %d/%d step %d/%d loss %.4f lr %s %.2f it/s",
+                "epoch %d/%d step %d/%d loss %.4f lr %s %.2f it/s ETA %s",
                 epoch + 1,
                 self.epochs,
                 step,
                 self.total_steps,
                 loss,
-                _format_lr(lrs),
+                format_lrs(lrs),
                 its,
+                "-" if eta is None else format_duration(eta),
             )
         return its

@@ -2,8 +2,8 @@
 
 Per step: move the batch to the device, ``model(batch)["loss"]`` (under autocast with ``train.amp``, see
 :mod:`tvr.train.precision`), backward, clip the global norm, optimizer step, scheduler step,
-``model.after_optimizer_step()`` (clamps the logit scale). Validation and checkpoints follow the ``*_every``
-settings and every epoch end.
+``model.after_optimizer_step()`` (clamps the logit scale). Validation follows ``eval_every`` and every epoch end;
+``last.pt`` is written every ``save_every_steps`` steps and at every epoch end.
 
 Under torchrun the model is wrapped in DistributedDataParallel (:func:`tvr.train.distributed.wrap_model`), which
 averages gradients over ranks during the backward; only the training forward goes through the wrapper. Validation
@@ -13,7 +13,12 @@ same keys however many ranks wrote them.
 Resuming. ``last.pt`` stores the model, optimizer, scheduler, grad scaler, every rank's RNG states and the loop
 position (epoch, next batch of the epoch, global step). Data order is a pure function of (seed, epoch)
 (:class:`DatasetTrainData`), validation runs with the training RNG put aside, and logs are cut back to the
-checkpoint's step, so ``fit(resume=True)`` after a crash reproduces an uninterrupted run exactly.
+checkpoint's step, so ``fit(resume=True)`` after a crash reproduces an uninterrupted run exactly, from an epoch end
+or from the middle of an epoch.
+
+Preemption. While training, the ``train.preemption_signals`` (:mod:`tvr.train.preemption`) stop the run after the
+current step: every rank stops after the same step, ``last.pt`` is written at that position and
+:class:`~tvr.train.preemption.PreemptedError` is raised; a resume continues as if nothing had happened.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from tvr.train.distributed import DistInfo, init_distributed, wrap_model
 from tvr.train.logging import RunLogger, TrainProgress
 from tvr.train.optim import build_optimizer, current_lrs
 from tvr.train.precision import autocast, autocast_dtype, grad_scaler
+from tvr.train.preemption import PreemptedError, PreemptionWatch
 from tvr.train.schedule import build_scheduler
 from tvr.train.utils import (
     batch_item_count,
@@ -52,7 +58,7 @@ from tvr.train.utils import (
     skipped_entries,
     to_jsonable,
 )
-from tvr.utils.distributed import all_gather_object, all_reduce_max
+from tvr.utils.distributed import all_gather_object, all_reduce_max, barrier
 from tvr.utils.io import atomic_write_json
 from tvr.utils.progress import progress_enabled
 
@@ -144,8 +150,11 @@ class Trainer:
         self._last_loss_t: Tensor | None = None
         self._last_eval_step = -1
         self._last_ckpt_step = -1
+        self._last_ckpt_position: tuple[int, int, int] | None = None
         self._pending_eval = False
         self._bar: TrainProgress | None = None
+        #: True once fit() has set up the run (fresh, or restored from a checkpoint) and training begins
+        self.started = False
 
     # ------------------------------------------------------------------ paths
     @property
@@ -159,12 +168,19 @@ class Trainer:
     # ------------------------------------------------------------------ public
     def fit(self, resume: bool | str | Path = False) -> dict[str, Any]:
         """Train to ``train.epochs`` (or ``train.max_steps``). ``resume=True`` continues from ``out_dir/last.pt``,
-        a path continues from that checkpoint; otherwise a fresh run starts (stale logs/best.pt are removed)."""
+        ``"auto"`` does so when that file exists and starts fresh otherwise, a path continues from that checkpoint;
+        ``False`` starts a fresh run (stale logs/best.pt are removed).
+
+        Raises :class:`~tvr.train.preemption.PreemptedError` after writing ``last.pt`` when a preemption signal
+        arrives during training."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        if resume == "auto":
+            resume = self.last_path.is_file()
         if resume:
             self._resume(self.last_path if resume is True else Path(resume))
         else:
             self._fresh_start()
+        self.started = True
         if self._pending_eval:
             # the checkpoint was written before its validation, which did not finish: run it now
             self._checkpoint_then_evaluate()
@@ -174,19 +190,25 @@ class Trainer:
         stopped_early = self._reached_max_steps()
         show_bar = self.is_main and progress_enabled()
         try:
-            with TrainProgress(self.planned_steps, self.tc.epochs, show_bar, log_enabled=self.is_main) as bar:
+            with (
+                TrainProgress(self.planned_steps, self.tc.epochs, show_bar, log_enabled=self.is_main) as bar,
+                PreemptionWatch(self.tc.preemption_signals) as watch,
+            ):
                 self._bar = bar
                 bar.set_completed(self.global_step)
                 while self.epoch < self.tc.epochs and not stopped_early:
                     for batch in self.train_data.batches(self.epoch, self.batch_in_epoch):
                         self.batch_in_epoch += 1
-                        if not self._consume(batch, seconds_before, session_start):
-                            continue
-                        if self._reached_max_steps():
+                        trained = self._consume(batch, seconds_before, session_start)
+                        if trained and self._reached_max_steps():
                             stopped_early = True
                             break
+                        if self.batch_in_epoch < self.len_epoch:  # an epoch end checks after its checkpoint
+                            self._stop_if_preempted(watch, seconds_before, session_start)
                     if self.batch_in_epoch >= self.len_epoch or not stopped_early:
                         self._end_epoch(seconds_before, session_start)
+                        if not stopped_early and self.epoch < self.tc.epochs:
+                            self._stop_if_preempted(watch, seconds_before, session_start)
                 if stopped_early:
                     # a smoke run (max_steps) still ends with a validation and a resumable checkpoint
                     self.train_seconds = seconds_before + time.perf_counter() - session_start
@@ -205,7 +227,11 @@ class Trainer:
         if self.is_main:
             stale = [p for p in (self.best_path, self.out_dir / SKIPPED) if p.exists()]
             if stale or self.last_path.exists():
-                log.warning("%s holds an earlier run; starting fresh (pass resume=True to continue it)", self.out_dir)
+                log.warning(
+                    "%s holds files of an earlier run; starting a new run over them (to continue a run instead: "
+                    "tvr train --resume, or --resume auto; Trainer.fit(resume=True))",
+                    self.out_dir,
+                )
             for path in stale:
                 path.unlink()
             self.logger.reset()
@@ -252,6 +278,7 @@ class Trainer:
             log.warning("%s holds no RNG state for rank %d; re-seeding", path, self.dist.rank)
             seed_everything(self.tc.seed + self.dist.rank + 7919 * self.global_step)
         self._last_eval_step = self._last_ckpt_step = self.global_step
+        self._last_ckpt_position = self._position()
         self._pending_eval = bool(state.get("pending_eval", False))
         if self._pending_eval:
             self._last_eval_step = -1
@@ -263,6 +290,32 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def _reached_max_steps(self) -> bool:
         return self.tc.max_steps > 0 and self.global_step >= self.tc.max_steps
+
+    def _position(self) -> tuple[int, int, int]:
+        return self.epoch, self.batch_in_epoch, self.global_step
+
+    def _stop_if_preempted(self, watch: PreemptionWatch, seconds_before: float, session_start: float) -> None:
+        """Between steps: when a preemption signal reached any rank, write ``last.pt`` at this position (unless
+        it already holds it) and raise :class:`PreemptedError` on every rank. Every rank calls this at the same
+        points, so the flag's reduction (one scalar) pairs up."""
+        if not watch.active:
+            return
+        stop = watch.signal_name is not None
+        if self.dist.distributed:
+            stop = bool(all_reduce_max(torch.tensor([float(stop)], device=self.device)).item())
+        if not stop:
+            return
+        name = watch.signal_name or "a preemption signal to another rank"
+        self.train_seconds = seconds_before + time.perf_counter() - session_start
+        if self._last_ckpt_position != self._position():
+            self._save_last()
+        if self.dist.distributed:
+            # no rank leaves before rank 0 has written last.pt: under torchrun the first rank to exit makes the agent
+            # stop the others
+            barrier()
+        if self.is_main:
+            log.warning("%s: stopping after step %d; %s holds the run", name, self.global_step, self.last_path)
+        raise PreemptedError(name, self.global_step, self.epoch, self.batch_in_epoch, self.last_path)
 
     def _consume(self, batch: Any, seconds_before: float, session_start: float) -> bool:
         """Train on one batch; returns False when the batch was skipped (no readable item on some rank)."""
@@ -293,7 +346,7 @@ class Trainer:
         # at an epoch end the epoch-end validation/checkpoint below covers this step
         if not at_epoch_end and self.tc.eval_every > 0 and self.global_step % self.tc.eval_every == 0:
             self._evaluate()
-        if not at_epoch_end and self.tc.checkpoint_every > 0 and self.global_step % self.tc.checkpoint_every == 0:
+        if not at_epoch_end and self.tc.save_every_steps > 0 and self.global_step % self.tc.save_every_steps == 0:
             self.train_seconds = seconds_before + time.perf_counter() - session_start
             self._save_last()
         if self.step_callback is not None:
@@ -452,6 +505,7 @@ class Trainer:
         """All ranks call this (the RNG states and skipped lists are gathered); rank 0 writes ``last.pt``.
         ``pending_eval`` marks a checkpoint written just before this step's validation."""
         self._last_ckpt_step = self.global_step
+        self._last_ckpt_position = self._position()
         gathered = all_gather_object({"rng": capture_rng_state(), "skipped": list(self.skipped.values())})
         for part in gathered:
             for entry in part["skipped"]:

@@ -7,3 +7,26 @@ from __future__ import annotations
 
 class UserError(Exception):
     """Base class of errors caused by the user's input; the message names the thing and what was expected."""
+
+
+class RestartableStopError(Exception):
+    """A job that stopped on purpose and continues when its command runs again (a training run preempted by its
+    scheduler, after writing its checkpoint): the command line prints the message, no traceback, and exits with
+    ``exit_code``, the code that tells a scheduler to restart it."""
+
+    exit_code = 1
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message without what some libraries append (torch: a C++ backtrace, a source line), at most
+    300 characters; its type's name when it has no message (a ``MemoryError``)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def reason(exc: BaseException) -> str:
+    """Why an operation failed, for a message that names the file itself: an OSError's text without its errno and
+    file name (``No such file or directory``), any other exception's :func:`first_line`."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return first_line(exc)

@@ -21,10 +21,13 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from tvr.utils.errors import UserError
 
 #: the random part of a temporary name (the alphabet and length ``tempfile`` uses)
 _RANDOM_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789_"
@@ -136,6 +139,23 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Pat
     return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False) + "\n")
 
 
+def json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in words for a message ("a number", "a list", …)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """All records of a JSONL log (an append-only run log); a torn last line (crash while appending) is ignored,
     a bad line elsewhere is an error naming the file and line."""
@@ -157,9 +177,21 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
+    """``torch.save`` through :func:`atomic_write`. A write that fails inside torch (a full disk) surfaces as torch's
+    RuntimeError ("unexpected pos …") with the OSError as its context: that OSError is raised instead, naming
+    ``path``, so a full disk reads as one."""
     import torch
 
-    return atomic_write(path, lambda h: torch.save(obj, h))
+    def save(handle: BinaryIO) -> None:
+        try:
+            torch.save(obj, handle)
+        except RuntimeError as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, OSError) and cause.errno is not None:
+                raise OSError(cause.errno, cause.strerror, str(path)) from exc
+            raise
+
+    return atomic_write(path, save)
 
 
 def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
@@ -223,3 +255,68 @@ def describe_file_start(path: str | os.PathLike) -> str:
         return f"a text file (starting {head[:24]!r})"
     except UnicodeDecodeError:
         return f"neither a zip archive nor a pickle (first bytes {head[:12]!r})"
+
+
+class NotRegularFileError(UserError, OSError):
+    """A path that should hold a file's bytes is a FIFO, a device, a socket or a folder: ``filename`` and
+    ``strerror`` (why) as for any OSError."""
+
+    def __init__(self, path: str | os.PathLike, why: str) -> None:
+        super().__init__(errno.EINVAL, why, str(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "not a regular file"
+
+
+def why_not_regular_file(path: str | os.PathLike) -> str | None:
+    """Why ``path`` (links followed) cannot be read as a file's bytes, or None when it can: opening a FIFO blocks
+    until a writer comes, a device never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if os.path.islink(path):
+            return f"a broken or looping symbolic link ({exc.strerror})"
+        return f"cannot stat it ({exc.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    return f"{_kind(mode)}, not a regular file; only regular files are read"
+
+
+def check_regular_file(path: str | os.PathLike) -> Path:
+    """``path``, or :class:`NotRegularFileError` (or the ``FileNotFoundError``) naming it, for a reader that opens by
+    name (``np.load`` with a memory map)."""
+    why = why_not_regular_file(path)
+    if why is not None:
+        if not os.path.lexists(path):
+            raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
+        raise NotRegularFileError(path, why)
+    return Path(path)
+
+
+def open_regular(path: str | os.PathLike) -> BinaryIO:
+    """``path`` opened for reading (unbuffered), refused with :class:`NotRegularFileError` unless it is a regular
+    file; the open itself never blocks (``O_NONBLOCK``), so a FIFO put in a file's place is refused, not waited on."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFileError(path, f"{_kind(mode)}, not a regular file; only regular files are read")
+    return os.fdopen(fd, "rb", buffering=0)
+
+
+def read_regular_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of the regular file ``path`` (see :func:`open_regular`)."""
+    with open_regular(path) as handle:
+        return handle.read()

@@ -7,6 +7,10 @@ one deletes the other's checkpoint mid-write. :func:`folder_lock` holds an OS lo
 The OS drops the lock when its process dies, however it dies (``kill -9`` included), so a crash never leaves the
 folder locked; the lock file of a crashed job is left behind, and the next job, finding it unlocked, takes it over
 and logs that the earlier holder ended without releasing it. A job that ends normally removes the file.
+
+The lock file is opened without following a symbolic link and must be a plain file with one name: a folder that
+arrives with ``.tvr.lock`` linked to another file (``-> ../../victim.txt``, or a hard link) would otherwise have
+that file truncated and overwritten with the holder's description.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -51,6 +56,37 @@ def _try_lock(fd: int) -> bool:
         return False
 
 
+#: open flags of the lock file: never through a symbolic link (O_NOFOLLOW), never blocking on a FIFO (O_NONBLOCK)
+_OPEN_FLAGS = (
+    os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+)
+
+
+def _open_lock_file(path: Path, what: str, folder: Path) -> int:
+    """Open (creating it) the lock file at ``path``; a symbolic link, a hard link or anything but a plain file there
+    is refused, since the holder's description is written into what is opened."""
+
+    def refuse(kind: str) -> UserError:
+        return UserError(
+            f"{what} {folder}: {LOCK_NAME} is {kind}, not a lock file tvr wrote, and tvr never writes through it: "
+            "remove it (after checking where it came from) or use another folder"
+        )
+
+    try:
+        fd = os.open(path, _OPEN_FLAGS, 0o666)
+    except OSError:
+        if os.path.islink(path):  # O_NOFOLLOW's ELOOP
+            raise refuse(f"a symbolic link to {os.readlink(path)!r}") from None
+        if os.path.isdir(path):
+            raise refuse("a folder") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise refuse("not a plain file" if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} names")
+    return fd
+
+
 def _read_holder(fd: int) -> dict:
     try:
         os.lseek(fd, 0, os.SEEK_SET)
@@ -77,7 +113,7 @@ def folder_lock(folder: str | os.PathLike, what: str = "folder") -> Iterator[Pat
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        fd = _open_lock_file(path, what, folder)
         if not _try_lock(fd):
             holder = _read_holder(fd)
             os.close(fd)

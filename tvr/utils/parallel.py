@@ -8,6 +8,7 @@ function and plain values).
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -15,17 +16,40 @@ from typing import TypeVar
 
 from tvr.utils.progress import progress_bar
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 R = TypeVar("R")
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one: a container's or taskset's limit)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def default_workers(limit: int = 8) -> int:
     """One worker per CPU this process may use, at most ``limit``."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(limit, cpus))
+    return max(1, min(limit, available_cpus()))
+
+
+#: whether this process has said that it capped ``data.num_workers`` (one note a process, not one a loader)
+_CAP_NOTED = {"done": False}
+
+
+def loader_workers(requested: int) -> int:
+    """``data.num_workers`` for a DataLoader, capped at the CPUs this process may use: more decoding processes than
+    CPUs only compete for them (torch warns about it on every loader). The presets ask for 8, a GPU machine's
+    count; the first cap in a process logs one note."""
+    cpus = available_cpus()
+    if requested <= cpus:
+        return requested
+    if not _CAP_NOTED["done"]:
+        _CAP_NOTED["done"] = True
+        log.info("data.num_workers %d: %d decoding worker(s), one per CPU this process may use", requested, cpus)
+    return cpus
 
 
 def parallel_map(

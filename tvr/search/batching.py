@@ -1,0 +1,90 @@
+"""Micro-batching concurrent queries: many users share one loaded model without waiting for each other's passes.
+
+A query's cost is mostly the text encoder's forward pass, and a pass over 20 queries costs little more than a pass
+over one. So concurrent callers of :meth:`MicroBatcher.search` hand their query to one worker thread; the worker
+takes whatever has arrived within a short tick after the first query (at most ``max_batch``), runs the text encoder
+once over all of them (:meth:`~tvr.search.index.SearchIndex.answer`), shortlists and reranks each query on its own,
+and hands every caller its own answer. While the worker runs a batch, the next one gathers. Each answer is the one
+a query alone gets (the encoder's rows do not depend on their batch neighbours: ``tests/test_search_server.py`` and
+``benchmarks/search_serve.py`` compare them with serial queries).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+
+from tvr.search.index import Hit, Query, QueryError, SearchIndex
+
+#: seconds the worker waits after a batch's first query for others to join it
+DEFAULT_TICK = 0.002
+#: queries per text-encoder pass at most
+DEFAULT_MAX_BATCH = 64
+
+
+class MicroBatcher:
+    """Answers :meth:`search` calls from many threads in shared text-encoder batches (module docstring)."""
+
+    def __init__(self, index: SearchIndex, tick: float = DEFAULT_TICK, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+        if tick < 0 or max_batch < 1:
+            raise ValueError(f"tick must be >= 0 and max_batch >= 1, got {tick}, {max_batch}")
+        self.index = index
+        self.tick = float(tick)
+        self.max_batch = int(max_batch)
+        self._waiting: queue.SimpleQueue[tuple[Query, Future] | None] = queue.SimpleQueue()
+        self._worker = threading.Thread(target=self._run, name="tvr-query-batcher", daemon=True)
+        self._closed = False
+        #: batches run and queries answered so far (their ratio: how much sharing happened)
+        self.batches = 0
+        self.queries = 0
+        self._worker.start()
+
+    def search(self, text: str, k: int = 10, *, rerank: int | None = None, all_windows: bool = False) -> list[Hit]:
+        """What ``index.search(text, k, ...)`` returns, computed in a batch with the queries that arrive with it."""
+        if self._closed:
+            raise RuntimeError("the micro-batcher is closed")
+        done: Future = Future()
+        self._waiting.put((Query(text, k, rerank, all_windows), done))
+        answer = done.result()
+        if isinstance(answer, QueryError):
+            raise answer
+        return answer
+
+    def close(self) -> None:
+        """Stop the worker once the queries already handed in are answered."""
+        if not self._closed:
+            self._closed = True
+            self._waiting.put(None)
+            self._worker.join()
+
+    def _run(self) -> None:
+        while True:
+            first = self._waiting.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self.tick
+            stop = False
+            while len(batch) < self.max_batch:
+                try:
+                    item = self._waiting.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self.batches += 1
+            self.queries += len(batch)
+            try:
+                answers = self.index.answer([query for query, _ in batch])
+            except BaseException as exc:  # noqa: BLE001 - every caller of the failed batch gets the error
+                for _, done in batch:
+                    done.set_exception(exc)
+            else:
+                for (_, done), answer in zip(batch, answers, strict=True):
+                    done.set_result(answer)
+            if stop:
+                return

@@ -1,0 +1,330 @@
+"""The text side of an index's model, exported once so that a cold ``tvr search`` loads only what a text query needs.
+
+Querying an index needs the tokenizer, the backbone's text path (and the bridge's, for a two-tower model) and the
+head; building the whole model for it imports transformers and sentence-transformers and loads the image tower,
+which is most of a cold start. So when an index's model is loaded in full (``tvr index``, or the first query of an
+index), its text side is exported to tvr's cache (``$TVR_CACHE_DIR``, default ``~/.cache/tvr``), under the model's
+stamp id:
+
+* ``text.pt``: ``model.text_features`` traced with TorchScript (token ids and mask in, ``TextFeatures`` fields out),
+  frozen so that it holds only the weights the text path reads; it loads with torch alone;
+* the tokenizer as data: an HF fast tokenizer's ``tokenizer.json`` (run by the ``tokenizers`` library with the
+  padding and truncation tvr asks of it), or CLIP's ``vocab.json`` + ``merges.txt`` (run by tvr's own BPE);
+* ``head.pt``: the head's state dict (read with ``weights_only``), rebuilt from the head config in ``meta.json``, so
+  the shortlist embedding and the exact rerank run the head's own code.
+
+An export is written only after it has been read back and checked against the full model on probe texts (one at a
+time and batched, short, long, truncated and non-ASCII): the same token ids, bit-identical features and text state.
+Anything else (a tokenizer of another kind, a model whose trace bakes in a batch size, a failed check) writes
+nothing, and that index keeps loading the full model. A checkpoint's export is used only while the checkpoint file
+still has the size and modification time it had when exported, so a changed checkpoint is refused as before.
+``text.pt`` is TorchScript, which loading compiles and runs: an export is read only when its folder and files belong
+to the user running tvr and nobody else can write them. ``TVR_QUICK_QUERIES=0`` turns the export and its use off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from tvr.search.encoders import SearchEncoder
+from tvr.types import TextFeatures, VideoFeatures
+from tvr.utils.io import atomic_write_json, create_temporary_dir
+
+log = logging.getLogger(__name__)
+
+FORMAT = "tvr-query-encoder"
+VERSION = 1
+#: texts every export is checked on: plain, short, empty after cleaning, longer than any max_words, non-ASCII
+PROBE_TEXTS = (
+    "a dog runs on the beach",
+    "a",
+    "Ünïcödé café, 2 cats & a ‘quoted’ dog!! <b>bold</b>",
+    " ".join(["a man rides a red bicycle along the river while children play"] * 8),
+    "...",
+    "people dancing at night",
+)
+_FEATURE_FIELDS = ("eot", "words", "word_mask")
+
+
+def enabled() -> bool:
+    return os.environ.get("TVR_QUICK_QUERIES", "1") not in ("0", "", "false", "no")
+
+
+def export_root() -> Path:
+    from tvr.models.conse import cache_root
+
+    return cache_root() / "query-encoders"
+
+
+def export_folder(stamp: dict[str, Any]) -> Path:
+    """Where the export of the model with this stamp lives (TorchScript files are read by the torch that wrote
+    them: the torch version is part of the name)."""
+    return export_root() / f"{stamp['id']}-v{VERSION}-torch{torch.__version__}"
+
+
+def _checkpoint_file_state(stamp: dict[str, Any]) -> list[int] | None:
+    """(size, mtime_ns) of a checkpoint stamp's file, None when it is not a file (or the stamp is not a checkpoint)."""
+    if stamp.get("encoder") != "checkpoint":
+        return None
+    try:
+        info = os.stat(stamp.get("path", ""))
+    except OSError:
+        return None
+    return [info.st_size, info.st_mtime_ns]
+
+
+# ------------------------------------------------------------------------------------------ tokenizers as data
+
+
+def _save_tokenizer(tokenizer: Any, folder: Path) -> dict[str, Any] | None:
+    """Write ``tokenizer`` (a ``(texts, max_words) -> (ids, mask)`` callable) as data; None for a kind this module
+    cannot rebuild without its library."""
+    from tvr.data.sentence_tokenizer import SentenceTokenizer
+    from tvr.data.tokenizer import ClipTokenizer
+
+    if isinstance(tokenizer, ClipTokenizer):
+        tokenizer.save(folder)
+        return {"kind": "clip-bpe"}
+    if isinstance(tokenizer, SentenceTokenizer):
+        hf = tokenizer.tokenizer
+        backend = getattr(hf, "backend_tokenizer", None)
+        if backend is None or hf.padding_side != "right" or hf.pad_token_id is None:
+            return None
+        (folder / "tokenizer.json").write_text(backend.to_str(), encoding="utf-8")
+        return {"kind": "tokenizers", "pad_id": int(hf.pad_token_id), "pad_token": str(hf.pad_token)}
+    return None
+
+
+class _FastTokenizer:
+    """An HF fast tokenizer's backend called as :class:`~tvr.data.sentence_tokenizer.SentenceTokenizer` calls it
+    (pad to ``max_words`` on the right, truncate to it, no token type ids)."""
+
+    def __init__(self, path: Path, pad_id: int, pad_token: str) -> None:
+        from tokenizers import Tokenizer
+
+        self.backend = Tokenizer.from_file(str(path))
+        self.pad_id, self.pad_token = pad_id, pad_token
+        self._length: int | None = None
+
+    def __call__(self, texts: list[str], max_words: int) -> tuple[Tensor, Tensor]:
+        if self._length != max_words:
+            self.backend.enable_truncation(max_length=max_words)
+            self.backend.enable_padding(length=max_words, pad_id=self.pad_id, pad_token=self.pad_token)
+            self._length = max_words
+        encoded = self.backend.encode_batch(list(texts))
+        ids = torch.tensor([e.ids for e in encoded], dtype=torch.long)
+        mask = torch.tensor([e.attention_mask for e in encoded], dtype=torch.long)
+        return ids, mask
+
+
+def _load_tokenizer(folder: Path, spec: dict[str, Any]) -> Any:
+    if spec["kind"] == "clip-bpe":
+        from tvr.data.tokenizer import ClipTokenizer
+
+        # the Python BPE: exact (ClipTokenizer checks the two agree) and no transformers import
+        return ClipTokenizer.from_dir(folder, backend="python")
+    if spec["kind"] == "tokenizers":
+        return _FastTokenizer(folder / "tokenizer.json", int(spec["pad_id"]), str(spec["pad_token"]))
+    raise ValueError(f"unknown tokenizer kind {spec['kind']!r}")
+
+
+# ------------------------------------------------------------------------------------------ the encoder
+
+
+class _TextPath(nn.Module):
+    """``model.text_features`` as a module with tensor outputs (what TorchScript traces)."""
+
+    def __init__(self, model: nn.Module, fields: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.fields = fields
+
+    def forward(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, ...]:
+        features = self.model.text_features({"text_ids": ids, "text_mask": mask})
+        return tuple(getattr(features, name) for name in self.fields)
+
+
+class QueryEncoder(SearchEncoder):
+    """The exported text side of a model: encodes queries exactly as the full model does; it has no image side
+    (:meth:`window_features` raises), so indexing and ranking captions for a clip load the full model."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        from tvr.config import HeadConfig, build_section, check_head_import
+        from tvr.models.heads.registry import build_head
+        from tvr.utils.torch_files import load_torch_file
+
+        self.folder = Path(folder)
+        self.meta = json.loads((self.folder / "meta.json").read_text())
+        if self.meta.get("format") != FORMAT or self.meta.get("version") != VERSION:
+            raise ValueError(f"{self.folder}: not a {FORMAT} version {VERSION}")
+        self.device = torch.device("cpu")
+        self.max_words = int(self.meta["max_words"])
+        self.fields = tuple(self.meta["fields"])
+        self.tokenize = _load_tokenizer(self.folder, self.meta["tokenizer"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript's; see export_query_encoder
+            self.text_path = torch.jit.load(str(self.folder / "text.pt"), map_location="cpu")
+        head_meta = self.meta["head"]
+        head_cfg = build_section(HeadConfig, head_meta["config"], "the exported head config")
+        check_head_import(head_cfg.name, "the exported head config's head.name")  # as for the full model
+        self.head = build_head(head_cfg, int(head_meta["dim"]), float(head_meta["logit_scale_init"]))
+        state = load_torch_file(self.folder / "head.pt")
+        self.head.load_state_dict(state)
+        self.head.eval()
+
+    def stamp(self) -> dict[str, Any]:
+        return self.meta["stamp"]
+
+    def text_features(self, texts: list[str]) -> TextFeatures:
+        ids, mask = self.tokenize(list(texts), self.max_words)
+        # the graph as it is: the optimising executor would spend the first calls (all a cold search makes)
+        # profiling shapes to specialise the graph for later ones
+        with torch.jit.optimized_execution(False):
+            outputs = self.text_path(ids, mask)
+        return TextFeatures(**dict(zip(self.fields, outputs, strict=True)))
+
+    def window_features(self, crops: Tensor, mask: Tensor) -> VideoFeatures:
+        raise RuntimeError("a query encoder has no image side: load the index's full model to encode video")
+
+
+def load_query_encoder(stamp: dict[str, Any]) -> QueryEncoder | None:
+    """The export of the model ``stamp`` names, or None (none written, turned off, or a checkpoint that changed
+    since: the full model then loads, and is checked against the stamp as always)."""
+    if not enabled() or not stamp.get("id"):
+        return None
+    folder = export_folder(stamp)
+    if not (folder / "meta.json").is_file():
+        return None
+    if not _private(folder):
+        log.warning("not using the query encoder in %s: it is not private to this user; loading the full model", folder)
+        return None
+    try:
+        encoder = QueryEncoder(folder)
+    except Exception as exc:  # noqa: BLE001 - an unusable export is only slower: the full model is the fallback
+        log.warning("the query encoder in %s does not load (%s); loading the full model", folder, exc)
+        return None
+    if encoder.stamp().get("id") != stamp["id"] or (
+        stamp.get("encoder") == "checkpoint" and encoder.meta.get("checkpoint_file") != _checkpoint_file_state(stamp)
+    ):
+        return None
+    return encoder
+
+
+def _private(folder: Path) -> bool:
+    """Whether ``folder``, the folder holding it and every file in it belong to this user and nobody else can write
+    them: ``text.pt`` is TorchScript, which ``torch.jit.load`` compiles and runs, so tvr runs only what it wrote
+    itself (as ssh trusts only a private ``~/.ssh``)."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    try:
+        paths = [folder.parent, folder, *folder.iterdir()]
+        for path in paths:
+            info = path.lstat()
+            if path.is_symlink() or (uid is not None and info.st_uid != uid) or info.st_mode & 0o022:
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two feature / state dataclasses with bit-identical tensors (None where the other is None)."""
+    import dataclasses
+
+    for field in dataclasses.fields(a):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if (x is None) != (y is None) or (isinstance(x, Tensor) and not torch.equal(x, y)):
+            return False
+    return True
+
+
+def export_query_encoder(encoder: Any) -> Path | None:
+    """Export the text side of ``encoder`` (a :class:`~tvr.search.encoders.ModelEncoder` on the CPU) to the cache,
+    checked against it (module docstring); returns the folder, or None when nothing was written. Never raises for a
+    model it cannot export: that index keeps loading the full model."""
+    if not enabled() or not hasattr(encoder, "model") or encoder.device.type != "cpu":
+        return None
+    stamp = encoder.stamp()
+    folder = export_folder(stamp)
+    if (folder / "meta.json").is_file() and load_query_encoder(stamp) is not None:
+        return folder
+    try:
+        return _write_export(encoder, stamp, folder)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.info("the text side of this model was not exported for quick queries: %s", exc)
+        return None
+
+
+def _write_export(encoder: Any, stamp: dict[str, Any], folder: Path) -> Path | None:
+    from tvr.config import config_to_dict
+
+    max_words = int(encoder.cfg.data.max_words)
+    tokenizer = encoder.tokenizer()
+    model = encoder.model
+    head = encoder.head
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = create_temporary_dir(folder)
+    try:
+        spec = _save_tokenizer(tokenizer, work)
+        if spec is None:
+            log.info("tokenizer %s cannot be exported as data", type(tokenizer).__name__)
+            return None
+        ids, mask = tokenizer(list(PROBE_TEXTS[:3]), max_words)
+        with torch.no_grad():
+            sample = model.text_features({"text_ids": ids, "text_mask": mask})
+            fields = tuple(name for name in _FEATURE_FIELDS if getattr(sample, name) is not None)
+            path = _TextPath(model, fields).eval()
+            with warnings.catch_warnings():
+                # TorchScript is deprecated in favour of torch.export, whose programs take several seconds of
+                # imports to load: for a cold start TorchScript is the form that loads with torch alone
+                warnings.simplefilter("ignore")
+                traced = torch.jit.trace(path, (ids, mask), check_trace=False)
+                traced = torch.jit.freeze(traced, optimize_numerics=False)
+                torch.jit.save(traced, str(work / "text.pt"))
+        torch.save(head.state_dict(), work / "head.pt")
+        head_config = config_to_dict(encoder.cfg)["head"]
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "stamp": stamp,
+            "torch": torch.__version__,
+            "max_words": max_words,
+            "fields": list(fields),
+            "tokenizer": spec,
+            "head": {"config": head_config, "dim": int(head.dim), "logit_scale_init": float(head.logit_scale.item())},
+            "checkpoint_file": _checkpoint_file_state(stamp),
+        }
+        atomic_write_json(work / "meta.json", meta)
+        check = QueryEncoder(work)
+        with torch.no_grad():
+            ok = all(
+                torch.equal(a, b)
+                for a, b in zip(
+                    tokenizer(list(PROBE_TEXTS), max_words), check.tokenize(list(PROBE_TEXTS), max_words), strict=True
+                )
+            )
+            batches = [list(PROBE_TEXTS)] + [[text] for text in PROBE_TEXTS]
+            for texts in batches if ok else []:
+                want = encoder.text_features(texts).to("cpu", torch.float32)
+                got = check.text_features(texts).to("cpu", torch.float32)
+                if not (_same(want, got) and _same(head.encode_texts(want), check.head.encode_texts(got))):
+                    ok = False
+                    break
+        if not ok:
+            log.info("the exported text side differs from the model on the probe texts: not used")
+            return None
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(work, folder)
+        return folder
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
