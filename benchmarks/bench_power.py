@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -65,11 +66,17 @@ def main() -> None:
     results = json.loads((args.bench / "results.json").read_text())
     baseline = results["baseline"]
     sizes = [int(s) for s in args.sizes.split(",")]
-    load_start = os.getloadavg()
+    load_start, wall_start, cpu_start = os.getloadavg(), time.perf_counter(), time.process_time()
     recalls: dict[str, dict[str, dict[int, float]]] = {}
     for run in results["runs"]:
         run_dir = args.bench / "runs" / run["method"] / f"seed{run['seed']}"
-        recalls.setdefault(run["method"], {})[str(run["seed"])] = run_recalls(run_dir, sizes)
+        recalls.setdefault(run["method"], {})[str(run["seed"])] = got = run_recalls(run_dir, sizes)
+        recorded = run["test"]["t2v"]["R1"]
+        if (
+            results["composition"]["test"]["videos"] in got
+            and got[results["composition"]["test"]["videos"]] != recorded
+        ):
+            raise SystemExit(f"{run_dir}: re-scored t2v R@1 on the whole gallery differs from the bench's {recorded}")
         print(run["method"], run["seed"], recalls[run["method"]][str(run["seed"])], flush=True)
     table: dict[str, dict] = {}
     for size in sizes:
@@ -114,6 +121,8 @@ def main() -> None:
         "sizes": sizes,
         "per_seed_t2v_r1": recalls,
         "by_size": table,
+        "wall_seconds": round(time.perf_counter() - wall_start, 1),
+        "cpu_seconds": round(time.process_time() - cpu_start, 1),
         "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(),
     }
