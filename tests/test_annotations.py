@@ -236,6 +236,25 @@ def test_msrvtt_val_picks_smallest_sen_id(tmp_path):
     assert val.texts == [truth["captions"][v][2] for v in val.videos]
 
 
+def test_msrvtt_val_csv_is_the_official_validation_split(tmp_path):
+    """A set that ships MSRVTT_val.csv (tvr synth with val_like_test) has a validation split built like its test:
+    one given caption per video, read as is; its videos never reach training, whichever list holds them, and
+    val_fraction no longer holds anything out."""
+    truth = write_msrvtt(tmp_path, VIDS, 3, test_ids=VIDS[8:])
+    chosen = {VIDS[1]: truth["captions"][VIDS[1]][2], VIDS[6]: truth["captions"][VIDS[6]][1]}
+    rows = "".join(f"val{k},msr{k},{v},{c}\n" for k, (v, c) in enumerate(chosen.items()))
+    (tmp_path / "MSRVTT_val.csv").write_text("key,vid_key,video_id,sentence\n" + rows)
+    cfg = _cfg("msrvtt", tmp_path, val_fraction=0.25)
+    val, train = load_split(cfg, "val"), load_split(cfg, "train")
+    assert val.videos == list(chosen) and val.texts == list(chosen.values()) and val.protocol == "one_to_one"
+    assert train.videos == [v for v in VIDS[:8] if v not in chosen] and len(train.texts) == 3 * 6
+    assert describe_split_source(cfg)["splits"]["val"]["source"] == "official"
+    (tmp_path / "MSRVTT_val.csv").write_text(f"key,vid_key,video_id,sentence\nval0,m,{VIDS[1]},a\nval1,m,{VIDS[1]},b\n")
+    clear_cache()
+    with pytest.raises(AnnotationError, match=r"MSRVTT_val.csv.*appears twice"):
+        load_split(cfg, "val")
+
+
 def test_held_out_videos_rule():
     ids = [f"v{k}" for k in range(200)]
     held = held_out_videos(ids, 0.1, 7)

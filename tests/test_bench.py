@@ -19,8 +19,18 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from tvr.eval.bench_report import differences_table, results_table
-from tvr.eval.stats import paired_difference, t_interval, t_quantile
+from tvr.eval.bench_report import differences_table, holm_table, p_text, results_table
+from tvr.eval.stats import (
+    holm,
+    minimum_detectable_difference,
+    paired_difference,
+    paired_t_test,
+    slope,
+    slope_test,
+    t_interval,
+    t_quantile,
+    t_test_p,
+)
 from tvr.pipeline.bench import (
     BENCH_PRESET_DIR,
     BenchConfigError,
@@ -28,8 +38,10 @@ from tvr.pipeline.bench import (
     method_config,
     prepare_data,
     prepare_features,
+    results_digest,
     run_bench,
     run_one,
+    summarize,
 )
 
 QUICK = BENCH_PRESET_DIR / "quick.yaml"
@@ -64,26 +76,60 @@ def test_paired_difference_is_the_interval_of_per_seed_differences() -> None:
         paired_difference([1.0, 2.0], [1.0, 2.0, 3.0])
 
 
-def test_tables_show_mean_plus_minus_half_width_and_bold_exclusions() -> None:
+def test_tables_show_mean_plus_minus_half_width_and_bold_only_what_survives_holm() -> None:
     cell = lambda values: t_interval(values).to_dict()  # noqa: E731
     metrics = ("R1", "R5", "R10", "MdR", "MnR")
-    results = {
-        "baseline": "base",
-        "summary": {
-            "base": {d: {m: cell([10.0, 12.0, 14.0]) for m in metrics} for d in ("t2v", "v2t")},
-            "new": {d: {m: cell([20.0, 22.0, 27.0]) for m in metrics} for d in ("t2v", "v2t")},
-        },
-        "differences": {
-            "new": {"t2v": {m: paired_difference([20.0, 24.0, 28.0], [18.0, 21.0, 24.0]).to_dict() for m in metrics},
-                    "v2t": {m: paired_difference([20.0, 22.0, 27.0], [18.0, 21.0, 24.0]).to_dict() for m in metrics}}
-        },
-    }  # fmt: skip
+    base = [10.0, 12.0, 14.0, 11.0, 13.0]
+    run = lambda value: {"test": {d: dict.fromkeys(metrics, value) for d in ("t2v", "v2t")}}  # noqa: E731
+    runs = {"base": [{"seed": k, **run(v)} for k, v in enumerate(base)],
+            "new": [{"seed": k, **run(v)} for k, v in enumerate([20.0, 22.0, 24.0, 21.0, 23.0])],
+            "near": [{"seed": k, **run(v)} for k, v in enumerate([11.0, 12.0, 16.0, 12.0, 13.5])]}  # fmt: skip
+    summary, differences = summarize(runs, "base")
+    results = {"baseline": "base", "summary": summary, "differences": differences}
     table = results_table(results)
-    # base: s = 2, 4.303 * 2 / sqrt(3) = 4.97; new: s^2 = (9 + 1 + 16) / 2, 4.303 * 3.606 / sqrt(3) = 8.96
-    assert "| base (baseline) | 12.0 ± 5.0 |" in table and "| new | 23.0 ± 9.0 |" in table
-    differences = differences_table(results)
-    assert "| **+3.0 [+0.5, +5.5]** |" in differences  # differences 2, 3, 4: the interval excludes 0
-    assert "| +2.0 [-0.5, +4.5] |" in differences  # differences 2, 1, 3: low = -0.48, it includes 0
+    # base: s^2 = (4 + 0 + 4 + 1 + 1) / 4 = 2.5, 2.776 * sqrt(2.5) / sqrt(5) = 1.96
+    assert "| base (baseline) | 12.0 ± 2.0 |" in table and "| new | 22.0 ± 2.0 |" in table
+    assert summary["base"]["t2v"]["R1"] == cell(base)
+    shown = differences_table(results)
+    # new − base = 10 at every seed: p = 0 for every one of the 20 cells, so every cell survives Holm
+    assert shown.count("**+10.0 [+10.0, +10.0]**") == 10
+    # near − base: differences 1, 0, 2, 1, 0.5: mean 0.9, s = 0.742, t = 2.711, two-sided p (4 dof) = 0.0535:
+    # its interval [−0.02, +1.82] includes 0 and Holm only raises p, so it is not bold
+    near = differences["near"]["t2v"]["R1"]
+    assert near["p"] == pytest.approx(0.0535, abs=2e-4) and near["p_holm"] >= near["p"]
+    assert "| near | +0.9 [-0.0, +1.8] |" in shown and "**+0.9" not in shown
+    assert "0.054" not in holm_table(results) and p_text(near["p_holm"]) in holm_table(results)
+
+
+def test_holm_p_values_and_detectable_difference_match_a_hand_computation() -> None:
+    # Holm, m = 4: sorted 0.005, 0.01, 0.03, 0.04 -> 4 * 0.005, 3 * 0.01, max(0.06, 2 * 0.03), max(0.06, 1 * 0.04)
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    adjusted = holm([0.2, math.nan, 0.9])  # a cell without a test stays without one and does not count in m
+    assert adjusted[0] == pytest.approx(0.4) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.9)
+    # paired t test of differences 2, 3, 4: t = 3 / (1 / sqrt 3) = 5.196 with 2 dof, where the t CDF is closed-form:
+    # p = 1 − t / sqrt(2 + t^2)
+    t = 3.0 * math.sqrt(3.0)
+    assert paired_t_test([20.0, 24.0, 28.0], [18.0, 21.0, 24.0]) == pytest.approx(1 - t / math.sqrt(2 + t * t))
+    assert t_test_p([1.0, 1.0, 1.0]) == 0.0 and t_test_p([0.0, 0.0, 0.0]) == 1.0
+    assert t_test_p([3.0, 4.0, 5.0], "greater") == pytest.approx((1 - 4 * math.sqrt(3) / math.sqrt(2 + 48)) / 2)
+    # MDE at 95 % confidence and 80 % power, 5 seeds: (t(0.975, 4) + t(0.80, 4)) * s / sqrt(5), from a t table:
+    # 2.776 + 0.941
+    assert minimum_detectable_difference(2.0, 5) == pytest.approx((2.776 + 0.941) * 2.0 / math.sqrt(5), rel=2e-4)
+    # 10 seeds: 2.262 + 0.883
+    assert minimum_detectable_difference(1.0, 10) == pytest.approx((2.262 + 0.883) / math.sqrt(10), rel=2e-4)
+    assert math.isnan(minimum_detectable_difference(1.0, 1))
+
+
+def test_slope_test_matches_a_hand_computation() -> None:
+    xs = [0.0, 0.5, 1.0]
+    # slopes: seed 0 (0, 1, 2) -> 2; seed 1 (1, 1, 3) -> 2; seed 2 (0, 2, 2) -> 2; seed 3 (2, 2, 6) -> 4
+    trend = slope_test(xs, [[0, 1, 2], [1, 1, 3], [0, 2, 2], [2, 2, 6]])
+    assert trend["slopes"] == pytest.approx([2.0, 2.0, 2.0, 4.0])
+    assert trend["mean"] == pytest.approx(2.5) and trend["sd"] == pytest.approx(1.0)
+    # t = 2.5 / (1 / 2) = 5 with 3 dof; one-sided p from a t table lies between 0.005 (t = 5.841) and 0.01 (4.541)
+    assert 0.005 < trend["p_greater"] < 0.01
+    with pytest.raises(ValueError, match="two distinct x"):
+        slope([1.0, 1.0], [0.0, 1.0])
 
 
 # --------------------------------------------------------------------------------------------- configs
@@ -199,66 +245,194 @@ def test_test_split_never_influences_selection(quick_cache, tmp_path: Path) -> N
 # --------------------------------------------------------------------------------------------- resume
 
 
-def _comparable(results: dict) -> list[tuple]:
-    return [(r["method"], r["seed"], r["best_step"], json.dumps(r["test"], sort_keys=True),
-             json.dumps(r["val_curve"], sort_keys=True)) for r in results["runs"]]  # fmt: skip
+def _bench_cli(config: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "tvr.cli", "bench", "--config", str(config), "--out", str(out), *extra]
 
 
-def test_killed_bench_resumes_with_finished_runs_kept(tmp_path: Path) -> None:
-    config = _write_bench(tmp_path, epochs=6)
-    out = tmp_path / "killed"
-    env = {**os.environ, "TVR_DEBUG": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tvr.cli", "bench", "--config", str(config), "--out", str(out)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-    )  # fmt: skip
-    finished: dict[Path, tuple[bytes, int]] = {}
-    interrupted: set[Path] = set()
-    deadline = time.monotonic() + 240
+def _kill_when(proc: subprocess.Popen, ready, timeout: float = 240) -> None:
+    """SIGKILL ``proc`` as soon as ``ready()`` holds."""
+    deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            results = sorted(out.glob("runs/*/seed*/result.json"))
-            started = [p for p in out.glob("runs/*/seed*/last.pt") if not (p.parent / "result.json").exists()]
-            if results and started:
+            if ready():
                 proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                finished = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.glob("runs/*/seed*/result.json")}
-                interrupted = {
-                    p.parent for p in out.glob("runs/*/seed*/last.pt") if not (p.parent / "result.json").exists()
-                }
                 break
             time.sleep(0.01)
+        proc.wait()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
-    assert finished and not (out / "results.json").exists()
 
-    # resumed as a user would: the same command again (a fresh process, like the uninterrupted reference below)
-    subprocess.run([sys.executable, "-m", "tvr.cli", "bench", "--config", str(config), "--out", str(out)],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)  # fmt: skip
+
+def test_killed_bench_resumes_with_finished_runs_kept_and_ends_as_a_fresh_one(tmp_path: Path) -> None:
+    """A bench running two runs at a time, killed with SIGKILL while some runs are finished and others under way:
+    its workers die with it, the same command resumes it (finished runs untouched, interrupted ones continued from
+    their last.pt), and its results.json equals that of a bench that was never interrupted, run in another folder
+    from scratch (data included) — up to the provenance, which says how it went."""
+    config = _write_bench(tmp_path, epochs=6)
+    out = tmp_path / "killed"
+    env = {**os.environ, "TVR_DEBUG": "1"}
+    proc = subprocess.Popen(_bench_cli(config, out, "--jobs", "2"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env)  # fmt: skip
+
+    def some_finished_some_started() -> bool:
+        started = [p for p in out.glob("runs/*/seed*/last.pt") if not (p.parent / "result.json").exists()]
+        return bool(list(out.glob("runs/*/seed*/result.json"))) and bool(started)
+
+    _kill_when(proc, some_finished_some_started)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    finished = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.glob("runs/*/seed*/result.json")}
+    interrupted = {p.parent for p in out.glob("runs/*/seed*/last.pt") if not (p.parent / "result.json").exists()}
+    assert finished and not (out / "results.json").exists()
+    time.sleep(1.0)  # a worker the kill left alive would write on: the kernel kills them with their parent
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.glob("runs/*/seed*/result.json")} == finished
+
+    # resumed as a user would: the same command again (one run at a time now: the results do not depend on it)
+    subprocess.run(_bench_cli(config, out), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=300)  # fmt: skip
     resumed = json.loads((out / "results.json").read_text())
     for path, (content, mtime) in finished.items():
         assert path.read_bytes() == content and path.stat().st_mtime_ns == mtime, f"{path} was run again"
     for run in resumed["runs"]:  # the run the kill interrupted continued from its last.pt
         if out / "runs" / run["method"] / f"seed{run['seed']}" in interrupted:
-            assert run["resumed"], "the interrupted run started over instead of resuming"
-    # the reference trains on the very clips the killed bench rendered: libx264 does not always encode a clip to the
-    # same bytes (docs/bench.md#reproducibility), and on 12 test videos one pixel level can flip a tie
-    shutil.copytree(out / "data", tmp_path / "uninterrupted" / "data")
-    subprocess.run([sys.executable, "-m", "tvr.cli", "bench", "--config", str(config), "--out",
-                    str(tmp_path / "uninterrupted")], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=300)  # fmt: skip
-    reference = json.loads((tmp_path / "uninterrupted" / "results.json").read_text())
-    assert _comparable(resumed) == _comparable(reference)
-    assert resumed["summary"] == reference["summary"] and resumed["differences"] == reference["differences"]
+            assert run["provenance"]["resumed"], "the interrupted run started over instead of resuming"
+    subprocess.run(_bench_cli(config, tmp_path / "fresh"), check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=300)  # fmt: skip
+    fresh = json.loads((tmp_path / "fresh" / "results.json").read_text())
+    assert resumed["results_sha256"] == fresh["results_sha256"] == results_digest(resumed)
+    assert [{k: v for k, v in r.items() if k != "provenance"} for r in resumed["runs"]] == [
+        {k: v for k, v in r.items() if k != "provenance"} for r in fresh["runs"]
+    ]
+    assert resumed["summary"] == fresh["summary"] and resumed["differences"] == fresh["differences"]
     for name in ("results.json", "results.md", "val_r1.png", "test_r1.png"):
         assert (out / name).is_file()
     assert (out / "val_r1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    recorded = json.loads((out / "results.json").read_text())
-    assert recorded["seeds"] == [0, 1, 2] and recorded["packages"]["torch"] == torch.__version__
-    assert recorded["dials"]["clip_length"]["frames"] == 8 and len(recorded["runs"]) == 6
+    provenance = resumed["provenance"]
+    assert resumed["seeds"] == [0, 1, 2] and provenance["packages"]["torch"] == torch.__version__
+    assert provenance["timings"]["this_session"]["cpu_seconds"] > 0 and "loadavg_start" in provenance["timings"][
+        "this_session"]  # fmt: skip
+    assert resumed["dials"]["clip_length"]["frames"] == 8 and len(resumed["runs"]) == 6
+    assert not list(out.rglob("*.tvr-*.tmp"))
+
+
+def test_render_killed_and_resumed_equals_a_fresh_one(tmp_path: Path) -> None:
+    """A bench killed while it renders its data (a half-written clip's temporary may be left behind) renders again
+    when resumed and ends with exactly the files of a render that was never interrupted, and no temporary."""
+    bench_file = _write_bench(tmp_path)
+    script = ("import sys; from pathlib import Path; from tvr.pipeline.bench import load_bench_config, prepare_data; "
+              "prepare_data(load_bench_config(sys.argv[1]), Path(sys.argv[2]), progress=False)")  # fmt: skip
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(bench_file), str(out)])
+    _kill_when(proc, lambda: len(list((out / "data" / "videos").glob("video*.mp4"))) >= 10)
+    assert proc.returncode == -signal.SIGKILL and not (out / "data" / "synth_meta.json").exists()
+    # what a kill in the middle of an encode leaves: a temporary beside the clip
+    (out / "data" / "videos" / ".video11.mp4.tvr-abcdefgh.tmp").write_bytes(b"half a clip")
+    first = prepare_data(load_bench_config(bench_file), out, progress=False)
+    fresh = prepare_data(load_bench_config(bench_file), tmp_path / "fresh", progress=False)
+    assert first == fresh
+    files = sorted(p.relative_to(out / "data") for p in (out / "data").rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(tmp_path / "fresh" / "data") for p in (tmp_path / "fresh" / "data").rglob("*")
+                           if p.is_file())  # fmt: skip
+    for name in files:
+        assert (out / "data" / name).read_bytes() == (tmp_path / "fresh" / "data" / name).read_bytes(), name
+    assert not list((out / "data").rglob("*.tmp"))
+
+
+def test_a_finished_run_made_with_another_config_is_refused_naming_the_keys(tmp_path: Path) -> None:
+    """Changing epochs and a head option after the runs finished: the bench stops in one line naming what changed
+    (exit 2), before any work; --rerun-changed runs the changed runs again and the report is of the new config."""
+    from tvr.cli import app
+
+    first = _write_bench(tmp_path, epochs=1)
+    out = tmp_path / "out"
+    run_bench(load_bench_config(first), out, progress=False)
+    raw = yaml.safe_load(first.read_text())
+    raw["epochs"] = 2
+    raw["methods"][1]["head"]["options"]["alpha"] = 0.5
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(raw, sort_keys=False))
+    kept = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/seed*/result.json")}
+    result = CliRunner().invoke(app, ["bench", "--config", str(changed), "--out", str(out)])
+    assert result.exit_code == 2
+    message = next(line for line in result.output.splitlines() if line.startswith("error"))
+    assert "6 run(s)" in message and "config.train.epochs: 1 → 2" in message
+    assert "config.head.options.alpha: 0.01 → 0.5" in message
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/seed*/result.json")} == kept
+    results = run_bench(load_bench_config(changed), out, progress=False, rerun_changed=True)
+    assert results["epochs"] == 2 and all(r["config"]["train"]["epochs"] == 2 for r in results["runs"])
+    assert all(len(r["val_curve"]) == 2 for r in results["runs"])
+    gravialign = [r for r in results["runs"] if r["method"] == "gravialign"]
+    assert all(r["config"]["head"]["options"]["alpha"] == 0.5 for r in gravialign)
+
+
+def test_validation_unlike_the_test_is_refused_unless_asked(tmp_path: Path) -> None:
+    """A synthetic set whose validation is held out of the training list (val_like_test: false) poses another task
+    than its test: partial captions, twins left in training. The bench names the shares that differ."""
+    config = _write_bench(tmp_path, synth={**yaml.safe_load(QUICK.read_text())["synth"], "val_like_test": False})
+    bench = load_bench_config(config)
+    raw = yaml.safe_load(config.read_text())
+    raw["run"]["data"]["val_fraction"] = 0.25
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    bench = load_bench_config(config)
+    with pytest.raises(BenchConfigError, match=r"validation is not built like the test \(full_caption_share"):
+        run_bench(bench, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "features").exists()
+    from tvr.pipeline.bench import validation_composition
+
+    cfg = method_config(bench, bench.methods[0], 0, tmp_path / "out")
+    composition = validation_composition(cfg, allow_unlike=True)
+    assert composition["test"]["full_caption_share"] == 1.0 and composition["val"]["full_caption_share"] < 0.9
+    assert composition["differs"] and composition["tolerance"] == 0.05
+
+
+@pytest.mark.parametrize(
+    ("sweep", "message"),
+    [
+        ("colour_count=1,2", "unknown dial 'colour_count'"),
+        ("shared_attributes=0,1.5", r"shared_attributes=1.5: SynthConfig.shared_attributes must be in \[0, 1\]"),
+        ("shared_attributes=0.5", "at least two values"),
+        ("shared_attributes=0,x", "value 'x' is not a number"),
+        ("shared_attributes=0,0.0", "value 0 is given twice"),
+        ("shared_attributes", "expected DIAL=v1,v2"),
+    ],
+)
+def test_a_bad_sweep_is_one_line_before_any_work(tmp_path: Path, sweep: str, message: str) -> None:
+    import re
+
+    from tvr.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "--config", "quick", "--out", str(tmp_path / "out"), "--sweep", sweep])
+    assert result.exit_code == 2 and re.search(message, result.output.splitlines()[0]), result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_decides_a_pre_registered_hypothesis(tmp_path: Path) -> None:
+    """A sweep runs one bench per dial value and decides each pre-registered hypothesis on that dial by the
+    per-seed slope test; the hypothesis's numbers are the slope test of the per-seed gains in the point benches."""
+    from tvr.pipeline.bench_sweep import parse_sweep, run_sweep
+
+    hypothesis = {"id": "H1", "method": "gravialign", "metric": "t2v/R1", "dial": "distractor_prob",
+                  "expect": "increases", "statement": "GraviAlign gains more with distractors"}  # fmt: skip
+    config = _write_bench(tmp_path, epochs=1, hypotheses=[hypothesis])
+    bench = load_bench_config(config)
+    record = run_sweep(bench, parse_sweep("distractor_prob=0,1", bench), tmp_path / "sweep", progress=False,
+                       allow_unlike_validation=True)  # fmt: skip
+    points = [json.loads((tmp_path / "sweep" / f"distractor_prob={v}" / "results.json").read_text()) for v in (0, 1)]
+    gains = [
+        [next(r["test"]["t2v"]["R1"] for r in p["runs"] if r["method"] == "gravialign" and r["seed"] == seed)
+         - next(r["test"]["t2v"]["R1"] for r in p["runs"] if r["method"] == "clip4clip" and r["seed"] == seed)
+         for p in points]
+        for seed in (0, 1, 2)
+    ]  # fmt: skip
+    trend = slope_test([0.0, 1.0], gains)
+    (decided,) = record["hypotheses"]
+    assert decided["slope"] == pytest.approx(trend["mean"]) and decided["p_one_sided"] == pytest.approx(
+        trend["p_greater"], nan_ok=True)  # fmt: skip
+    assert decided["held"] == (trend["p_greater"] < 0.05)
+    assert record["points"][1]["dials"]["distractors"]["distractor_prob"] == 1.0
+    assert (tmp_path / "sweep" / "sweep.md").read_text().count("| slope per unit |") == 1
+    assert record["results_sha256"] == results_digest(record)
 
 
 def test_transfer_sets_are_evaluated_zero_shot_or_skipped(tmp_path: Path, shared_data: Path) -> None:

@@ -12,6 +12,7 @@ import av
 import numpy as np
 import pytest
 
+from tvr.config import ConfigError
 from tvr.data.synthetic import (
     COLOUR_WORDS,
     COLOURS,
@@ -194,6 +195,32 @@ def test_meta_matches_annotations(small_set: tuple[Path, dict]) -> None:
 # -------------------------------------------------------------------------------------------------- determinism
 
 
+def test_lossless_renders_in_two_processes_are_identical_and_decode_to_the_frames(tmp_path: Path) -> None:
+    """lossless: two fresh processes write byte-identical files (clips included), every clip decodes to exactly its
+    rendered frames, and synth_meta.json records their SHA-256."""
+    import hashlib
+    import subprocess
+    import sys
+
+    cfg = SynthConfig(**{**SMALL.__dict__, "lossless": True, "val_like_test": True, "val_fraction": 0.3})
+    script = (
+        "import sys; from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset; "
+        f"generate_synthetic_dataset(sys.argv[1], SynthConfig(**{cfg.__dict__!r}))"
+    )
+    for name in ("a", "b"):
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / name)], check=True, timeout=120)
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert len([f for f in files if f.suffix == ".mp4"]) == cfg.num_videos and Path("MSRVTT_val.csv") in files
+    for name in files:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    meta = json.loads((tmp_path / "a" / "synth_meta.json").read_text())
+    assert meta["codec"] == "libx264rgb"
+    for i, spec in enumerate(make_video_specs(cfg)):
+        frames = render_video_frames(spec, cfg)
+        assert np.array_equal(_decode(tmp_path / "a" / "videos" / f"video{i}.mp4"), frames)
+        assert meta["videos"][i]["frames_sha256"] == hashlib.sha256(frames.tobytes()).hexdigest()
+
+
 def test_same_seed_same_bytes_and_frames(tmp_path: Path) -> None:
     """Two fresh processes (as two ``tvr synth`` runs would be) write byte-identical annotations and videos.
 
@@ -314,6 +341,61 @@ def test_twins_share_split(default_specs: list[VideoSpec]) -> None:
     for spec in default_specs:
         if spec.twin is not None:
             assert default_specs[spec.twin].split == spec.split
+
+
+@pytest.mark.parametrize(
+    "dials",
+    [
+        dict(num_videos=300, num_test=80, val_fraction=0.2, shared_attributes=0.4, pair_prob=0.6, seed=1),
+        dict(num_videos=301, num_test=61, val_fraction=0.3, shared_attributes=0.1, pair_prob=0.9, seed=2),
+        dict(num_videos=500, num_test=200, val_fraction=0.25, shared_attributes=0.5, pair_prob=0.5, seed=3),
+    ],
+)
+def test_validation_like_test_never_separates_a_group(dials: dict) -> None:
+    """val_like_test: twins and videos sharing caption attributes never straddle train / validate / test, the split
+    sizes are exact, and validation holds the test's shares of twins and false negatives (within the tolerance the
+    bench enforces)."""
+    from tvr.data.composition import TOLERANCE
+
+    cfg = SynthConfig(val_like_test=True, **dials)
+    specs = make_video_specs(cfg)
+    by_key: dict[tuple[str, ...], set[str]] = {}
+    for spec in specs:
+        by_key.setdefault(spec.caption_key(), set()).add(spec.split)
+        if spec.twin is not None:
+            assert specs[spec.twin].split == spec.split and specs[spec.twin].twin == specs.index(spec)
+    assert all(len(splits) == 1 for splits in by_key.values())
+    counts = {name: sum(s.split == name for s in specs) for name in ("train", "validate", "test")}
+    assert counts["test"] == cfg.num_test
+    assert counts["validate"] == round(cfg.val_fraction * (cfg.num_videos - cfg.num_test))
+
+    def shares(split: str) -> tuple[float, float]:
+        chosen = [s for s in specs if s.split == split]
+        keys = [s.caption_key() for s in chosen]
+        twin = sum(s.twin is not None for s in chosen) / len(chosen)
+        return twin, sum(keys.count(k) > 1 for k in keys) / len(chosen)
+
+    (val_twins, val_fn), (test_twins, test_fn) = shares("validate"), shares("test")
+    assert abs(val_twins - test_twins) <= TOLERANCE + 1e-12 and abs(val_fn - test_fn) <= TOLERANCE + 1e-12
+    assert test_fn > 0 and test_twins > 0.3
+
+
+def test_validation_like_test_writes_one_full_caption_per_video(tmp_path: Path, small_set: tuple[Path, dict]) -> None:
+    cfg = SynthConfig(**{**SMALL.__dict__, "val_like_test": True, "val_fraction": 0.3})
+    generate_synthetic_dataset(tmp_path, cfg)
+    specs = make_video_specs(cfg)
+    header, rows = _read_csv(tmp_path / "MSRVTT_val.csv")
+    assert header == ["key", "vid_key", "video_id", "sentence"]
+    validate = [(f"video{i}", s) for i, s in enumerate(specs) if s.split == "validate"]
+    assert [r["video_id"] for r in rows] == [v for v, _ in validate] and len(rows) == 3
+    assert [r["sentence"] for r in rows] == [s.captions[s.full_caption] for _, s in validate]
+    assert not (small_set[0] / "MSRVTT_val.csv").exists()  # without val_like_test: no official validation
+
+
+def test_a_group_too_large_for_the_split_is_refused() -> None:
+    # every video a twin: an odd test split cannot be filled from whole pairs
+    with pytest.raises(ConfigError, match="test split cannot hold exactly 5 videos"):
+        make_video_specs(SynthConfig(num_videos=20, num_test=5, pair_prob=1.0, val_like_test=True))
 
 
 # ------------------------------------------------------------------------------------------------------- motion

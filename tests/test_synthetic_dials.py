@@ -16,9 +16,11 @@ from typer.testing import CliRunner
 
 from tvr.data import photos as photos_mod
 from tvr.data.synthetic import (
+    COLOUR_WORDS,
     COLOURS,
     MIN_PHOTOS,
     MOVING_CLAUSES,
+    SHAPE_WORDS,
     SINGLE_FRAMES,
     STILL_CLAUSES,
     VERBS,
@@ -161,6 +163,31 @@ def test_clip_length_dial_reaches_the_files(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "synth_meta.json").read_text())
     assert meta["dials"]["clip_length"] == {"seconds": 1.6, "fps": 5, "frames": 8, "size": 32}
     assert meta["config"]["content"] == "shapes"
+
+
+def test_vague_captions_name_no_object_and_change_nothing_else() -> None:
+    """vague_captions replaces some non-full captions by ones naming no object ("an object moves to the right"):
+    the videos, splits and full captions (the validation and test queries) stay those of the set without them."""
+    plain_cfg = SynthConfig(**SMALL, shared_attributes=0.3)
+    vague_cfg = SynthConfig(**SMALL, shared_attributes=0.3, vague_captions=0.5)
+    plain, vague = make_video_specs(plain_cfg), make_video_specs(vague_cfg)
+    replaced = 0
+    for a, b in zip(plain, vague, strict=True):
+        assert (a.split, a.motion, a.full_caption, a.captions[a.full_caption]) == (
+            b.split, b.motion, b.full_caption, b.captions[b.full_caption])  # fmt: skip
+        for k, (before, after) in enumerate(zip(a.captions, b.captions, strict=True)):
+            if before == after:
+                continue
+            replaced += 1
+            assert k != b.full_caption
+            named = [w for o in b.event_order() for w in (*SHAPE_WORDS[o.shape], *COLOUR_WORDS[o.colour])]
+            assert not any(re.search(rf"\b{word}\b", after) for word in named), after
+            assert re.search(r"\b(object|thing)\b", after), after
+    others = sum(len(s.captions) - 1 for s in vague)
+    assert 0.35 * others < replaced < 0.65 * others  # about half of the non-full captions
+    share = build_annotations(vague, vague_cfg, "libx264")["synth_meta.json"]
+    assert json.loads(share)["dials"]["ambiguity"]["vague_caption_share"] == pytest.approx(
+        replaced / sum(len(s.captions) for s in vague), abs=0.02)  # fmt: skip
 
 
 def test_bad_dial_is_a_user_error(tmp_path: Path) -> None:

@@ -394,6 +394,16 @@ def synth(
     paraphrase: float = typer.Option(1.0, help="Paraphrase diversity in [0, 1] (1 = every wording)."),
     distractor_prob: float = typer.Option(0.3, help="Chance a single-object video shows a distractor."),
     distractor_motion: float = typer.Option(0.0, help="Chance a distractor drifts instead of standing still."),
+    vague_captions: float = typer.Option(
+        0.0, help="Ambiguity: chance a caption other than the full one names none of its objects."
+    ),
+    lossless: bool = typer.Option(
+        False, "--lossless", help="Lossless RGB H.264: clips decode to the rendered frames, byte-identical re-renders."
+    ),
+    val_like_test: bool = typer.Option(
+        False, "--val-like-test", help="Whole twin / false-negative groups per split; MSRVTT_val.csv like the test."
+    ),
+    val_fraction: float = typer.Option(0.1, help="Share of the non-test videos in the validate split."),
 ) -> None:
     """Render a synthetic captioned video set (real mp4 files) in the MSR-VTT annotation format; the dials are
     recorded in OUT/synth_meta.json."""
@@ -416,6 +426,10 @@ def synth(
             paraphrase=paraphrase,
             distractor_prob=distractor_prob,
             distractor_motion=distractor_motion,
+            vague_captions=vague_captions,
+            lossless=lossless,
+            val_like_test=val_like_test,
+            val_fraction=val_fraction,
         ),
         progress=True,
     )
@@ -450,28 +464,105 @@ def demo(
     console.print(f"run folder: {escape(str(out / 'run'))}", highlight=False)
 
 
-@app.command()
+bench_app = _Commands(help="Methods × seeds: does a method beat the baseline? (tvr bench --config NAME --out DIR)")
+
+
+@bench_app.callback(invoke_without_command=True)
 def bench(
+    ctx: typer.Context,
     config: str = typer.Option(
-        ..., "--config", "-c", help="Bench YAML file or shipped bench config name (default, quick; tvr/configs/bench)."
+        None, "--config", "-c", help="Bench YAML file or shipped bench config name (default, quick; tvr/configs/bench)."
     ),
-    out: Path = typer.Option(..., "--out", "-o", help="Bench folder; rerun the same command to resume."),
+    out: Path = typer.Option(None, "--out", "-o", help="Bench folder; rerun the same command to resume."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Runs at a time, each in its own process (CPU cores to use)."),
+    rerun_changed: bool = typer.Option(
+        False, "--rerun-changed", help="Run again the finished runs (and data) made with another config."
+    ),
+    allow_unlike_validation: bool = typer.Option(
+        False, "--allow-unlike-validation", help="Go on when validation is not built like the test."
+    ),
+    sweep: str = typer.Option(
+        None, "--sweep", help="DIAL=v1,v2,...: one bench per value of a synthetic dial, and the gain-vs-dial curve."
+    ),
 ) -> None:
     """Methods × seeds on cached features: validation picks checkpoints and inference settings, the test split is
     evaluated once per run; writes OUT/results.json, OUT/results.md (mean ± 95 % CI, paired differences from the
-    baseline) and plots. Resumable: finished runs are kept."""
+    baseline with Holm-adjusted p-values and minimum detectable differences) and plots. Resumable: finished runs
+    made with the same config are kept. `tvr bench report` writes a document from committed results."""
+    if ctx.invoked_subcommand is not None:
+        return
+    friendly_errors(_bench)(config, out, jobs, rerun_changed, allow_unlike_validation, sweep)
+
+
+def _bench(
+    config: str | None, out: Path | None, jobs: int, rerun_changed: bool, allow_unlike_validation: bool, sweep: str
+) -> None:
+    if not config or out is None:
+        raise UserError("tvr bench needs --config (a bench YAML or a shipped name) and --out (the bench folder)")
+    if jobs < 1:
+        raise UserError(f"--jobs {jobs}: expected a positive number of runs at a time")
     from tvr.pipeline.bench import load_bench_config, run_bench
 
     out_folder(out)
     spec = load_bench_config(config)
-    command = f"tvr bench --config {config} --out {out}"
-    results = run_bench(spec, out, command=command, echo=lambda line: console.print(line, highlight=False))
+    options = {"jobs": jobs, "rerun_changed": rerun_changed, "allow_unlike_validation": allow_unlike_validation}
+    echo = lambda line: console.print(line, highlight=False)  # noqa: E731
+    command = f"tvr bench --config {config} --out {out}" + (f" --sweep {sweep}" if sweep else "")
+    command += f" --jobs {jobs}" if jobs > 1 else ""
+    if sweep:
+        from tvr.pipeline.bench_sweep import parse_sweep, run_sweep
+
+        plan = parse_sweep(sweep, spec)  # an unknown dial or a bad value stops here, before any work
+        swept = run_sweep(spec, plan, out, command=command, echo=echo, **options)
+        from tvr.eval.bench_report import sweep_lines
+
+        print("\n".join(sweep_lines(swept)))
+        console.print(f"report: {out / 'sweep.md'}")
+        return
+    results = run_bench(spec, out, command=command, echo=echo, **options)
     from tvr.eval.bench_report import differences_table, results_table
 
     print(results_table(results))
     print()
     print(differences_table(results))
     console.print(f"report: {out / 'results.md'}")
+
+
+@bench_app.command("report")
+def bench_report(
+    results: Path = typer.Option(
+        ..., "--results", exists=True, dir_okay=False, help="A bench's results.json (the document's `default`)."
+    ),
+    template: Path = typer.Option(
+        ..., "--template", exists=True, dir_okay=False, help="Markdown with {{...}} placeholders (docs/bench.md)."
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="The markdown file to write (figures go beside it)."),
+    sweeps: list[Path] = typer.Option(
+        None, "--sweep", exists=True, dir_okay=False, help="A sweep.json, named by its dial (repeatable)."
+    ),
+    figures: str = typer.Option(
+        "figures/results", help="Folder for the figures, relative to --out's folder (written there, linked so)."
+    ),
+    sources: list[str] = typer.Option(
+        None, "--source", help="NAME=FILE: another JSON record the template reads as {{NAME...}} (repeatable)."
+    ),
+) -> None:
+    """Write a results document from committed bench results: every table and every number in it is computed from
+    the JSON files, so `tests/test_bench_report.py` can recompute the shipped docs/results.md."""
+    out_file(out)
+    from tvr.eval.results_document import write_report
+
+    extra: dict[str, Path] = {}
+    for item in sources or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not Path(path).is_file():
+            raise UserError(f"--source {item!r}: expected NAME=FILE with an existing JSON file")
+        extra[name] = Path(path)
+    write_report(results, template, out, sweeps or [], figures, extra)
+    console.print(f"wrote {out}")
+
+
+app.add_typer(bench_app, name="bench")
 
 
 @app.command()

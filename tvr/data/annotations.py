@@ -49,6 +49,8 @@ MSRVTT_RELEASE = (  # (zip, member) pairs of the original 1.0 release; the membe
 MSRVTT_TRAIN_LISTS = {"9k": "MSRVTT_train.9k.csv", "7k": "MSRVTT_train.7k.csv"}
 MSRVTT_TEST_CSV = "MSRVTT_JSFUSION_test.csv"
 MSRVTT_TEST_JSONL = "MSRVTT_test1ka.jsonl"
+#: an optional validation split in the test CSV's columns (MSR-VTT itself has none; tvr synth writes one)
+MSRVTT_VAL_CSV = "MSRVTT_val.csv"
 # MSVD (CLIP4Clip layout)
 MSVD_CAPTIONS = "raw-captions.pkl"
 MSVD_LISTS = {"train": "train_list.txt", "val": "val_list.txt", "test": "test_list.txt"}
@@ -458,9 +460,28 @@ def _load_msrvtt_captions(folder: Path) -> tuple[tuple[tuple[str, str, int], ...
     return sentences, known, [p.name for p, _ in sources]
 
 
+def _one_caption_csv(path: Path, what: str) -> _Part:
+    """A 1k-A-style CSV (key,vid_key,video_id,sentence): one caption per video, ``one_to_one``."""
+    expected = f"{what} CSV with columns key,vid_key,video_id,sentence"
+    rows = _cached(f"msrvtt-csv:{what}", [path], lambda: _read_csv(path, ("video_id", "sentence"), expected))
+    seen: dict[str, int] = {}
+    pairs = []
+    for line, row in rows:
+        vid = _need_str(row["video_id"], path, line, "video_id", expected)
+        text = _need_str(row["sentence"], path, line, "sentence", expected)
+        if vid in seen:
+            raise _fail(path, f"video {vid!r} appears twice (also line {seen[vid]}); one caption per video", line)
+        seen[vid] = line
+        pairs.append((vid, text))
+    return _Part(pairs, [v for v, _ in pairs], "one_to_one", [path.name])
+
+
 def _msrvtt_part(folder: Path, cfg: DataConfig, split: str) -> _Part | None:
+    val_path = folder / MSRVTT_VAL_CSV
     if split == "val":
-        return None  # no official val: held out from the training list
+        # MSR-VTT has no official val (held out from the training list); a set that ships MSRVTT_val.csv (tvr synth
+        # with val_like_test) has one, built like its test
+        return _one_caption_csv(val_path, "validation") if val_path.is_file() else None
     if split == "test":
         path = folder / MSRVTT_TEST_CSV
         if not path.is_file():
@@ -469,20 +490,7 @@ def _msrvtt_part(folder: Path, cfg: DataConfig, split: str) -> _Part | None:
                 f"file not found; the MSR-VTT 1k-A test needs {MSRVTT_TEST_CSV} "
                 "(columns key,vid_key,video_id,sentence)",
             )
-        expected = "MSR-VTT 1k-A CSV with columns key,vid_key,video_id,sentence"
-        rows = _cached("msrvtt-test-csv", [path], lambda: _read_csv(path, ("video_id", "sentence"), expected))
-        seen: dict[str, int] = {}
-        pairs = []
-        for line, row in rows:
-            vid = _need_str(row["video_id"], path, line, "video_id", expected)
-            text = _need_str(row["sentence"], path, line, "sentence", expected)
-            if vid in seen:
-                raise _fail(
-                    path, f"video {vid!r} appears twice (also line {seen[vid]}); 1k-A is one caption per video", line
-                )
-            seen[vid] = line
-            pairs.append((vid, text))
-        return _Part(pairs, [v for v, _ in pairs], "one_to_one", [path.name])
+        return _one_caption_csv(path, "MSR-VTT 1k-A")
     if split == "test_multi":
         path = folder / MSRVTT_TEST_JSONL
         groups = _jsonl_groups(path, "JSON lines {clip_id, text[]} (MSR-VTT 1k-A, all captions)")
@@ -506,6 +514,9 @@ def _msrvtt_part(folder: Path, cfg: DataConfig, split: str) -> _Part | None:
         if vid not in known:
             raise _fail(list_path, f"video {vid!r} is not in the caption file(s) {caption_files}", line)
         train[vid] = line
+    if val_path.is_file():  # the validation videos are never trained on, whichever list holds them
+        for vid in _one_caption_csv(val_path, "validation").videos:
+            train.pop(vid, None)
     chosen = [(vid, cap, sen) for vid, cap, sen in sentences if vid in train]
     with_captions = {vid for vid, _, _ in chosen}
     missing = next((v for v in train if v not in with_captions), None)

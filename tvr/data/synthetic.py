@@ -68,6 +68,7 @@ endpoints renders exactly the reversed frame sequence (used by the twins and che
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import logging
@@ -81,7 +82,7 @@ from typing import Any
 import numpy as np
 
 from tvr.config import ConfigError
-from tvr.utils.io import atomic_write_text, create_temporary
+from tvr.utils.io import atomic_write_text, create_temporary, remove_stale_temporaries
 from tvr.utils.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,10 @@ SHAPE_WORDS: dict[str, tuple[str, ...]] = {
 }
 #: nouns used when a caption leaves the shape out
 GENERIC_NOUNS: tuple[str, ...] = ("shape", "object", "thing")
+#: what a vague caption (``vague_captions``) calls every object: nothing that tells one video's objects from another's
+VAGUE_NOUNS: tuple[str, ...] = ("object", "thing")
+#: the random stream the vague captions are drawn from (beside ``SynthConfig.seed``)
+VAGUE_STREAM = 0x76616775
 #: shapes whose rotation is visible (a circle has no orientation; a diamond is a rotated square)
 ROTATABLE: tuple[str, ...] = ("square", "triangle", "cross", "star")
 
@@ -337,6 +342,19 @@ class SynthConfig:
     paraphrase: float = 1.0
     #: probability that a distractor drifts across its half of the frame instead of standing still
     distractor_motion: float = 0.0
+    #: ambiguity dial: probability that a caption other than the full one is replaced by one that names none of
+    #: its objects ("an object moves to the right"), so it fits every video with that motion (one-to-many); the
+    #: set is otherwise that of vague_captions 0 (same videos, splits and full captions)
+    vague_captions: float = 0.0
+    #: encode losslessly (libx264rgb, qp 0, in the same .mp4 files): every clip decodes to exactly its rendered
+    #: frames and the same dials give byte-identical files (benchmarks/synth_encoding.py; ``codec`` and ``crf`` are
+    #: then unused). False keeps the lossy H.264 of earlier sets, whose bytes libx264 does not always reproduce
+    lossless: bool = False
+    #: build validation like the test: splits are drawn from whole groups (temporal twins and videos sharing caption
+    #: attributes never straddle train / validate / test), stratified so validation has the test's share of twins
+    #: and of false negatives, and the validation split is written as MSRVTT_val.csv, one full caption per video,
+    #: which the MSR-VTT reader then uses instead of holding videos out of the training list
+    val_like_test: bool = False
 
     @property
     def num_frames(self) -> int:
@@ -360,10 +378,13 @@ class SynthConfig:
             ("shared_attributes", 0 <= self.shared_attributes <= 1, "in [0, 1]"),
             ("paraphrase", 0 <= self.paraphrase <= 1, "in [0, 1]"),
             ("distractor_motion", 0 <= self.distractor_motion <= 1, "in [0, 1]"),
+            ("vague_captions", 0 <= self.vague_captions <= 1, "in [0, 1]"),
+            ("val_like_test", not self.val_like_test or self.val_fraction > 0, "used with val_fraction > 0"),
         ]
         for name, ok, expected in checks:
             if not ok:
-                raise ConfigError(f"SynthConfig.{name} must be {expected}; got {self!r}")
+                got = ", ".join(f"{field}={getattr(self, field)!r}" for field in name.split(" * "))
+                raise ConfigError(f"SynthConfig.{name} must be {expected}; got {got}")
 
 
 @dataclass
@@ -610,6 +631,119 @@ def _with_attributes(
     return spec
 
 
+def _split_sizes(cfg: SynthConfig) -> dict[str, int]:
+    return {"test": cfg.num_test, "validate": int(round(cfg.val_fraction * (cfg.num_videos - cfg.num_test)))}
+
+
+def _twin_splits(groups: list[list[VideoSpec]], cfg: SynthConfig, rng: np.random.Generator) -> dict[str, list]:
+    """Splits at twin-group level, test filled exactly (one pair split only if unavoidable): the sets made before
+    ``val_like_test`` existed."""
+    order = rng.permutation(len(groups))
+    sizes = _split_sizes(cfg)
+    need_test, need_val = sizes["test"], sizes["validate"]
+    by_split: dict[str, list[VideoSpec]] = {"train": [], "validate": [], "test": []}
+    for gi in order:
+        group = groups[gi]
+        for split, need in (("test", need_test), ("validate", need_val)):
+            if len(by_split[split]) + len(group) <= need:
+                by_split[split].extend(group)
+                break
+        else:
+            by_split["train"].extend(group)
+    for split, need in (("test", need_test), ("validate", need_val)):
+        while len(by_split[split]) < need:  # only pairs were left: move one video of a train pair over
+            train = by_split["train"]
+            donor = next((s for s in reversed(train) if s.twin_kind is not None), train[-1])
+            by_split["train"].remove(donor)
+            by_split[split].append(donor)
+    return by_split
+
+
+def split_groups(groups: list[list[VideoSpec]]) -> list[list[VideoSpec]]:
+    """What must share a split: twin groups joined when any of their videos share caption attributes (a false
+    negative of one is a false negative of the other, so apart they would leak across splits)."""
+    parent = list(range(len(groups)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first_with_key: dict[tuple[str, ...], int] = {}
+    for gi, group in enumerate(groups):
+        for spec in group:
+            other = first_with_key.setdefault(spec.caption_key(), gi)
+            parent[root(gi)] = root(other)
+    members: dict[int, list[VideoSpec]] = {}
+    for gi, group in enumerate(groups):
+        members.setdefault(root(gi), []).extend(group)
+    return list(members.values())
+
+
+def group_counts(group: list[VideoSpec]) -> tuple[int, int, int]:
+    """(videos, videos with their twin, videos whose caption attributes another one shares): what a gallery's
+    composition counts. A group is closed under both relations, so its counts are the same in any split."""
+    keys = [s.caption_key() for s in group]
+    return len(group), sum(s.twin_kind is not None for s in group), sum(keys.count(k) > 1 for k in keys)
+
+
+def _grouped_splits(groups: list[list[VideoSpec]], cfg: SynthConfig, rng: np.random.Generator) -> dict[str, list]:
+    """Whole :func:`split_groups` per split, so that test and validation hold the same shares of twins and of false
+    negatives as the whole set. Stratified systematic allocation: the groups are walked in order of their kind (with
+    false negatives or not, with twins or not, size; in random order within a kind), and each goes to the test or
+    validation split when that split is behind its share of the videos walked so far by at least half the group,
+    else to train, so every kind of group is shared out in proportion. The split sizes are then made exact by moving
+    groups between train and the split that is off, each time the one that leaves the split's shares nearest the
+    whole set's (a split too large with no group small enough first gives its smallest group back)."""
+    sizes = _split_sizes(cfg)
+    if sizes["validate"] < 1:
+        raise ConfigError(f"SynthConfig.val_fraction {cfg.val_fraction} leaves no validation video; raise it")
+    members = split_groups(groups)
+    counts = [group_counts(g) for g in members]
+    totals = np.maximum(np.sum(counts, axis=0), 1).astype(np.float64)
+    shuffled = [int(k) for k in rng.permutation(len(members))]
+    order = sorted(shuffled, key=lambda k: (counts[k][2] > 0, counts[k][1] / counts[k][0], counts[k][0]))  # stable
+    placed: dict[str, list[list[VideoSpec]]] = {"train": [], "validate": [], "test": []}
+    walked, held = 0, {"test": 0, "validate": 0}
+    for k in order:
+        size = counts[k][0]
+        walked += size
+        behind = {split: sizes[split] / cfg.num_videos * walked - held[split] for split in held}
+        split = max(behind, key=lambda name: behind[name])
+        if behind[split] >= size / 2:
+            held[split] += size
+        else:
+            split = "train"
+        placed[split].append(members[k])
+    target = totals[1:] / cfg.num_videos  # the shares of twins and of false negatives over the whole set
+
+    def miss(held_now: np.ndarray, change: np.ndarray) -> float:
+        after = held_now + change
+        return float(np.sum((after[1:] / max(after[0], 1.0) - target) ** 2))
+
+    for split in ("test", "validate"):
+        held_now = np.sum([group_counts(g) for g in placed[split]] or [np.zeros(3)], axis=0).astype(np.float64)
+        while (excess := int(held_now[0]) - sizes[split]) != 0:
+            source, sign = (split, -1.0) if excess > 0 else ("train", 1.0)
+            fits = [g for g in placed[source] if len(g) <= abs(excess)]
+            if not fits and excess > 0:  # only larger groups to give back: give the smallest, then fill up again
+                fits = [min(placed[source], key=len)]
+            if not fits:
+                raise ConfigError(
+                    f"SynthConfig: the {split} split cannot hold exactly {sizes[split]} videos made of whole groups "
+                    "(twin pairs and videos sharing caption attributes stay together); change num_test, "
+                    "val_fraction or num_videos by one"
+                )
+            # the move that leaves the split's shares nearest the set's (a plain single video changes only its size)
+            change = {id(g): sign * np.asarray(group_counts(g), np.float64) for g in fits}
+            group = min(fits, key=lambda g: miss(held_now, change[id(g)]))
+            placed[source].remove(group)
+            placed["train" if source == split else split].append(group)
+            held_now += change[id(group)]
+    return {split: [spec for group in groups_ for spec in group] for split, groups_ in placed.items()}
+
+
 #: photographs content "objects" needs at the least (two per order video, plus a distractor)
 MIN_PHOTOS = 4
 
@@ -655,25 +789,7 @@ def make_video_specs(cfg: SynthConfig) -> list[VideoSpec]:
         history.extend(groups[-1])
         remaining -= len(groups[-1])
 
-    # splits at group level so twins stay together; test filled exactly, splitting one pair only if unavoidable
-    order = rng.permutation(len(groups))
-    need_test = cfg.num_test
-    need_val = int(round(cfg.val_fraction * (cfg.num_videos - cfg.num_test)))
-    by_split: dict[str, list[VideoSpec]] = {"train": [], "validate": [], "test": []}
-    for gi in order:
-        group = groups[gi]
-        for split, need in (("test", need_test), ("validate", need_val)):
-            if len(by_split[split]) + len(group) <= need:
-                by_split[split].extend(group)
-                break
-        else:
-            by_split["train"].extend(group)
-    for split, need in (("test", need_test), ("validate", need_val)):
-        while len(by_split[split]) < need:  # only pairs were left: move one video of a train pair over
-            train = by_split["train"]
-            donor = next((s for s in reversed(train) if s.twin_kind is not None), train[-1])
-            by_split["train"].remove(donor)
-            by_split[split].append(donor)
+    by_split = _grouped_splits(groups, cfg, rng) if cfg.val_like_test else _twin_splits(groups, cfg, rng)
     specs: list[VideoSpec] = []
     for split in ("train", "validate", "test"):
         for spec in by_split[split]:
@@ -687,6 +803,14 @@ def make_video_specs(cfg: SynthConfig) -> list[VideoSpec]:
             specs[i].twin, specs[j].twin = j, i
     for spec in specs:
         spec.captions, spec.full_caption = _captions(spec, rng, cfg.captions_per_video, cfg.paraphrase)
+    if cfg.vague_captions > 0:
+        # from a stream of its own, after everything else: the videos, splits, full captions (the queries of
+        # validation and test) and the other captions are those of the same set without vague captions
+        vague_rng = np.random.default_rng([cfg.seed, VAGUE_STREAM])
+        for spec in specs:
+            for k in range(len(spec.captions)):
+                if k != spec.full_caption and vague_rng.random() < cfg.vague_captions:
+                    spec.captions[k] = _one_caption(spec, vague_rng, full=False, diversity=cfg.paraphrase, vague=True)
     return specs
 
 
@@ -738,23 +862,31 @@ def _mentions(rng: np.random.Generator, full: bool) -> tuple[bool, bool]:
     return colour, shape
 
 
-def _one_caption(spec: VideoSpec, rng: np.random.Generator, full: bool, diversity: float = 1.0) -> str:
+def _one_caption(
+    spec: VideoSpec, rng: np.random.Generator, full: bool, diversity: float = 1.0, vague: bool = False
+) -> str:
+    """One caption; ``vague``: every object it mentions is a generic noun ("an object appears and then a thing
+    appears"), and a distractor is not mentioned."""
     d = diversity
+
+    def noun(obj: ObjectSpec) -> str:
+        if vague:
+            return _pick(rng, VAGUE_NOUNS)
+        return _noun_phrase(rng, obj, *_mentions(rng, full), canonical=full, diversity=d)
+
     if spec.motion in ORDER_FRAMES:
         first, second = spec.event_order()
-        phrase_a = _article(_noun_phrase(rng, first, *_mentions(rng, full), canonical=full, diversity=d))
-        phrase_b = _article(_noun_phrase(rng, second, *_mentions(rng, full), canonical=full, diversity=d))
+        phrase_a, phrase_b = _article(noun(first)), _article(noun(second))
         text = _pick(rng, _pool(ORDER_FRAMES[spec.motion], d)).format(A=phrase_a, B=phrase_b)
     else:
-        primary = spec.objects[0]
-        np_ = _noun_phrase(rng, primary, *_mentions(rng, full), canonical=full, diversity=d)
+        np_ = noun(spec.objects[0])
         vp, ing = _pick(rng, _pool(VERBS[spec.motion], d))
         text = _pick(rng, _pool(SINGLE_FRAMES, d)).format(a=_article(np_), np=np_, vp=vp, ing=ing)
     # a full-frame sequence hides its background
     if spec.motion != "sequence" and rng.random() < 0.35:
         clause = _pick(rng, _pool(BACKGROUND_CLAUSES, d))  # drawn before the words, as it always was
         text += clause.format(bg=_pick(rng, _pool(BACKGROUND_WORDS[spec.background], d)))
-    if len(spec.objects) > 1 and spec.motion not in ORDER_FRAMES and rng.random() < 0.5:
+    if not vague and len(spec.objects) > 1 and spec.motion not in ORDER_FRAMES and rng.random() < 0.5:
         other = spec.objects[1]
         clauses = MOVING_CLAUSES if other.moves else STILL_CLAUSES
         phrase = _noun_phrase(rng, other, *_mentions(rng, full), canonical=full, diversity=d)
@@ -907,14 +1039,16 @@ def render_video_frames(spec: VideoSpec, cfg: SynthConfig) -> np.ndarray:
 # Encoding
 
 
-def resolve_codec(requested: str) -> str:
-    """``requested`` if this FFmpeg build can encode it, else mpeg4 (with a warning)."""
+def resolve_codec(requested: str, fallback: bool = True) -> str:
+    """``requested`` if this FFmpeg build can encode it, else mpeg4 (with a warning; ``fallback=False``: an error)."""
     import av
 
     try:
         av.codec.Codec(requested, "w")
         return requested
     except Exception:  # noqa: BLE001 - PyAV raises different types across versions for an unknown encoder
+        if not fallback:
+            raise ValueError(f"this PyAV/FFmpeg build cannot encode {requested}") from None
         if requested == "mpeg4":
             raise ValueError("this PyAV/FFmpeg build has neither the requested codec nor mpeg4") from None
         log.warning("encoder %r is not available in this PyAV build; using mpeg4", requested)
@@ -922,9 +1056,16 @@ def resolve_codec(requested: str) -> str:
         return "mpeg4"
 
 
-def encode_mp4(frames: np.ndarray, path: str | os.PathLike, fps: float, codec: str, crf: int = 18) -> Path:
-    """Encode uint8 [T, H, W, 3] RGB frames as a yuv420p mp4, written to a temporary file beside ``path`` and
-    renamed into place so a crash never leaves a truncated video under the final name."""
+#: the lossless encoding (``SynthConfig.lossless``): H.264 of the RGB planes at quantiser 0, in the usual .mp4
+LOSSLESS_CODEC = "libx264rgb"
+
+
+def encode_mp4(
+    frames: np.ndarray, path: str | os.PathLike, fps: float, codec: str, crf: int = 18, lossless: bool = False
+) -> Path:
+    """Encode uint8 [T, H, W, 3] RGB frames as a yuv420p mp4 (``lossless``: RGB at quantiser 0, which decodes to
+    exactly ``frames``), written to a temporary file beside ``path`` and renamed into place so a crash never leaves
+    a truncated video under the final name."""
     import av
 
     path = Path(path)
@@ -932,12 +1073,16 @@ def encode_mp4(frames: np.ndarray, path: str | os.PathLike, fps: float, codec: s
     os.close(fd)
     try:
         with av.open(str(tmp), mode="w", format="mp4") as container:
-            stream = container.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
+            stream = container.add_stream(
+                LOSSLESS_CODEC if lossless else codec, rate=Fraction(fps).limit_denominator(1001)
+            )
             stream.width, stream.height = int(frames.shape[2]), int(frames.shape[1])
-            stream.pix_fmt = "yuv420p"
+            stream.pix_fmt = "rgb24" if lossless else "yuv420p"
             # one thread: tiny frames gain nothing from threads, and the output is then machine-independent
             stream.codec_context.thread_count = 1
-            if codec == "libx264":
+            if lossless:
+                stream.options = {"qp": "0", "preset": "medium"}
+            elif codec == "libx264":
                 stream.options = {"crf": str(crf), "preset": "medium"}
             else:
                 stream.bit_rate = 2_000_000
@@ -972,8 +1117,15 @@ def _object_meta(obj: ObjectSpec) -> dict[str, Any]:
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(obj).items()}
 
 
-def build_annotations(specs: list[VideoSpec], cfg: SynthConfig, codec: str) -> dict[str, str]:
-    """The text of every annotation file, keyed by file name (README.md excluded)."""
+#: the validation split of a ``val_like_test`` set: one full caption per video, the 1k-A test's columns
+VAL_CSV = "MSRVTT_val.csv"
+
+
+def build_annotations(
+    specs: list[VideoSpec], cfg: SynthConfig, codec: str, frame_hashes: list[str] | None = None
+) -> dict[str, str]:
+    """The text of every annotation file, keyed by file name (README.md excluded). ``frame_hashes``: each clip's
+    SHA-256 of its decoded frames, recorded in ``synth_meta.json``."""
     videos, sentences = [], []
     for i, spec in enumerate(specs):
         vid = _video_id(i)
@@ -1004,9 +1156,13 @@ def build_annotations(specs: list[VideoSpec], cfg: SynthConfig, codec: str) -> d
     train = [_video_id(i) for i, s in enumerate(specs) if s.split == "train"]
     nine_k = [_video_id(i) for i, s in enumerate(specs) if s.split in ("train", "validate")]
     test_idx = [i for i, s in enumerate(specs) if s.split == "test"]
-    jsfusion = [
-        [f"ret{k}", f"msr{i}", _video_id(i), specs[i].captions[specs[i].full_caption]] for k, i in enumerate(test_idx)
-    ]
+
+    def one_full_caption(split: str, key: str) -> list[list[str]]:
+        chosen = [i for i, s in enumerate(specs) if s.split == split]
+        return [[f"{key}{k}", f"msr{i}", _video_id(i), specs[i].captions[specs[i].full_caption]] for k, i in
+                enumerate(chosen)]  # fmt: skip
+
+    jsfusion = one_full_caption("test", "ret")
     test1ka = "".join(json.dumps({"clip_id": _video_id(i), "text": specs[i].captions}) + "\n" for i in test_idx)
 
     same_key: dict[tuple[str, tuple[str, ...]], list[int]] = {}
@@ -1036,11 +1192,14 @@ def build_annotations(specs: list[VideoSpec], cfg: SynthConfig, codec: str) -> d
             "full_caption": spec.full_caption,
             "bg_seed": spec.bg_seed,
             "objects": [_object_meta(o) for o in spec.objects],
+            **({"frames_sha256": frame_hashes[i]} if frame_hashes is not None else {}),
         })  # fmt: skip
     meta = {
         "config": asdict(cfg),
         "codec": codec,
         "num_frames": cfg.num_frames,
+        # what each video's frames_sha256 hashes: the clip as the data readers decode it
+        "frames_sha256_of": "the decoded frames, uint8 RGB [frames, size, size, 3] in C order (tvr.data.video)",
         "dials": dials_summary(specs, cfg),
         "vocabulary": {
             "colours": COLOUR_WORDS,
@@ -1051,14 +1210,18 @@ def build_annotations(specs: list[VideoSpec], cfg: SynthConfig, codec: str) -> d
         },
         "videos": meta_videos,
     }
-    return {
+    columns = ["key", "vid_key", "video_id", "sentence"]
+    files = {
         "MSRVTT_data.json": json.dumps(data) + "\n",
         "MSRVTT_train.9k.csv": _csv_text(["video_id"], [[v] for v in nine_k]),
         "MSRVTT_train.7k.csv": _csv_text(["video_id"], [[v] for v in train]),
-        "MSRVTT_JSFUSION_test.csv": _csv_text(["key", "vid_key", "video_id", "sentence"], jsfusion),
+        "MSRVTT_JSFUSION_test.csv": _csv_text(columns, jsfusion),
         "MSRVTT_test1ka.jsonl": test1ka,
-        "synth_meta.json": json.dumps(meta, indent=2) + "\n",
     }
+    if cfg.val_like_test:
+        files[VAL_CSV] = _csv_text(columns, one_full_caption("validate", "val"))
+    files["synth_meta.json"] = json.dumps(meta, indent=2) + "\n"
+    return files
 
 
 def dials_summary(specs: list[VideoSpec], cfg: SynthConfig) -> dict[str, Any]:
@@ -1071,9 +1234,16 @@ def dials_summary(specs: list[VideoSpec], cfg: SynthConfig) -> dict[str, Any]:
         for key in keys:
             counts[key] = counts.get(key, 0) + 1
         sharing[split] = sum(1 for key in keys if counts[key] > 1)
+    with_distractor = [s for s in specs if len(s.objects) > 1 and s.family not in ORDER_FAMILIES]
+    distractor_captions = [c for s in with_distractor for c in s.captions]
+    with_twin = sum(s.twin is not None for s in specs)
     summary: dict[str, Any] = {
         "content": cfg.content,
-        "temporal_order": {"pair_prob": cfg.pair_prob, "videos_with_twin": sum(s.twin is not None for s in specs)},
+        "temporal_order": {
+            "pair_prob": cfg.pair_prob,
+            "videos_with_twin": with_twin,
+            "share_with_twin": round(with_twin / max(len(specs), 1), 4),
+        },
         "false_negatives": {
             "shared_attributes": cfg.shared_attributes,
             "videos_sharing_caption_attributes_within_split": sharing,
@@ -1087,21 +1257,39 @@ def dials_summary(specs: list[VideoSpec], cfg: SynthConfig) -> dict[str, Any]:
         "distractors": {
             "distractor_prob": cfg.distractor_prob,
             "distractor_motion": cfg.distractor_motion,
-            "videos_with_distractor": sum(len(s.objects) > 1 and s.family not in ORDER_FAMILIES for s in specs),
-            "moving_distractors": sum(
-                len(s.objects) > 1 and s.family not in ORDER_FAMILIES and s.objects[1].moves for s in specs
+            "videos_with_distractor": len(with_distractor),
+            "moving_distractors": sum(s.objects[1].moves for s in with_distractor),
+            # the share of those videos' captions that name the distractor (in a "while ..." / "as ..." clause)
+            "captions_naming_the_distractor": round(
+                sum(" while " in c or " as " in c for c in distractor_captions) / max(len(distractor_captions), 1), 4
             ),
         },
     }
+    if cfg.vague_captions > 0:
+        summary["ambiguity"] = {
+            "vague_captions": cfg.vague_captions,
+            "vague_caption_share": round(
+                sum(_is_vague(c, s) for s in specs for c in s.captions) / max(len(captions), 1), 4
+            ),
+        }
     if cfg.content == "objects":
         summary["photos"] = _photo_sources(sorted({o.photo for s in specs for o in s.objects if o.photo}))
     return summary
 
 
+def _is_vague(caption: str, spec: VideoSpec) -> bool:
+    """A caption that names none of its video's acting objects (only generic nouns)."""
+    if spec.objects[0].photo:
+        from tvr.data.photos import PHOTOS_BY_NAME
+
+        nouns = [n for o in spec.event_order() for n in PHOTOS_BY_NAME[o.photo].nouns]
+    else:
+        nouns = [w for o in spec.event_order() for w in (*SHAPE_WORDS[o.shape], *COLOUR_WORDS[o.colour])]
+    return not any(noun in caption for noun in nouns)
+
+
 def _photo_sources(names: list[str]) -> dict[str, dict[str, str]]:
     """Where each photograph used came from, with the file's SHA-256 (packages may change their images)."""
-    import hashlib
-
     from tvr.data.photos import PHOTOS_BY_NAME, photo_path
 
     out = {}
@@ -1127,7 +1315,7 @@ def _readme(cfg: SynthConfig, codec: str, specs: list[VideoSpec]) -> str:
         "",
         *[f"- `{k}`: {v!r}" for k, v in asdict(cfg).items()],
         f"- frames per video: {cfg.num_frames} ({cfg.size}x{cfg.size}, {cfg.fps} fps)",
-        f"- codec used: {codec} (yuv420p)",
+        f"- codec used: {codec} ({'lossless RGB' if cfg.lossless else 'yuv420p'})",
         "",
         "## Contents",
         "",
@@ -1150,10 +1338,28 @@ def _readme(cfg: SynthConfig, codec: str, specs: list[VideoSpec]) -> str:
         "- `MSRVTT_JSFUSION_test.csv`: one caption per test video (`key,vid_key,video_id,sentence`); the caption",
         "  chosen is one that names colour and shape of every shape it mentions",
         "- `MSRVTT_test1ka.jsonl`: all captions of each test video (`clip_id`, `text[]`)",
+        *(
+            [f"- `{VAL_CSV}`: one full caption per validation video (the test file's columns); the validation split"]
+            if cfg.val_like_test
+            else []
+        ),
         "- `synth_meta.json`: per-video ground truth (motion, shapes, colours, background, twin, trajectories)",
+        "  and the SHA-256 of each clip's decoded frames",
         "",
     ]
     return "\n".join(lines)
+
+
+def frames_sha256(frames: np.ndarray) -> str:
+    """The SHA-256 of uint8 frames [T, H, W, 3] in C order: what ``synth_meta.json`` records per clip."""
+    return hashlib.sha256(np.ascontiguousarray(frames).data).hexdigest()
+
+
+def decoded_sha256(path: Path, num_frames: int) -> str:
+    """:func:`frames_sha256` of a clip as the data readers decode it."""
+    from tvr.data.video import decode_frames
+
+    return frames_sha256(decode_frames(path, np.arange(num_frames)))
 
 
 def generate_synthetic_dataset(
@@ -1165,19 +1371,31 @@ def generate_synthetic_dataset(
     out = Path(out_dir)
     video_dir = out / "videos"
     video_dir.mkdir(parents=True, exist_ok=True)
-    codec = resolve_codec(cfg.codec)
+    for leftover in remove_stale_temporaries(video_dir):  # a killed render's half-written clip
+        log.info("removed a leftover temporary of an interrupted render: %s", leftover)
+    codec = resolve_codec(LOSSLESS_CODEC if cfg.lossless else cfg.codec, fallback=not cfg.lossless)
     specs = make_video_specs(cfg)
 
+    paths = [video_dir / f"{_video_id(i)}.mp4" for i in range(len(specs))]
+    rendered = []
     for i in progress_bar(range(len(specs)), "synth: rendering videos", enabled=progress):
-        encode_mp4(render_video_frames(specs[i], cfg), video_dir / f"{_video_id(i)}.mp4", cfg.fps, codec, cfg.crf)
+        frames = render_video_frames(specs[i], cfg)
+        rendered.append(frames_sha256(frames) if cfg.lossless else "")
+        encode_mp4(frames, paths[i], cfg.fps, codec, cfg.crf, lossless=cfg.lossless)
+    # decoded only once every clip is encoded: a decoder run between two encodes was seen to change what libx264
+    # writes (benchmarks/synth_encoding.py), and the lossy clips of earlier sets must stay as they were
+    frame_hashes = [decoded_sha256(path, cfg.num_frames) for path in paths]
+    for path, made, decoded in zip(paths, rendered, frame_hashes, strict=True):
+        if cfg.lossless and made != decoded:  # so a set never silently depends on an encoder
+            raise RuntimeError(f"{path}: {codec} at quantiser 0 did not decode to the rendered frames (not lossless)")
 
-    paths: dict[str, str] = {"videos": str(video_dir)}
-    for name, text in build_annotations(specs, cfg, codec).items():
+    written: dict[str, str] = {"videos": str(video_dir)}
+    for name, text in build_annotations(specs, cfg, codec, frame_hashes).items():
         # already serialised (compact MSRVTT_data.json like the real release), so written as text
         atomic_write_text(out / name, text)
-        paths[name] = str(out / name)
+        written[name] = str(out / name)
     atomic_write_text(out / "README.md", _readme(cfg, codec, specs))
-    paths["README.md"] = str(out / "README.md")
+    written["README.md"] = str(out / "README.md")
     return {
         "out_dir": str(out),
         "num_videos": len(specs),
@@ -1188,7 +1406,7 @@ def generate_synthetic_dataset(
         "num_frames": cfg.num_frames,
         "num_twin_pairs": sum(s.twin is not None for s in specs) // 2,
         "codec": codec,
-        "paths": paths,
+        "paths": written,
     }
 
 

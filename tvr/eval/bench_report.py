@@ -1,9 +1,11 @@
 """``tvr bench``'s report: the markdown tables and the two plots, from a ``results.json`` dict.
 
 Tables: mean ± half-width of the 95 % interval over seeds for t2v and v2t R@1/5/10/MdR/MnR; then each method's
-paired per-seed difference from the baseline, ``+Δ [low, high]``, in bold where the interval excludes 0 (for MdR
-and MnR lower is better, so a negative difference is the improvement). Plots (matplotlib, Agg): validation R@1
-against epoch per method with a band over seeds, and test R@1 per method with its interval.
+paired per-seed difference from the baseline, ``+Δ [low, high]``, in bold where its Holm-adjusted p-value (over
+every cell of the table) is below 0.05 (for MdR and MnR lower is better, so a negative difference is the
+improvement); the adjusted p-values; and each comparison's minimum detectable difference (95 % confidence, 80 %
+power, from its per-seed spread). Plots (matplotlib, Agg): validation R@1 against epoch per method with a band
+over seeds, and test R@1 per method with its interval.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ DIRECTIONS = ("t2v", "v2t")
 LABELS = {"R1": "R@1", "R5": "R@5", "R10": "R@10", "MdR": "MdR", "MnR": "MnR"}
 
 
+def setting_text(setting: dict[str, Any] | None) -> str:
+    """``{"mode": "cos_mu"}`` → ``mode=cos_mu``."""
+    return ", ".join(f"{k}={v}" for k, v in (setting or {}).items())
+
+
 def _number(value: float) -> str:
     return "–" if math.isnan(value) else f"{value:.1f}"
 
@@ -29,10 +36,27 @@ def _cell(interval: dict[str, float]) -> str:
     return f"{_number(interval['mean'])} ± {_number(interval['half_width'])}"
 
 
+#: the family-wise level a difference must reach, Holm-adjusted, to be printed bold
+ALPHA = 0.05
+
+
 def _difference(interval: dict[str, float]) -> str:
     text = f"{interval['mean']:+.1f} [{interval['low']:+.1f}, {interval['high']:+.1f}]"
-    excludes = not math.isnan(interval["half_width"]) and (interval["low"] > 0 or interval["high"] < 0)
-    return f"**{text}**" if excludes else text
+    return f"**{text}**" if significant(interval) else text
+
+
+def significant(cell: dict[str, float]) -> bool:
+    """A paired difference whose Holm-adjusted p-value is below :data:`ALPHA` (a NaN p never is)."""
+    return cell.get("p_holm", math.nan) < ALPHA
+
+
+def p_text(p: float) -> str:
+    """``0.003``, ``<0.001``, ``1``; ``–`` when no test was possible."""
+    if math.isnan(p):
+        return "–"
+    if p < 0.001:
+        return "<0.001"
+    return "1" if p >= 0.9995 else f"{p:.3f}"
 
 
 def _header() -> list[str]:
@@ -74,16 +98,50 @@ def transfer_lines(results: dict[str, Any]) -> list[str]:
     return out
 
 
-def differences_table(results: dict[str, Any]) -> str:
-    """Paired per-seed difference (method − baseline): mean [95 % CI]."""
+def _comparison_table(results: dict[str, Any], cell) -> str:
     if not results["differences"]:
         return "(one method only: nothing to compare)"
     lines = _header()
     lines[0] = lines[0].replace("| method |", f"| method − {results['baseline']} |", 1)
     for method, diff in results["differences"].items():
-        row = [_difference(diff[d][m]) for d in DIRECTIONS for m in METRICS]
+        row = [cell(diff[d][m]) for d in DIRECTIONS for m in METRICS]
         lines.append(f"| {method} | " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def differences_table(results: dict[str, Any]) -> str:
+    """Paired per-seed difference (method − baseline): mean [95 % CI], bold where Holm-adjusted p < 0.05."""
+    return _comparison_table(results, _difference)
+
+
+def holm_table(results: dict[str, Any]) -> str:
+    """The Holm-adjusted p-value of every paired comparison (paired t test, two-sided)."""
+    return _comparison_table(results, lambda c: p_text(c["p_holm"]))
+
+
+def mde_table(results: dict[str, Any]) -> str:
+    """The minimum detectable paired difference of every comparison (95 % confidence, 80 % power)."""
+    return _comparison_table(results, lambda c: _number(c["mde"]))
+
+
+def composition_lines(results: dict[str, Any]) -> list[str]:
+    """Validation beside test: gallery, queries and the shares of full captions, twins and false negatives."""
+    composition = results.get("composition") or {}
+    if not composition:
+        return []
+    rows = [
+        "| split | videos | queries | full-caption queries | videos with their twin in the gallery | queries with a "
+        "false negative in the gallery | twins in other splits |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, label in (("val", "validation"), ("test", "test")):
+        c = composition[name]
+        rows.append(
+            f"| {label} | {c['videos']} | {c['queries']} | {100 * c['full_caption_share']:.1f} % | "
+            f"{100 * c['twin_share']:.1f} % | {100 * c['false_negative_share']:.1f} % | {c['twins_in_other_splits']} |"
+        )
+    verdict = "differs beyond it: " + "; ".join(composition["differs"]) if composition["differs"] else "within it"
+    return [*rows, "", f"Tolerance on each share: {composition['tolerance']}; validation {verdict}.", ""]
 
 
 def selection_lines(results: dict[str, Any]) -> list[str]:
@@ -94,9 +152,7 @@ def selection_lines(results: dict[str, Any]) -> list[str]:
         by_method.setdefault(run["method"], []).append(run)
     for method, runs in by_method.items():
         epochs = ", ".join(str(r["best_epoch"]) for r in runs)
-        settings = Counter(
-            ", ".join(f"{k}={v}" for k, v in r["inference_setting"].items()) for r in runs if r["inference_setting"]
-        )
+        settings = Counter(setting_text(r["inference_setting"]) for r in runs if r["inference_setting"])
         text = f"- {method}: best validation epoch per seed {epochs}"
         if settings:
             text += "; inference setting chosen on validation: " + ", ".join(
@@ -108,13 +164,15 @@ def selection_lines(results: dict[str, Any]) -> list[str]:
 
 def render_markdown(results: dict[str, Any], figures: dict[str, str] | None = None) -> str:
     seeds = results["seeds"]
+    command = results.get("provenance", {}).get("command") or results.get("command", "")
     lines = [
         f"# tvr bench: {results['name']}",
         "",
         results.get("description", ""),
         "",
-        f"Command: `{results['command']}`",
+        f"Command: `{command}`",
         "",
+        *composition_lines(results),
         f"{len(results['summary'])} methods × {len(seeds)} seeds ({', '.join(map(str, seeds))}), {results['epochs']} "
         f"epochs each. {results['selection']}. Test metrics: mean ± half-width of the 95 % Student-t interval over "
         "seeds (R@k in %, MdR / MnR: ranks, lower is better).",
@@ -122,9 +180,18 @@ def render_markdown(results: dict[str, Any], figures: dict[str, str] | None = No
         results_table(results),
         "",
         f"Paired per-seed difference from the baseline ({results['baseline']}): mean [95 % interval]; **bold** where "
-        "the interval excludes 0 (for MdR / MnR a negative difference is an improvement).",
+        "the Holm-adjusted p-value over the whole table is below 0.05 (for MdR / MnR a negative difference is an "
+        "improvement).",
         "",
         differences_table(results),
+        "",
+        "Holm-adjusted p-values (paired t test, two-sided):",
+        "",
+        holm_table(results),
+        "",
+        "Minimum detectable paired difference (95 % confidence, 80 % power, from each comparison's per-seed spread):",
+        "",
+        mde_table(results),
         "",
         "Selection (validation only):",
         "",
@@ -199,6 +266,7 @@ def plot_test_recall(results: dict[str, Any], path: str | Path, metric: str = "R
         errors = [0.0 if math.isnan(c["half_width"]) else c["half_width"] for c in cells]
         ax.bar(xs, [c["mean"] for c in cells], width, yerr=errors, capsize=3, label=direction)
     ax.set_xticks(range(len(methods)), methods, rotation=15, fontsize=8)
+    ax.set_ylim(0, None)  # a recall is never below 0, whatever an interval's lower end says
     ax.set_ylabel(f"test {LABELS[metric]} (%)")
     seeds = len(results["seeds"])
     ax.set_title(f"{results['name']}: test {LABELS[metric]}, mean and 95 % interval over {seeds} seeds", fontsize=9)
@@ -209,11 +277,146 @@ def plot_test_recall(results: dict[str, Any], path: str | Path, metric: str = "R
     return atomic_write_bytes(path, data)
 
 
+# ------------------------------------------------------------------------------------------------ dial sweeps
+
+#: the gains a sweep's tables show (direction/metric)
+SWEEP_COLUMNS = ("t2v/R1", "t2v/R5", "t2v/R10", "v2t/R1")
+
+
+def _dial_value(value: float) -> str:
+    return f"{value:g}"
+
+
+def _metric_label(key: str) -> str:
+    direction, _, metric = key.partition("/")
+    return f"{direction} {LABELS[metric]}"
+
+
+def _trend_text(trend: dict[str, Any]) -> str:
+    return f"{trend['mean']:+.1f} [{trend['low']:+.1f}, {trend['high']:+.1f}], p = {p_text(trend['p_greater'])}"
+
+
+def sweep_table(record: dict[str, Any], method: str) -> str:
+    """One method's paired gain over the baseline at each dial value (mean [95 % CI], bold where the point's
+    Holm-adjusted p < 0.05), the test split's composition there, and the trend: the mean per-seed slope of the gain
+    per unit of the dial with its interval and one-sided p (H1: slope > 0)."""
+    curves = record["curves"][method]
+    header = (
+        f"| {record['dial']} | test: twins in gallery | test: false negatives | "
+        + " | ".join(f"{_metric_label(k)} gain" for k in SWEEP_COLUMNS)
+        + " |"
+    )
+    lines = [header, "|---:|---:|---:|" + "---:|" * len(SWEEP_COLUMNS)]
+    for k, point in enumerate(record["points"]):
+        test = (point.get("composition") or {}).get("test")
+        shares = f"{100 * test['twin_share']:.0f} % | {100 * test['false_negative_share']:.0f} %" if test else "– | –"
+        cells = [_difference(curves[key]["gain"][k]) for key in SWEEP_COLUMNS]
+        lines.append(f"| {_dial_value(point['value'])} | {shares} | " + " | ".join(cells) + " |")
+    trends = [_trend_text(curves[key]["trend"]) for key in SWEEP_COLUMNS]
+    lines.append("| slope per unit | | | " + " | ".join(trends) + " |")
+    return "\n".join(lines)
+
+
+def hypotheses_table(hypotheses: list[dict[str, Any]]) -> str:
+    """Each pre-registered hypothesis: its claim, the measured slope with its interval, the one-sided p and the
+    verdict of the rule (held when p < 0.05)."""
+    if not hypotheses:
+        return "(no pre-registered hypothesis names this dial)"
+    lines = [
+        "| id | hypothesis | slope of the gain per unit of the dial [95 % CI] | one-sided p | held? |",
+        "|---|---|---:|---:|---|",
+    ]
+    for h in hypotheses:
+        slope = f"{h['slope']:+.1f} [{h['slope_low']:+.1f}, {h['slope_high']:+.1f}]"
+        verdict = "**yes**" if h["held"] else "no"
+        lines.append(f"| {h['id']} | {h['statement']} | {slope} | {p_text(h['p_one_sided'])} | {verdict} |")
+    return "\n".join(lines)
+
+
+def sweep_lines(record: dict[str, Any]) -> list[str]:
+    """A sweep in a few lines: per method the t2v R@1 gain at each value and the trend; each hypothesis's verdict."""
+    out = []
+    for method, curves in record["curves"].items():
+        curve = curves["t2v/R1"]
+        gains = ", ".join(
+            f"{_dial_value(v)}: {g['mean']:+.1f}" for v, g in zip(curve["values"], curve["gain"], strict=True)
+        )
+        out.append(f"{method} t2v R@1 gain over {record['baseline']} by {record['dial']}: {gains}; slope "
+                   f"{_trend_text(curve['trend'])}")  # fmt: skip
+    for h in record["hypotheses"]:
+        out.append(f"{h['id']} ({h['method']}, {h['metric']}, {h['expect']}): {'held' if h['held'] else 'did not hold'}"
+                   f" (slope {h['slope']:+.1f}, one-sided p {p_text(h['p_one_sided'])})")  # fmt: skip
+    return out
+
+
+def sweep_markdown(record: dict[str, Any], figure: str | None = None) -> str:
+    """The sweep's report: per method its gain-versus-dial table, then the hypotheses it decides."""
+    command = record.get("provenance", {}).get("command", "")
+    lines = [
+        f"# tvr bench sweep: {record['name']}, {record['dial']} = "
+        + ", ".join(_dial_value(v) for v in record["values"]),
+        "",
+        record.get("description", ""),
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Dial: `{record['dial']}` ({record['dial_meaning']}). One bench per value ({len(record['seeds'])} seeds, "
+        f"{record['epochs']} epochs); gains are paired per seed over {record['baseline']}, mean [95 % interval], bold "
+        "where that bench's Holm-adjusted p < 0.05. Slope: the mean over seeds of each seed's least-squares slope of "
+        "gain on the dial, per unit of the dial, with its 95 % interval and one-sided p (H1: slope > 0).",
+        "",
+    ]
+    for method in record["curves"]:
+        lines += [f"## {method} − {record['baseline']}", "", sweep_table(record, method), ""]
+    lines += ["## Pre-registered hypotheses", "", hypotheses_table(record["hypotheses"]), ""]
+    if figure:
+        lines += [f"![paired t2v R@1 gain against {record['dial']}]({figure})", ""]
+    return "\n".join(lines)
+
+
+def plot_sweep(record: dict[str, Any], path: str | Path, key: str = "t2v/R1") -> Path:
+    """Each method's paired gain over the baseline against the dial, with 95 % intervals, and the zero line."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    methods = list(record["curves"])
+    span = max(record["values"]) - min(record["values"])
+    for k, method in enumerate(methods):
+        curve = record["curves"][method][key]
+        shift = (k - (len(methods) - 1) / 2) * 0.015 * span  # side by side, so the intervals do not hide each other
+        xs = [v + shift for v in curve["values"]]
+        means = [g["mean"] for g in curve["gain"]]
+        errors = [[g["mean"] - g["low"] for g in curve["gain"]], [g["high"] - g["mean"] for g in curve["gain"]]]
+        ax.errorbar(xs, means, yerr=errors, marker="o", markersize=4, capsize=3, label=method)
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel(record["dial"])
+    ax.set_ylabel(f"paired {_metric_label(key)} gain over {record['baseline']} (points)")
+    ax.set_title(f"{record['name']}: gain against {record['dial']}, mean and 95 % interval over "
+                 f"{len(record['seeds'])} seeds", fontsize=9)  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    data = _figure_bytes(fig)
+    plt.close(fig)
+    return atomic_write_bytes(path, data)
+
+
 __all__ = [
+    "composition_lines",
     "differences_table",
+    "holm_table",
+    "hypotheses_table",
     "interval_table",
+    "mde_table",
+    "plot_sweep",
     "plot_test_recall",
     "plot_validation_curves",
     "render_markdown",
     "results_table",
+    "setting_text",
+    "sweep_lines",
+    "sweep_markdown",
+    "sweep_table",
 ]

@@ -1,19 +1,29 @@
 """``tvr bench``: does a method beat the baseline? Methods × seeds on one data set and one frozen backbone.
 
-What a bench does, in order (every step resumable: a killed bench picks up where it stopped):
+What a bench does, in order (every step resumable: a killed bench picks up where it stopped and ends with the
+numbers an uninterrupted one gives):
 
 1. **Data**: renders the synthetic set its config describes (``synth:``, the dials of :mod:`tvr.data.synthetic`)
-   into ``OUT/data``, or reads the annotation folder its ``data:`` names.
+   into ``OUT/data`` — losslessly, so every clip decodes to its rendered frames and a re-render is byte-identical,
+   and with validation built like the test (whole twin / false-negative groups per split, one full caption per
+   validation video) unless the config says otherwise — or reads the annotation folder its ``data:`` names. The
+   validation and test compositions (:mod:`tvr.data.composition`) are printed and recorded; a validation split
+   whose shares of full captions, twins or false negatives differ from the test's by more than the tolerance stops
+   the bench unless ``allow_unlike_validation``.
 2. **Features**: encodes every video and caption once with the frozen backbone (``tvr features``) into
-   ``OUT/features/<key>``, one cache per distinct backbone / frame setting.
-3. **Runs**: trains each method with each seed on the cache (``OUT/runs/<method>/seed<k>``). The checkpoint is the
-   best by ``train.select_metric`` on the validation split, and every inference setting a head has (TV-ProxyNet's
-   γ, GraviAlign's mode) is chosen on the validation split at that validation; the test split is evaluated once,
-   with that checkpoint, after training. A finished run leaves ``result.json`` and is never run again; an
-   unfinished one resumes from its ``last.pt`` bit for bit.
-4. **Report**: ``results.json`` (every run's metrics, seeds, settings, the data's dials, package versions),
-   ``results.md`` (mean ± 95 % CI over seeds of t2v / v2t R@1/5/10/MdR/MnR, and each method's paired per-seed
-   difference from the baseline with its interval) and two plots (:mod:`tvr.eval.bench_report`).
+   ``OUT/features/<key>``, one cache per distinct backbone / frame setting and data content.
+3. **Runs**: trains each method with each seed on the cache (``OUT/runs/<method>/seed<k>``), ``jobs`` at a time.
+   The checkpoint is the best by ``train.select_metric`` on the validation split, and every inference setting a
+   head has (TV-ProxyNet's γ, GraviAlign's mode) is chosen on the validation split at that validation; the test
+   split is evaluated once, with that checkpoint, after training. A run records the config it was made with
+   (``bench_run.json``: the resolved run config and the data's digest); a finished run (``result.json``) is reused
+   only when that equals the current one, else the bench stops naming the differing keys (``rerun_changed`` runs
+   them again); an unfinished one resumes from its ``last.pt`` bit for bit.
+4. **Report**: ``results.json`` (every run's metrics, seeds, settings, the data's dials and composition; under
+   ``provenance`` the command, commit, machine, package versions and timings — everything else is a pure function
+   of the config, and ``results_sha256`` is its digest), ``results.md`` (mean ± 95 % CI over seeds of t2v / v2t
+   R@1/5/10/MdR/MnR; each method's paired per-seed difference from the baseline with its interval, Holm-adjusted
+   p-value and minimum detectable difference) and two plots (:mod:`tvr.eval.bench_report`).
 
 A bench config is a YAML file (or a shipped one by name: ``tvr/configs/bench/<name>.yaml``)::
 
@@ -31,6 +41,8 @@ A bench config is a YAML file (or a shipped one by name: ``tvr/configs/bench/<na
     baseline: clip4clip        # default: the first method
     seeds: 5                   # a count (seeds 0..n-1) or a list; at least 3
     epochs: 10
+    hypotheses:                # optional, pre-registered claims a dial sweep (tvr bench --sweep) decides
+      - {id: H1, method: gare, metric: t2v/R1, dial: shared_attributes, expect: increases, statement: "..."}
 """
 
 from __future__ import annotations
@@ -41,6 +53,8 @@ import json
 import logging
 import os
 import platform
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -51,6 +65,7 @@ from typing import Any
 import yaml
 
 from tvr.config import PRESET_DIR, Config, ConfigError, config_from_dict, config_to_dict, load_config
+from tvr.eval.bench_report import setting_text
 from tvr.utils.io import atomic_write_json, atomic_write_text, remove_stale_temporaries
 
 log = logging.getLogger(__name__)
@@ -60,7 +75,25 @@ BENCH_PRESET_DIR = PRESET_DIR / "bench"
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 RUN_RESULT = "result.json"
-RESULTS_FORMAT = 1
+#: what a run was made with (its resolved config and the data's digest), written before it starts
+RUN_IDENTITY = "bench_run.json"
+RESULTS_FORMAT = 2
+#: stands for the bench folder in recorded configs, so moving a bench folder changes no run's identity
+OUT_MARK = "$OUT"
+#: what a bench's ``synth:`` section gets unless it says otherwise: data that reproduce, validation like the test
+BENCH_SYNTH_DEFAULTS = {"lossless": True, "val_like_test": True}
+#: the synthetic dials ``tvr bench --sweep`` may vary, and what each one turns up
+SWEEP_DIALS = {
+    "shared_attributes": "false negatives: videos whose captions fit another video as well",
+    "pair_prob": "hard negatives: temporal twins that differ only in time",
+    "vague_captions": "ambiguous training captions that name none of their objects",
+    "paraphrase": "caption wording diversity",
+    "distractor_prob": "a second object in single-object videos",
+    "distractor_motion": "distractors that move",
+}
+HYPOTHESIS_EXPECTATIONS = ("increases", "decreases")
+#: the level of every test a bench reports (Holm-adjusted for its table; one-sided for a pre-registered trend)
+ALPHA = 0.05
 MIN_SEEDS = 3
 DEFAULT_SEEDS = 5
 #: the test metrics every bench table reports, per direction
@@ -84,8 +117,11 @@ _FEATURE_DATA_FIELDS = (
     "image_size",
     "sampling",
 )
-_TOP_KEYS = ("name", "description", "synth", "data", "run", "methods", "baseline", "seeds", "epochs", "transfer")
+_TOP_KEYS = (
+    "name", "description", "synth", "data", "run", "methods", "baseline", "seeds", "epochs", "transfer", "hypotheses",
+)  # fmt: skip
 _TRANSFER_KEYS = ("name", "data", "split")
+_HYPOTHESIS_KEYS = ("id", "method", "metric", "dial", "expect", "statement")
 _METHOD_KEYS = ("name", "preset", "head", "set")
 
 
@@ -119,6 +155,8 @@ class BenchConfig:
     raw: dict[str, Any] = field(default_factory=dict)
     #: other data sets every run's validation-selected checkpoint is evaluated on, zero-shot (no training on them)
     transfer: list[dict[str, Any]] = field(default_factory=list)
+    #: pre-registered claims of the form "method's paired gain in metric increases with dial" (:func:`_hypothesis`)
+    hypotheses: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -238,10 +276,17 @@ def load_bench_config(name_or_path: str | os.PathLike) -> BenchConfig:
             raise BenchConfigError(
                 f"{where}.transfer[{k}]: unknown key(s) {unknown}; valid keys: {list(_TRANSFER_KEYS)}"
             )
+    hypotheses_raw = raw.get("hypotheses") or []
+    if not isinstance(hypotheses_raw, list):
+        raise BenchConfigError(f"{where}.hypotheses: expected a list of {{{', '.join(_HYPOTHESIS_KEYS)}}} mappings")
+    hypotheses = [_hypothesis(h, f"{where}.hypotheses[{k}]", names, baseline) for k, h in enumerate(hypotheses_raw)]
+    ids = [h["id"] for h in hypotheses]
+    if len(set(ids)) != len(ids):
+        raise BenchConfigError(f"{where}.hypotheses: ids must be unique, got {ids}")
     bench = BenchConfig(
         name=str(raw.get("name", path.stem)), description=str(raw.get("description", "")), methods=methods,
         baseline=baseline, seeds=seeds, epochs=epochs, run=run, synth=synth, data=dict(data), source=str(path),
-        raw=raw, transfer=[dict(t) for t in transfer],
+        raw=raw, transfer=[dict(t) for t in transfer], hypotheses=hypotheses,
     )  # fmt: skip
     if synth is not None:
         synth_config(bench)  # fails now, naming the field, rather than after a long render
@@ -250,7 +295,34 @@ def load_bench_config(name_or_path: str | os.PathLike) -> BenchConfig:
     return bench
 
 
+def _hypothesis(entry: Any, where: str, methods: list[str], baseline: str) -> dict[str, Any]:
+    """A pre-registered claim: ``method``'s paired gain over the baseline in ``metric`` (``t2v/R1``) ``expect``s
+    (increases / decreases) with ``dial``; a sweep of that dial decides it (the rule: :func:`tvr.pipeline.
+    bench_sweep.decide`)."""
+    if not isinstance(entry, dict):
+        raise BenchConfigError(f"{where}: expected a mapping with keys {list(_HYPOTHESIS_KEYS)}, got {entry!r}")
+    missing = [k for k in _HYPOTHESIS_KEYS if k not in entry]
+    unknown = sorted(set(entry) - set(_HYPOTHESIS_KEYS))
+    if missing or unknown:
+        raise BenchConfigError(f"{where}: expected exactly the keys {list(_HYPOTHESIS_KEYS)}; missing {missing}, "
+                               f"unknown {unknown}")  # fmt: skip
+    if entry["method"] not in methods or entry["method"] == baseline:
+        raise BenchConfigError(f"{where}.method: {entry['method']!r} is not one of the non-baseline methods "
+                               f"{[m for m in methods if m != baseline]}")  # fmt: skip
+    direction, _, metric = str(entry["metric"]).partition("/")
+    if direction not in DIRECTIONS or metric not in METRICS:
+        raise BenchConfigError(f"{where}.metric: expected direction/metric with direction in {list(DIRECTIONS)} "
+                               f"and metric in {list(METRICS)}, got {entry['metric']!r}")  # fmt: skip
+    if entry["dial"] not in SWEEP_DIALS:
+        raise BenchConfigError(f"{where}.dial: {entry['dial']!r} is not a sweepable dial {sorted(SWEEP_DIALS)}")
+    if entry["expect"] not in HYPOTHESIS_EXPECTATIONS:
+        raise BenchConfigError(f"{where}.expect: expected one of {list(HYPOTHESIS_EXPECTATIONS)}, got "
+                               f"{entry['expect']!r}")  # fmt: skip
+    return {k: entry[k] if k in ("dial", "expect") else str(entry[k]) for k in _HYPOTHESIS_KEYS}
+
+
 def synth_config(bench: BenchConfig):
+    """The bench's SynthConfig: its ``synth:`` section over :data:`BENCH_SYNTH_DEFAULTS`, checked."""
     from tvr.data.synthetic import SynthConfig
 
     known = set(SynthConfig.__dataclass_fields__)
@@ -258,7 +330,7 @@ def synth_config(bench: BenchConfig):
     if unknown:
         raise BenchConfigError(f"{bench.source}.synth: unknown key(s) {unknown}; valid keys: {sorted(known)}")
     try:
-        cfg = SynthConfig(**(bench.synth or {}))
+        cfg = SynthConfig(**{**BENCH_SYNTH_DEFAULTS, **(bench.synth or {})})
         cfg.validate()
     except (TypeError, ValueError) as exc:
         raise BenchConfigError(f"{bench.source}.synth: {exc}") from None
@@ -308,24 +380,96 @@ def method_config(bench: BenchConfig, method: BenchMethod, seed: int, out_dir: P
 # ------------------------------------------------------------------------------------------------ steps
 
 
-def prepare_data(bench: BenchConfig, out_dir: Path, progress: bool = True) -> dict[str, Any]:
-    """Render the synthetic set (unless ``OUT/data`` already holds exactly it); returns its dials / description."""
+def flat_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: old → new`` for every dotted key whose value differs between two nested mappings (sorted)."""
+
+    def flat(values: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(values, dict):
+            out: dict[str, Any] = {}
+            for key, value in values.items():
+                out.update(flat(value, f"{prefix}{key}."))
+            return out
+        return {prefix.rstrip("."): values}
+
+    def short(value: Any) -> str:
+        text = json.dumps(value, sort_keys=True) if value is not None else "(none)"
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    a, b = flat(old), flat(new)
+    return [f"{key}: {short(a.get(key))} → {short(b.get(key))}" for key in sorted(set(a) | set(b))
+            if a.get(key) != b.get(key)]  # fmt: skip
+
+
+def data_digest(folder: Path) -> str:
+    """SHA-256 of what a synthetic set's runs see: its MSR-VTT annotation files and every clip's decoded frames (by
+    their recorded hashes); machine paths (where the photographs were read) do not enter it."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("MSRVTT_*")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    meta = json.loads((folder / "synth_meta.json").read_text())
+    digest.update(json.dumps([v.get("frames_sha256", "") for v in meta["videos"]]).encode())
+    return digest.hexdigest()
+
+
+def prepare_data(
+    bench: BenchConfig, out_dir: Path, progress: bool = True, rerun_changed: bool = False
+) -> dict[str, Any]:
+    """Render the synthetic set unless ``OUT/data`` already holds exactly it; returns its ``dials`` (as asked for and
+    as they came out) and ``digest`` (:func:`data_digest`; empty for an annotation folder).
+
+    A folder holding a set made with other dials stops the bench naming them, or with ``rerun_changed`` is rendered
+    again. An interrupted render starts over (the encoding is deterministic, so it ends with the files a render
+    that was never interrupted writes), with the killed render's temporaries and stray clips removed."""
     if bench.synth is None:
-        return {"annotations": bench.data.get("annotations"), "dataset": bench.data.get("dataset", "msrvtt")}
+        return {"dials": {"annotations": bench.data.get("annotations"), "dataset": bench.data.get("dataset", "msrvtt")},
+                "digest": ""}  # fmt: skip
     from tvr.data.synthetic import generate_synthetic_dataset
 
     cfg = synth_config(bench)
     folder = data_dir(bench, out_dir)
     meta_path = folder / "synth_meta.json"
     done = (folder / "README.md").is_file() and meta_path.is_file()  # README.md is the generator's last file
-    if done and json.loads(meta_path.read_text())["config"] != asdict(cfg):
-        raise BenchConfigError(
-            f"{folder} holds a synthetic set made with other dials than {bench.source} asks for; "
-            "use another --out or delete it"
-        )
+    if done:
+        changes = flat_changes({"synth": json.loads(meta_path.read_text())["config"]}, {"synth": asdict(cfg)})
+        if changes and not rerun_changed:
+            raise BenchConfigError(
+                f"{folder} holds a synthetic set made with other dials ({'; '.join(changes)}); rerun with "
+                "--rerun-changed to render it again, or use another --out"
+            )
+        if changes:
+            shutil.rmtree(folder)
+            done = False
     if not done:
+        if folder.is_dir():
+            remove_stale_temporaries(folder)
         generate_synthetic_dataset(folder, cfg, progress=progress)
-    return json.loads(meta_path.read_text())["dials"]
+        wanted = {f"video{i}.mp4" for i in range(cfg.num_videos)}
+        for clip in (folder / "videos").glob("video*.mp4"):  # a killed render of other dials may have left more
+            if clip.name not in wanted:
+                clip.unlink()
+    dials = json.loads(meta_path.read_text())["dials"]
+    for photo in dials.get("photos", {}).values():
+        photo.pop("file", None)  # where this machine keeps it; the photograph is its SHA-256
+    return {"dials": dials, "digest": data_digest(folder)}
+
+
+def validation_composition(cfg: Config, allow_unlike: bool = False) -> dict[str, Any]:
+    """The validation and test splits' compositions (:func:`tvr.data.composition.split_composition`), with the
+    tolerance; stops the bench when they differ by more than it, unless ``allow_unlike``. Empty for data without
+    ground truth (not a synthetic set)."""
+    from tvr.data.composition import TOLERANCE, composition_gaps, split_composition
+
+    val, test = split_composition(cfg.data, "val"), split_composition(cfg.data, "test")
+    if val is None or test is None:
+        return {}
+    gaps = composition_gaps(val, test)
+    if gaps and not allow_unlike:
+        raise BenchConfigError(
+            f"{cfg.data.annotations}: validation is not built like the test ({'; '.join(gaps)}; tolerance "
+            f"{TOLERANCE}): checkpoints and settings chosen on it would be chosen for another task; render with "
+            "synth val_like_test: true, or pass --allow-unlike-validation"
+        )
+    return {"val": val, "test": test, "tolerance": TOLERANCE, "differs": gaps}
 
 
 def describe_backbone(cfg: Config) -> str:
@@ -336,22 +480,27 @@ def describe_backbone(cfg: Config) -> str:
     return f"{cfg.model.backbone} backbone ({cfg.model.clip})"
 
 
-def feature_key(cfg: Config) -> str:
-    """What decides the frozen features: the backbone fields, the frame / caption settings and the seed a randomly
-    initialised backbone is built from. Methods that agree on these share one cache."""
+def feature_key(cfg: Config, data_digest: str = "") -> str:
+    """What decides the frozen features: the backbone fields, the frame / caption settings, the seed a randomly
+    initialised backbone is built from and the data's content (``data_digest``: a set rendered again with other
+    dials into the same folder is other data). Methods that agree on these share one cache."""
     model = {k: v for k, v in config_to_dict(cfg.model).items() if k not in _NOT_FEATURE_FIELDS}
     data = {k: getattr(cfg.data, k) for k in _FEATURE_DATA_FIELDS}
     # the seed builds a randomly initialised backbone (tiny test models); every method's cache uses the run config's
-    text = json.dumps({"model": model, "data": data, "seed": cfg.train.seed}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    if data_digest:  # the content is named by its digest: where the bench folder lies does not matter
+        data = {k: v for k, v in data.items() if k not in ("annotations", "video_dir")}
+    record = {"model": model, "data": data, "seed": cfg.train.seed}
+    if data_digest:
+        record["data_digest"] = data_digest
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def prepare_features(cfg: Config, out_dir: Path, progress: bool = True) -> Path:
+def prepare_features(cfg: Config, out_dir: Path, progress: bool = True, data_digest: str = "") -> Path:
     """The feature cache of ``cfg`` (built once; an interrupted build resumes shard by shard)."""
     from tvr.data.feature_cache import read_manifest
     from tvr.pipeline import build_feature_cache
 
-    folder = out_dir / "features" / feature_key(cfg)
+    folder = out_dir / "features" / feature_key(cfg, data_digest)
     splits = ["train", "val", "test"]
     if (folder / "manifest.json").is_file():
         manifest = read_manifest(folder)
@@ -375,11 +524,45 @@ def _val_curve(run_dir: Path) -> list[dict[str, Any]]:
     return curve
 
 
-def run_one(cfg: Config, run_dir: Path) -> dict[str, Any]:
+def portable(values: Any, out_dir: Path) -> Any:
+    """``values`` with the bench folder's path written as :data:`OUT_MARK`, so a record does not depend on where
+    the bench folder lies."""
+    root = str(out_dir)
+    if isinstance(values, dict):
+        return {k: portable(v, out_dir) for k, v in values.items()}
+    if isinstance(values, list):
+        return [portable(v, out_dir) for v in values]
+    if isinstance(values, str) and (values == root or values.startswith(root + os.sep)):
+        return OUT_MARK + values[len(root) :]
+    return values
+
+
+def run_identity(cfg: Config, out_dir: Path, data_digest: str) -> dict[str, Any]:
+    """What a run is a function of: its resolved config (method, recipe, data settings, seed) and the data's digest."""
+    return {"config": portable(config_to_dict(cfg), out_dir), "data_digest": data_digest}
+
+
+def recorded_identity(run_dir: Path) -> dict[str, Any] | None:
+    """The identity a run folder recorded; None when it holds nothing of a run. A run made before identities were
+    recorded gives its result's config (and no digest)."""
+    path = run_dir / RUN_IDENTITY
+    if path.is_file():
+        return json.loads(path.read_text())
+    result = run_dir / RUN_RESULT
+    if result.is_file():
+        config = json.loads(result.read_text()).get("config", {})
+        return {"config": portable(config, run_dir.parents[2]), "data_digest": None}
+    if (run_dir / "last.pt").is_file():
+        return {"config": None, "data_digest": None}
+    return None
+
+
+def run_one(cfg: Config, run_dir: Path, identity: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train one (method, seed), select on validation, evaluate the test split once; ``result.json``.
 
     A folder that already holds ``result.json`` is finished and returned as it is; one that holds ``last.pt``
-    resumes from it."""
+    resumes from it. ``identity`` (:func:`run_identity`) is recorded before anything else is written. Timings and
+    whether the run resumed go under the result's ``provenance``: the rest is a pure function of the config."""
     from tvr.pipeline import SplitEvaluator, load_model_for_eval, run_train, torch_threads, write_eval
     from tvr.train.utils import to_jsonable
     from tvr.utils.device import resolve_device
@@ -387,7 +570,10 @@ def run_one(cfg: Config, run_dir: Path) -> dict[str, Any]:
     result_path = run_dir / RUN_RESULT
     if result_path.is_file():
         return json.loads(result_path.read_text())
-    started = time.perf_counter()
+    if identity is not None and not (run_dir / RUN_IDENTITY).is_file():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(run_dir / RUN_IDENTITY, identity)
+    started, cpu_started = time.perf_counter(), time.process_time()
     resume = (run_dir / "last.pt").is_file()
     # final_test=False: the test split is not touched while anything is still being chosen
     summary = run_train(cfg, run_dir, resume=resume, overwrite=not resume, final_test=False)
@@ -409,13 +595,137 @@ def run_one(cfg: Config, run_dir: Path) -> dict[str, Any]:
         "inference_setting": test.get("info", {}).get("inference_setting"),
         "val_curve": curve,
         "test": {k: v for k, v in test.items() if k != "info"},
-        "train_seconds": summary["train_seconds"],
-        "seconds": round(time.perf_counter() - started, 3),
-        "resumed": resume,
-        "config": config_to_dict(cfg),
+        "config": identity["config"] if identity is not None else config_to_dict(cfg),
+        "data_digest": identity["data_digest"] if identity is not None else None,
+        "provenance": {
+            "train_seconds": summary["train_seconds"],
+            # this session's part of the run (a resumed run's earlier part is not counted)
+            "seconds": round(time.perf_counter() - started, 3),
+            "cpu_seconds": round(time.process_time() - cpu_started, 3),
+            "resumed": resume,
+        },
     }
     atomic_write_json(result_path, to_jsonable(result))
     return result
+
+
+def run_worker() -> None:
+    """A worker process of a bench running ``jobs`` at a time (``python -c "...run_worker()"``). Its first stdin line
+    names the bench's pid, each further one a run (``{config, run_dir, identity}``) to do with :func:`run_one`; it
+    answers each on stdout with one JSON line (``{"ok": true}`` or the error) and ends at end of input. It dies with
+    the bench: a bench killed with ``kill -9`` leaves no worker writing into a run folder that the resumed bench is
+    about to take over."""
+    import traceback
+
+    _die_with_parent(json.loads(sys.stdin.readline())["parent"])
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # whatever else writes to stdout goes to the log, not into the answers
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from tvr.pipeline import resolve_config
+
+    for line in sys.stdin:
+        task = json.loads(line)
+        try:
+            run_one(resolve_config(config_from_dict(task["config"])), Path(task["run_dir"]), task["identity"])
+            answer: dict[str, Any] = {"ok": True}
+        except Exception as exc:  # noqa: BLE001 - reported to the bench, which stops and names the run
+            traceback.print_exc()
+            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux); exit now if it already has."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+@dataclass
+class _PlannedRun:
+    method: str
+    seed: int
+    cfg: Config
+    run_dir: Path
+    identity: dict[str, Any]
+
+
+class BenchRunError(RuntimeError):
+    """A run of the bench failed in its worker process."""
+
+
+def _execute(
+    todo: list[_PlannedRun], jobs: int, logs: Path, finished: Callable[[_PlannedRun, dict[str, Any]], None]
+) -> None:
+    """Run every planned run, ``jobs`` at a time (1: in this process, in order; more: that many worker processes,
+    each importing torch once and taking the next run when it is done; their output goes to ``logs/worker<k>.log``),
+    calling ``finished`` with each result as it ends. The runs are independent and each is a pure function of its
+    config, so the order they finish in changes no number."""
+    if jobs <= 1 or len(todo) <= 1:
+        for run in todo:
+            finished(run, run_one(run.cfg, run.run_dir, run.identity))
+        return
+    import selectors
+
+    queue = list(todo)
+    logs.mkdir(parents=True, exist_ok=True)
+    selector = selectors.DefaultSelector()
+    workers: dict[subprocess.Popen, _PlannedRun | None] = {}
+    try:
+        for k in range(min(jobs, len(todo))):
+            with open(logs / f"worker{k}.log", "ab") as log_file:
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", "from tvr.pipeline.bench import run_worker; run_worker()"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, text=True,
+                )  # fmt: skip
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(json.dumps({"parent": os.getpid(), "log": str(logs / f"worker{k}.log")}) + "\n")
+            selector.register(proc.stdout, selectors.EVENT_READ, proc)
+            workers[proc] = None
+
+        def give(proc: subprocess.Popen) -> None:
+            assert proc.stdin is not None
+            run = queue.pop(0) if queue else None
+            workers[proc] = run
+            if run is None:
+                proc.stdin.close()  # no more work: the worker ends
+                return
+            run.run_dir.mkdir(parents=True, exist_ok=True)
+            task = {"config": config_to_dict(run.cfg), "run_dir": str(run.run_dir), "identity": run.identity}
+            proc.stdin.write(json.dumps(task) + "\n")
+            proc.stdin.flush()
+
+        for proc in list(workers):
+            give(proc)
+        while any(run is not None for run in workers.values()):
+            for key, _ in selector.select():
+                proc = key.data
+                run = workers[proc]
+                answer = proc.stdout.readline() if proc.stdout is not None else ""
+                if run is None:
+                    continue
+                if not answer:
+                    raise BenchRunError(f"{run.method} seed {run.seed}: its worker process ended (exit "
+                                        f"{proc.wait()}); see {logs}")  # fmt: skip
+                reply = json.loads(answer)
+                if not reply["ok"]:
+                    raise BenchRunError(f"{run.method} seed {run.seed} failed: {reply['error']} (log: {logs})")
+                finished(run, json.loads((run.run_dir / RUN_RESULT).read_text()))
+                give(proc)
+    finally:
+        for proc in workers:
+            if proc.poll() is None and workers[proc] is not None:
+                proc.kill()
+            if proc.stdin is not None and not proc.stdin.closed:
+                proc.stdin.close()
+            proc.wait()
+        selector.close()
 
 
 def package_versions() -> dict[str, str | None]:
@@ -433,9 +743,10 @@ def package_versions() -> dict[str, str | None]:
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], baseline: str) -> tuple[dict, dict]:
-    """Per method: mean ± CI of every test metric over seeds; per non-baseline method: paired difference from the
-    baseline per seed (runs of both are matched by seed)."""
-    from tvr.eval.stats import paired_difference, t_interval
+    """Per method: mean ± CI of every test metric over seeds; per non-baseline method: the paired difference from
+    the baseline per seed (runs of both are matched by seed) with its interval, two-sided paired t-test ``p``, the
+    Holm-adjusted ``p_holm`` over every cell of the table, and ``mde``, the minimum detectable difference."""
+    from tvr.eval.stats import holm, minimum_detectable_difference, paired_difference, paired_t_test, t_interval
 
     summary, differences = {}, {}
     base_by_seed = {r["seed"]: r for r in runs[baseline]}
@@ -446,15 +757,21 @@ def summarize(runs: dict[str, list[dict[str, Any]]], baseline: str) -> tuple[dic
         if method == baseline:
             continue
         paired = [r for r in results if r["seed"] in base_by_seed]
-        differences[method] = {
-            d: {
-                m: paired_difference(
-                    [r["test"][d][m] for r in paired], [base_by_seed[r["seed"]]["test"][d][m] for r in paired]
-                ).to_dict()
-                for m in METRICS
-            }
-            for d in DIRECTIONS
-        }
+        differences[method] = {}
+        for d in DIRECTIONS:
+            differences[method][d] = {}
+            for m in METRICS:
+                values = [r["test"][d][m] for r in paired]
+                base = [base_by_seed[r["seed"]]["test"][d][m] for r in paired]
+                interval = paired_difference(values, base)
+                differences[method][d][m] = {
+                    **interval.to_dict(),
+                    "p": paired_t_test(values, base),
+                    "mde": minimum_detectable_difference(interval.sd, interval.n),
+                }
+    cells = [differences[method][d][m] for method in differences for d in DIRECTIONS for m in METRICS]
+    for cell, adjusted in zip(cells, holm([cell["p"] for cell in cells]), strict=True):
+        cell["p_holm"] = adjusted
     return summary, differences
 
 
@@ -509,17 +826,10 @@ def evaluate_transfer(
                         device = resolve_device(cfg.train.device)
                         model = load_model_for_eval(cfg, run_dir / "best.pt").to(device)
                         metrics = SplitEvaluator(cfg, split)(model, device)
-                    atomic_write_json(
-                        path,
-                        to_jsonable(
-                            {
-                                "seed": result["seed"],
-                                "split": split,
-                                **{k: v for k, v in metrics.items() if k != "info"},
-                                "info": metrics.get("info", {}),
-                            }
-                        ),
-                    )
+                    info = {k: v for k, v in metrics.get("info", {}).items() if k != "scoring_seconds"}
+                    record = {"seed": result["seed"], "split": split, **{k: v for k, v in metrics.items()
+                              if k != "info"}, "info": info}  # fmt: skip
+                    atomic_write_json(path, to_jsonable(record))
                 per_method.setdefault(method.name, []).append(json.loads(path.read_text()))
         report[name] = {
             "split": split,
@@ -558,15 +868,107 @@ def summarize_metrics(per_method: dict[str, list[dict[str, Any]]]) -> dict[str, 
 ProgressFn = Callable[[str], None]
 
 
-def setting_text(setting: dict[str, Any] | None) -> str:
-    """``{"mode": "cos_mu"}`` → ``mode=cos_mu``."""
-    return ", ".join(f"{k}={v}" for k, v in (setting or {}).items())
+def source_commit() -> dict[str, Any] | None:
+    """The git commit of the tvr source this process runs, and whether its tracked files differ from it (None when
+    tvr is not run from a git checkout)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True, timeout=30).stdout.strip()  # fmt: skip
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", "tvr"],
+                                capture_output=True, text=True, check=True, timeout=30).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "tvr_modified": bool(status.strip())}
+
+
+class Clock:
+    """Wall and CPU seconds since it started (CPU: this process and its finished children, every thread)."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), self._cpu()
+
+    @staticmethod
+    def _cpu() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def lap(self) -> dict[str, float]:
+        return {
+            "wall_seconds": round(time.perf_counter() - self.wall, 1),
+            "cpu_seconds": round(self._cpu() - self.cpu, 1),
+        }
+
+
+def results_digest(results: dict[str, Any]) -> str:
+    """SHA-256 of a results record without its ``provenance`` (top level and per run): equal for every run of the
+    same config, however often it was interrupted and wherever its folder lies."""
+    view = {k: v for k, v in results.items() if k not in ("provenance", "results_sha256")}
+    if "runs" in view:
+        view["runs"] = [{k: v for k, v in run.items() if k != "provenance"} for run in view["runs"]]
+    return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()
+
+
+def sealed(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` as plain JSON types (what the file will hold) with its ``results_sha256``."""
+    record = json.loads(json.dumps(record))
+    record["results_sha256"] = results_digest(record)
+    return record
+
+
+def composition_text(composition: dict[str, Any]) -> str:
+    """``validation 45 videos: full captions 100 %, twins 70 %, false negatives 12 %; test …``."""
+
+    def one(name: str, c: dict[str, Any]) -> str:
+        shares = (
+            f"full captions {100 * c['full_caption_share']:.0f} %, twins in gallery {100 * c['twin_share']:.0f} %, "
+            f"false negatives {100 * c['false_negative_share']:.0f} %"
+        )
+        return f"{name} {c['videos']} videos / {c['queries']} queries: {shares}"
+
+    return one("validation", composition["val"]) + "; " + one("test", composition["test"])
+
+
+def _check_changed_runs(plan: list[_PlannedRun], rerun_changed: bool, say: ProgressFn) -> None:
+    """Every run folder that holds a run made with another identity stops the bench (one line naming the keys that
+    differ), or with ``rerun_changed`` is cleared so the run starts over."""
+    changed: dict[Path, list[str]] = {}
+    for run in plan:
+        recorded = recorded_identity(run.run_dir)
+        if recorded is None:
+            continue
+        differences = flat_changes(recorded, run.identity)
+        if differences:
+            changed[run.run_dir] = differences
+    if not changed:
+        return
+    if not rerun_changed:
+        keys: dict[str, None] = {}
+        for differences in changed.values():
+            keys.update(dict.fromkeys(differences))
+        raise BenchConfigError(
+            f"{len(changed)} run(s) in {next(iter(changed)).parents[2]} were made with another config "
+            f"({'; '.join(keys)}); rerun with --rerun-changed to run them again, or use another --out"
+        )
+    for run_dir in changed:
+        say(f"{run_dir}: made with another config ({'; '.join(changed[run_dir][:3])}); running it again")
+        shutil.rmtree(run_dir)
 
 
 def run_bench(
-    bench: BenchConfig, out_dir: str | Path, *, command: str = "", progress: bool = True, echo: ProgressFn | None = None
+    bench: BenchConfig,
+    out_dir: str | Path,
+    *,
+    command: str = "",
+    progress: bool = True,
+    echo: ProgressFn | None = None,
+    jobs: int = 1,
+    rerun_changed: bool = False,
+    allow_unlike_validation: bool = False,
 ) -> dict[str, Any]:
-    """Run (or resume) ``bench`` into ``out_dir`` and write its report; returns the results dict."""
+    """Run (or resume) ``bench`` into ``out_dir`` and write its report; returns the results dict. ``jobs``: runs at a
+    time (more than 1: each in a worker process); ``rerun_changed``: run again what was made with another config;
+    ``allow_unlike_validation``: go on when validation is not built like the test."""
     from tvr.eval.bench_report import plot_test_recall, plot_validation_curves, render_markdown
 
     say = echo or log.info
@@ -575,66 +977,104 @@ def run_bench(
     for leftover in remove_stale_temporaries(out_dir):
         log.info("removed a leftover temporary of an interrupted bench: %s", leftover)
     atomic_write_text(out_dir / "bench_config.yaml", yaml.safe_dump(bench.raw, sort_keys=False))
-    started = time.perf_counter()
-    dials = prepare_data(bench, out_dir, progress=progress)
+    session, load_start = Clock(), os.getloadavg()
+    timings: dict[str, Any] = {}
+
+    phase = Clock()
+    data = prepare_data(bench, out_dir, progress=progress, rerun_changed=rerun_changed)
+    first = method_config(bench, bench.methods[0], bench.seeds[0], out_dir)
+    composition = validation_composition(first, allow_unlike_validation)
+    if composition:
+        say(composition_text(composition))
+    timings["data"] = phase.lap()
 
     # one feature cache per distinct backbone / frame setting; the cache's tiny-backbone seed is the run config's
-    caches: dict[str, Path] = {}
+    cache_cfgs: dict[str, Config] = {}
+    cache_of: dict[str, str] = {}
     for method in bench.methods:
         cache_cfg = method_config(bench, method, int(bench.run.get("train", {}).get("seed", 42)), out_dir)
-        key = feature_key(cache_cfg)
-        if key not in caches:
-            say(f"features {key}: {describe_backbone(cache_cfg)}")
-            caches[key] = prepare_features(cache_cfg, out_dir, progress=progress)
-        caches[method.name] = caches[key]
-
-    runs: dict[str, list[dict[str, Any]]] = {m.name: [] for m in bench.methods}
-    total = len(bench.methods) * len(bench.seeds)
-    done = 0
+        key = feature_key(cache_cfg, data["digest"])
+        cache_cfgs.setdefault(key, cache_cfg)
+        cache_of[method.name] = key
+    plan = []
     for seed in bench.seeds:  # seeds outermost: an interrupted bench has every method on its first seeds
         for method in bench.methods:
-            done += 1
-            cfg = method_config(bench, method, seed, out_dir, str(caches[method.name]))
+            features = out_dir / "features" / cache_of[method.name]
+            cfg = method_config(bench, method, seed, out_dir, str(features))
             run_dir = out_dir / "runs" / method.name / f"seed{seed}"
-            finished = (run_dir / RUN_RESULT).is_file()
-            result = run_one(cfg, run_dir)
-            result["method"] = method.name
-            runs[method.name].append(result)
-            test = result["test"]
-            say(
-                f"[{done}/{total}] {method.name} seed {seed}: test t2v R@1 {test['t2v']['R1']:.1f}, v2t R@1 "
-                f"{test['v2t']['R1']:.1f} (best epoch {result['best_epoch']}"
-                + (f", {setting_text(result['inference_setting'])}" if result["inference_setting"] else "")
-                + (", kept from an earlier run)" if finished else f", {result['seconds']:.0f} s)")
-            )
+            plan.append(_PlannedRun(method.name, seed, cfg, run_dir, run_identity(cfg, out_dir, data["digest"])))
+    _check_changed_runs(plan, rerun_changed, say)  # before any feature is encoded or any run trained
+
+    phase = Clock()
+    for key, cache_cfg in cache_cfgs.items():
+        say(f"features {key}: {describe_backbone(cache_cfg)}")
+        prepare_features(cache_cfg, out_dir, progress=progress, data_digest=data["digest"])
+    timings["features"] = phase.lap()
+
+    phase = Clock()
+    done = [run for run in plan if (run.run_dir / RUN_RESULT).is_file()]
+    for run in done:
+        say(f"{run.method} seed {run.seed}: kept from an earlier run")
+    todo = [run for run in plan if run not in done]
+    count = {"n": len(done)}
+
+    def finished(run: _PlannedRun, result: dict[str, Any]) -> None:
+        count["n"] += 1
+        test, spent = result["test"], result["provenance"]
+        say(
+            f"[{count['n']}/{len(plan)}] {run.method} seed {run.seed}: test t2v R@1 {test['t2v']['R1']:.1f}, v2t R@1 "
+            f"{test['v2t']['R1']:.1f} (best epoch {result['best_epoch']}"
+            + (f", {setting_text(result['inference_setting'])}" if result["inference_setting"] else "")
+            + f", {spent['seconds']:.0f} s)"
+        )
+
+    _execute(todo, jobs, out_dir / "runs", finished)
+    timings["runs"] = phase.lap()
+    runs: dict[str, list[dict[str, Any]]] = {m.name: [] for m in bench.methods}
+    for run in plan:
+        runs[run.method].append({**json.loads((run.run_dir / RUN_RESULT).read_text()), "method": run.method})
 
     summary, differences = summarize(runs, bench.baseline)
     transfer = evaluate_transfer(bench, runs, out_dir, progress, say) if bench.transfer else {}
+    all_runs = [r for m in bench.methods for r in runs[m.name]]
+    timings["this_session"] = {**session.lap(), "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg())}
+    timings["runs_all_sessions"] = {
+        "wall_seconds": round(sum(r.get("provenance", {}).get("seconds", 0.0) for r in all_runs), 1),
+        "cpu_seconds": round(sum(r.get("provenance", {}).get("cpu_seconds", 0.0) for r in all_runs), 1),
+    }
     results = {
         "format": RESULTS_FORMAT,
         "name": bench.name,
         "description": bench.description,
-        "command": command or f"tvr bench --config {bench.source} --out {out_dir}",
-        "config_file": bench.source,
         "config": bench.raw,
         "methods": [{"name": m.name, "head": m.head, "set": m.overrides, "preset": m.preset} for m in bench.methods],
         "baseline": bench.baseline,
         "seeds": bench.seeds,
         "epochs": bench.epochs,
         "level": 0.95,
+        "alpha": ALPHA,
+        "power": 0.8,
         "selection": "Checkpoint: best validation "
-        + method_config(bench, bench.methods[0], bench.seeds[0], out_dir).train.select_metric
+        + first.train.select_metric
         + "; inference settings chosen on validation; test split evaluated once per run",
-        "dials": dials,
-        "packages": package_versions(),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
-        "runs": [r for m in bench.methods for r in runs[m.name]],
+        "dials": data["dials"],
+        "data_digest": data["digest"],
+        "composition": composition,
+        "runs": all_runs,
         "summary": summary,
         "differences": differences,
         "transfer": transfer,
-        "seconds_this_session": round(time.perf_counter() - started, 1),
-        "run_seconds_total": round(sum(r["seconds"] for rs in runs.values() for r in rs), 1),
+        "provenance": {
+            "command": command or f"tvr bench --config {bench.source} --out {out_dir}",
+            "config_file": bench.source,
+            "source": source_commit(),
+            "packages": package_versions(),
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
+            "jobs": jobs,
+            "timings": timings,
+        },
     }
+    results = sealed(results)
     atomic_write_json(out_dir / RESULTS_JSON, results)
     plot_validation_curves(results, out_dir / "val_r1.png")
     plot_test_recall(results, out_dir / "test_r1.png")
@@ -646,13 +1086,22 @@ def run_bench(
 
 __all__ = [
     "BENCH_PRESET_DIR",
+    "SWEEP_DIALS",
+    "Clock",
     "BenchConfig",
     "BenchConfigError",
     "BenchMethod",
+    "BenchRunError",
+    "data_digest",
     "feature_key",
     "load_bench_config",
     "method_config",
+    "prepare_data",
+    "prepare_features",
+    "results_digest",
     "run_bench",
+    "sealed",
+    "run_identity",
     "run_one",
     "summarize",
 ]

@@ -1,0 +1,252 @@
+"""A results document written from committed bench results: prose from a template, every number from the JSON.
+
+docs/results.md is the project's published answer to "does a method beat the baseline?". It must be recomputable:
+``tvr bench report`` fills a markdown template whose numbers are all placeholders into the committed
+``results.json`` of a bench and the ``sweep.json`` of its dial sweeps, and ``tests/test_bench_report.py`` fills it
+again and compares. The template is data, never code: a placeholder is a dotted path into the records, with an
+optional format, or the name of a table or figure this module renders.
+
+* ``{{default.differences.gare.t2v.R1.mean|+.1f}}``: a value (``default``: the bench; ``sweeps.<dial>``: a sweep;
+  ``hypotheses``: every sweep's pre-registered hypotheses with Holm-adjusted p-values across all of them;
+  ``derived``: counts and sums of the bench, :func:`derived_values`). A list
+  item is addressed by its index. Formats: Python's format specification, ``p`` (a p-value as the tables print
+  it) or ``%N`` (a share as a percentage with N decimals: ``0.7`` → ``70 %``).
+* ``{{table:default.differences}}`` (also ``results``, ``holm``, ``mde``, ``composition``, ``selection``,
+  ``transfer``), ``{{table:sweep.<dial>.<method>}}``, ``{{table:sweep.<dial>.hypotheses}}``, ``{{table:hypotheses}}``.
+* ``{{figure:default.val}}``, ``{{figure:default.test}}``, ``{{figure:sweep.<dial>}}``: the figure is written into
+  the figures folder and the placeholder becomes its path relative to the document.
+* Further JSON records named on the command line (``--source power=benchmarks/results/bench_power.json``) are read
+  by their name: ``{{power.by_size.1000.pooled_sd|.2f}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tvr.eval import bench_report as report
+from tvr.utils.errors import UserError
+from tvr.utils.io import atomic_write_text
+
+PLACEHOLDER = re.compile(r"\{\{\s*([^{}|]+?)\s*(?:\|\s*([^{}]*?)\s*)?\}\}")
+
+
+class TemplateError(UserError):
+    """A placeholder of a results template names nothing in the records, or a format that does not apply."""
+
+
+def lookup(sources: dict[str, Any], path: str) -> Any:
+    """The value at a dotted ``path`` of nested mappings and lists (list items by index)."""
+    node: Any = sources
+    for segment in path.split("."):
+        if isinstance(node, dict) and segment in node:
+            node = node[segment]
+        elif isinstance(node, list) and segment.isdigit() and int(segment) < len(node):
+            node = node[int(segment)]
+        else:
+            raise TemplateError(f"{{{{{path}}}}}: no {segment!r} there")
+    return node
+
+
+def format_value(value: Any, spec: str, where: str) -> str:
+    """``value`` by ``spec``: ``p``, ``%N`` or a Python format specification."""
+    try:
+        if spec == "p":
+            return report.p_text(float(value))
+        if spec.startswith("%"):
+            return f"{100.0 * float(value):.{int(spec[1:] or 0)}f} %"
+        return format(value, spec)
+    except (TypeError, ValueError) as exc:
+        raise TemplateError(f"{where}: format {spec!r} does not apply to {value!r} ({exc})") from None
+
+
+def all_hypotheses(sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every sweep's hypotheses in dial order, each with ``p_holm``: Holm-adjusted over all of them."""
+    from tvr.eval.stats import holm
+
+    found = [{**h, "dial": dial} for dial in sorted(sweeps) for h in sweeps[dial]["hypotheses"]]
+    for h, adjusted in zip(found, holm([h["p_one_sided"] for h in found]), strict=True):
+        h["p_holm"] = adjusted
+    return found
+
+
+def derived_values(results: dict[str, Any]) -> dict[str, Any]:
+    """Counts and sums the prose of a results document quotes that no single JSON field holds."""
+    cells = [c for diff in results["differences"].values() for d in diff.values() for c in d.values()]
+    timings = results.get("provenance", {}).get("timings", {})
+    session = timings.get("this_session", {})
+    composition = results.get("composition") or {}
+    synth = results["config"].get("synth") or {}
+    r1 = [diff["t2v"]["R1"]["mde"] for diff in results["differences"].values()]
+    return {
+        "n_seeds": len(results["seeds"]),
+        "n_methods": len(results["methods"]),
+        "n_runs": len(results["runs"]),
+        "n_comparisons": len(cells),
+        "n_significant_holm": sum(report.significant(c) for c in cells),
+        "n_significant_raw": sum(c["p"] < report.ALPHA for c in cells),
+        "max_mde_t2v_r1": max(r1, default=math.nan),
+        "min_mde_t2v_r1": min(r1, default=math.nan),
+        "n_photos": len((results.get("dials") or {}).get("photos", {})),
+        "train_videos": synth.get("num_videos", 0)
+        - sum(composition.get(split, {}).get("videos", 0) for split in ("val", "test")),
+        "wall_minutes": session.get("wall_seconds", math.nan) / 60.0,
+        "cpu_minutes": session.get("cpu_seconds", math.nan) / 60.0,
+        # judged as the bench's CPU time spread over two cores: what a quiet 2-core machine would take
+        "quiet_two_core_minutes": session.get("cpu_seconds", math.nan) / 120.0,
+    }
+
+
+def selection_table(results: dict[str, Any]) -> str:
+    """What validation chose per method and seed, and the test t2v R@1 it led to (and at the head's baseline
+    setting, where it has one)."""
+    lines = [
+        "| method | best epoch per seed | inference setting per seed | test t2v R@1 per seed | at the head's baseline "
+        "setting |",
+        "|---|---|---|---|---|",
+    ]
+    by_method: dict[str, list[dict[str, Any]]] = {}
+    for run in results["runs"]:
+        by_method.setdefault(run["method"], []).append(run)
+    for method, runs in by_method.items():
+        epochs = ", ".join(str(r["best_epoch"]) for r in runs)
+        settings = ", ".join(
+            report.setting_text(r["inference_setting"]) if r["inference_setting"] else "–" for r in runs
+        )
+        recall = ", ".join(f"{r['test']['t2v']['R1']:g}" for r in runs)
+        baselines = sorted({k.removeprefix("t2v@") for r in runs for k in r["test"] if k.startswith("t2v@")})
+        at_baseline = "; ".join(
+            f"{name}: " + ", ".join(f"{r['test'][f't2v@{name}']['R1']:g}" for r in runs) for name in baselines
+        )
+        lines.append(f"| {method} | {epochs} | {settings} | {recall} | {at_baseline or '–'} |")
+    return "\n".join(lines)
+
+
+def all_hypotheses_table(hypotheses: list[dict[str, Any]]) -> str:
+    if not hypotheses:
+        return "(no pre-registered hypotheses)"
+    lines = [
+        "| id | dial | hypothesis | slope [95 % CI] | one-sided p | Holm-adjusted over all | held (p < 0.05)? |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
+    for h in hypotheses:
+        slope = f"{h['slope']:+.1f} [{h['slope_low']:+.1f}, {h['slope_high']:+.1f}]"
+        lines.append(f"| {h['id']} | {h['dial']} | {h['statement']} | {slope} | {report.p_text(h['p_one_sided'])} | "
+                     f"{report.p_text(h['p_holm'])} | {'**yes**' if h['held'] else 'no'} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _renderers(
+    results: dict[str, Any], sweeps: dict[str, dict[str, Any]], hypotheses: list[dict[str, Any]], figures: Path,
+    link: str,
+) -> dict[str, Callable[[], str]]:  # fmt: skip
+    def figure(name: str, draw: Callable[[Path], Any]) -> Callable[[], str]:
+        def render() -> str:
+            draw(figures / name)
+            return f"{link}/{name}" if link else name
+
+        return render
+
+    tables: dict[str, Callable[[], str]] = {
+        "table:default.results": lambda: report.results_table(results),
+        "table:default.differences": lambda: report.differences_table(results),
+        "table:default.holm": lambda: report.holm_table(results),
+        "table:default.mde": lambda: report.mde_table(results),
+        "table:default.composition": lambda: "\n".join(report.composition_lines(results)).strip(),
+        "table:default.selection": lambda: selection_table(results),
+        "table:default.transfer": lambda: "\n".join(report.transfer_lines(results)).strip(),
+        "table:hypotheses": lambda: all_hypotheses_table(hypotheses),
+        "figure:default.val": figure("val_r1.png", lambda p: report.plot_validation_curves(results, p)),
+        "figure:default.test": figure("test_r1.png", lambda p: report.plot_test_recall(results, p)),
+    }
+    for dial, record in sweeps.items():
+        for method in record["curves"]:
+            tables[f"table:sweep.{dial}.{method}"] = lambda r=record, m=method: report.sweep_table(r, m)
+        tables[f"table:sweep.{dial}.hypotheses"] = lambda r=record: report.hypotheses_table(r["hypotheses"])
+        tables[f"figure:sweep.{dial}"] = figure(f"sweep_{dial}.png", lambda p, r=record: report.plot_sweep(r, p))
+    return tables
+
+
+def fill_template(
+    template: str,
+    results: dict[str, Any],
+    sweeps: dict[str, dict[str, Any]],
+    figures: Path,
+    link: str = "",
+    extra: dict[str, Any] | None = None,
+) -> str:
+    """``template`` with every placeholder replaced (module docstring); figures are written into ``figures`` and
+    linked as ``link/<name>``; ``extra`` names further JSON records placeholders may read (``{{name.path}}``)."""
+    hypotheses = all_hypotheses(sweeps)
+    sources = {"default": results, "sweeps": sweeps, "hypotheses": hypotheses, "derived": derived_values(results)}
+    for name, record in (extra or {}).items():
+        if name in sources:
+            raise TemplateError(f"an extra source may not be named {name!r} (reserved: {sorted(sources)})")
+        sources[name] = record
+    renderers = _renderers(results, sweeps, hypotheses, figures, link)
+
+    def replace(match: re.Match) -> str:
+        key, spec = match.group(1), match.group(2)
+        if key.startswith(("table:", "figure:")):
+            if key not in renderers:
+                raise TemplateError(f"{{{{{key}}}}}: no such table or figure; there are {sorted(renderers)}")
+            return renderers[key]()
+        value = lookup(sources, key)
+        if isinstance(value, float) and math.isnan(value):
+            return "–"
+        return format_value(value, spec or "", f"{{{{{key}}}}}")
+
+    return PLACEHOLDER.sub(replace, template)
+
+
+def read_record(path: Path, what: str) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: cannot read {what} ({exc})") from None
+    if not isinstance(record, dict) or "results_sha256" not in record:
+        raise UserError(f"{path}: not a {what} written by tvr bench (no results_sha256)")
+    return record
+
+
+def write_report(
+    results_path: Path,
+    template_path: Path,
+    out_path: Path,
+    sweep_paths: list[Path],
+    figures: str,
+    extra_paths: dict[str, Path] | None = None,
+) -> Path:
+    """``tvr bench report``: fill ``template_path`` from a bench's results.json, its sweeps' sweep.json and any
+    ``extra_paths`` (name → JSON file) into ``out_path``, the figures into ``figures`` (relative to ``out_path``'s
+    folder)."""
+    results = read_record(results_path, "bench results.json")
+    sweeps: dict[str, dict[str, Any]] = {}
+    for path in sweep_paths:
+        record = read_record(path, "sweep.json")
+        if "dial" not in record:
+            raise UserError(f"{path}: not a sweep.json (no dial)")
+        sweeps[record["dial"]] = record
+    extra = {}
+    for name, path in (extra_paths or {}).items():
+        try:
+            extra[name] = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path}: cannot read the JSON named {name!r} ({exc})") from None
+    text = fill_template(template_path.read_text(), results, sweeps, out_path.parent / figures, figures, extra)
+    return atomic_write_text(out_path, text)
+
+
+__all__ = [
+    "TemplateError",
+    "derived_values",
+    "fill_template",
+    "format_value",
+    "lookup",
+    "selection_table",
+    "write_report",
+]
