@@ -28,7 +28,8 @@ import torch
 from torch import Tensor, nn
 from transformers import CLIPConfig, CLIPModel
 
-from tvr.config import ConfigError, ModelConfig, TinyClipConfig
+from tvr.config import ConfigError, ModelConfig
+from tvr.models.backbones.clip.config import TinyClipConfig
 from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
 from tvr.models.convert_openai import load_openai_clip
 from tvr.types import TextFeatures, VideoFeatures

@@ -25,7 +25,8 @@ import tempfile
 import torch
 from torch import Tensor, nn
 
-from tvr.config import ConfigError, TinyTwoTowerConfig
+from tvr.config import ConfigError
+from tvr.models.backbones.two_tower.config import TinyTwoTowerConfig
 from tvr.data.sentence_tokenizer import (  # noqa: F401 (DEFAULT_TEXT_MODEL, SentenceTokenizer: this module's API too)
     DEFAULT_TEXT_MODEL,
     SentenceTokenizer,

@@ -24,7 +24,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from tvr.config import ConfigError, ModelConfig, TwoTowerConfig
+from tvr.config import ConfigError, ModelConfig
+from tvr.models.backbones.two_tower.config import TwoTowerConfig
 from tvr.data.transforms import PixelNorm
 from tvr.models.bridge import ConseBridge, FusedConseBridge, ProjectionBridge
 from tvr.models.image_tower import EFFICIENTNET_LITE_NORM, ImageTower, build_image_tower

@@ -168,6 +168,7 @@ class ModelEncoder(SearchEncoder):
         self.head = self.model.head
         self.batch_size = batch_size
         from tvr.data.datasets import data_pixel_norm
+        from tvr.data.transforms import SAMPLING_RESIZE
 
         data = cfg.data
         self.spec = FrameSpec(
@@ -175,7 +176,7 @@ class ModelEncoder(SearchEncoder):
             data.frame_rate,
             data.image_size,
             data.sampling,
-            "square" if data.sampling == "clipvip" else "short_side",
+            SAMPLING_RESIZE[data.sampling],
         )
         self.norm = data_pixel_norm(data)
         self._tokenizer = None
