@@ -111,13 +111,6 @@ def bounded(
     return field(default=default, metadata={"range": (ge, gt, le, lt), "allow": tuple(allow)})
 
 
-def derived(default: Any = None) -> Any:
-    """A field that config resolution fills in from the backbone (what the data pipeline needs of it). It is not a
-    setting: a config file may not set it, and it is not written out (it is derived again when the config is
-    resolved), so configs, checkpoints and every identity built from them are unchanged by it."""
-    return field(default=default, metadata={"derived": True}, compare=False)
-
-
 def omitted_when_empty(default_factory: Callable[[], Any]) -> Any:
     """A field that is written out only when it holds something (one added after configs were recorded: leaving its
     empty default out keeps recorded configs and the identities built from them as they were)."""
@@ -254,11 +247,6 @@ class DataConfig:
     #: restrict to the first N training pairs / test items (0 = all); for smoke runs
     limit_train: int = bounded(0, ge=0)
     limit_eval: int = bounded(0, ge=0)
-    #: resolved from the backbone (never set in a file): the tokenizer its captions take
-    #: (a :class:`tvr.data.tokenizer.TokenizerSpec`)
-    tokenizer_spec: Any = derived()
-    #: resolved from the backbone: what decides its frozen features (a :class:`tvr.data.feature_cache.FeatureIdentity`)
-    feature_identity: Any = derived()
 
 
 # --------------------------------------------------------------------------------------------- backbone sections
@@ -295,6 +283,31 @@ def _model_section(key: str) -> Any:
         return cls() if cls is not None else {}
 
     return field(default_factory=default, metadata={"section": key})
+
+
+# What the data pipeline needs of the run's backbone beyond its pixels (which resolution writes into ``data.*``): its
+# tokenizer and what decides its frozen features. ``tvr.data`` sits below the models and never reads ``cfg.model``;
+# it asks here, and the backbone registry (``tvr.models.backbones.registry``, which registers its answers when it is
+# imported) answers from the backbone's folder. Answers are derived on each question, never stored in the config, so
+# they cannot go stale and are never written out.
+_BACKBONE_ANSWERS: dict[str, Callable[[Any], Any]] = {}
+
+
+def answer_backbone_question(question: str, answer: Callable[[Any], Any]) -> None:
+    """Make :func:`ask_backbone` ``(cfg, question)`` return ``answer(cfg)``."""
+    _BACKBONE_ANSWERS[question] = answer
+
+
+def ask_backbone(cfg: Any, question: str) -> Any:
+    """The run backbone's answer to ``question`` (``tokenizer_spec``, ``feature_identity``); ConfigError when no
+    backbone registry is loaded to answer it."""
+    answer = _BACKBONE_ANSWERS.get(question)
+    if answer is None:
+        raise ConfigError(
+            f"no backbone registry is loaded to say the backbone's {question}: resolve the run config first "
+            "(tvr.pipeline.resolve_config(cfg); every tvr command does)"
+        )
+    return answer(cfg)
 
 
 @dataclass
@@ -502,7 +515,7 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
 
 def _build(cls: type, values: dict, where: str) -> Any:
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("derived")}
+    known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(f"{where or 'config'}: unknown key(s) {unknown}; valid keys: {sorted(known)}")
@@ -511,8 +524,10 @@ def _build(cls: type, values: dict, where: str) -> Any:
         if f.name in values:
             name = f"{where}.{f.name}" if where else f.name
             section = _MODEL_SECTIONS.get(f.metadata.get("section", ""))
-            kwargs[f.name] = build_section(section, values[f.name], name) if section else _coerce(
-                values[f.name], hints[f.name], name
+            kwargs[f.name] = (
+                build_section(section, values[f.name], name)
+                if section
+                else _coerce(values[f.name], hints[f.name], name)
             )
     obj = cls(**kwargs)
     check_field_values(obj, where)
@@ -822,15 +837,15 @@ def config_with_overrides(values: dict, overrides: list[str] | tuple[str, ...] =
 
 
 def config_to_dict(config: Any) -> dict:
-    """The settings of a config (or of one of its sections) as plain values: tuples become lists, and the fields
-    resolution derives from the backbone (:func:`derived`) and empty :func:`omitted_when_empty` ones are left out."""
+    """The settings of a config (or of one of its sections) as plain values: tuples become lists, and empty
+    :func:`omitted_when_empty` fields are left out."""
 
     def convert(v: Any) -> Any:
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
             return {
                 f.name: convert(getattr(v, f.name))
                 for f in dataclasses.fields(v)
-                if not f.metadata.get("derived") and not (f.metadata.get("omit_empty") and not getattr(v, f.name))
+                if not (f.metadata.get("omit_empty") and not getattr(v, f.name))
             }
         if isinstance(v, (tuple, list)):
             return [convert(x) for x in v]

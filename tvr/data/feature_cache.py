@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tvr.config import Config, ConfigError
+from tvr.config import Config, ask_backbone
 from tvr.utils.errors import UserError
 from tvr.utils.pickle_scan import PickleRefusedError
 from tvr.utils.torch_files import TorchFileError, load_torch_file
@@ -70,8 +70,8 @@ MATCHED_DATA_SETTINGS = (
 
 @dataclass(frozen=True)
 class FeatureIdentity:
-    """What a backbone's frozen features are a function of, as resolving the run config writes it into
-    ``data.feature_identity`` (``tvr.models.backbones``): ``settings`` (dotted model settings → their values, as
+    """What a backbone's frozen features are a function of, as its folder declares it (``tvr.models.backbones``,
+    through ``tvr.config.ask_backbone``): ``settings`` (dotted model settings → their values, as
     a config file writes them), ``seeded`` (the backbone is randomly initialised, so ``train.seed`` decides its
     features too) and ``matched`` (the dotted settings a run on a cache must share with it, each with the value a
     cache made before the setting existed was made with)."""
@@ -82,14 +82,8 @@ class FeatureIdentity:
 
 
 def feature_identity(cfg: Config) -> FeatureIdentity:
-    """The resolved config's :class:`FeatureIdentity`; ConfigError when the config was not resolved."""
-    identity = cfg.data.feature_identity
-    if not isinstance(identity, FeatureIdentity):
-        raise ConfigError(
-            "data.feature_identity is not resolved: resolve the run config first (tvr.pipeline.resolve_config(cfg); "
-            "every tvr command does), which asks the backbone what decides its features"
-        )
-    return identity
+    """What the run config's backbone says its frozen features are a function of (its folder declares it)."""
+    return ask_backbone(cfg, "feature_identity")
 
 
 def cache_settings(cfg: Config, shard_size: int, dtype: torch.dtype) -> dict[str, Any]:
@@ -220,7 +214,7 @@ def _recorded(made: dict, dotted: str, default: Any) -> Any:
 
 def check_cache_matches(cfg: Config, manifest: dict) -> None:
     """Refuse to train on a cache made with other frame/word settings or another backbone (the backbone names what
-    of it must match: ``data.feature_identity``)."""
+    of it must match: :func:`feature_identity`)."""
     identity = feature_identity(cfg)
     defaults = {f.name: f.default for f in dataclasses.fields(cfg.data)}
     data = [(name, getattr(cfg.data, name[5:]), defaults[name[5:]]) for name in MATCHED_DATA_SETTINGS]

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from tvr.config import Config, ConfigError
+from tvr.config import Config, ConfigError, ask_backbone
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_text
 
@@ -508,8 +508,8 @@ class ClipTokenizer:
 
 
 # --------------------------------------------------------------------------------------------- a run's tokenizer
-# Which tokenizer a run's captions take is the backbone's to say: resolving the run config writes it into
-# ``data.tokenizer_spec`` (``tvr.models.backbones``), so this layer never reads the model config. A spec names a kind
+# Which tokenizer a run's captions take is the backbone's to say (``tvr.config.ask_backbone``, answered from the
+# backbone's folder in ``tvr.models.backbones``), so this layer never reads the model config. A spec names a kind
 # registered here (CLIP's BPE from files, the tiny model's BPE, a sentence model's own tokenizer, or one a package
 # registers with :func:`register_tokenizer`) and where its files come from.
 
@@ -583,19 +583,13 @@ register_tokenizer(SENTENCE_MODEL, _sentence_model)
 
 
 def tokenizer_spec(cfg: Config) -> TokenizerSpec:
-    """The resolved config's tokenizer (``data.tokenizer_spec``); ConfigError when the config was not resolved."""
-    spec = cfg.data.tokenizer_spec
-    if not isinstance(spec, TokenizerSpec):
-        raise ConfigError(
-            "data.tokenizer_spec is not resolved: resolve the run config first (tvr.pipeline.resolve_config(cfg); "
-            "every tvr command does), which asks the backbone for its tokenizer"
-        )
-    return spec
+    """The tokenizer the run config's backbone names (its folder declares it)."""
+    return ask_backbone(cfg, "tokenizer_spec")
 
 
 def build_tokenizer(cfg: Config, work_dir: str | os.PathLike):
     """Load the tokenizer of the resolved config ``cfg`` (a callable ``(texts, max_words) -> (ids, mask)``): the one
-    its backbone names (``data.tokenizer_spec``). For the CLIP backbones:
+    its backbone names (:func:`tokenizer_spec`). For the CLIP backbones:
 
     * ``model.tokenizer`` may name a folder with vocab.json + merges.txt, or CLIP's ``bpe_simple_vocab_16e6.txt.gz``
       (the full 49,408-token vocabulary is rebuilt from it into ``work_dir/tokenizer``).
@@ -610,5 +604,7 @@ def build_tokenizer(cfg: Config, work_dir: str | os.PathLike):
         raise FileNotFoundError(spec.missing)
     build = _TOKENIZERS.get(spec.kind)
     if build is None:
-        raise ConfigError(f"data.tokenizer_spec: tokenizer kind {spec.kind!r} is not registered; known: {sorted(_TOKENIZERS)}")
+        raise ConfigError(
+            f"data.tokenizer_spec: tokenizer kind {spec.kind!r} is not registered; known: {sorted(_TOKENIZERS)}"
+        )
     return build(spec.source, Path(work_dir))

@@ -59,7 +59,9 @@ def build_model(cfg: Config, cached: bool = False) -> RetrievalModel:
     spec.check_data(cfg)
     backbone = spec.build(cfg.model)
     requires = head_class(cfg.head.name).requires
-    num_proxies = int(getattr(head_options(cfg.head.name, cfg.head.options), "num_proxies", 0)) if "proxies" in requires else 0
+    num_proxies = (
+        int(getattr(head_options(cfg.head.name, cfg.head.options), "num_proxies", 0)) if "proxies" in requires else 0
+    )
     bridge = spec.build_bridge(backbone, cfg, num_proxies)
     dim = bridge.embed_dim if bridge is not None else backbone.embed_dim
     temporal = build_temporal(cfg.model.temporal, spec.temporal_init(backbone), dim, cfg.model.temporal_layers)

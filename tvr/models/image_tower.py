@@ -29,8 +29,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tvr.config import ConfigError
-from tvr.models.backbones.two_tower.config import TwoTowerConfig
 from tvr.data.transforms import PixelNorm
+from tvr.models.backbones.two_tower.config import TwoTowerConfig
 from tvr.utils.pickle_scan import PickleRefusedError
 from tvr.utils.torch_files import TorchFileError, load_torch_file
 

@@ -5,8 +5,7 @@ normalisation. The data pipeline takes these from the backbone unless the config
 Each backbone declares them in its folder (:mod:`tvr.models.backbones`), read from the model config alone, without
 building the backbone or loading weights, so a run config can be resolved before anything heavy runs;
 :func:`resolve_preprocess` fills ``data.image_size`` / ``data.sampling`` / ``data.pixel_mean`` / ``data.pixel_std``
-where the config leaves them unset, with the rest of what data needs of the backbone (every job resolves its config
-first, ``tvr.pipeline.resolve_config``), so a run's config.yaml and its checkpoints record the preprocessing used.
+where the config leaves them unset (every job resolves its config first, ``tvr.pipeline.resolve_config``), so a run's config.yaml and its checkpoints record the preprocessing used.
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ def backbone_norm(model_cfg: ModelConfig) -> PixelNorm:
 
 def resolve_preprocess(cfg: Config) -> Preprocess:
     """Fill ``data.image_size``, ``data.sampling``, ``data.pixel_mean`` and ``data.pixel_std`` left unset with the
-    backbone's (in place), with the rest of what the data pipeline needs of it (``data.tokenizer_spec``,
-    ``data.feature_identity``: :func:`tvr.models.backbones.registry.resolve_backbone_config`), and return what the
-    data pipeline will use. Values the config sets win. Idempotent."""
+    backbone's (in place; :func:`tvr.models.backbones.registry.resolve_backbone_config`, which builds the backbone's
+    settings sections too) and return what the data pipeline will use. Values the config sets win. Idempotent."""
     return resolve_backbone_config(cfg)

@@ -26,7 +26,6 @@ import torch
 from torch import Tensor, nn
 
 from tvr.config import ConfigError
-from tvr.models.backbones.two_tower.config import TinyTwoTowerConfig
 from tvr.data.sentence_tokenizer import (  # noqa: F401 (DEFAULT_TEXT_MODEL, SentenceTokenizer: this module's API too)
     DEFAULT_TEXT_MODEL,
     SentenceTokenizer,
@@ -35,6 +34,7 @@ from tvr.data.sentence_tokenizer import (  # noqa: F401 (DEFAULT_TEXT_MODEL, Sen
     tiny_tokenizer,
     write_tiny_vocab,
 )
+from tvr.models.backbones.two_tower.config import TinyTwoTowerConfig
 from tvr.utils.pickle_scan import PickleRefusedError
 from tvr.utils.torch_files import TorchFileError, check_model_folder
 

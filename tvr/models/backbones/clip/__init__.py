@@ -3,7 +3,3 @@ tokenizer; CLIP4Clip's 1-fps sampling with short-side resize and CLIP's normalis
 weights (``tiny`` = a randomly initialised one sized by ``model.tiny``). The module: :mod:`tvr.models.clip_backbone`.
 
 Its settings: ``config.py``; what tvr needs to know of it (registered as ``clip``): ``backbone.py``."""
-
-from tvr.models.backbones.clip.backbone import Clip
-
-__all__ = ["Clip"]

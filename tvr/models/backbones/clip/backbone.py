@@ -9,9 +9,9 @@ from torch import nn
 
 from tvr.config import Config, ConfigError, ModelConfig
 from tvr.data.tokenizer import CLIP_BPE, TINY_CLIP_BPE, TokenizerSpec
+from tvr.models.backbones.base import Backbone, register_backbone
 from tvr.models.backbones.clip.config import TinyClipConfig
 from tvr.models.backbones.clip.image_size import clip_image_size
-from tvr.models.backbones.registry import Backbone, register_backbone
 
 #: the model settings a CLIP-family feature cache records (every built-in backbone's, as caches always have)
 CLIP_FEATURE_SETTINGS = ("clip", "tiny", "backbone", "clipvip", "two_tower", "tokenizer", "clip_fp16_on_cuda")

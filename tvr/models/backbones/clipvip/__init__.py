@@ -3,7 +3,3 @@ video feature, plus M proxy tokens with ``model.clipvip.proxy_projection``); CLI
 CLIP-ViP's linspace sampling with square resize. The module: :mod:`tvr.models.clipvip`.
 
 Its settings: ``config.py``; what tvr needs to know of it (registered as ``clipvip``): ``backbone.py``."""
-
-from tvr.models.backbones.clipvip.backbone import ClipVip
-
-__all__ = ["ClipVip"]

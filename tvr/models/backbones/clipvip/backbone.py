@@ -7,10 +7,10 @@ from typing import ClassVar
 from torch import nn
 
 from tvr.config import Config, ConfigError, ModelConfig
+from tvr.models.backbones.base import register_backbone
 from tvr.models.backbones.clip.backbone import Clip
 from tvr.models.backbones.clip.config import TinyClipConfig
 from tvr.models.backbones.clipvip.config import ClipVipConfig
-from tvr.models.backbones.registry import register_backbone
 
 #: temporal modules allowed on top of a backbone that pools the video itself (both are the identity on one slot)
 CLIPVIP_TEMPORAL = ("none", "meanP")

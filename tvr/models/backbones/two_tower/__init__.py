@@ -4,7 +4,3 @@ heads that read them; the text model's own tokenizer; the image model's resoluti
 CLIP4Clip's sampling. Its modules: :mod:`tvr.models.two_tower`, :mod:`tvr.models.bridge`.
 
 Its settings: ``config.py``; what tvr needs to know of it (registered as ``two_tower``): ``backbone.py``."""
-
-from tvr.models.backbones.two_tower.backbone import TwoTower
-
-__all__ = ["TwoTower"]

@@ -9,8 +9,8 @@ from torch import nn
 from tvr.config import Config, ConfigError, ModelConfig
 from tvr.data.tokenizer import SENTENCE_MODEL, TokenizerSpec
 from tvr.data.transforms import PixelNorm
+from tvr.models.backbones.base import Backbone, register_backbone
 from tvr.models.backbones.clip.backbone import CLIP_FEATURE_SETTINGS
-from tvr.models.backbones.registry import Backbone, register_backbone
 from tvr.models.backbones.two_tower.config import TwoTowerConfig
 
 #: the tower settings a run on a cache must share with it (the bridge may differ: it runs on the cached features)
