@@ -4,8 +4,9 @@ normalisation. The data pipeline takes these from the backbone unless the config
 
 Each backbone declares them in its folder (:mod:`tvr.models.backbones`), read from the model config alone, without
 building the backbone or loading weights, so a run config can be resolved before anything heavy runs;
-:func:`resolve_preprocess` fills ``data.image_size`` / ``data.sampling`` / ``data.pixel_mean`` / ``data.pixel_std``
-where the config leaves them unset (every job resolves its config first, ``tvr.pipeline.resolve_config``), so a run's config.yaml and its checkpoints record the preprocessing used.
+:func:`resolve_preprocess` fills ``data.image_size`` / ``data.sampling`` / ``data.pixel_mean`` /
+``data.pixel_std`` where the config leaves them unset (every job resolves its config first,
+``tvr.pipeline.resolve_config``), so a run's config.yaml and its checkpoints record the preprocessing used.
 """
 
 from __future__ import annotations

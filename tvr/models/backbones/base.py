@@ -181,3 +181,17 @@ def register_backbone(name: str, *, overwrite: bool = False) -> Callable[[B], B]
         return cls
 
     return decorate
+
+
+def check_token_batch(input_ids: Any, attention_mask: Any, limit: int, who: str, limit_name: str) -> None:
+    """``encode_text``'s arguments as the contract has them: ids and mask of one shape [N, L], L at most ``limit``
+    (``limit_name``: what that limit is, e.g. "CLIP's context length"); else ValueError naming ``who``."""
+    if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"{who}: expected input_ids and attention_mask of the same shape [N, L], got "
+            f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}"
+        )
+    if input_ids.shape[1] > limit:
+        raise ValueError(
+            f"{who}: {input_ids.shape[1]} tokens per caption exceed {limit_name} {limit}; lower data.max_words"
+        )

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.metadata
 import logging
 import pkgutil
 
@@ -49,6 +48,7 @@ from tvr.models.backbones.base import (
     _check_backbone_class,
     register_backbone,
 )
+from tvr.utils.plugins import load_entry_points
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -73,14 +73,9 @@ def _load_entry_points() -> None:
     if _ENTRY_POINTS_LOADED:
         return
     _ENTRY_POINTS_LOADED = True
-    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            cls = _check_backbone_class(entry.load(), f"entry point {entry.name} = {entry.value}")
-        except Exception as exc:  # one broken plug-in must not hide the others
-            log.warning("backbone entry point %s (%s) could not be loaded: %s", entry.name, entry.value, exc)
-            continue
-        if entry.name not in _BACKBONES:
-            _add(entry.name, cls)
+    for name, cls in load_entry_points(ENTRY_POINT_GROUP, _check_backbone_class, "backbone"):
+        if name not in _BACKBONES:
+            _add(name, cls)
 
 
 def available_backbones() -> list[str]:
