@@ -317,7 +317,7 @@ class ModelConfig:
     clip: str = "tiny"
     #: the tiny random CLIP's sizes (``tvr.models.backbones.clip.config.TinyClipConfig``)
     tiny: Any = _model_section("tiny")
-    #: a registered backbone (``tvr backbones`` lists them): clip (per-frame CLIP image features, then ``temporal``)
+    #: a registered backbone (``tvr/models/backbones/<name>/``): clip (per-frame CLIP image features, then ``temporal``)
     #: | clipvip (CLIP-ViP video tower on the same CLIP weights: one pooled video feature + M proxies; needs
     #: ``temporal: none``) | two_tower (a sentence-transformers text model + an ImageNet image model, section
     #: ``two_tower``; ``clip`` and ``tiny`` are not used) | one registered by another package
@@ -349,7 +349,7 @@ class ModelConfig:
 
     def validate(self) -> None:
         if not isinstance(self.backbone, str) or not self.backbone:
-            raise ValueError(f"backbone = {self.backbone!r}: expected a backbone name (`tvr backbones` lists them)")
+            raise ValueError(f"backbone = {self.backbone!r}: expected the name of a registered backbone")
 
 
 @dataclass
@@ -751,7 +751,8 @@ def _field_type(keys: list[str]) -> Any:
     for key in keys[:-1]:
         if not dataclasses.is_dataclass(cls):
             return None
-        cls = typing.get_type_hints(cls).get(key)
+        section = next((f.metadata.get("section") for f in dataclasses.fields(cls) if f.name == key), None)
+        cls = _MODEL_SECTIONS.get(section) if section else typing.get_type_hints(cls).get(key)
     return typing.get_type_hints(cls).get(keys[-1]) if dataclasses.is_dataclass(cls) else None
 
 
