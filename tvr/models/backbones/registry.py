@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import logging
 import pkgutil
 
 from tvr.config import (
@@ -61,8 +60,6 @@ __all__ = [
     "resolve_backbone_config",
     "resolve_backbone_sections",
 ]
-
-log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "tvr.backbones"
 _ENTRY_POINTS_LOADED = False
