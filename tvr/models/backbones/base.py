@@ -54,7 +54,7 @@ class Backbone:
     #: the dataclass of ``model.options`` (None: the backbone takes none)
     Options: ClassVar[type | None] = None
     #: the model settings (``model.<field>``) its frozen features are a function of, in the order a feature cache's
-    #: manifest records them, and those a run on a cache must share with it
+    #: manifest records them (what a run on a cache must share with it: :meth:`matched_settings`)
     feature_settings: ClassVar[tuple[str, ...]] = ("backbone", "options", "tokenizer", "clip_fp16_on_cuda")
     #: how to make it provide per-video proxies when it can (for the error a head that reads them gets), e.g.
     #: ``model.backbone=clipvip and model.clipvip.proxy_projection=true``; "" = it cannot
