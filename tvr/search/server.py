@@ -50,6 +50,7 @@ from tvr.data.prepare import VIDEO_EXTENSIONS
 from tvr.search.batching import MicroBatcher
 from tvr.search.index import MAX_QUERY_CHARS, SearchIndex
 from tvr.utils.errors import UserError
+from tvr.utils.json_values import plain_json
 
 log = logging.getLogger(__name__)
 
@@ -300,11 +301,9 @@ def _media_type(path: Path) -> str:
 
 
 def jsonable(value: Any) -> Any:
-    """Validation errors as plain JSON (their ``ctx`` may hold exception objects)."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
+    """Validation errors as plain JSON (their ``ctx`` may hold exception objects, which are stated as text)."""
+    return plain_json(value, _plain_or_text)
+
+
+def _plain_or_text(value: Any) -> Any:
+    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
