@@ -133,8 +133,7 @@ def create_app(index: SearchIndex, *, micro_batch: bool = True, media_root: str 
     (default: the folder the index records). ``micro_batch=False``: one query at a time (what
     ``benchmarks/search_serve.py`` compares against)."""
     numbers = {entry["video"]: k for k, entry in enumerate(index.videos)}
-    root = Path(media_root if media_root is not None else index.root).resolve()
-    verified: set[tuple[int, int, int, int, int]] = set()  # (number, device, inode, size, mtime) that opened as video
+    file_of = _MediaFiles(index, Path(media_root if media_root is not None else index.root).resolve()).path
     batcher = MicroBatcher(index) if micro_batch else None
 
     @contextlib.asynccontextmanager
@@ -152,43 +151,7 @@ def create_app(index: SearchIndex, *, micro_batch: bool = True, media_root: str 
         lifespan=lifespan,
     )
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [
-            f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: {e.get('msg')}" for e in exc.errors()
-        ]
-        return JSONResponse({"error": "; ".join(problems), "detail": jsonable(exc.errors())}, status_code=422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(Exception)
-    async def failed(_: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, UserError):  # a damaged index file met while answering: its one-line message
-            return JSONResponse({"error": str(exc)}, status_code=500)
-        log.exception("request failed")
-        return JSONResponse({"error": f"internal error ({type(exc).__name__}); see the server's log"}, status_code=500)
-
-    def file_of(number: int) -> Path:
-        if not 0 <= number < len(index):
-            raise HTTPException(404, f"no video number {number} in this index (0 to {len(index) - 1})")
-        entry = index.videos[number]
-        try:
-            path = (root / entry["video"]).resolve(strict=True)
-            st = os.stat(path)
-        except OSError:
-            raise HTTPException(404, f"video number {number} is no longer available") from None
-        if not path.is_relative_to(root) or not stat.S_ISREG(st.st_mode):
-            raise HTTPException(404, f"video number {number} is not a file inside the media folder")
-        if (st.st_size, st.st_mtime_ns) != (entry["size"], entry["mtime_ns"]):
-            raise HTTPException(404, f"video number {number} changed since it was indexed (run tvr index again)")
-        key = (number, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if key not in verified:
-            if not is_video_container(path):
-                raise HTTPException(404, f"video number {number} is not a video file")
-            verified.add(key)
-        return path
+    _answer_errors_as_json(app)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> HTMLResponse:
@@ -253,6 +216,61 @@ def create_app(index: SearchIndex, *, micro_batch: bool = True, media_root: str 
     app.state.index = index
     app.state.batcher = batcher
     return app
+
+
+def _answer_errors_as_json(app: FastAPI) -> None:
+    """Every failed request gets ``{"error": one line}``: a request that does not validate (422, with the details),
+    an HTTP error, a damaged index file met while answering, and anything else (logged, named by type only)."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: {e.get('msg')}" for e in exc.errors()
+        ]
+        return JSONResponse({"error": "; ".join(problems), "detail": jsonable(exc.errors())}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def failed(_: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, UserError):  # a damaged index file met while answering: its one-line message
+            return JSONResponse({"error": str(exc)}, status_code=500)
+        log.exception("request failed")
+        return JSONResponse({"error": f"internal error ({type(exc).__name__}); see the server's log"}, status_code=500)
+
+
+class _MediaFiles:
+    """The indexed videos as files the server may send: inside the media folder ``root``, unchanged since they
+    were indexed, and (checked once per version of a file) a video container FFmpeg opens."""
+
+    def __init__(self, index: SearchIndex, root: Path) -> None:
+        self.index = index
+        self.root = root
+        self.verified: set[tuple[int, int, int, int, int]] = set()  # (number, device, inode, size, mtime)
+
+    def path(self, number: int) -> Path:
+        """The file of video ``number``, or an HTTP 404 saying why it cannot be sent."""
+        index, root = self.index, self.root
+        if not 0 <= number < len(index):
+            raise HTTPException(404, f"no video number {number} in this index (0 to {len(index) - 1})")
+        entry = index.videos[number]
+        try:
+            path = (root / entry["video"]).resolve(strict=True)
+            st = os.stat(path)
+        except OSError:
+            raise HTTPException(404, f"video number {number} is no longer available") from None
+        if not path.is_relative_to(root) or not stat.S_ISREG(st.st_mode):
+            raise HTTPException(404, f"video number {number} is not a file inside the media folder")
+        if (st.st_size, st.st_mtime_ns) != (entry["size"], entry["mtime_ns"]):
+            raise HTTPException(404, f"video number {number} changed since it was indexed (run tvr index again)")
+        key = (number, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in self.verified:
+            if not is_video_container(path):
+                raise HTTPException(404, f"video number {number} is not a video file")
+            self.verified.add(key)
+        return path
 
 
 #: ranges accepted in one Range header (players ask for one)
