@@ -48,7 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tvr.data.prepare import VIDEO_EXTENSIONS
 from tvr.search.batching import MicroBatcher
-from tvr.search.index import MAX_QUERY_CHARS, SearchIndex
+from tvr.search.index import MAX_QUERY_CHARS, Hit, SearchIndex
 from tvr.utils.errors import UserError
 from tvr.utils.json_values import plain_json
 
@@ -172,21 +172,9 @@ def create_app(index: SearchIndex, *, micro_batch: bool = True, media_root: str 
             hits = await asyncio.wrap_future(batcher.submit(text, k, rerank=rerank, all_windows=all_windows))
         else:
             hits = await run_in_threadpool(index.search, text, k, rerank=rerank, all_windows=all_windows)
-        out = []
-        for hit in hits:
-            number = numbers[hit.video]
-            middle = round((hit.start + hit.end) / 2, 3)
-            out.append(
-                {
-                    **hit.to_dict(),
-                    "id": number,
-                    "media": f"/media/{number}",
-                    "thumbnail": f"/thumbnail/{number}?t={middle}",
-                }
-            )
-        # the rows are built above from typed hits, so they are sent as they are: response_model (HitOut) describes
-        # them in the OpenAPI document without validating each answer again (a measurable share of a request's CPU)
-        return JSONResponse(out)
+        # the rows are built from typed hits, so they are sent as they are: response_model (HitOut) describes them
+        # in the OpenAPI document without validating each answer again (a measurable share of a request's CPU)
+        return JSONResponse([_hit_row(hit, numbers[hit.video]) for hit in hits])
 
     @app.get("/media/{number}", summary="A video of the index (HTTP range requests supported)")
     def media(request: Request, number: int = PathParam(..., ge=0, le=10**9)) -> FileResponse:
@@ -216,6 +204,13 @@ def create_app(index: SearchIndex, *, micro_batch: bool = True, media_root: str 
     app.state.index = index
     app.state.batcher = batcher
     return app
+
+
+def _hit_row(hit: Hit, number: int) -> dict[str, Any]:
+    """One row of a search answer (:class:`HitOut`): the hit, with the links to its video and its thumbnail (the
+    middle of its window)."""
+    middle = round((hit.start + hit.end) / 2, 3)
+    return {**hit.to_dict(), "id": number, "media": f"/media/{number}", "thumbnail": f"/thumbnail/{number}?t={middle}"}
 
 
 def _answer_errors_as_json(app: FastAPI) -> None:
