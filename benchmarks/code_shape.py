@@ -141,15 +141,29 @@ def duplicate_pairs(package: Path) -> int | None:
     return int(match.group(1))
 
 
+def source_label() -> str | None:
+    """The commit measured (``+ changes`` when the working tree differs from it), or None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], check=True, capture_output=True, text=True, cwd=REPO)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", "tvr"], check=True, capture_output=True, text=True, cwd=REPO
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + (" + changes" if status.stdout.strip() else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-lines", type=int, default=80, help="a function longer than this counts as long")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--source", help="what is measured, for the record (default: the git commit of tvr/)")
     args = parser.parse_args()
     package = REPO / "tvr"
     rules = _layering_rules()
     functions = long_functions(package, args.max_lines)
     result = {
+        "source": args.source or source_label(),
         "max_lines": args.max_lines,
         "long_functions": len(functions),
         "long_function_list": functions,
