@@ -51,9 +51,8 @@ def long_functions(package: Path, max_lines: int) -> list[dict]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > max_lines:
-                    where = f"{path.relative_to(package.parent)}:{node.lineno}"
-                    found.append({"function": node.name, "where": where, "lines": lines})
-    return sorted(found, key=lambda f: (-f["lines"], f["where"]))
+                    found.append((-lines, str(path.relative_to(package.parent)), node.lineno, node.name))
+    return [{"function": name, "where": f"{file}:{line}", "lines": -minus} for minus, file, line, name in sorted(found)]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
