@@ -35,7 +35,8 @@ OUT = Path(__file__).resolve().parent / "results" / "code_shape.json"
 
 
 def _layering_rules():
-    """tests/test_layering.py as a module: its module naming, import reading and allowed-imports table."""
+    """tests/test_layering.py as a module: its module naming, import reading, allowed-imports table and cycle
+    finder."""
     spec = importlib.util.spec_from_file_location("tvr_layering_rules", REPO / "tests" / "test_layering.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -53,29 +54,6 @@ def long_functions(package: Path, max_lines: int) -> list[dict]:
                 if lines > max_lines:
                     found.append((-lines, str(path.relative_to(package.parent)), node.lineno, node.name))
     return [{"function": name, "where": f"{file}:{line}", "lines": -minus} for minus, file, line, name in sorted(found)]
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The cycles a depth-first walk meets (each closing edge once)."""
-    state: dict[str, int] = {}
-    stack: list[str] = []
-    cycles: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt) :] + [nxt])
-            elif nxt not in state:
-                visit(nxt)
-        stack.pop()
-        state[node] = 2
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node)
-    return cycles
 
 
 def _floors(parts: dict[str, set[str]]) -> int:
@@ -106,14 +84,14 @@ def layering(rules) -> dict:
         for source, target in arrows
         if target != "__init__" and target not in rules.ALLOWED.get(source, set())
     ]
-    part_cycles = _cycles(parts)
+    part_cycles = rules.import_cycles(parts)
     return {
         "modules": len(modules),
         "rooms": len(parts),
         "floors": _floors(parts) if not part_cycles else None,
         "arrows": len(arrows),
         "upward_arrows": upward,
-        "module_cycles": [" -> ".join(c) for c in _cycles(module_graph)],
+        "module_cycles": [" -> ".join(c) for c in rules.import_cycles(module_graph)],
         "part_cycles": [" -> ".join(c) for c in part_cycles],
         "arrow_list": [f"{source} -> {target}" for source, target in arrows],
     }
