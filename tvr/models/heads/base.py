@@ -93,6 +93,11 @@ class RetrievalHead(nn.Module, ABC):
     #: ``head.options`` that ``tvr demo`` sets: the demo trains a tiny CLIP from scratch at lr 1e-3, far from the
     #: pretrained recipes a head's defaults are chosen for; a head whose defaults do not train there says so here
     demo_options: ClassVar[dict[str, Any]] = {}
+    #: the module of the method's own ``tvr analyze`` figures, a ``write_figures(context)`` function
+    #: (``tvr.analysis.context.FigureContext`` in, a list of ``FigureFiles`` out); a leading dot is relative to the head
+    #: class's package (``".figures"``: ``tvr/models/heads/<method>/figures``). It is analysis code, so only the
+    #: analysis layer imports it, never the head. None: the figures every head gets, nothing more
+    analysis_figures: ClassVar[str | None] = None
 
     def __init__(
         self,

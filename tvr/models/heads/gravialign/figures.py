@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tvr.analysis.context import FigureContext
 from tvr.analysis.figures import (
     COLORS,
     FigureFiles,
@@ -28,12 +29,12 @@ from tvr.analysis.figures import (
     split_label,
     write_figure,
 )
-from tvr.analysis.pairs import sample_negatives
+from tvr.analysis.pairs import sample_captions, sample_negatives
 from tvr.analysis.similarity import protocol_ranks
 from tvr.analysis.summaries import describe, spearman
 from tvr.eval.protocol import evaluate
-from tvr.losses import sgi_align_terms
-from tvr.models.heads.gravialign import MODES, GraviAlignHead, GraviState
+from tvr.models.heads.gravialign.head import MODES, GraviAlignHead, GraviState
+from tvr.models.heads.gravialign.losses import sgi_align_terms
 from tvr.types import TextFeatures
 
 #: texts scored at once when building the full S_align matrix
@@ -238,3 +239,23 @@ def plot_modes(out_dir: Path, data: dict[str, Any], *, split: str) -> FigureFile
         for d in ("t2v", "v2t")
     ]
     return write_figure(out_dir, "gravialign_modes", fig, {"split": split, **data}, title=title, rows=csv_rows)
+
+
+def write_figures(context: FigureContext) -> list[FigureFiles]:
+    """Uncertainty against caption length and rank, the S_align terms and the inference modes, for the checkpoint's
+    GraviAlign head (``GraviAlignHead.analysis_figures``)."""
+    head, options, tv, encoded = context.head, context.options, context.text_video, context.encoded
+    text_state, video_state, out, split = context.text_state, context.video_state, context.out, context.split
+    sample = sample_captions(tv.numel(), options.max_captions, options.seed)
+    uncertainty = uncertainty_vs_ambiguity(
+        text_state, video_state, context.sim, tv, encoded.protocol, caption_lengths(encoded.text)
+    )
+    terms = sgi_term_distributions(
+        head, text_state[sample], video_state, tv[sample], options.negatives_per_text, options.seed
+    )
+    modes = mode_comparison(head, text_state, video_state, tv, encoded.protocol, tie_mode=context.cfg.eval.tie_mode)
+    return [
+        plot_uncertainty(out, uncertainty, split=split, mode=head.inference_setting()),
+        plot_terms(out, terms, split=split),
+        plot_modes(out, modes, split=split),
+    ]

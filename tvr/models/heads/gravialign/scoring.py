@@ -1,7 +1,7 @@
 """GraviAlign's fast test-time S_align of every (text, video) pair (docs/methods/gravialign.md, "Where the s_align
 time goes").
 
-The pure function ``tvr.losses.sgi_align_pairwise`` defines the values (and carries the gradient the contrastive
+The pure function ``losses.sgi_align_pairwise`` defines the values (and carries the gradient the contrastive
 objective needs); :func:`s_align_scores` computes the same values without autograd, faster: cache-sized blocks in
 reused buffers, variances multiplied over groups of dimensions before one log per group (:func:`sgi_product_group`
 proves the products stay in float32's range) and, on a CPU, text stripes shared among single-threaded workers of one
@@ -23,7 +23,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tvr.losses import SGI_TERMS, check_sgi_arguments, sgi_quality, sgi_softening, sgi_terms_from_moments
+from tvr.models.heads.gravialign.losses import (
+    SGI_TERMS,
+    check_sgi_arguments,
+    sgi_quality,
+    sgi_softening,
+    sgi_terms_from_moments,
+)
 
 #: [texts, videos, D] elements of one scratch block of :func:`s_align_scores` (two such buffers per worker)
 SGI_BLOCK_ELEMENTS = 1 << 20
@@ -235,7 +241,7 @@ def s_align_scores(
     workers: int | None = None,
 ) -> Tensor:
     """S_align of every (text, video) pair, [N_t, N_v] (videos first in the arguments, texts on the rows): the values
-    of ``tvr.losses.sgi_align_pairwise`` (same options), without autograd.
+    of ``losses.sgi_align_pairwise`` (same options), without autograd.
 
     The pairs are scored in blocks of ``text_chunk`` × ``video_chunk`` (default 8 texts × as many videos as fit
     ``SGI_BLOCK_ELEMENTS`` with D); working memory is two such blocks plus a row stripe per worker, whatever N_t and

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tvr.analysis.context import FigureContext
 from tvr.analysis.figures import (
     COLORS,
     FigureFiles,
@@ -30,11 +31,11 @@ from tvr.analysis.figures import (
     split_label,
     write_figure,
 )
-from tvr.analysis.pairs import sample_negatives
+from tvr.analysis.pairs import sample_captions, sample_negatives
 from tvr.analysis.papers import TEXT_PROXY_PAPER, as_in
 from tvr.analysis.summaries import describe
 from tvr.eval.protocol import evaluate
-from tvr.models.heads.proxy import ProxyHead, ProxyTextState, ProxyVideoState
+from tvr.models.heads.proxy.head import ProxyHead, ProxyTextState, ProxyVideoState
 
 _EPS = 1e-12
 EMBEDDINGS = ("tsne", "pca")
@@ -286,3 +287,39 @@ def plot_query_correlation(out_dir: Path, data: dict[str, Any], *, split: str) -
         },
         title=title,
     )
+
+
+def write_figures(context: FigureContext) -> list[FigureFiles]:
+    """The γ sweep, the feature space of q_ij and the query–proxy correlation, for the checkpoint's TV-ProxyNet
+    head (``ProxyHead.analysis_figures``)."""
+    head, options, tv, encoded = context.head, context.options, context.text_video, context.encoded
+    text_state, video_state, out, split = context.text_state, context.video_state, context.out, context.split
+    sweep = gamma_sweep(head, text_state, video_state, tv, encoded.protocol, tie_mode=context.cfg.eval.tie_mode)
+    figures = [plot_gamma_sweep(out, sweep, split=split)]
+    rows, cols = select_subset(tv, len(video_state), seed=options.seed)
+    gamma, gamma_note = display_gamma(head)
+    queries = proxy_queries(head, text_state[rows], video_state[cols], gamma)
+    dim = queries["q"].shape[-1]
+    points = torch.cat([queries["q"].reshape(-1, dim), queries["v"], queries["t"]]).float().cpu()
+    coords = embed_2d(points, options.embedding, options.seed)
+    position = {int(v): k for k, v in enumerate(cols)}
+    figures.append(
+        plot_feature_space(
+            out,
+            queries,
+            coords,
+            gamma=gamma,
+            method=options.embedding,
+            split=split,
+            video_ids=[encoded.video_ids[int(v)] for v in cols],
+            text_rows=rows.tolist(),
+            text_video=[position[int(tv[r])] for r in rows],
+            gamma_note=gamma_note,
+        )
+    )
+    sample = sample_captions(tv.numel(), options.max_captions, options.seed)
+    correlation = proxy_query_correlation(
+        head, text_state[sample], video_state, tv[sample], options.negatives_per_text, options.seed
+    )
+    figures.append(plot_query_correlation(out, correlation, split=split))
+    return figures

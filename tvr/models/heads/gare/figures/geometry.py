@@ -32,9 +32,9 @@ from tvr.analysis.figures import (
 )
 from tvr.analysis.papers import GARE_PAPER, as_in
 from tvr.analysis.summaries import describe
-from tvr.models.heads.clip4clip import text_softmax_scores
-from tvr.models.heads.gare import GareHead
-from tvr.models.heads.gare_psi import gare_pair_features, video_mean
+from tvr.models.heads.clip4clip.head import text_softmax_scores
+from tvr.models.heads.gare.head import GareHead
+from tvr.models.heads.gare.psi import gare_pair_features, video_mean
 from tvr.types import TextFeatures, VideoFeatures
 
 #: pairs whose Δ is computed at once (each holds a few D-vectors and ψ's per-pair attention)

@@ -9,12 +9,12 @@ through an uncertainty head with its own parameters:
     log σ² = clamp(W_σ f + b_σ)      W_σ ~ N(0, 0.02²), b_σ = log σ₀² (−4) at init, clamp [−10, 5] (hard or soft)
 
 Training: L = InfoNCE(exp(logit_scale)·cos) + α·L_SGI; the InfoNCE runs on normalised f (default) or on μ. L_SGI is
-the paper's −mean of S_align (``tvr.losses.sgi_align``) over the positive pairs (``sgi_objective: positive``) or the
-contrastive L_SGI-NCE over every pair of the batch (``contrastive``, ``tvr.losses.sgi_align_nce``).
+the paper's −mean of S_align (``losses.sgi_align``) over the positive pairs (``sgi_objective: positive``) or the
+contrastive L_SGI-NCE over every pair of the batch (``contrastive``, ``losses.sgi_align_nce``).
 
 Inference modes (an inference setting chosen on the validation split, stored in buffers so it travels with the
 checkpoint): ``cos_f`` (the CLIP-ViP score, indexable), ``cos_mu`` (indexable), ``s_align`` (S_align of every pair,
-``gravialign_scoring.s_align_scores``) and ``mixed`` = cos_f + w·(S_align − mean)/std with the mean and std of
+``scoring.s_align_scores``) and ``mixed`` = cos_f + w·(S_align − mean)/std with the mean and std of
 S_align over all in-batch pairs, kept as running statistics during training (like BatchNorm's), so at test time the
 score of a pair does not depend on the gallery. ``indexable`` follows the current mode.
 """
@@ -31,18 +31,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tvr.config import bounded, choice
-from tvr.losses import (
+from tvr.losses import symmetric_infonce
+from tvr.models.heads.base import ParamRule, RetrievalHead
+from tvr.models.heads.common import check_pairs
+from tvr.models.heads.gravialign.losses import (
     SGI_A_DISTANCES,
     SGI_QUALITIES,
     sgi_align,
     sgi_align_pairwise,
     sgi_align_terms,
     sgi_nce_scale,
-    symmetric_infonce,
 )
-from tvr.models.heads.base import ParamRule, RetrievalHead
-from tvr.models.heads.common import check_pairs
-from tvr.models.heads.gravialign_scoring import s_align_scores
+from tvr.models.heads.gravialign.scoring import s_align_scores
 from tvr.models.heads.registry import register_head
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
 from tvr.utils.distributed import RowShard
@@ -216,6 +216,7 @@ class GraviAlignHead(RetrievalHead):
     """GraviAlign (spec §5). ``indexable`` follows the stored inference mode (cos_f / cos_mu: yes)."""
 
     Options = GraviAlignOptions
+    analysis_figures = ".figures"
     # From scratch at lr 1e-3 the spec's α = 0.1, ε = 1e-6 collapse every feature onto one point (the positive-only
     # L_SGI's trivial maximiser); α = 0.01 (the low end of the spec's sweep) with A bounded by 10·G/T trains the
     # InfoNCE as fast as the CLIP4Clip head while L_SGI still reaches the backbone (docs/methods/gravialign.md)
@@ -264,8 +265,8 @@ class GraviAlignHead(RetrievalHead):
         return f"mode={self.mode!r}, terms={self.options.terms!r}, per_dim_mean={self.options.per_dim_mean}"
 
     def sgi_kwargs(self) -> dict[str, Any]:
-        """The S_align settings of this head, as keyword arguments of ``tvr.losses.sgi_align*`` (and of
-        ``gravialign_scoring.s_align_scores``)."""
+        """The S_align settings of this head, as keyword arguments of ``losses.sgi_align*`` (and of
+        ``scoring.s_align_scores``)."""
         o = self.options
         return {
             "G": o.G,
@@ -458,7 +459,7 @@ class GraviAlignHead(RetrievalHead):
     @torch.no_grad()
     def reference_pair_scores(self, text: TextFeatures, video: VideoFeatures) -> Tensor:
         """Spec §5 for each aligned pair, one at a time, in the stored mode: cos(f_t, f_v), cos(μ_t, μ_v), S_align
-        from ``tvr.losses.sgi_align`` on that one pair, or cos_f + w·(S_align − mean)/std."""
+        from ``losses.sgi_align`` on that one pair, or cos_f + w·(S_align − mean)/std."""
         mode, w = self._current()
         out = []
         for p in range(text.eot.shape[0]):
@@ -523,7 +524,7 @@ class GraviAlignHead(RetrievalHead):
     def loss(self, text: TextFeatures, video: VideoFeatures, shard: RowShard | None = None) -> dict[str, Tensor]:
         """L = InfoNCE(exp(logit_scale)·cos) + α·L_SGI on B aligned pairs (spec §5.3), with L_SGI the paper's
         −mean_i S_align(v_i, t_i) (``sgi_objective: positive``) or L_SGI-NCE = ½[CE_rows + CE_cols] of κ·S/τ over the
-        batch's B×B S_align matrix (``contrastive``; ``tvr.losses.sgi_align_nce``).
+        batch's B×B S_align matrix (``contrastive``; ``losses.sgi_align_nce``).
 
         In training mode the running statistics of S_align over all B×B pairs are updated (for ``mixed``); the
         logged ``term_*`` are means over the positive pairs.

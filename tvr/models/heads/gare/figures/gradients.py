@@ -30,8 +30,8 @@ from tvr.analysis.pairs import sample_pair_batches
 from tvr.analysis.papers import GARE_PAPER, as_in
 from tvr.analysis.summaries import describe, per_dimension
 from tvr.losses import symmetric_infonce
-from tvr.models.heads.gare import GareHead
-from tvr.models.heads.gare_psi import gare_block, pooled_video
+from tvr.models.heads.gare.head import GareHead
+from tvr.models.heads.gare.psi import gare_block, pooled_video
 from tvr.types import TextFeatures, VideoFeatures
 
 
