@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tvr.models.heads.gare.head as gare_module
 from tvr.config import Config, HeadConfig, load_config
 from tvr.losses import symmetric_infonce
-from tvr.models.heads import gare as gare_module
 from tvr.models.heads.base import LN_100
 from tvr.models.heads.gare import GareHead, GareOptions, Psi, gare_block
 from tvr.models.heads.gare.losses import gare_direction, gare_kl, gare_radius

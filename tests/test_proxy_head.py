@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tvr.models.heads.proxy.scoring as proxy_module
 from tvr.config import ConfigError, HeadConfig, load_config
-from tvr.models.heads import proxy_scoring as proxy_module
 from tvr.models.heads.base import LN_100
 from tvr.models.heads.clip4clip import Clip4ClipHead
 from tvr.models.heads.proxy import (

@@ -91,7 +91,7 @@ def sgi_term_distributions(
     out: dict[str, Any] = {"terms": head.options.terms, "negatives_per_text": negatives_per_text}
     for kind, ti, vi in (("positive", torch.arange(tv.numel()), tv), ("negative", neg_t, neg_v)):
         t, v = text[ti.to(text.mu.device)], video[vi.to(video.mu.device)]
-        parts = sgi_align_terms(v.mu, v.logvar, t.mu, t.logvar, **head.sgi_kwargs())
+        parts = sgi_align_terms(v.mu, v.logvar, t.mu, t.logvar, params=head.sgi)
         out[kind] = {name: values.float().cpu().tolist() for name, values in parts.items()}
     return out
 

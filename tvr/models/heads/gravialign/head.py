@@ -37,6 +37,7 @@ from tvr.models.heads.common import check_pairs
 from tvr.models.heads.gravialign.losses import (
     SGI_A_DISTANCES,
     SGI_QUALITIES,
+    SgiParams,
     sgi_align,
     sgi_align_pairwise,
     sgi_align_terms,
@@ -264,20 +265,15 @@ class GraviAlignHead(RetrievalHead):
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, terms={self.options.terms!r}, per_dim_mean={self.options.per_dim_mean}"
 
-    def sgi_kwargs(self) -> dict[str, Any]:
-        """The S_align settings of this head, as keyword arguments of ``losses.sgi_align*`` (and of
+    @property
+    def sgi(self) -> SgiParams:
+        """The S_align settings of this head's options (one object for ``losses.sgi_align*`` and
         ``scoring.s_align_scores``)."""
-        o = self.options
-        return {
-            "G": o.G,
-            "T": o.T,
-            "lam": o.lam,
-            "per_dim_mean": o.per_dim_mean,
-            "eps": o.eps,
-            "quality": o.quality,
-            "terms": o.terms,
-            "a_distance": o.a_distance,
-        }
+        return SgiParams(**{f.name: getattr(self.options, f.name) for f in dataclasses.fields(SgiParams)})
+
+    def sgi_kwargs(self) -> dict[str, Any]:
+        """:attr:`sgi` as keyword arguments (a caller that changes one of them, e.g. ``terms``)."""
+        return dataclasses.asdict(self.sgi)
 
     def param_rules(self, lr: float, backbone_lr: float) -> list[ParamRule]:
         if self.options.module_lr > 0:
@@ -309,7 +305,7 @@ class GraviAlignHead(RetrievalHead):
     # ------------------------------------------------------------------ scoring
     def s_align_block(self, text_state: GraviState, video_state: GraviState) -> Tensor:
         """S_align of every pair of a block: [n_t, n_v] (the fast test-time kernel, on the process's scoring pool)."""
-        return s_align_scores(video_state.mu, video_state.logvar, text_state.mu, text_state.logvar, **self.sgi_kwargs())
+        return s_align_scores(video_state.mu, video_state.logvar, text_state.mu, text_state.logvar, params=self.sgi)
 
     def standardise(self, s_align: Tensor) -> Tensor:
         """(S_align − running mean) / running std: the training batches' statistics, fixed at test time."""
@@ -366,7 +362,7 @@ class GraviAlignHead(RetrievalHead):
         for a in range(0, text_index.shape[0], PAIR_CHUNK):
             ti, vi = text_index[a : a + PAIR_CHUNK].to(device), video_index[a : a + PAIR_CHUNK].to(device)
             ts, vs = text_state[ti], video_state[vi]
-            s_align = sgi_align(vs.mu, vs.logvar, ts.mu, ts.logvar, **self.sgi_kwargs())
+            s_align = sgi_align(vs.mu, vs.logvar, ts.mu, ts.logvar, params=self.sgi)
             cos_f = (ts.f * vs.f).sum(dim=-1) if self.mode == "mixed" else None
             out[a : a + PAIR_CHUNK] = self._combine(self.mode, self._current()[1], cos_f, None, s_align).float().cpu()
         return out
@@ -468,7 +464,7 @@ class GraviAlignHead(RetrievalHead):
             mu_t, logvar_t = self._gaussian(self.gauss_text, f_t)
             mu_v, logvar_v = self._gaussian(self.gauss_video, f_v)
             cos_f = F.cosine_similarity(f_t, f_v, eps=_EPS)[0]
-            s_align = sgi_align(mu_v, logvar_v, mu_t, logvar_t, **self.sgi_kwargs())[0]
+            s_align = sgi_align(mu_v, logvar_v, mu_t, logvar_t, params=self.sgi)[0]
             scores = {
                 "cos_f": cos_f,
                 "cos_mu": (mu_t * mu_v).sum(),
@@ -558,19 +554,19 @@ class GraviAlignHead(RetrievalHead):
         all_pairs = None
         if o.sgi_objective == "contrastive":
             # every pair of the (gathered) batch, chunked, with its own chunked backward (never B×B×D at once)
-            all_pairs = shard.gather(sgi_align_pairwise(*sgi_video, *own_text, **self.sgi_kwargs()))
+            all_pairs = shard.gather(sgi_align_pairwise(*sgi_video, *own_text, params=self.sgi))
             sgi = symmetric_infonce(sgi_nce_scale(tau=o.sgi_tau, per_dim_mean=o.per_dim_mean, dim=self.dim) * all_pairs)
             with torch.no_grad():
-                parts = sgi_align_terms(*own_pairs, **self.sgi_kwargs())
+                parts = sgi_align_terms(*own_pairs, params=self.sgi)
         else:
-            parts = sgi_align_terms(*own_pairs, **self.sgi_kwargs())
+            parts = sgi_align_terms(*own_pairs, params=self.sgi)
             sgi = -shard.sum(torch.stack(list(parts.values())).sum(dim=0).sum()) / n
         # α = 0 still keeps the uncertainty heads in the graph (zero gradients; DDP expects every parameter used)
         total = infonce + o.alpha * sgi
         if self.training:
             if all_pairs is None:
                 # in the calling thread (workers=1): a training step starts no threads and leaves torch's settings
-                rows = s_align_scores(mu_v, logvar_v, mu_t[own], logvar_t[own], workers=1, **self.sgi_kwargs())
+                rows = s_align_scores(mu_v, logvar_v, mu_t[own], logvar_t[own], workers=1, params=self.sgi)
                 all_pairs = shard.gather(rows.detach())
             self._update_statistics(all_pairs.detach())
             self._watch_collapse(infonce.detach(), mu_t.detach(), mu_v.detach())

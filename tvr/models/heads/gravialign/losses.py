@@ -14,6 +14,9 @@ pure tensor functions.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -85,62 +88,94 @@ def sgi_softening(*, eps: float, a_distance: str, per_dim_mean: bool, dim: int) 
     return 1.0 if per_dim_mean else float(dim)
 
 
+@dataclasses.dataclass(frozen=True)
+class SgiParams:
+    """The settings of S_align (spec §5.2, defaults §5.2 ★), checked once when made: every S_align function takes
+    them as one object (``params=``) or as these keyword arguments.
+
+    ``G``, ``T``: term A scales with G/T; ``lam``: λ of the quality (:func:`sgi_quality`); ``per_dim_mean``: q,
+    Σ log s and the entropy proxy as per-dimension means; ``eps``: ε in d = √(q + ε); ``quality``: H̃ of
+    :func:`sgi_quality`; ``terms``: a subset of "ABC" (the ablations); ``a_distance``: as in :func:`sgi_softening`."""
+
+    G: float
+    T: float
+    lam: float
+    per_dim_mean: bool = True
+    eps: float = 1e-6
+    quality: str = "softplus"
+    terms: str = SGI_TERMS
+    a_distance: str = "centre"
+
+    def __post_init__(self) -> None:
+        _check_sgi_scalars(self.G, self.T, self.lam, self.eps, self.quality, self.a_distance)
+        _check_terms(self.terms)
+
+    def qualities(self, logvar_v: Tensor, logvar_t: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """(m_v, m_t) of :func:`sgi_quality`, or (None, None) when term A is off (nothing else reads them)."""
+        if "A" not in self.terms:
+            return None, None
+        return tuple(
+            sgi_quality(logvar, lam=self.lam, per_dim_mean=self.per_dim_mean, quality=self.quality)
+            for logvar in (logvar_v, logvar_t)
+        )
+
+    def softening(self, dim: int) -> float:
+        """c of d = √(q + c) for ``dim``-dimensional Gaussians (:func:`sgi_softening`)."""
+        return sgi_softening(eps=self.eps, a_distance=self.a_distance, per_dim_mean=self.per_dim_mean, dim=dim)
+
+
+def sgi_params(params: SgiParams | None, fields: dict[str, Any]) -> SgiParams:
+    """``params``, or the :class:`SgiParams` of keyword arguments ``fields`` (a caller passes one or the other)."""
+    if params is None:
+        return SgiParams(**fields)
+    if fields:
+        raise TypeError(f"S_align settings given twice: params and keyword arguments {sorted(fields)}")
+    return params
+
+
 def sgi_terms_from_moments(
-    q: Tensor,
-    logdet: Tensor,
-    m_v: Tensor | None,
-    m_t: Tensor | None,
-    *,
-    G: float,
-    T: float,
-    softening: float,
-    terms: str,
+    q: Tensor, logdet: Tensor, m_v: Tensor | None, m_t: Tensor | None, params: SgiParams, softening: float
 ) -> dict[str, Tensor]:
     """The enabled terms from the reduced q (Mahalanobis), logdet (Σ or mean of log s), the qualities (None when
-    "A" is off) and the softening c of d = √(q + c) (:func:`sgi_softening`)."""
+    "A" is off) and the softening c of d = √(q + c) (:meth:`SgiParams.softening`)."""
     out: dict[str, Tensor] = {}
-    if "A" in terms:
-        out["A"] = (G / T) * m_v * m_t / torch.sqrt(q + softening)
-    if "B" in terms:
+    if "A" in params.terms:
+        out["A"] = (params.G / params.T) * m_v * m_t / torch.sqrt(q + softening)
+    if "B" in params.terms:
         out["B"] = -0.5 * q
-    if "C" in terms:
+    if "C" in params.terms:
         out["C"] = -0.5 * logdet
     return out
 
 
+def sum_terms(parts: dict[str, Tensor]) -> Tensor:
+    """S_align = the sum of its enabled terms, added in the order A, B, C (the same rounding on every path)."""
+    values = list(parts.values())
+    total = values[0]
+    for rest in values[1:]:
+        total = total + rest
+    return total
+
+
 def sgi_align_terms(
-    mu_v: Tensor,
-    logvar_v: Tensor,
-    mu_t: Tensor,
-    logvar_t: Tensor,
-    *,
-    G: float,
-    T: float,
-    lam: float,
-    per_dim_mean: bool = True,
-    eps: float = 1e-6,
-    quality: str = "softplus",
-    terms: str = SGI_TERMS,
-    a_distance: str = "centre",
+    mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, logvar_t: Tensor, params: SgiParams | None = None, **fields: Any
 ) -> dict[str, Tensor]:
-    """The terms of S_align for broadcastable [..., D] inputs: {"A", "B", "C"} (only those in ``terms``), each [...].
+    """The terms of S_align for broadcastable [..., D] inputs: {"A", "B", "C"} (only those in ``params.terms``), each
+    [...]. ``params``: an :class:`SgiParams`, or its fields as keyword arguments.
 
     Straight from the formulas, differentiable; :func:`sgi_align` sums them."""
-    _check_sgi_scalars(G, T, lam, eps, quality, a_distance)
-    terms = _check_terms(terms)
+    params = sgi_params(params, fields)
     s = logvar_v.exp() + logvar_t.exp()
     delta = mu_v - mu_t
     ratio = delta.square() / s
     log_s = torch.log(s)
-    q = ratio.mean(dim=-1) if per_dim_mean else ratio.sum(dim=-1)
-    logdet = log_s.mean(dim=-1) if per_dim_mean else log_s.sum(dim=-1)
-    m_v = sgi_quality(logvar_v, lam=lam, per_dim_mean=per_dim_mean, quality=quality) if "A" in terms else None
-    m_t = sgi_quality(logvar_t, lam=lam, per_dim_mean=per_dim_mean, quality=quality) if "A" in terms else None
-    softening = sgi_softening(eps=eps, a_distance=a_distance, per_dim_mean=per_dim_mean, dim=mu_v.shape[-1])
-    return sgi_terms_from_moments(q, logdet, m_v, m_t, G=G, T=T, softening=softening, terms=terms)
+    q = ratio.mean(dim=-1) if params.per_dim_mean else ratio.sum(dim=-1)
+    logdet = log_s.mean(dim=-1) if params.per_dim_mean else log_s.sum(dim=-1)
+    m_v, m_t = params.qualities(logvar_v, logvar_t)
+    return sgi_terms_from_moments(q, logdet, m_v, m_t, params, params.softening(mu_v.shape[-1]))
 
 
-def _check_gaussians(mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, logvar_t: Tensor, name: str) -> None:
+def check_gaussians(mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, logvar_t: Tensor, name: str) -> None:
     for what, mu, logvar in (("video", mu_v, logvar_v), ("text", mu_t, logvar_t)):
         if mu.ndim != 2 or mu.shape != logvar.shape:
             raise ValueError(
@@ -151,44 +186,22 @@ def _check_gaussians(mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, logvar_t: Ten
 
 
 def sgi_align(
-    mu_v: Tensor,
-    logvar_v: Tensor,
-    mu_t: Tensor,
-    logvar_t: Tensor,
-    *,
-    G: float,
-    T: float,
-    lam: float,
-    per_dim_mean: bool = True,
-    eps: float = 1e-6,
-    quality: str = "softplus",
-    terms: str = SGI_TERMS,
-    a_distance: str = "centre",
+    mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, logvar_t: Tensor, params: SgiParams | None = None, **fields: Any
 ) -> Tensor:
     """S_align of aligned pairs (video k with text k): [N] for [N, D] inputs (spec §5.2, defaults §5.2 ★).
 
-    ``eps`` is ε in d = √(q + ε); ``quality`` as in :func:`sgi_quality`; ``terms`` a subset of "ABC" (the ablations);
-    ``a_distance`` as in :func:`sgi_softening`. The paper's L_SGI is −mean of this over the positive pairs."""
-    _check_gaussians(mu_v, logvar_v, mu_t, logvar_t, "sgi_align")
+    ``params``: an :class:`SgiParams` (or its fields as keyword arguments: ``eps`` is ε in d = √(q + ε); ``quality``
+    as in :func:`sgi_quality`; ``terms`` a subset of "ABC", the ablations; ``a_distance`` as in
+    :func:`sgi_softening`). The paper's L_SGI is −mean of this over the positive pairs."""
+    params = sgi_params(params, fields)
+    _check_aligned(mu_v, logvar_v, mu_t, logvar_t, "sgi_align")
+    return torch.stack(list(sgi_align_terms(mu_v, logvar_v, mu_t, logvar_t, params).values())).sum(dim=0)
+
+
+def _check_aligned(mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, logvar_t: Tensor, name: str) -> None:
+    check_gaussians(mu_v, logvar_v, mu_t, logvar_t, name)
     if mu_v.shape != mu_t.shape:
-        raise ValueError(
-            f"sgi_align: aligned pairs need as many videos as texts, got {mu_v.shape[0]} and {mu_t.shape[0]}"
-        )
-    parts = sgi_align_terms(
-        mu_v,
-        logvar_v,
-        mu_t,
-        logvar_t,
-        G=G,
-        T=T,
-        lam=lam,
-        per_dim_mean=per_dim_mean,
-        eps=eps,
-        quality=quality,
-        terms=terms,
-        a_distance=a_distance,
-    )
-    return torch.stack(list(parts.values())).sum(dim=0)
+        raise ValueError(f"{name}: aligned pairs need as many videos as texts, got {mu_v.shape[0]} and {mu_t.shape[0]}")
 
 
 def _pair_chunks(n_t: int, n_v: int, dim: int, text_chunk: int | None, video_chunk: int | None) -> tuple[int, int]:
@@ -268,47 +281,20 @@ def sgi_pair_moments(
     return _PairMoments.apply(mu_v, var_v, mu_t, var_t, text_chunk, video_chunk)
 
 
-def check_sgi_arguments(
-    mu_v: Tensor,
-    logvar_v: Tensor,
-    mu_t: Tensor,
-    logvar_t: Tensor,
-    name: str,
-    *,
-    G: float,
-    T: float,
-    lam: float,
-    eps: float,
-    quality: str,
-    terms: str,
-    a_distance: str,
-) -> str:
-    """The checks every all-pairs S_align function runs (shapes and options; ValueError naming ``name``); returns
-    ``terms``."""
-    _check_gaussians(mu_v, logvar_v, mu_t, logvar_t, name)
-    _check_sgi_scalars(G, T, lam, eps, quality, a_distance)
-    return _check_terms(terms)
-
-
 def sgi_align_pairwise(
     mu_v: Tensor,
     logvar_v: Tensor,
     mu_t: Tensor,
     logvar_t: Tensor,
+    params: SgiParams | None = None,
     *,
-    G: float,
-    T: float,
-    lam: float,
-    per_dim_mean: bool = True,
-    eps: float = 1e-6,
-    quality: str = "softplus",
-    terms: str = SGI_TERMS,
-    a_distance: str = "centre",
     text_chunk: int | None = None,
     video_chunk: int | None = None,
+    **fields: Any,
 ) -> Tensor:
     """S_align of every (text, video) pair: [N_t, N_v] (note: video arguments first, texts on the output's rows),
-    equal to :func:`sgi_align` of each pair up to float rounding.
+    equal to :func:`sgi_align` of each pair up to float rounding. ``params``: an :class:`SgiParams`, or its fields
+    as keyword arguments.
 
     Nothing factorises Σ_k δ_k²/s_k or Σ_k log s_k into a matrix product, so the work is O(N_t·N_v·D) elementwise,
     done in chunks of ``text_chunk`` × ``video_chunk`` pairs (default: up to 1 M elements of [.., .., D]); the
@@ -316,20 +302,8 @@ def sgi_align_pairwise(
     carry their own backward): the contrastive L_SGI-NCE runs on it. A pure function: no threads, no global state.
     Test-time scoring of large galleries uses the head's faster kernel
     (``tvr.models.heads.gravialign.scoring.s_align_scores``), which gives the same values."""
-    terms = check_sgi_arguments(
-        mu_v,
-        logvar_v,
-        mu_t,
-        logvar_t,
-        "sgi_align_pairwise",
-        G=G,
-        T=T,
-        lam=lam,
-        eps=eps,
-        quality=quality,
-        terms=terms,
-        a_distance=a_distance,
-    )
+    params = sgi_params(params, fields)
+    check_gaussians(mu_v, logvar_v, mu_t, logvar_t, "sgi_align_pairwise")
     dtype = torch.promote_types(torch.promote_types(mu_v.dtype, mu_t.dtype), torch.float32)
     mu_v, logvar_v, mu_t, logvar_t = (x.to(dtype) for x in (mu_v, logvar_v, mu_t, logvar_t))
     dim = mu_v.shape[1]
@@ -339,18 +313,11 @@ def sgi_align_pairwise(
         )
     except ValueError as exc:
         raise ValueError(f"sgi_align_pairwise: {exc}") from None
-    if per_dim_mean:
+    if params.per_dim_mean:
         q, logdet = q / dim, logdet / dim
-    needs_a = "A" in terms
-    m_v = sgi_quality(logvar_v, lam=lam, per_dim_mean=per_dim_mean, quality=quality)[None] if needs_a else None
-    m_t = sgi_quality(logvar_t, lam=lam, per_dim_mean=per_dim_mean, quality=quality)[:, None] if needs_a else None
-    softening = sgi_softening(eps=eps, a_distance=a_distance, per_dim_mean=per_dim_mean, dim=dim)
-    parts = sgi_terms_from_moments(q, logdet, m_v, m_t, G=G, T=T, softening=softening, terms=terms)
-    values = list(parts.values())
-    out = values[0]
-    for rest in values[1:]:
-        out = out + rest
-    return out
+    m_v, m_t = params.qualities(logvar_v, logvar_t)
+    m_v, m_t = (m_v[None], m_t[:, None]) if m_v is not None else (None, None)
+    return sum_terms(sgi_terms_from_moments(q, logdet, m_v, m_t, params, params.softening(dim)))
 
 
 def sgi_nce_scale(*, tau: float, per_dim_mean: bool, dim: int) -> float:
@@ -366,43 +333,20 @@ def sgi_align_nce(
     logvar_v: Tensor,
     mu_t: Tensor,
     logvar_t: Tensor,
+    params: SgiParams | None = None,
     *,
     tau: float = 1.0,
-    G: float,
-    T: float,
-    lam: float,
-    per_dim_mean: bool = True,
-    eps: float = 1e-6,
-    quality: str = "softplus",
-    terms: str = SGI_TERMS,
-    a_distance: str = "centre",
+    **fields: Any,
 ) -> Tensor:
     """Contrastive L_SGI-NCE on B aligned pairs (video k with text k): ½[CE_rows(Z) + CE_cols(Z)] with
     Z = κ·S/τ, S_ij = S_align(v_j, t_i) over every pair of the batch (:func:`sgi_align_pairwise`, chunked) and κ as in
-    :func:`sgi_nce_scale`.
+    :func:`sgi_nce_scale`. ``params``: an :class:`SgiParams`, or its fields as keyword arguments.
 
     The paper's L_SGI = −S_ii is the numerator of each row's cross-entropy; the log-partition logsumexp_j Z_ij prices
     the collapsed state (every pair alike) at ln B, so the positive-only objective's trivial maximiser is gone. With
     A off and sums over D, S_ij is the log expected-likelihood kernel log ∫N(z; μ_v, Σ_v)N(z; μ_t, Σ_t)dz (+ const);
     for isotropic variances σ²I it is CLIP's InfoNCE on cos(μ_t, μ_v) with a per-pair temperature 1/(s_v + s_t)."""
-    _check_gaussians(mu_v, logvar_v, mu_t, logvar_t, "sgi_align_nce")
-    if mu_v.shape != mu_t.shape:
-        raise ValueError(
-            f"sgi_align_nce: aligned pairs need as many videos as texts, got {mu_v.shape[0]} and {mu_t.shape[0]}"
-        )
-    scale = sgi_nce_scale(tau=tau, per_dim_mean=per_dim_mean, dim=mu_v.shape[1])
-    scores = sgi_align_pairwise(
-        mu_v,
-        logvar_v,
-        mu_t,
-        logvar_t,
-        G=G,
-        T=T,
-        lam=lam,
-        per_dim_mean=per_dim_mean,
-        eps=eps,
-        quality=quality,
-        terms=terms,
-        a_distance=a_distance,
-    )
-    return symmetric_infonce(scale * scores)
+    params = sgi_params(params, fields)
+    _check_aligned(mu_v, logvar_v, mu_t, logvar_t, "sgi_align_nce")
+    scale = sgi_nce_scale(tau=tau, per_dim_mean=params.per_dim_mean, dim=mu_v.shape[1])
+    return symmetric_infonce(scale * sgi_align_pairwise(mu_v, logvar_v, mu_t, logvar_t, params))
