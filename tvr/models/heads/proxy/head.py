@@ -204,7 +204,7 @@ class ProxyHead(RetrievalHead):
     def _method(self) -> str:
         return self.options.scorer
 
-    def score_block(self, text_state: ProxyTextState, video_state: ProxyVideoState) -> Tensor:
+    def _pairwise(self, text_state: ProxyTextState, video_state: ProxyVideoState, **chunks: int | None) -> Tensor:
         return proxy_pairwise_scores(
             self.generator,
             text_state.emb,
@@ -212,7 +212,11 @@ class ProxyHead(RetrievalHead):
             video_state.proxies,
             self.gamma_value,
             method=self._method(),
+            **chunks,
         )
+
+    def score_block(self, text_state: ProxyTextState, video_state: ProxyVideoState) -> Tensor:
+        return self._pairwise(text_state, video_state)
 
     @torch.no_grad()
     def score(
@@ -224,16 +228,7 @@ class ProxyHead(RetrievalHead):
     ) -> Tensor:
         """All pairs in one call of the scorer, which tiles internally (bounded memory); explicit chunks are
         passed on to it."""
-        return proxy_pairwise_scores(
-            self.generator,
-            text_state.emb,
-            video_state.emb,
-            video_state.proxies,
-            self.gamma_value,
-            method=self._method(),
-            text_chunk=text_chunk,
-            video_chunk=video_chunk,
-        ).float()
+        return self._pairwise(text_state, video_state, text_chunk=text_chunk, video_chunk=video_chunk).float()
 
     @torch.no_grad()
     def score_pairs(
