@@ -10,9 +10,11 @@ through CLIP and on cached frozen features. A head class declares
   options (the same checks a config gets) before ``build`` runs, so no head repeats them.
 * ``encode_texts`` / ``encode_videos``: per-item states, sliceable along dim 0 (see ``tvr.types.Sliceable``).
 * ``score_block(text_state, video_state) -> [n_t, n_v]``: the exact score of every pair of a block.
-* ``loss(TextFeatures, VideoFeatures) -> {"loss": ..., components...}`` on B aligned pairs.
+* ``loss(TextFeatures, VideoFeatures, shard=None) -> {"loss": ..., components...}`` on B aligned pairs.
 * ``indexable``: True when the score is a plain dot product of ``state.emb`` vectors, so a gallery can go into an
   ANN index and all-pairs scoring is one matrix product.
+* ``analysis_figures`` (optional): the module of the method's own ``tvr analyze`` figures (``".figures"``: the
+  head's folder's ``figures``), which the analysis layer imports; a head never imports plotting code.
 
 Everything else is shared here: chunked all-pairs scoring (never an N_t × N_v × D tensor), exact scores of given
 (text, video) pairs, and two-stage scoring (shortlist by a dot-product embedding, exact rerank) for any head. A

@@ -281,6 +281,17 @@ def sgi_pair_moments(
     return _PairMoments.apply(mu_v, var_v, mu_t, var_t, text_chunk, video_chunk)
 
 
+def all_pairs_inputs(
+    name: str, mu_v: Tensor, logvar_v: Tensor, mu_t: Tensor, logvar_t: Tensor, params: SgiParams | None, fields: dict
+) -> tuple[SgiParams, Tensor, Tensor, Tensor, Tensor]:
+    """What an all-pairs S_align function starts from: its settings (:func:`sgi_params`), the shapes checked (a
+    ValueError naming ``name``) and the four inputs in the compute dtype (float64 stays float64, else float32)."""
+    params = sgi_params(params, fields)
+    check_gaussians(mu_v, logvar_v, mu_t, logvar_t, name)
+    dtype = torch.promote_types(torch.promote_types(mu_v.dtype, mu_t.dtype), torch.float32)
+    return (params, *(x.to(dtype) for x in (mu_v, logvar_v, mu_t, logvar_t)))
+
+
 def sgi_align_pairwise(
     mu_v: Tensor,
     logvar_v: Tensor,
@@ -302,10 +313,9 @@ def sgi_align_pairwise(
     carry their own backward): the contrastive L_SGI-NCE runs on it. A pure function: no threads, no global state.
     Test-time scoring of large galleries uses the head's faster kernel
     (``tvr.models.heads.gravialign.scoring.s_align_scores``), which gives the same values."""
-    params = sgi_params(params, fields)
-    check_gaussians(mu_v, logvar_v, mu_t, logvar_t, "sgi_align_pairwise")
-    dtype = torch.promote_types(torch.promote_types(mu_v.dtype, mu_t.dtype), torch.float32)
-    mu_v, logvar_v, mu_t, logvar_t = (x.to(dtype) for x in (mu_v, logvar_v, mu_t, logvar_t))
+    params, mu_v, logvar_v, mu_t, logvar_t = all_pairs_inputs(
+        "sgi_align_pairwise", mu_v, logvar_v, mu_t, logvar_t, params, fields
+    )
     dim = mu_v.shape[1]
     try:
         q, logdet = sgi_pair_moments(

@@ -25,8 +25,7 @@ from torch import Tensor
 
 from tvr.models.heads.gravialign.losses import (
     SgiParams,
-    check_gaussians,
-    sgi_params,
+    all_pairs_inputs,
     sgi_terms_from_moments,
     sum_terms,
 )
@@ -248,14 +247,12 @@ def s_align_scores(
     ``workers``: CPU stripes of ``text_chunk`` texts are shared among that many workers of the process's
     :class:`ScoringPool` (default: ``torch.get_num_threads()``); 1 scores in the calling thread with the caller's
     torch settings, and never creates a pool. On CUDA: one loop, 16× larger blocks (not measured: no GPU here)."""
-    params = sgi_params(params, fields)
-    check_gaussians(mu_v, logvar_v, mu_t, logvar_t, "s_align_scores")
+    inputs = (x.detach() for x in (mu_v, logvar_v, mu_t, logvar_t))
+    params, mu_v, logvar_v, mu_t, logvar_t = all_pairs_inputs("s_align_scores", *inputs, params, fields)
     if workers is not None and workers < 1:
         raise ValueError(f"s_align_scores: workers must be >= 1, got {workers}")
     n_v, dim = mu_v.shape
     n_t = mu_t.shape[0]
-    dtype = torch.promote_types(torch.promote_types(mu_v.dtype, mu_t.dtype), torch.float32)
-    mu_v, logvar_v, mu_t, logvar_t = (x.detach().to(dtype) for x in (mu_v, logvar_v, mu_t, logvar_t))
     if text_chunk is not None and text_chunk < 1 or video_chunk is not None and video_chunk < 1:
         raise ValueError(f"s_align_scores: chunks must be >= 1, got text_chunk={text_chunk}, video_chunk={video_chunk}")
     text_chunk = min(max(1, n_t), text_chunk or SGI_TEXT_CHUNK)
