@@ -62,6 +62,24 @@ def test_a_head_without_figures_gets_the_shared_ones_only() -> None:
     assert method_figures(_Context(Clip4ClipHead(8))) == []
 
 
+def test_a_figures_module_is_named_relative_to_a_package_or_in_full() -> None:
+    from toy_heads import BilinearHead
+
+    from tvr.analysis.checkpoint import method_figures
+
+    class Relative(BilinearHead):
+        analysis_figures = ".figures"
+
+    class Missing(BilinearHead):
+        analysis_figures = "toy_method.losses"  # a module without write_figures
+
+    Relative.__module__ = Missing.__module__ = "toy_heads"  # a top-level module: nothing to be relative to
+    with pytest.raises(ValueError, match=r"analysis_figures = '.figures' is relative.*'toy_heads' is in no package"):
+        method_figures(_Context(Relative(8)))
+    with pytest.raises(TypeError, match="module toy_method.losses has no write_figures"):
+        method_figures(_Context(Missing(8)))
+
+
 class _Context:
     def __init__(self, head: object) -> None:
         self.head = head

@@ -92,7 +92,13 @@ def method_figures(context: FigureContext) -> list[FigureFiles]:
     name = cls.analysis_figures
     if not name:
         return []
-    module = importlib.import_module(name, cls.__module__.rpartition(".")[0] or None)
+    package = cls.__module__.rpartition(".")[0]
+    if name.startswith(".") and not package:
+        raise ValueError(
+            f"{cls.__name__}.analysis_figures = {name!r} is relative, but its module {cls.__module__!r} is in no "
+            "package: name the figures module in full"
+        )
+    module = importlib.import_module(name, package or None)
     write = getattr(module, "write_figures", None)
     if not callable(write):
         raise TypeError(
