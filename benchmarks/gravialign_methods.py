@@ -72,7 +72,7 @@ def score_every_mode(run: Path) -> dict:
     from tvr.data.tokenizer import build_tokenizer
     from tvr.eval.runner import encode_split_raw
     from tvr.models.checkpoint import load_model
-    from tvr.models.heads.gravialign_scoring import s_align_scores
+    from tvr.models.heads.gravialign.scoring import s_align_scores
 
     model, cfg = load_model(run / "last.pt")
     model.eval()

@@ -145,8 +145,7 @@ def simulated_shard(batch: int, world: int):  # noqa: ANN201
 
 def activation_bytes(shape: dict, batch: int, world: int, device: str, per_rank: bool) -> int:
     """Bytes the head's loss saves for backward on rank 0 of ``world`` (``per_rank``: its own rows only)."""
-    import tvr.models.heads.gravialign as gravialign
-    from tvr.models.model import head_loss
+    import tvr.models.heads.gravialign.head as gravialign
     from tvr.utils.distributed import RowShard
     from tvr.utils.memory import SavedTensorMeter
 
@@ -164,7 +163,7 @@ def activation_bytes(shape: dict, batch: int, world: int, device: str, per_rank:
     shard = simulated_shard(batch, world) if per_rank else RowShard.whole(total)
     try:
         with SavedTensorMeter(head.parameters()) as meter:
-            head_loss(head, text, video, shard)
+            head.loss(text, video, shard)
     finally:
         gravialign.s_align_scores = scorer
     return meter.bytes
@@ -179,7 +178,6 @@ def measure_worker(shape_json: str, batch: int, world: int) -> None:
     """In a fresh process: real CPU tensors, per-rank loss; forward + backward; meter bytes and peak RSS increase."""
     import torch
 
-    from tvr.models.model import head_loss
     from tvr.utils.memory import SavedTensorMeter
 
     torch.set_num_threads(1)
@@ -188,7 +186,7 @@ def measure_worker(shape_json: str, batch: int, world: int) -> None:
     text, video = features(shape, batch * world, "cpu")
     before = rss_mib()
     with SavedTensorMeter(head.parameters()) as meter:
-        loss = head_loss(head, text, video, simulated_shard(batch, world))["loss"]
+        loss = head.loss(text, video, simulated_shard(batch, world))["loss"]
     loss.backward()
     print(json.dumps({"saved_bytes": meter.bytes, "peak_rss_increase_mib": round(peak_rss_mib() - before, 1)}))
 

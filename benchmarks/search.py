@@ -54,6 +54,7 @@ from tvr.config import HeadConfig  # noqa: E402
 from tvr.models.heads.base import LN_100  # noqa: E402
 from tvr.models.heads.registry import build_head  # noqa: E402
 from tvr.search import ann  # noqa: E402
+from tvr.search.defaults import ANN_KINDS  # noqa: E402
 from tvr.search.index import exact_scores  # noqa: E402
 from tvr.search.store import ShardReader, gather_state, write_shard  # noqa: E402
 from tvr.types import TextFeatures, VideoFeatures  # noqa: E402
@@ -197,7 +198,7 @@ def scale_psi(head, synth: Synthetic, gallery: np.ndarray, frames: int, ratio: f
     """Scale ψ's output layer so that ‖Δ_ij‖ ≈ ratio·‖t_i‖ on average: ψ keeps its random reference
     initialisation otherwise. A trained GARE's increments are small corrections (its trust-region term bounds them);
     a random ψ's are not, and would make the exact score unrelated to any shortlist."""
-    from tvr.models.heads.gare_psi import gare_delta
+    from tvr.models.heads.gare.psi import gare_delta
 
     v = torch.from_numpy(np.asarray(gallery[:64]))
     video = head.encode_videos(VideoFeatures(frames_for(v, frames, seed=5), torch.ones(64, frames)))
@@ -524,7 +525,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--recall-queries", type=int, default=50)
     parser.add_argument("--state-dtype", default="float16", choices=("float16", "float32"))
-    parser.add_argument("--ann", default="auto", choices=ann.KINDS, help="the shortlist index (as tvr index --ann)")
+    parser.add_argument("--ann", default="auto", choices=ANN_KINDS, help="the shortlist index (as tvr index --ann)")
     parser.add_argument("--nprobe", type=int, default=0, help="IVF: override the default nprobe")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for building")
     parser.add_argument("--query-threads", type=int, default=1, help="torch threads for the per-query latency")

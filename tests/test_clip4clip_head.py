@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tvr.models.heads import clip4clip as c4c_mod
+import tvr.models.heads.clip4clip.head as c4c_mod
 from tvr.models.heads.base import LN_100, RetrievalHead
 from tvr.models.heads.clip4clip import Clip4ClipHead, Clip4ClipOptions, Clip4ClipTextState, Clip4ClipVideoState
 from tvr.types import TextFeatures, VideoFeatures

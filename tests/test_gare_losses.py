@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from tvr.losses import gare_direction, gare_kl, gare_radius, symmetric_infonce
+from tvr.losses import symmetric_infonce
+from tvr.models.heads.gare.losses import gare_direction, gare_kl, gare_radius
 
 # ----------------------------------------------------------------------------- independent references (loops)
 

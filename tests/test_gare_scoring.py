@@ -13,8 +13,8 @@ from gare_oracle import gare_reference_scores
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tvr.models.heads.gare import GareHead
-from tvr.models.heads.gare_psi import GareOptions, Psi
-from tvr.models.heads.gare_scoring import fast_path_support, gare_pair_scores, gare_pairwise_scores
+from tvr.models.heads.gare.psi import GareOptions, Psi
+from tvr.models.heads.gare.scoring import fast_path_support, gare_pair_scores, gare_pairwise_scores
 from tvr.types import TextFeatures, VideoFeatures
 
 D, FR, L = 32, 6, 5

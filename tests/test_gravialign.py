@@ -14,17 +14,17 @@ import torch
 import torch.nn.functional as F
 
 from tvr.config import Config, ConfigError, load_config
-from tvr.losses import (
+from tvr.losses import symmetric_infonce
+from tvr.models.heads.base import LN_100, top_k_by_dot
+from tvr.models.heads.gravialign import MODES, GraviAlignHead, GraviAlignOptions, pooled_video, soft_clamp
+from tvr.models.heads.gravialign.losses import (
     sgi_align,
     sgi_align_nce,
     sgi_align_pairwise,
     sgi_align_terms,
     sgi_quality,
-    symmetric_infonce,
 )
-from tvr.models.heads.base import LN_100, top_k_by_dot
-from tvr.models.heads.gravialign import MODES, GraviAlignHead, GraviAlignOptions, pooled_video, soft_clamp
-from tvr.models.heads.gravialign_scoring import s_align_scores, scoring_pool, sgi_product_group
+from tvr.models.heads.gravialign.scoring import s_align_scores, scoring_pool, sgi_product_group
 from tvr.models.heads.registry import head_options, resolve_head_config
 from tvr.models.model import RetrievalModel
 from tvr.types import TextFeatures, VideoFeatures
@@ -467,7 +467,7 @@ def test_pairwise_gradient_equals_the_broadcast_gradient(per_dim_mean: bool, a_d
 
 
 def test_the_chunked_moments_pass_gradcheck() -> None:
-    from tvr.losses import sgi_pair_moments
+    from tvr.models.heads.gravialign.losses import sgi_pair_moments
 
     g = torch.Generator().manual_seed(11)
     mu_v = torch.randn(5, 3, dtype=torch.float64, generator=g)

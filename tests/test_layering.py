@@ -7,6 +7,11 @@ in the train/eval/search/analysis layer train and eval never import each other (
 and the CLI never imports ``tvr.train``: a job that trains, or writes a training checkpoint, is a pipeline job,
 so the CLI and Python callers run the same code. Every import counts, including the ones inside functions (a lazy
 import is still a dependency).
+
+A method's folder ``tvr/models/heads/<method>/`` spans two layers: its ``figures`` module (or package) is analysis
+code (``tvr analyze`` imports it through the head's ``analysis_figures``; it may use ``tvr.analysis`` and
+``tvr.eval``, and nothing in ``tvr.models`` may import it), and its ``losses`` module is held to the rule of
+``tvr.losses``: pure tensor functions, importing nothing of tvr but ``tvr.losses``, ``tvr.types`` and ``tvr.utils``.
 """
 
 from __future__ import annotations
@@ -83,7 +88,21 @@ def tvr_imports(path: Path) -> set[str]:
     return found
 
 
+#: where a method's folder keeps its figures (analysis layer) and its losses (pure) — ``tvr.models.heads.<method>.*``
+HEADS = ("tvr", "models", "heads")
+#: what a method's losses module may import from tvr (besides its own module)
+PURE_LOSS_IMPORTS = {"tvr.losses", "tvr.types", "tvr.utils"}
+
+
+def method_module(module: str, name: str) -> bool:
+    """True for ``tvr.models.heads.<method>.<name>`` and anything below it."""
+    parts = module.split(".")
+    return len(parts) >= 5 and tuple(parts[:3]) == HEADS and parts[4] == name
+
+
 def part_of(module: str) -> str:
+    if method_module(module, "figures"):
+        return "analysis"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -113,6 +132,13 @@ def test_no_import_cycles_among_tvr_modules() -> None:
     for name, path in MODULES.items():
         graph[name] = {t for t in tvr_imports(path) if t in MODULES and t != name}
     # a package's __init__ is imported by its submodules implicitly; those edges are not cycles of our making
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles a depth-first walk of ``graph`` (node -> the nodes it imports) meets, each closing edge once
+    (benchmarks/code_shape.py counts them with this too)."""
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles: list[list[str]] = []
@@ -131,4 +157,21 @@ def test_no_import_cycles_among_tvr_modules() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node)
-    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+    return cycles
+
+
+METHOD_LOSSES = sorted(m for m in MODULES if method_module(m, "losses"))
+
+
+def test_every_method_keeps_its_losses_in_its_folder() -> None:
+    assert {m.split(".")[3] for m in METHOD_LOSSES} >= {"gare", "gravialign", "proxy"}
+
+
+@pytest.mark.parametrize("module", METHOD_LOSSES)
+def test_method_losses_are_pure(module: str) -> None:
+    bad = sorted(
+        t
+        for t in tvr_imports(MODULES[module])
+        if not any(t == ok or t.startswith(f"{ok}.") for ok in PURE_LOSS_IMPORTS)
+    )
+    assert not bad, f"{module} must be pure tensor functions (torch, tvr.losses/types/utils only), imports {bad}"

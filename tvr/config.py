@@ -356,8 +356,10 @@ class ModelConfig:
 class HeadConfig:
     """The method head: its registered name (or ``package.module:Class``) and that head's own options.
 
-    ``options`` is a mapping here; the head's options dataclass checks it (unknown keys, types, choices, ranges)
-    when the run config is resolved (``tvr.models.heads.registry.resolve_head_config``), before anything runs.
+    ``options`` is the mapping read from a file until the run config is resolved
+    (``tvr.models.heads.registry.resolve_head_config``, before anything runs): that checks it against the head's
+    options dataclass (unknown keys, types, choices, ranges) and replaces it by that dataclass, the one state every
+    later reader sees.
     """
 
     #: a registered head (clip4clip, gare, ...; see ``tvr heads``) or an import path ``my_pkg.heads:MyHead`` (which

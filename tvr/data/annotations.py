@@ -557,6 +557,18 @@ def _jsonl_groups(path: Path, expected: str) -> list[tuple[str, list[str]]]:
     return _cached("jsonl-groups", [path], parse)
 
 
+def _paragraph_part(
+    path: Path, jsonl_fields: str, read_original: Callable[[Path], list[tuple[str, list[str]]]]
+) -> _Part:
+    """A paragraph-protocol split (DiDeMo, ActivityNet) from ``path``: a CLIP-ViP JSON-lines file (one object of
+    ``jsonl_fields`` a line) or the dataset's original JSON, which ``read_original`` reads."""
+    if path.suffix == ".jsonl":
+        groups = _jsonl_groups(path, f"JSON lines {jsonl_fields}")
+    else:
+        groups = read_original(path)
+    return _groups_part(groups, "paragraph", [path.name])
+
+
 def _pick(folder: Path, names: Sequence[str], what: str) -> Path:
     for name in names:
         if (folder / name).is_file():
@@ -693,11 +705,7 @@ def _didemo_part(folder: Path, cfg: DataConfig, split: str) -> _Part | None:
     if split not in DIDEMO_FILES:
         raise AnnotationError(f"DiDeMo has splits {list(DIDEMO_FILES)}, not {split!r}")
     path = _pick(folder, DIDEMO_FILES[split], f"DiDeMo {split}")
-    if path.suffix == ".jsonl":
-        groups = _jsonl_groups(path, "JSON lines {clip_id, text[], timestamps[]} (CLIP-ViP DiDeMo layout)")
-    else:
-        groups = _didemo_original(path)
-    return _groups_part(groups, "paragraph", [path.name])
+    return _paragraph_part(path, "{clip_id, text[], timestamps[]} (CLIP-ViP DiDeMo layout)", _didemo_original)
 
 
 # ============================================================================================ ActivityNet
@@ -728,11 +736,7 @@ def _activitynet_part(folder: Path, cfg: DataConfig, split: str) -> _Part | None
     if split not in ACTIVITYNET_FILES:
         raise AnnotationError(f"ActivityNet has splits train / val / test, not {split!r}")
     path = _pick(folder, ACTIVITYNET_FILES[split], f"ActivityNet {split}")
-    if path.suffix == ".jsonl":
-        groups = _jsonl_groups(path, "JSON lines {clip_id, text[], timestamps[], num_frame} (CLIP-ViP layout)")
-    else:
-        groups = _activitynet_original(path)
-    return _groups_part(groups, "paragraph", [path.name])
+    return _paragraph_part(path, "{clip_id, text[], timestamps[], num_frame} (CLIP-ViP layout)", _activitynet_original)
 
 
 # ============================================================================================ generic

@@ -38,13 +38,14 @@ source video, without decoding anything.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -363,6 +364,35 @@ def _run_pool(
     return list(parallel_map(task, items, workers, what, progress))
 
 
+@contextlib.contextmanager
+def _resumed(
+    dst: Path, what: str, manifest: str, settings: dict[str, Any], plan: list[tuple[Path, Path]]
+) -> Iterator[list[Path]]:
+    """Hold ``dst`` for one job (a lock), with ``settings`` on record in its ``manifest`` (refused when its outputs
+    were made with others) and a killed run's temporaries removed (listed)."""
+    with folder_lock(dst, what):
+        _check_manifest(dst, manifest, settings, [output for _, output in plan])
+        yield remove_stale_temporaries(dst, recursive=True)
+
+
+def _write_report(
+    dst: Path, name: str, src: Path, settings: Any, entries: list[dict[str, Any]], start: float, **extra: Any
+) -> dict[str, Any]:
+    """A job's report, also written to ``dst/name``: the folders, the settings, ``extra``, the counts by status with
+    the time since ``start``, and every file's entry in the order of their sources."""
+    entries.sort(key=lambda e: e["source"])
+    report = {
+        "source": str(src),
+        "destination": str(dst),
+        "settings": dataclasses.asdict(settings),
+        **extra,
+        "summary": _summarise(entries, time.perf_counter() - start),
+        "files": entries,
+    }
+    atomic_write_json(dst / name, report)
+    return report
+
+
 def _summarise(entries: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for e in entries:
@@ -435,14 +465,8 @@ def prepare_videos(
     src, dst = Path(src), Path(dst)
     start = time.perf_counter()
     plan, entries = _plan(src, dst, ".mp4", flat)
-    with folder_lock(dst, "prepare destination"):
-        _check_manifest(
-            dst,
-            MANIFEST,
-            {**dataclasses.asdict(settings), "container": "mp4", "pix_fmt": "yuv420p", "flat": flat},
-            [output for _, output in plan],
-        )
-        stale = remove_stale_temporaries(dst, recursive=True)
+    recorded = {**dataclasses.asdict(settings), "container": "mp4", "pix_fmt": "yuv420p", "flat": flat}
+    with _resumed(dst, "prepare destination", MANIFEST, recorded, plan) as stale:
         journal = dst / COPIES
         copies = _read_copies(journal)
         todo = []
@@ -463,18 +487,17 @@ def prepare_videos(
             else:
                 todo.append((str(source), str(output), rel, settings, copy_on_failure, str(journal)))
         entries += _run_pool(_encode_task, todo, workers, progress, "encoding videos")
-    entries.sort(key=lambda e: e["source"])
-    report = {
-        "source": str(src),
-        "destination": str(dst),
-        "settings": dataclasses.asdict(settings),
-        "copy_on_failure": copy_on_failure,
-        "stale_temporaries_removed": [str(p) for p in stale],
-        "summary": _summarise(entries, time.perf_counter() - start),
-        "files": entries,
-    }
-    atomic_write_json(dst / REPORT, report)
-    return report
+    stale_removed = [str(p) for p in stale]
+    return _write_report(
+        dst,
+        REPORT,
+        src,
+        settings,
+        entries,
+        start,
+        copy_on_failure=copy_on_failure,
+        stale_temporaries_removed=stale_removed,
+    )
 
 
 # --------------------------------------------------------------------------------------------- frame cache
@@ -539,14 +562,8 @@ def extract_frames(
     src, dst = Path(src), Path(dst)
     start = time.perf_counter()
     plan, entries = _plan(src, dst, ".npy", flat)
-    with folder_lock(dst, "frame cache"):
-        _check_manifest(
-            dst,
-            FRAMES_MANIFEST,
-            {**dataclasses.asdict(settings), "resize": settings.resize, "flat": flat},
-            [output for _, output in plan],
-        )
-        remove_stale_temporaries(dst, recursive=True)
+    recorded = {**dataclasses.asdict(settings), "resize": settings.resize, "flat": flat}
+    with _resumed(dst, "frame cache", FRAMES_MANIFEST, recorded, plan):
         todo = []
         for source, output in plan:
             rel = str(source.relative_to(src))
@@ -555,13 +572,4 @@ def extract_frames(
             else:
                 todo.append((str(source), str(output), rel, settings))
         entries += _run_pool(_frames_task, todo, workers, progress, "extracting frames")
-    entries.sort(key=lambda e: e["source"])
-    report = {
-        "source": str(src),
-        "destination": str(dst),
-        "settings": dataclasses.asdict(settings),
-        "summary": _summarise(entries, time.perf_counter() - start),
-        "files": entries,
-    }
-    atomic_write_json(dst / FRAMES_REPORT, report)
-    return report
+    return _write_report(dst, FRAMES_REPORT, src, settings, entries, start)

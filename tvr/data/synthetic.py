@@ -512,25 +512,7 @@ def _base_spec(rng: np.random.Generator, family: str, cfg: SynthConfig, photos: 
     # photographs are drawn larger than shapes: an image tower needs to see what they show
     k = 1.7 if objects_content else 1.0
     if family in ("order_appear", "order_disappear"):
-        if objects_content:
-            name_a, name_b = _two_distinct(rng, photos)
-            shape_a = shape_b = colour_a = colour_b = ""
-        else:
-            shape_a, shape_b = _two_distinct(rng, SHAPES)
-            colour_a, colour_b = _two_distinct(rng, tuple(COLOURS))
-            name_a = name_b = ""
-        # side by side, at slightly different heights
-        xa, xb = (0.28, 0.72) if rng.random() < 0.5 else (0.72, 0.28)
-        r = u(0.11, 0.14) * (1.5 if objects_content else 1.0)
-        a = ObjectSpec(shape_a, colour_a, xa, u(0.35, 0.65), 0, 0, r, r, photo=name_a)
-        b = ObjectSpec(shape_b, colour_b, xb, u(0.35, 0.65), 0, 0, r, r, photo=name_b)
-        a.x1, a.y1, b.x1, b.y1 = a.x0, a.y0, b.x0, b.y0
-        early, late = u(0.1, 0.25), u(0.5, 0.65)
-        if family == "order_appear":  # a appears first
-            a.start_gap, b.start_gap = early, late
-        else:  # a disappears first: it is hidden over a longer tail
-            a.end_gap, b.end_gap = late, early
-        return VideoSpec(motion, background, bg_seed, [a, b])
+        return VideoSpec(motion, background, bg_seed, _order_objects(rng, family, photos, objects_content))
 
     if objects_content:
         photo, shape, colour = _pick(rng, photos), "", ""
@@ -570,28 +552,71 @@ def _base_spec(rng: np.random.Generator, family: str, cfg: SynthConfig, photos: 
             obj.start_gap = u(0.3, 0.5)
     objects = [obj]
     if with_distractor:
-        if objects_content:
-            shape2 = colour2 = ""
-            photo2 = _pick(rng, tuple(p for p in photos if p != photo))
-        else:
-            shape2 = _pick(rng, tuple(s for s in SHAPES if s != shape))
-            colour2 = _pick(rng, tuple(c for c in COLOURS if c != colour))
-            photo2 = ""
-        r2 = u(0.08, 0.11) * k
-        distractor = ObjectSpec(shape2, colour2, still_x, still_y, still_x, still_y, r2, r2, photo=photo2)
-        # a drifting distractor moves along the coordinate its position was drawn in, staying in its half
-        # (by at least a fifth of the frame)
-        if cfg.distractor_motion > 0 and rng.random() < cfg.distractor_motion:
-            start = distractor.x0 if family == "horizontal" else distractor.y0
-            end = u(0.2, 0.8)
-            if abs(end - start) < 0.2:
-                end = start + 0.25 if start < 0.5 else start - 0.25
-            if family == "horizontal":
-                distractor.x1 = end
-            else:
-                distractor.y1 = end
-        objects.append(distractor)
+        objects.append(_distractor(rng, family, cfg, obj, (still_x, still_y), k, photos))
     return VideoSpec(motion, background, bg_seed, objects)
+
+
+def _order_objects(
+    rng: np.random.Generator, family: str, photos: tuple[str, ...], objects_content: bool
+) -> list[ObjectSpec]:
+    """The two still objects of an order family, side by side: the first to appear (``order_appear``) or to
+    disappear (``order_disappear``) is the first of the list."""
+    u = rng.uniform
+    if objects_content:
+        name_a, name_b = _two_distinct(rng, photos)
+        shape_a = shape_b = colour_a = colour_b = ""
+    else:
+        shape_a, shape_b = _two_distinct(rng, SHAPES)
+        colour_a, colour_b = _two_distinct(rng, tuple(COLOURS))
+        name_a = name_b = ""
+    # side by side, at slightly different heights
+    xa, xb = (0.28, 0.72) if rng.random() < 0.5 else (0.72, 0.28)
+    r = u(0.11, 0.14) * (1.5 if objects_content else 1.0)
+    a = ObjectSpec(shape_a, colour_a, xa, u(0.35, 0.65), 0, 0, r, r, photo=name_a)
+    b = ObjectSpec(shape_b, colour_b, xb, u(0.35, 0.65), 0, 0, r, r, photo=name_b)
+    a.x1, a.y1, b.x1, b.y1 = a.x0, a.y0, b.x0, b.y0
+    early, late = u(0.1, 0.25), u(0.5, 0.65)
+    if family == "order_appear":  # a appears first
+        a.start_gap, b.start_gap = early, late
+    else:  # a disappears first: it is hidden over a longer tail
+        a.end_gap, b.end_gap = late, early
+    return [a, b]
+
+
+def _distractor(
+    rng: np.random.Generator,
+    family: str,
+    cfg: SynthConfig,
+    primary: ObjectSpec,
+    position: tuple[float, float],
+    k: float,
+    photos: tuple[str, ...],
+) -> ObjectSpec:
+    """Another shape (or photograph) than ``primary``, at ``position`` in the other half of the frame; it drifts
+    with probability ``cfg.distractor_motion``. ``k`` scales its size as the primary's."""
+    u = rng.uniform
+    if cfg.content == "objects":
+        shape2 = colour2 = ""
+        photo2 = _pick(rng, tuple(p for p in photos if p != primary.photo))
+    else:
+        shape2 = _pick(rng, tuple(s for s in SHAPES if s != primary.shape))
+        colour2 = _pick(rng, tuple(c for c in COLOURS if c != primary.colour))
+        photo2 = ""
+    r2 = u(0.08, 0.11) * k
+    still_x, still_y = position
+    distractor = ObjectSpec(shape2, colour2, still_x, still_y, still_x, still_y, r2, r2, photo=photo2)
+    # a drifting distractor moves along the coordinate its position was drawn in, staying in its half
+    # (by at least a fifth of the frame)
+    if cfg.distractor_motion > 0 and rng.random() < cfg.distractor_motion:
+        start = distractor.x0 if family == "horizontal" else distractor.y0
+        end = u(0.2, 0.8)
+        if abs(end - start) < 0.2:
+            end = start + 0.25 if start < 0.5 else start - 0.25
+        if family == "horizontal":
+            distractor.x1 = end
+        else:
+            distractor.y1 = end
+    return distractor
 
 
 def _twin_of(spec: VideoSpec) -> tuple[VideoSpec, str]:
@@ -1126,6 +1151,35 @@ def build_annotations(
 ) -> dict[str, str]:
     """The text of every annotation file, keyed by file name (README.md excluded). ``frame_hashes``: each clip's
     SHA-256 of its decoded frames, recorded in ``synth_meta.json``."""
+    data = _msrvtt_data(specs, cfg)
+    train = [_video_id(i) for i, s in enumerate(specs) if s.split == "train"]
+    nine_k = [_video_id(i) for i, s in enumerate(specs) if s.split in ("train", "validate")]
+    test_idx = [i for i, s in enumerate(specs) if s.split == "test"]
+
+    def one_full_caption(split: str, key: str) -> list[list[str]]:
+        chosen = [i for i, s in enumerate(specs) if s.split == split]
+        return [[f"{key}{k}", f"msr{i}", _video_id(i), specs[i].captions[specs[i].full_caption]] for k, i in
+                enumerate(chosen)]  # fmt: skip
+
+    jsfusion = one_full_caption("test", "ret")
+    test1ka = "".join(json.dumps({"clip_id": _video_id(i), "text": specs[i].captions}) + "\n" for i in test_idx)
+    meta = _synth_meta(specs, cfg, codec, frame_hashes)
+    columns = ["key", "vid_key", "video_id", "sentence"]
+    files = {
+        "MSRVTT_data.json": json.dumps(data) + "\n",
+        "MSRVTT_train.9k.csv": _csv_text(["video_id"], [[v] for v in nine_k]),
+        "MSRVTT_train.7k.csv": _csv_text(["video_id"], [[v] for v in train]),
+        "MSRVTT_JSFUSION_test.csv": _csv_text(columns, jsfusion),
+        "MSRVTT_test1ka.jsonl": test1ka,
+    }
+    if cfg.val_like_test:
+        files[VAL_CSV] = _csv_text(columns, one_full_caption("validate", "val"))
+    files["synth_meta.json"] = json.dumps(meta, indent=2) + "\n"
+    return files
+
+
+def _msrvtt_data(specs: list[VideoSpec], cfg: SynthConfig) -> dict[str, Any]:
+    """MSRVTT_data.json: the videos, every caption, and what made them."""
     videos, sentences = [], []
     for i, spec in enumerate(specs):
         vid = _video_id(i)
@@ -1151,20 +1205,12 @@ def build_annotations(
         else "Synthetic videos of real photographs in motion and in order, MSR-VTT layout (tvr.data.synthetic).",
         "year": "synthetic",
     }
-    data = {"info": info, "videos": videos, "sentences": sentences}
+    return {"info": info, "videos": videos, "sentences": sentences}
 
-    train = [_video_id(i) for i, s in enumerate(specs) if s.split == "train"]
-    nine_k = [_video_id(i) for i, s in enumerate(specs) if s.split in ("train", "validate")]
-    test_idx = [i for i, s in enumerate(specs) if s.split == "test"]
 
-    def one_full_caption(split: str, key: str) -> list[list[str]]:
-        chosen = [i for i, s in enumerate(specs) if s.split == split]
-        return [[f"{key}{k}", f"msr{i}", _video_id(i), specs[i].captions[specs[i].full_caption]] for k, i in
-                enumerate(chosen)]  # fmt: skip
-
-    jsfusion = one_full_caption("test", "ret")
-    test1ka = "".join(json.dumps({"clip_id": _video_id(i), "text": specs[i].captions}) + "\n" for i in test_idx)
-
+def _synth_meta(specs: list[VideoSpec], cfg: SynthConfig, codec: str, frame_hashes: list[str] | None) -> dict[str, Any]:
+    """synth_meta.json: the generation settings, the dials as they came out, the vocabulary, and what each video
+    shows (with its twin, the videos its captions also describe, and its frames' hash)."""
     same_key: dict[tuple[str, tuple[str, ...]], list[int]] = {}
     for i, spec in enumerate(specs):
         same_key.setdefault((spec.split, spec.caption_key()), []).append(i)
@@ -1194,7 +1240,7 @@ def build_annotations(
             "objects": [_object_meta(o) for o in spec.objects],
             **({"frames_sha256": frame_hashes[i]} if frame_hashes is not None else {}),
         })  # fmt: skip
-    meta = {
+    return {
         "config": asdict(cfg),
         "codec": codec,
         "num_frames": cfg.num_frames,
@@ -1210,18 +1256,6 @@ def build_annotations(
         },
         "videos": meta_videos,
     }
-    columns = ["key", "vid_key", "video_id", "sentence"]
-    files = {
-        "MSRVTT_data.json": json.dumps(data) + "\n",
-        "MSRVTT_train.9k.csv": _csv_text(["video_id"], [[v] for v in nine_k]),
-        "MSRVTT_train.7k.csv": _csv_text(["video_id"], [[v] for v in train]),
-        "MSRVTT_JSFUSION_test.csv": _csv_text(columns, jsfusion),
-        "MSRVTT_test1ka.jsonl": test1ka,
-    }
-    if cfg.val_like_test:
-        files[VAL_CSV] = _csv_text(columns, one_full_caption("validate", "val"))
-    files["synth_meta.json"] = json.dumps(meta, indent=2) + "\n"
-    return files
 
 
 def dials_summary(specs: list[VideoSpec], cfg: SynthConfig) -> dict[str, Any]:

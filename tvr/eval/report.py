@@ -10,6 +10,7 @@ from typing import Any
 
 from tvr.eval.metrics import METRIC_KEYS, chance_metrics
 from tvr.utils.io import atomic_write_json, atomic_write_text
+from tvr.utils.json_values import plain_json
 
 #: preferred row order; any other direction entries follow in insertion order
 ROW_ORDER = ("t2v", "v2t", "t2v_dsl", "v2t_dsl", "t2v_invsoftmax", "t2v_qbnorm")
@@ -90,10 +91,10 @@ def metrics_notes(metrics: dict[str, Any], info: dict[str, Any]) -> list[str]:
 
 def _jsonable(obj: Any) -> Any:
     """Plain JSON types: numpy / torch scalars become Python numbers, tuples become lists, paths strings."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+    return plain_json(obj, _metric_value)
+
+
+def _metric_value(obj: Any) -> Any:
     if isinstance(obj, (str, bool, int, float)) or obj is None:
         return obj
     if isinstance(obj, os.PathLike):

@@ -16,7 +16,7 @@ Two layouts are understood (both are plain ``torch.save(model.state_dict())`` fi
 Where the tensors go: ``clip.*`` through the OpenAI → HF converter (:mod:`tvr.models.convert_openai`) to
 ``backbone.clip.*``; ``clip.logit_scale`` also to ``head.logit_scale`` (both references scale logits by
 exp(clip.logit_scale)); the temporal blocks to ``temporal.blocks.<i>`` with the fused q/k/v split like CLIP's own
-layers; ψ to :class:`~tvr.models.heads.gare_psi.Psi` (``ln_in``, ``q_proj`` … ``out_proj``, ``ln_attn``, ``linear``,
+layers; ψ to :class:`~tvr.models.heads.gare.psi.Psi` (``ln_in``, ``q_proj`` … ``out_proj``, ``ln_attn``, ``linear``,
 ``ln_out``, ``delta_proj``). Every tensor is cast to float32 (GARE saves CLIP in fp16 on CUDA).
 
 The model comes from the config (``tvr.models.build.build_model``), so its architecture — CLIP size

@@ -6,8 +6,10 @@ tokenizer), so it sits with the other pipeline jobs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -90,12 +92,52 @@ def _build(
     cfg: Config, out_dir: Path, splits: list[str], shard_size: int, dtype: torch.dtype, progress: bool, overwrite: bool
 ) -> dict:
     manifest_path = out_dir / MANIFEST
+    manifest = _open_manifest(cfg, out_dir, splits, cache_settings(cfg, shard_size, dtype), overwrite)
+    encoder = _ShardEncoder.build(cfg, out_dir, dtype)
+    manifest["embed_dim"] = encoder.backbone.embed_dim
+    manifest["frame_dim"] = encoder.frame_dim
+    for split in splits:
+        data = load_split(cfg.data, split)
+        (out_dir / split).mkdir(exist_ok=True)
+        entry = {
+            "video_shards": [],
+            "text_shards": [],
+            "skipped": [],
+            "complete": False,
+            "num_videos": 0,
+            "num_texts": len(data.texts),
+        }
+        manifest["splits"][split] = entry
+        for name, start in _shards(split, "videos", len(data.videos), shard_size, progress):
+            path = out_dir / name
+            shard = _earlier_shard(path)  # written by an earlier, interrupted run (same settings: checked above)
+            if shard is None:
+                end = start + shard_size
+                shard = encoder.video_shard(data.videos[start:end], data.video_spans[start:end])
+                atomic_torch_save(shard, path)
+            entry["video_shards"].append(name)
+            entry["skipped"].extend(shard["skipped"])
+            entry["num_videos"] += len(shard["ids"])
+        for name, start in _shards(split, "texts", len(data.texts), shard_size, progress):
+            path = out_dir / name
+            if not path.is_file():
+                atomic_torch_save(encoder.text_shard(data.texts[start : start + shard_size]), path)
+            entry["text_shards"].append(name)
+        entry["complete"] = True
+        atomic_write_json(manifest_path, manifest)
+    atomic_write_json(manifest_path, manifest)
+    return manifest
+
+
+def _open_manifest(cfg: Config, out_dir: Path, splits: list[str], settings: dict, overwrite: bool) -> dict:
+    """The cache's manifest, written back with ``splits`` marked incomplete: a new one, or the one an earlier run
+    with the same ``settings`` left (``overwrite`` removes it and its shards first)."""
+    manifest_path = out_dir / MANIFEST
     if overwrite:
         for path in [manifest_path, *_shard_files(out_dir)]:
             path.unlink(missing_ok=True)
     for folder in [out_dir, *(out_dir / split for split in SPLITS + EXTRA_SPLITS)]:
         remove_stale_temporaries(folder)  # writes of a killed run
-    settings = cache_settings(cfg, shard_size, dtype)
     if manifest_path.is_file():
         manifest = read_manifest(out_dir)
         check_cache_settings(out_dir, manifest, settings)
@@ -110,106 +152,79 @@ def _build(
         if split in manifest["splits"]:
             manifest["splits"][split]["complete"] = False
     atomic_write_json(manifest_path, manifest)  # first: every shard written from here on has its settings on record
-    device = resolve_device(cfg.train.device)
-    # seeded like training, so a randomly initialised ("tiny") backbone is the same one a run would build
-    seed_everything(cfg.train.seed)
-    backbone = build_backbone(cfg.model).to(device).eval()
-    backbone.maybe_half(device)
-    manifest["embed_dim"] = backbone.embed_dim
-    # a two-tower backbone's frame features are image-tower features (their own width; the bridge maps them)
-    frame_dim = getattr(backbone, "image_width", backbone.embed_dim)
-    manifest["frame_dim"] = frame_dim
-    tokenizer = build_tokenizer(cfg, out_dir)
-    resolver = VideoResolver.from_config(cfg.data)
-
-    for split in splits:
-        data = load_split(cfg.data, split)
-        (out_dir / split).mkdir(exist_ok=True)
-        entry = {
-            "video_shards": [],
-            "text_shards": [],
-            "skipped": [],
-            "complete": False,
-            "num_videos": 0,
-            "num_texts": len(data.texts),
-        }
-        manifest["splits"][split] = entry
-        # videos
-        for start in progress_bar(
-            range(0, len(data.videos), shard_size),
-            f"{split}: videos",
-            enabled=progress,
-            total=-(-len(data.videos) // shard_size),
-        ):
-            name = f"{split}/videos-{start // shard_size:05d}.pt"
-            path = out_dir / name
-            shard = _earlier_shard(path)  # written by an earlier, interrupted run (same settings: checked above)
-            if shard is None:
-                ids = data.videos[start : start + shard_size]
-                spans = data.video_spans[start : start + shard_size]
-                dataset = VideoDataset(ids, spans, resolver, cfg.data)
-                loader = torch.utils.data.DataLoader(
-                    dataset,
-                    batch_size=cfg.eval.batch_size,
-                    num_workers=loader_workers(cfg.data.num_workers),
-                    collate_fn=collate_videos,
-                )
-                kept, frames, masks, proxies, skipped = [], [], [], [], []
-                for batch in loader:
-                    skipped.extend(
-                        {"id": i, "error": e} for i, e in zip(batch["skipped"], batch["errors"], strict=True)
-                    )
-                    if len(batch["video_ids"]) == 0:
-                        continue
-                    feats = backbone.encode_video(batch["video"].to(device), batch["video_mask"].to(device))
-                    frames.append(feats.frames.float().cpu().to(dtype))
-                    masks.append(feats.frame_mask.cpu())
-                    if feats.proxies is not None:
-                        proxies.append(feats.proxies.float().cpu().to(dtype))
-                    kept.extend(batch["video_ids"])
-                shard = {
-                    "ids": kept,
-                    "frames": torch.cat(frames)
-                    if frames
-                    else torch.zeros(0, cfg.data.max_frames, frame_dim, dtype=dtype),
-                    "mask": torch.cat(masks) if masks else torch.zeros(0, cfg.data.max_frames, dtype=torch.long),
-                    "skipped": skipped,
-                }
-                if proxies:
-                    shard["proxies"] = torch.cat(proxies)
-                atomic_torch_save(shard, path)
-            entry["video_shards"].append(name)
-            entry["skipped"].extend(shard["skipped"])
-            entry["num_videos"] += len(shard["ids"])
-        # texts
-        for start in progress_bar(
-            range(0, len(data.texts), shard_size),
-            f"{split}: texts",
-            enabled=progress,
-            total=-(-len(data.texts) // shard_size),
-        ):
-            name = f"{split}/texts-{start // shard_size:05d}.pt"
-            path = out_dir / name
-            if not path.is_file():
-                chunk = data.texts[start : start + shard_size]
-                eots, words, word_masks = [], [], []
-                for b in range(0, len(chunk), cfg.eval.batch_size):
-                    ids, mask = tokenizer(chunk[b : b + cfg.eval.batch_size], cfg.data.max_words)
-                    feats = backbone.encode_text(ids.to(device), mask.to(device))
-                    eots.append(feats.eot.float().cpu().to(dtype))
-                    words.append(feats.words.float().cpu().to(dtype))
-                    word_masks.append(mask.cpu())
-                atomic_torch_save(
-                    {
-                        "texts": chunk,
-                        "eot": torch.cat(eots),
-                        "words": torch.cat(words),
-                        "word_mask": torch.cat(word_masks),
-                    },
-                    path,
-                )
-            entry["text_shards"].append(name)
-        entry["complete"] = True
-        atomic_write_json(manifest_path, manifest)
-    atomic_write_json(manifest_path, manifest)
     return manifest
+
+
+def _shards(split: str, kind: str, count: int, shard_size: int, progress: bool) -> Iterator[tuple[str, int]]:
+    """(file name, first item) of each shard of ``count`` items, under a progress bar."""
+    starts = range(0, count, shard_size)
+    for start in progress_bar(starts, f"{split}: {kind}", enabled=progress, total=len(starts)):
+        yield f"{split}/{kind}-{start // shard_size:05d}.pt", start
+
+
+@dataclasses.dataclass
+class _ShardEncoder:
+    """The frozen backbone of a cache and what its shards are stored in."""
+
+    cfg: Config
+    backbone: torch.nn.Module
+    tokenizer: Callable[[list[str], int], tuple[torch.Tensor, torch.Tensor]]
+    resolver: VideoResolver
+    device: torch.device
+    dtype: torch.dtype
+    #: a two-tower backbone's frame features are image-tower features (their own width; the bridge maps them)
+    frame_dim: int
+
+    @classmethod
+    def build(cls, cfg: Config, out_dir: Path, dtype: torch.dtype) -> _ShardEncoder:
+        device = resolve_device(cfg.train.device)
+        # seeded like training, so a randomly initialised ("tiny") backbone is the same one a run would build
+        seed_everything(cfg.train.seed)
+        backbone = build_backbone(cfg.model).to(device).eval()
+        backbone.maybe_half(device)
+        frame_dim = getattr(backbone, "image_width", backbone.embed_dim)
+        tokenizer = build_tokenizer(cfg, out_dir)
+        return cls(cfg, backbone, tokenizer, VideoResolver.from_config(cfg.data), device, dtype, frame_dim)
+
+    def video_shard(self, ids: list[str], spans: list) -> dict:
+        """Frame features (and proxies, where the backbone has them) of the readable videos of ``ids``; the
+        unreadable ones are listed under ``skipped`` with their errors."""
+        cfg, dtype = self.cfg, self.dtype
+        loader = torch.utils.data.DataLoader(
+            VideoDataset(ids, spans, self.resolver, cfg.data),
+            batch_size=cfg.eval.batch_size,
+            num_workers=loader_workers(cfg.data.num_workers),
+            collate_fn=collate_videos,
+        )
+        kept, frames, masks, proxies, skipped = [], [], [], [], []
+        for batch in loader:
+            skipped.extend({"id": i, "error": e} for i, e in zip(batch["skipped"], batch["errors"], strict=True))
+            if len(batch["video_ids"]) == 0:
+                continue
+            feats = self.backbone.encode_video(batch["video"].to(self.device), batch["video_mask"].to(self.device))
+            frames.append(feats.frames.float().cpu().to(dtype))
+            masks.append(feats.frame_mask.cpu())
+            if feats.proxies is not None:
+                proxies.append(feats.proxies.float().cpu().to(dtype))
+            kept.extend(batch["video_ids"])
+        shard = {
+            "ids": kept,
+            "frames": torch.cat(frames) if frames else torch.zeros(0, cfg.data.max_frames, self.frame_dim, dtype=dtype),
+            "mask": torch.cat(masks) if masks else torch.zeros(0, cfg.data.max_frames, dtype=torch.long),
+            "skipped": skipped,
+        }
+        if proxies:
+            shard["proxies"] = torch.cat(proxies)
+        return shard
+
+    def text_shard(self, texts: list[str]) -> dict:
+        """End-of-text and per-word features of ``texts`` (with the word mask)."""
+        batch_size, dtype = self.cfg.eval.batch_size, self.dtype
+        eots, words, word_masks = [], [], []
+        for b in range(0, len(texts), batch_size):
+            ids, mask = self.tokenizer(texts[b : b + batch_size], self.cfg.data.max_words)
+            feats = self.backbone.encode_text(ids.to(self.device), mask.to(self.device))
+            eots.append(feats.eot.float().cpu().to(dtype))
+            words.append(feats.words.float().cpu().to(dtype))
+            word_masks.append(mask.cpu())
+        return {"texts": texts, "eot": torch.cat(eots), "words": torch.cat(words), "word_mask": torch.cat(word_masks)}

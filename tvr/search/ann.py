@@ -30,7 +30,6 @@ from tvr.search.defaults import ANN_KINDS, AUTO_THRESHOLD
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_output
 
-KINDS = ANN_KINDS
 #: training rows per IVF cell (FAISS warns below 39)
 TRAIN_PER_CELL = 64
 #: cells probed per query, as a fraction of the cells (at least MIN_NPROBE), tuned with benchmarks/search.py
@@ -88,8 +87,8 @@ def hnsw_ef_search(rows: int) -> int:
 
 def choose(kind: str, rows: int, dim: int, threshold: int = AUTO_THRESHOLD, nlist: int = 0) -> AnnSettings:
     """The settings ``kind`` (auto | flat | ivf | hnsw) means for ``rows`` windows of ``dim`` floats."""
-    if kind not in KINDS:
-        raise ValueError(f"--ann {kind!r}: expected one of {list(KINDS)}")
+    if kind not in ANN_KINDS:
+        raise ValueError(f"--ann {kind!r}: expected one of {list(ANN_KINDS)}")
     if kind == "auto":
         kind = "flat" if rows < threshold else "hnsw"
     if kind == "ivf":
@@ -116,7 +115,7 @@ def build(settings: AnnSettings, training: np.ndarray | None, blocks: Iterable[n
     """Build the FAISS index: train on ``training`` (IVF), then add ``blocks`` of float32 rows in order (blocks of
     :data:`ADD_BLOCK` rows, for HNSW)."""
     faiss = _faiss()
-    with _omp_threads(faiss, os.cpu_count() or 1):
+    with _omp_threads(faiss, _all_cpus()):
         dim = settings.dim
         if settings.kind == "flat":
             index = faiss.IndexFlatIP(dim)
@@ -133,7 +132,7 @@ def build(settings: AnnSettings, training: np.ndarray | None, blocks: Iterable[n
             index.train(np.ascontiguousarray(training, dtype=np.float32))
             index.nprobe = settings.nprobe
         # parallel HNSW insertion would make the graph depend on thread timing
-        with _omp_threads(faiss, 1 if settings.kind == "hnsw" else os.cpu_count() or 1):
+        with _omp_threads(faiss, 1 if settings.kind == "hnsw" else _all_cpus()):
             for block in blocks:
                 if len(block):
                     index.add(np.ascontiguousarray(block, dtype=np.float32))
@@ -147,8 +146,13 @@ def search(index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     gains little from OpenMP, and OpenMP threads spinning beside torch's slow both down on a busy machine (measured:
     a 20k-row flat scan took 6× longer with two OpenMP threads than with one on the 2-core benchmark machine)."""
     faiss = _faiss()
-    with _omp_threads(faiss, 1 if len(queries) == 1 else os.cpu_count() or 1):
+    with _omp_threads(faiss, 1 if len(queries) == 1 else _all_cpus()):
         return index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+
+
+def _all_cpus() -> int:
+    """The thread count of a FAISS call that may use the whole machine."""
+    return os.cpu_count() or 1
 
 
 @contextlib.contextmanager

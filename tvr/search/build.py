@@ -38,6 +38,7 @@ import tvr.search.ann as ann
 # video files are found as ``tvr prepare`` finds them (the same suffixes, hidden files skipped)
 from tvr.data.prepare import VIDEO_EXTENSIONS, find_videos
 from tvr.search.defaults import (
+    ANN_KINDS,
     AUTO_THRESHOLD,
     DEFAULT_ANN,
     DEFAULT_STATE_DTYPE,
@@ -79,8 +80,8 @@ class IndexOptions:
             check_window(self.window, self.stride)
         except ValueError as exc:
             raise IndexSettingsError(str(exc)) from None
-        if self.ann_kind not in ann.KINDS:
-            raise IndexSettingsError(f"--ann {self.ann_kind!r}: expected one of {list(ann.KINDS)}")
+        if self.ann_kind not in ANN_KINDS:
+            raise IndexSettingsError(f"--ann {self.ann_kind!r}: expected one of {list(ANN_KINDS)}")
         if self.state_dtype not in STATE_DTYPES:
             raise IndexSettingsError(f"--state-dtype {self.state_dtype!r}: expected one of {list(STATE_DTYPES)}")
         if self.shard_windows < 1 or self.workers < 0 or self.ann_threshold < 1 or self.nlist < 0:

@@ -22,14 +22,15 @@ from typing import Any
 
 import numpy as np
 
+from tvr.search.defaults import ANN_KINDS
 from tvr.search.store import IndexFormatError
 from tvr.utils.errors import UserError, first_line, reason
 from tvr.utils.io import check_regular_file, json_kind, read_regular_bytes, why_not_regular_file
 
 #: rows checked per pass over the tables (bounds the temporary arrays of the range checks)
 CHUNK = 1 << 20
-#: the ANN kinds an index may record (tvr.search.ann.KINDS without "auto", which is resolved at build time)
-ANN_KINDS = ("flat", "ivf", "hnsw")
+#: the ANN kinds an index may record: those ``--ann`` takes but "auto", which is resolved at build time
+BUILT_ANN_KINDS = tuple(kind for kind in ANN_KINDS if kind != "auto")
 
 
 def read_index_json(path: Path, hint: str) -> Any:
@@ -74,7 +75,7 @@ def check_manifest(manifest: Any, path: Path) -> None:
         ("videos", lambda v: isinstance(v, list), "a list of videos"),
         ("model", lambda v: isinstance(v, dict), "an object (the model stamp)"),
         ("source", lambda v: isinstance(v, dict) and isinstance(v.get("root"), str), "an object with a root"),
-        ("ann", lambda v: v is None or (isinstance(v, dict) and v.get("kind") in ANN_KINDS), "null or an object"),
+        ("ann", lambda v: v is None or (isinstance(v, dict) and v.get("kind") in BUILT_ANN_KINDS), "null or an object"),
     ):
         if not ok(manifest.get(key)):
             got = json_kind(manifest[key]) if key in manifest else "missing"

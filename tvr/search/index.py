@@ -66,8 +66,15 @@ class Query:
     all_windows: bool = False
 
 
+class _Ranked:
+    """A ranked result as the JSON object ``tvr search`` and the web API give (its fields, in order)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclasses.dataclass(frozen=True)
-class Hit:
+class Hit(_Ranked):
     """One result: ``video`` (path relative to the indexed folder), the window ``start``/``end`` in seconds, its
     ``score`` and 1-based ``rank``."""
 
@@ -77,12 +84,9 @@ class Hit:
     score: float
     rank: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
-class CaptionHit:
+class CaptionHit(_Ranked):
     """A caption ranked for a clip: its text, score, rank and the clip's best window."""
 
     caption: str
@@ -90,9 +94,6 @@ class CaptionHit:
     end: float
     score: float
     rank: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def exact_scores(

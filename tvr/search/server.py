@@ -48,8 +48,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tvr.data.prepare import VIDEO_EXTENSIONS
 from tvr.search.batching import MicroBatcher
-from tvr.search.index import MAX_QUERY_CHARS, SearchIndex
+from tvr.search.index import MAX_QUERY_CHARS, Hit, SearchIndex
 from tvr.utils.errors import UserError
+from tvr.utils.json_values import plain_json
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +133,7 @@ def create_app(index: SearchIndex, *, micro_batch: bool = True, media_root: str 
     (default: the folder the index records). ``micro_batch=False``: one query at a time (what
     ``benchmarks/search_serve.py`` compares against)."""
     numbers = {entry["video"]: k for k, entry in enumerate(index.videos)}
-    root = Path(media_root if media_root is not None else index.root).resolve()
-    verified: set[tuple[int, int, int, int, int]] = set()  # (number, device, inode, size, mtime) that opened as video
+    file_of = _MediaFiles(index, Path(media_root if media_root is not None else index.root).resolve()).path
     batcher = MicroBatcher(index) if micro_batch else None
 
     @contextlib.asynccontextmanager
@@ -151,43 +151,7 @@ def create_app(index: SearchIndex, *, micro_batch: bool = True, media_root: str 
         lifespan=lifespan,
     )
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [
-            f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: {e.get('msg')}" for e in exc.errors()
-        ]
-        return JSONResponse({"error": "; ".join(problems), "detail": jsonable(exc.errors())}, status_code=422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(Exception)
-    async def failed(_: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, UserError):  # a damaged index file met while answering: its one-line message
-            return JSONResponse({"error": str(exc)}, status_code=500)
-        log.exception("request failed")
-        return JSONResponse({"error": f"internal error ({type(exc).__name__}); see the server's log"}, status_code=500)
-
-    def file_of(number: int) -> Path:
-        if not 0 <= number < len(index):
-            raise HTTPException(404, f"no video number {number} in this index (0 to {len(index) - 1})")
-        entry = index.videos[number]
-        try:
-            path = (root / entry["video"]).resolve(strict=True)
-            st = os.stat(path)
-        except OSError:
-            raise HTTPException(404, f"video number {number} is no longer available") from None
-        if not path.is_relative_to(root) or not stat.S_ISREG(st.st_mode):
-            raise HTTPException(404, f"video number {number} is not a file inside the media folder")
-        if (st.st_size, st.st_mtime_ns) != (entry["size"], entry["mtime_ns"]):
-            raise HTTPException(404, f"video number {number} changed since it was indexed (run tvr index again)")
-        key = (number, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if key not in verified:
-            if not is_video_container(path):
-                raise HTTPException(404, f"video number {number} is not a video file")
-            verified.add(key)
-        return path
+    _answer_errors_as_json(app)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> HTMLResponse:
@@ -208,21 +172,9 @@ def create_app(index: SearchIndex, *, micro_batch: bool = True, media_root: str 
             hits = await asyncio.wrap_future(batcher.submit(text, k, rerank=rerank, all_windows=all_windows))
         else:
             hits = await run_in_threadpool(index.search, text, k, rerank=rerank, all_windows=all_windows)
-        out = []
-        for hit in hits:
-            number = numbers[hit.video]
-            middle = round((hit.start + hit.end) / 2, 3)
-            out.append(
-                {
-                    **hit.to_dict(),
-                    "id": number,
-                    "media": f"/media/{number}",
-                    "thumbnail": f"/thumbnail/{number}?t={middle}",
-                }
-            )
-        # the rows are built above from typed hits, so they are sent as they are: response_model (HitOut) describes
-        # them in the OpenAPI document without validating each answer again (a measurable share of a request's CPU)
-        return JSONResponse(out)
+        # the rows are built from typed hits, so they are sent as they are: response_model (HitOut) describes them
+        # in the OpenAPI document without validating each answer again (a measurable share of a request's CPU)
+        return JSONResponse([_hit_row(hit, numbers[hit.video]) for hit in hits])
 
     @app.get("/media/{number}", summary="A video of the index (HTTP range requests supported)")
     def media(request: Request, number: int = PathParam(..., ge=0, le=10**9)) -> FileResponse:
@@ -252,6 +204,68 @@ def create_app(index: SearchIndex, *, micro_batch: bool = True, media_root: str 
     app.state.index = index
     app.state.batcher = batcher
     return app
+
+
+def _hit_row(hit: Hit, number: int) -> dict[str, Any]:
+    """One row of a search answer (:class:`HitOut`): the hit, with the links to its video and its thumbnail (the
+    middle of its window)."""
+    middle = round((hit.start + hit.end) / 2, 3)
+    return {**hit.to_dict(), "id": number, "media": f"/media/{number}", "thumbnail": f"/thumbnail/{number}?t={middle}"}
+
+
+def _answer_errors_as_json(app: FastAPI) -> None:
+    """Every failed request gets ``{"error": one line}``: a request that does not validate (422, with the details),
+    an HTTP error, a damaged index file met while answering, and anything else (logged, named by type only)."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: {e.get('msg')}" for e in exc.errors()
+        ]
+        return JSONResponse({"error": "; ".join(problems), "detail": jsonable(exc.errors())}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def failed(_: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, UserError):  # a damaged index file met while answering: its one-line message
+            return JSONResponse({"error": str(exc)}, status_code=500)
+        log.exception("request failed")
+        return JSONResponse({"error": f"internal error ({type(exc).__name__}); see the server's log"}, status_code=500)
+
+
+class _MediaFiles:
+    """The indexed videos as files the server may send: inside the media folder ``root``, unchanged since they
+    were indexed, and (checked once per version of a file) a video container FFmpeg opens."""
+
+    def __init__(self, index: SearchIndex, root: Path) -> None:
+        self.index = index
+        self.root = root
+        self.verified: set[tuple[int, int, int, int, int]] = set()  # (number, device, inode, size, mtime)
+
+    def path(self, number: int) -> Path:
+        """The file of video ``number``, or an HTTP 404 saying why it cannot be sent."""
+        index, root = self.index, self.root
+        if not 0 <= number < len(index):
+            raise HTTPException(404, f"no video number {number} in this index (0 to {len(index) - 1})")
+        entry = index.videos[number]
+        try:
+            path = (root / entry["video"]).resolve(strict=True)
+            st = os.stat(path)
+        except OSError:
+            raise HTTPException(404, f"video number {number} is no longer available") from None
+        if not path.is_relative_to(root) or not stat.S_ISREG(st.st_mode):
+            raise HTTPException(404, f"video number {number} is not a file inside the media folder")
+        if (st.st_size, st.st_mtime_ns) != (entry["size"], entry["mtime_ns"]):
+            raise HTTPException(404, f"video number {number} changed since it was indexed (run tvr index again)")
+        key = (number, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in self.verified:
+            if not is_video_container(path):
+                raise HTTPException(404, f"video number {number} is not a video file")
+            self.verified.add(key)
+        return path
 
 
 #: ranges accepted in one Range header (players ask for one)
@@ -300,11 +314,9 @@ def _media_type(path: Path) -> str:
 
 
 def jsonable(value: Any) -> Any:
-    """Validation errors as plain JSON (their ``ctx`` may hold exception objects)."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
+    """Validation errors as plain JSON (their ``ctx`` may hold exception objects, which are stated as text)."""
+    return plain_json(value, _plain_or_text)
+
+
+def _plain_or_text(value: Any) -> Any:
+    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tvr.utils.json_values import plain_json
 from tvr.utils.metric_paths import higher_is_better, lookup_metric, metric_paths  # noqa: F401
 from tvr.utils.seeding import seed_everything  # noqa: F401
 
@@ -72,10 +73,11 @@ def skipped_entries(batch: Any) -> list[dict[str, Any]]:
 
 
 def to_jsonable(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
+    """``obj`` as plain JSON: tensors and arrays become numbers or lists, non-finite floats strings."""
+    return plain_json(obj, _training_value)
+
+
+def _training_value(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.item() if obj.numel() == 1 else obj.tolist()
     if isinstance(obj, np.generic):

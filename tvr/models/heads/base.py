@@ -10,9 +10,11 @@ through CLIP and on cached frozen features. A head class declares
   options (the same checks a config gets) before ``build`` runs, so no head repeats them.
 * ``encode_texts`` / ``encode_videos``: per-item states, sliceable along dim 0 (see ``tvr.types.Sliceable``).
 * ``score_block(text_state, video_state) -> [n_t, n_v]``: the exact score of every pair of a block.
-* ``loss(TextFeatures, VideoFeatures) -> {"loss": ..., components...}`` on B aligned pairs.
+* ``loss(TextFeatures, VideoFeatures, shard=None) -> {"loss": ..., components...}`` on B aligned pairs.
 * ``indexable``: True when the score is a plain dot product of ``state.emb`` vectors, so a gallery can go into an
   ANN index and all-pairs scoring is one matrix product.
+* ``analysis_figures`` (optional): the module of the method's own ``tvr analyze`` figures (``".figures"``: the
+  head's folder's ``figures``), which the analysis layer imports; a head never imports plotting code.
 
 Everything else is shared here: chunked all-pairs scoring (never an N_t × N_v × D tensor), exact scores of given
 (text, video) pairs, and two-stage scoring (shortlist by a dot-product embedding, exact rerank) for any head. A
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -93,6 +96,11 @@ class RetrievalHead(nn.Module, ABC):
     #: ``head.options`` that ``tvr demo`` sets: the demo trains a tiny CLIP from scratch at lr 1e-3, far from the
     #: pretrained recipes a head's defaults are chosen for; a head whose defaults do not train there says so here
     demo_options: ClassVar[dict[str, Any]] = {}
+    #: the module of the method's own ``tvr analyze`` figures, a ``write_figures(context)`` function
+    #: (``tvr.analysis.context.FigureContext`` in, a list of ``FigureFiles`` out); a leading dot is relative to the head
+    #: class's package (``".figures"``: ``tvr/models/heads/<method>/figures``). It is analysis code, so only the
+    #: analysis layer imports it, never the head. None: the figures every head gets, nothing more
+    analysis_figures: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -282,21 +290,34 @@ class RetrievalHead(nn.Module, ABC):
         ``video_index`` is a precomputed :meth:`shortlist_videos` (built once per gallery). An indexable head's
         shortlist scores are already exact, so no second stage runs. The shortlist streams over the gallery with a
         running top-k (memory O(N_t·(k + chunk)))."""
-        n_t, n_v = len(text_state), len(video_state)
+        n_v = len(video_state)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_v:
             raise ValueError(f"rerank: k = {k!r}, expected an integer with 1 <= k <= number of videos ({n_v})")
         if video_index is None:
             video_index = self.shortlist_videos(video_state)
         if video_index.shape[0] != n_v:
             raise ValueError(f"rerank: video_index has {video_index.shape[0]} rows for {n_v} videos")
-        t_emb = self.shortlist_texts(text_state).float()
-        indices, shortlist_scores = top_k_by_dot(t_emb, video_index, k, video_chunk)
+        return self._shortlist_then_exact(
+            self.shortlist_texts(text_state).float(),
+            video_index,
+            k,
+            video_chunk,
+            lambda rows, found: self.score_pairs(text_state, video_state, rows, found),
+        )
+
+    def _shortlist_then_exact(
+        self, queries: Tensor, gallery: Tensor, k: int, chunk: int, exact: Callable[[Tensor, Tensor], Tensor]
+    ) -> tuple[Tensor, Tensor]:
+        """The two stages of :meth:`rerank` / :meth:`rerank_texts`: each query's top-``k`` gallery rows by dot
+        product, then (a non-indexable head) ``exact(query rows, gallery rows)`` of those pairs, each row sorted by
+        decreasing exact score."""
+        indices, shortlist_scores = top_k_by_dot(queries, gallery, k, chunk)
         if self.indexable:
             return indices.cpu(), shortlist_scores.cpu()
-        rows = torch.arange(n_t).repeat_interleave(k)
-        exact = self.score_pairs(text_state, video_state, rows, indices.reshape(-1).cpu()).view(n_t, k)
-        order = exact.argsort(dim=1, descending=True)
-        return indices.cpu().gather(1, order), exact.gather(1, order)
+        n_q = queries.shape[0]
+        exact_scores = exact(torch.arange(n_q).repeat_interleave(k), indices.reshape(-1).cpu()).view(n_q, k)
+        order = exact_scores.argsort(dim=1, descending=True)
+        return indices.cpu().gather(1, order), exact_scores.gather(1, order)
 
     # ------------------------------------------------------------------ search indexes
     def rerank_state(self, video_state: Any) -> Any:
@@ -325,21 +346,20 @@ class RetrievalHead(nn.Module, ABC):
         """Two-stage scoring for video queries (v2t): the top-``k`` texts per video by the shortlist embedding, then
         their exact scores. Returns (text indices [N_v, k], scores [N_v, k]), each row sorted by decreasing exact
         score. ``text_index`` is a precomputed :meth:`shortlist_texts`. Memory O(N_v·(k + chunk))."""
-        n_t, n_v = len(text_state), len(video_state)
+        n_t = len(text_state)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_t:
             raise ValueError(f"rerank_texts: k = {k!r}, expected an integer with 1 <= k <= number of texts ({n_t})")
         if text_index is None:
             text_index = self.shortlist_texts(text_state)
         if text_index.shape[0] != n_t:
             raise ValueError(f"rerank_texts: text_index has {text_index.shape[0]} rows for {n_t} texts")
-        v_emb = self.shortlist_videos(video_state).float()
-        indices, shortlist_scores = top_k_by_dot(v_emb, text_index, k, text_chunk)
-        if self.indexable:
-            return indices.cpu(), shortlist_scores.cpu()
-        columns = torch.arange(n_v).repeat_interleave(k)
-        exact = self.score_pairs(text_state, video_state, indices.reshape(-1).cpu(), columns).view(n_v, k)
-        order = exact.argsort(dim=1, descending=True)
-        return indices.cpu().gather(1, order), exact.gather(1, order)
+        return self._shortlist_then_exact(
+            self.shortlist_videos(video_state).float(),
+            text_index,
+            k,
+            text_chunk,
+            lambda columns, found: self.score_pairs(text_state, video_state, found, columns),
+        )
 
     @torch.no_grad()
     def score_two_stage(self, text_state: Any, video_state: Any, k: int, direction: str = "t2v") -> Tensor:

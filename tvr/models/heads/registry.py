@@ -7,8 +7,9 @@ A head module registers itself with the :func:`register_head` class decorator::
         Options = GareOptions
         ...
 
-Heads are found without a hand-kept list: the first lookup imports every module of the ``tvr.models.heads``
-package (except ``base``, ``common``, ``registry`` and ``_*`` modules, which hold no head) and every entry point
+Heads are found without a hand-kept list: the first lookup imports every module and sub-package of the
+``tvr.models.heads`` package — a method's folder ``tvr/models/heads/<method>/``, whose ``__init__`` imports its head —
+(except ``base``, ``common``, ``registry`` and ``_*`` modules, which hold no head) and every entry point
 of the ``tvr.heads`` group (how an installed package contributes heads). A head that is neither can still be used
 by its import path, ``head.name: my_pkg.heads:MyHead``; it needs no registration.
 """
@@ -135,13 +136,18 @@ def head_options(name: str, values: Any = None) -> Any:
 
 def resolve_head_config(head_cfg: HeadConfig) -> HeadConfig:
     """Check ``head.name`` and replace ``head.options`` by the head's validated options dataclass (in place; safe to
-    call again). Call it right after loading a config so a bad value stops the run before anything is written."""
+    call again). Call it right after loading a config so a bad value stops the run before anything is written.
+
+    This is the one place a mapping becomes options: every job resolves its config when it loads it
+    (``tvr.pipeline.resolve_config``, a checkpoint's config in ``tvr.models.checkpoint``), and from then on
+    ``head.options`` is the head's ``Options`` dataclass, read by attribute, never a mapping."""
     head_cfg.options = head_options(head_cfg.name, head_cfg.options)
     return head_cfg
 
 
 def build_head(head_cfg: HeadConfig, dim: int, logit_scale_init: float) -> RetrievalHead:
-    """Build the head named ``head_cfg.name`` for ``dim``-dimensional features.
+    """Build the head named ``head_cfg.name`` for ``dim``-dimensional features. ``head_cfg`` is resolved first (in
+    place, as :func:`resolve_head_config` does), so the config the head was built from holds the options it uses.
 
     ``logit_scale_init`` is the backbone's value (ln 100 for pretrained CLIP); ``head_cfg.logit_scale_init``
     overrides it when set.
@@ -149,6 +155,6 @@ def build_head(head_cfg: HeadConfig, dim: int, logit_scale_init: float) -> Retri
     if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
         raise ValueError(f"build_head: dim must be a positive integer, got {dim!r}")
     cls = head_class(head_cfg.name)
-    options = head_options(head_cfg.name, head_cfg.options)
+    options = resolve_head_config(head_cfg).options
     scale = float(head_cfg.logit_scale_init) if head_cfg.logit_scale_init is not None else float(logit_scale_init)
     return cls(dim, options, logit_scale_init=scale, logit_scale_max=head_cfg.logit_scale_max)

@@ -30,8 +30,8 @@ from tvr.analysis.pairs import sample_pair_batches
 from tvr.analysis.papers import GARE_PAPER, as_in
 from tvr.analysis.summaries import describe, per_dimension
 from tvr.losses import symmetric_infonce
-from tvr.models.heads.gare import GareHead
-from tvr.models.heads.gare_psi import gare_block, pooled_video
+from tvr.models.heads.gare.head import GareHead
+from tvr.models.heads.gare.psi import gare_block, pooled_video
 from tvr.types import TextFeatures, VideoFeatures
 
 
@@ -148,8 +148,15 @@ def plot_gare_gradients(out_dir: Path, data: dict[str, Any], *, split: str) -> l
     dimension (GARE against the baseline loss), the increments' gradients, and how much the anchor's parts cancel."""
     where = split_label(split)
     common = {"split": split, **{k: data[k] for k in ("batch_size", "num_batches", "seed", "logit_scale")}}
-    files = []
+    return [
+        _plot_tension(out_dir, data, common, where),
+        _plot_delta_gradients(out_dir, data, common, where),
+        _plot_cancellation(out_dir, data, common, where),
+    ]
 
+
+def _plot_tension(out_dir: Path, data: dict[str, Any], common: dict[str, Any], where: str) -> FigureFiles:
+    """The anchor's positive / negative / total gradient per dimension, GARE against the baseline loss."""
     fig, axes = new_figure(12, 6.5, 2, 2, sharex=True)
     for col, (key, name) in enumerate((("baseline", "baseline loss (same model, no Δ)"), ("gare", "GARE loss"))):
         anchor = data["anchor"][key]
@@ -178,22 +185,23 @@ def plot_gare_gradients(out_dir: Path, data: dict[str, Any], *, split: str) -> l
         f"{data['num_batches']} batches of {data['batch_size']} — {where}"
     )
     fig.suptitle(title, fontsize=10, wrap=True)
-    files.append(
-        write_figure(
-            out_dir,
-            "gare_gradient_tension",
-            fig,
-            {
-                **common,
-                "anchor": {
-                    k: {p: data["anchor"][k][p] for p in ("positive", "negative", "total", "norms", "loss")}
-                    for k in ("baseline", "gare")
-                },
+    return write_figure(
+        out_dir,
+        "gare_gradient_tension",
+        fig,
+        {
+            **common,
+            "anchor": {
+                k: {p: data["anchor"][k][p] for p in ("positive", "negative", "total", "norms", "loss")}
+                for k in ("baseline", "gare")
             },
-            title=title,
-        )
+        },
+        title=title,
     )
 
+
+def _plot_delta_gradients(out_dir: Path, data: dict[str, Any], common: dict[str, Any], where: str) -> FigureFiles:
+    """The gradients on the increments Δ and what reaches the anchor against them."""
     fig, axes = new_figure(12, 4.2, 1, 2, gridspec_kw={"width_ratios": [2.2, 1]})
     ax = axes[0, 0]
     _per_dim(ax, data["delta"]["positive"], COLORS["positive"], "positive ∂L/∂Δ_ii")
@@ -219,12 +227,13 @@ def plot_gare_gradients(out_dir: Path, data: dict[str, Any], *, split: str) -> l
     ax.set_title("what reaches the anchor vs the increments", fontsize=9)
     title = f"GARE: gradients on the increments Δ_ij ({as_in('Fig. 4', GARE_PAPER)}) — {where}"
     fig.suptitle(title, fontsize=10, wrap=True)
-    files.append(
-        write_figure(
-            out_dir, "gare_delta_gradients", fig, {**common, "delta": data["delta"], "bars": bars}, title=title
-        )
+    return write_figure(
+        out_dir, "gare_delta_gradients", fig, {**common, "delta": data["delta"], "bars": bars}, title=title
     )
 
+
+def _plot_cancellation(out_dir: Path, data: dict[str, Any], common: dict[str, Any], where: str) -> FigureFiles:
+    """How far the positive pull and the negatives' push cancel on each anchor."""
     fig, axes = new_figure(11, 4.0, 1, 2)
     edges_cos = np.linspace(-1.0, 1.0, 41)
     for key, color in (("baseline", COLORS["baseline"]), ("gare", COLORS["method"])):
@@ -248,22 +257,19 @@ def plot_gare_gradients(out_dir: Path, data: dict[str, Any], *, split: str) -> l
         ax.legend(fontsize=8)
     title = f"GARE: how far the positive pull and the negatives' push cancel on t_i — {where}"
     fig.suptitle(title, fontsize=10, wrap=True)
-    files.append(
-        write_figure(
-            out_dir,
-            "gare_gradient_cancellation",
-            fig,
-            {
-                **common,
-                **{
-                    key: {
-                        "cos_positive_negative": data["anchor"][key]["cos_positive_negative"],
-                        "total_over_positive": data["anchor"][key]["total_over_positive"],
-                    }
-                    for key in ("baseline", "gare")
-                },
+    return write_figure(
+        out_dir,
+        "gare_gradient_cancellation",
+        fig,
+        {
+            **common,
+            **{
+                key: {
+                    "cos_positive_negative": data["anchor"][key]["cos_positive_negative"],
+                    "total_over_positive": data["anchor"][key]["total_over_positive"],
+                }
+                for key in ("baseline", "gare")
             },
-            title=title,
-        )
+        },
+        title=title,
     )
-    return files

@@ -20,21 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvr.analysis.figures import (
-    COLORS,
-    FigureFiles,
-    hist_overlay,
-    new_figure,
-    note,
-    shared_edges,
-    split_label,
-    write_figure,
-)
-from tvr.analysis.pairs import sample_negatives
+from tvr.analysis import figures as plots
+from tvr.analysis.context import FigureContext
+from tvr.analysis.figures import FigureFiles, split_label
+from tvr.analysis.pairs import sample_captions, sample_negatives
 from tvr.analysis.papers import TEXT_PROXY_PAPER, as_in
 from tvr.analysis.summaries import describe
 from tvr.eval.protocol import evaluate
-from tvr.models.heads.proxy import ProxyHead, ProxyTextState, ProxyVideoState
+from tvr.models.heads.proxy.head import ProxyHead, ProxyTextState, ProxyVideoState
 
 _EPS = 1e-12
 EMBEDDINGS = ("tsne", "pca")
@@ -164,7 +157,7 @@ def select_subset(
 
 def plot_gamma_sweep(out_dir: Path, data: dict[str, Any], *, split: str) -> FigureFiles:
     gammas = [r["gamma"] for r in data["rows"]]
-    fig, axes = new_figure(11, 4.2, 1, 2, sharey=True)
+    fig, axes = plots.new_figure(11, 4.2, 1, 2, sharey=True)
     for ax, direction in zip(axes[0], ("t2v", "v2t"), strict=True):
         for key, style, width in (("R1", "-", 2.0), ("R5", "--", 1.0), ("R10", ":", 1.0)):
             ax.plot(
@@ -174,12 +167,12 @@ def plot_gamma_sweep(out_dir: Path, data: dict[str, Any], *, split: str) -> Figu
                 linewidth=width,
                 marker="o",
                 markersize=3 if key == "R1" else 2,
-                color=COLORS["method"],
+                color=plots.COLORS["method"],
                 label=key.replace("R", "R@"),
             )
         ax.axvline(
             data["stored_gamma"],
-            color=COLORS["after"],
+            color=plots.COLORS["after"],
             linestyle="--",
             linewidth=1,
             label=f"γ in the checkpoint = {data['stored_gamma']:g}",
@@ -189,11 +182,11 @@ def plot_gamma_sweep(out_dir: Path, data: dict[str, Any], *, split: str) -> Figu
         ax.legend(fontsize=7, loc="center right")
     axes[0, 0].set_ylabel("recall (%)")
     if split != "val":
-        note(axes[0, 0], f"measured on the {split} split: do not pick γ from this curve")
+        plots.note(axes[0, 0], f"measured on the {split} split: do not pick γ from this curve")
     title = f"TV-ProxyNet: recall against γ — {split_label(split)}"
     fig.suptitle(title, fontsize=10, wrap=True)
     rows = [{"split": split, "gamma": r["gamma"], "direction": d, **r[d]} for r in data["rows"] for d in ("t2v", "v2t")]
-    return write_figure(
+    return plots.write_figure(
         out_dir,
         "proxy_gamma_sweep",
         fig,
@@ -219,16 +212,20 @@ def plot_feature_space(
     n_t, n_v = queries["q"].shape[:2]
     q_xy, v_xy, t_xy = coords[: n_t * n_v], coords[n_t * n_v : n_t * n_v + n_v], coords[n_t * n_v + n_v :]
     positive = np.asarray([[text_video[i] == j for j in range(n_v)] for i in range(n_t)]).reshape(-1)
-    fig, axes = new_figure(9, 7)
+    fig, axes = plots.new_figure(9, 7)
     ax = axes[0, 0]
-    ax.scatter(q_xy[~positive, 0], q_xy[~positive, 1], s=8, alpha=0.45, color=COLORS["q"], label="q_ij (j ≠ gt)")
+    ax.scatter(q_xy[~positive, 0], q_xy[~positive, 1], s=8, alpha=0.45, color=plots.COLORS["q"], label="q_ij (j ≠ gt)")
     ax.scatter(q_xy[positive, 0], q_xy[positive, 1], s=22, marker="^", color="#7f1d1d", label="q_ij (j = gt)")
-    ax.scatter(v_xy[:, 0], v_xy[:, 1], s=60, marker="s", color=COLORS["video"], edgecolor="white", label="video v_j")
-    ax.scatter(t_xy[:, 0], t_xy[:, 1], s=40, marker="D", color=COLORS["text"], edgecolor="white", label="text t_i")
+    ax.scatter(
+        v_xy[:, 0], v_xy[:, 1], s=60, marker="s", color=plots.COLORS["video"], edgecolor="white", label="video v_j"
+    )
+    ax.scatter(
+        t_xy[:, 0], t_xy[:, 1], s=40, marker="D", color=plots.COLORS["text"], edgecolor="white", label="text t_i"
+    )
     ax.set_xticks([])
     ax.set_yticks([])
     ax.legend(fontsize=8, loc="best")
-    note(ax, f"{n_t} captions × {n_v} videos, γ = {gamma:g}" + (f"\n{gamma_note}" if gamma_note else ""))
+    plots.note(ax, f"{n_t} captions × {n_v} videos, γ = {gamma:g}" + (f"\n{gamma_note}" if gamma_note else ""))
     title = (
         f"TV-ProxyNet feature space ({method.upper()}; {as_in('appendix Fig. 5', TEXT_PROXY_PAPER)}) — "
         f"{split_label(split)}"
@@ -250,31 +247,33 @@ def plot_feature_space(
         "video": {"xy": v_xy.tolist()},
         "text": {"xy": t_xy.tolist(), "gt_video": list(text_video)},
     }
-    return write_figure(out_dir, "proxy_feature_space", fig, data, title=title)
+    return plots.write_figure(out_dir, "proxy_feature_space", fig, data, title=title)
 
 
 def plot_query_correlation(out_dir: Path, data: dict[str, Any], *, split: str) -> FigureFiles:
-    fig, axes = new_figure(11, 4.4, 1, 2)
+    fig, axes = plots.new_figure(11, 4.4, 1, 2)
     pos, neg_mean = np.asarray(data["positive"]), np.asarray(data["negative_mean"])
     ax = axes[0, 0]
-    ax.scatter(pos, neg_mean, s=10, alpha=0.6, color=COLORS["method"])
+    ax.scatter(pos, neg_mean, s=10, alpha=0.6, color=plots.COLORS["method"])
     lo = float(np.nanmin(np.concatenate([pos, neg_mean]))) if pos.size else 0.0
     hi = float(np.nanmax(np.concatenate([pos, neg_mean]))) if pos.size else 1.0
     ax.plot([lo, hi], [lo, hi], color="#666666", linestyle="--", linewidth=0.8, label="y = x")
     ax.set_xlabel("s(t_i, t^p_ii)   (positive proxy)")
     ax.set_ylabel(f"mean_j s(t_i, t^p_ij)   ({data['negatives_per_text']} negative proxies)")
     frac = data["fraction_positive_below_negative_mean"]
-    note(ax, f"above the line (paper's claim): {100 * frac:.0f}% of captions" if frac is not None else "no negatives")
+    plots.note(
+        ax, f"above the line (paper's claim): {100 * frac:.0f}% of captions" if frac is not None else "no negatives"
+    )
     ax.legend(fontsize=8, loc="lower right")
     ax = axes[0, 1]
     series = {"positive": pos, "negative": np.asarray(data["negative"])}
-    hist_overlay(ax, series, shared_edges(*series.values()), COLORS)
+    plots.hist_overlay(ax, series, plots.shared_edges(*series.values()), plots.COLORS)
     ax.set_xlabel("cosine between a caption and a proxy built from it")
     ax.set_ylabel("density")
     ax.legend(fontsize=8)
     title = f"TV-ProxyNet: is the positive proxy less correlated with its query? — {split_label(split)}"
     fig.suptitle(title, fontsize=10, wrap=True)
-    return write_figure(
+    return plots.write_figure(
         out_dir,
         "proxy_query_correlation",
         fig,
@@ -286,3 +285,39 @@ def plot_query_correlation(out_dir: Path, data: dict[str, Any], *, split: str) -
         },
         title=title,
     )
+
+
+def write_figures(context: FigureContext) -> list[FigureFiles]:
+    """The γ sweep, the feature space of q_ij and the query–proxy correlation, for the checkpoint's TV-ProxyNet
+    head (``ProxyHead.analysis_figures``)."""
+    head, options, tv, encoded = context.head, context.options, context.text_video, context.encoded
+    text_state, video_state, out, split = context.text_state, context.video_state, context.out, context.split
+    sweep = gamma_sweep(head, text_state, video_state, tv, encoded.protocol, tie_mode=context.cfg.eval.tie_mode)
+    figures = [plot_gamma_sweep(out, sweep, split=split)]
+    rows, cols = select_subset(tv, len(video_state), seed=options.seed)
+    gamma, gamma_note = display_gamma(head)
+    queries = proxy_queries(head, text_state[rows], video_state[cols], gamma)
+    dim = queries["q"].shape[-1]
+    points = torch.cat([queries["q"].reshape(-1, dim), queries["v"], queries["t"]]).float().cpu()
+    coords = embed_2d(points, options.embedding, options.seed)
+    position = {int(v): k for k, v in enumerate(cols)}
+    figures.append(
+        plot_feature_space(
+            out,
+            queries,
+            coords,
+            gamma=gamma,
+            method=options.embedding,
+            split=split,
+            video_ids=[encoded.video_ids[int(v)] for v in cols],
+            text_rows=rows.tolist(),
+            text_video=[position[int(tv[r])] for r in rows],
+            gamma_note=gamma_note,
+        )
+    )
+    sample = sample_captions(tv.numel(), options.max_captions, options.seed)
+    correlation = proxy_query_correlation(
+        head, text_state[sample], video_state, tv[sample], options.negatives_per_text, options.seed
+    )
+    figures.append(plot_query_correlation(out, correlation, split=split))
+    return figures

@@ -20,21 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvr.analysis.figures import (
-    COLORS,
-    FigureFiles,
-    hist_overlay,
-    new_figure,
-    note,
-    shared_edges,
-    split_label,
-    write_figure,
-)
+from tvr.analysis import figures as plots
+from tvr.analysis.figures import FigureFiles, split_label
 from tvr.analysis.papers import GARE_PAPER, as_in
 from tvr.analysis.summaries import describe
-from tvr.models.heads.clip4clip import text_softmax_scores
-from tvr.models.heads.gare import GareHead
-from tvr.models.heads.gare_psi import gare_pair_features, video_mean
+from tvr.models.heads.clip4clip.head import text_softmax_scores
+from tvr.models.heads.gare.head import GareHead
+from tvr.models.heads.gare.psi import gare_pair_features, video_mean
 from tvr.types import TextFeatures, VideoFeatures
 
 #: pairs whose Δ is computed at once (each holds a few D-vectors and ψ's per-pair attention)
@@ -160,12 +152,12 @@ def plot_delta_geometry(
     negatives_per_text: int,
 ) -> FigureFiles:
     a, b = ("t", "v") if side == "text" else ("v", "t")
-    fig, axes = new_figure(14, 7.5, 2, 3)
-    before_after = {"before Δ": COLORS["before"], "after Δ": COLORS["after"]}
+    fig, axes = plots.new_figure(14, 7.5, 2, 3)
+    before_after = {"before Δ": plots.COLORS["before"], "after Δ": plots.COLORS["after"]}
 
     def pair(ax: Any, key: str, sample: dict[str, Tensor], xlabel: str) -> None:
         series = {"before Δ": sample[f"{key}_before"].numpy(), "after Δ": sample[f"{key}_after"].numpy()}
-        hist_overlay(ax, series, shared_edges(*series.values()), before_after)
+        plots.hist_overlay(ax, series, plots.shared_edges(*series.values()), before_after)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("density")
         ax.legend(fontsize=7)
@@ -183,7 +175,7 @@ def plot_delta_geometry(
             sample["dist_after"].numpy(),
             s=4,
             alpha=0.35,
-            color=COLORS[kind],
+            color=plots.COLORS[kind],
             label=f"{label} pairs",
             rasterized=True,
         )
@@ -195,7 +187,7 @@ def plot_delta_geometry(
     ax.legend(fontsize=7, markerscale=3)
     ax = axes[1, 1]
     series = {"positive": positive["angle"].numpy(), "negative": negative["angle"].numpy()}
-    hist_overlay(ax, series, np.linspace(0, 180, 37), COLORS)
+    plots.hist_overlay(ax, series, np.linspace(0, 180, 37), plots.COLORS)
     ax.axvline(90, color="#666666", linewidth=0.8, linestyle="--")
     ax.set_xlabel(f"angle between Δ_ij and {b} − {a} (degrees)")
     ax.set_ylabel("density")
@@ -218,16 +210,16 @@ def plot_delta_geometry(
             "negative": {k: v.tolist() for k, v in negative.items()},
         },
     }
-    return write_figure(out_dir, "gare_delta_geometry", fig, data, title=title)
+    return plots.write_figure(out_dir, "gare_delta_geometry", fig, data, title=title)
 
 
 def plot_hard_negatives(out_dir: Path, data: dict[str, Any], *, split: str) -> FigureFiles:
-    fig, axes = new_figure(12, 4.2, 1, 2)
+    fig, axes = plots.new_figure(12, 4.2, 1, 2)
     ax = axes[0, 0]
     ranks = np.asarray(data["rank"])
     for key, label in (("before", "before Δ"), ("after", "after Δ")):
         mean, std = np.asarray(data[key]["mean"]), np.asarray(data[key]["std"])
-        color = COLORS[key]
+        color = plots.COLORS[key]
         ax.plot(ranks, mean, marker="o", markersize=3, color=color, label=f"hard negatives, {label}")
         ax.fill_between(ranks, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
         ax.axhline(data[key]["positive_mean"], color=color, linestyle="--", linewidth=1, label=f"positive, {label}")
@@ -239,13 +231,20 @@ def plot_hard_negatives(out_dir: Path, data: dict[str, Any], *, split: str) -> F
         "before Δ": np.asarray(data["before"]["gap_to_hardest"]),
         "after Δ": np.asarray(data["after"]["gap_to_hardest"]),
     }
-    hist_overlay(ax, series, shared_edges(*series.values()), {"before Δ": COLORS["before"], "after Δ": COLORS["after"]})
+    plots.hist_overlay(
+        ax,
+        series,
+        plots.shared_edges(*series.values()),
+        {"before Δ": plots.COLORS["before"], "after Δ": plots.COLORS["after"]},
+    )
     ax.axvline(0.0, color="#666666", linewidth=0.8, linestyle="--")
     ax.set_xlabel("s(i, gt) − s(i, hardest negative)   (> 0: the positive wins)")
     ax.set_ylabel("density")
     ax.legend(fontsize=7)
     spread_b, spread_a = np.mean(data["before"]["spread"]), np.mean(data["after"]["spread"])
-    note(ax, f"mean spread of the {data['k']} hard negatives' scores:\nbefore {spread_b:.4f}, after {spread_a:.4f}")
+    plots.note(
+        ax, f"mean spread of the {data['k']} hard negatives' scores:\nbefore {spread_b:.4f}, after {spread_a:.4f}"
+    )
     title = f"GARE: hard negatives before and after Δ ({as_in('Fig. 6', GARE_PAPER)}) — {split_label(split)}"
     fig.suptitle(title, fontsize=10, wrap=True)
-    return write_figure(out_dir, "gare_hard_negatives", fig, {"split": split, **data}, title=title)
+    return plots.write_figure(out_dir, "gare_hard_negatives", fig, {"split": split, **data}, title=title)

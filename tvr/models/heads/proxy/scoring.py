@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tvr.models.heads.common import check_pairs
-from tvr.models.heads.proxy_generator import ProxyDecoderLayer, ProxyGenerator
+from tvr.models.heads.proxy.generator import ProxyDecoderLayer, ProxyGenerator
 from tvr.types import Sliceable
 
 #: auto = the factorised scorer where it is exact (no active dropout), else the block path; fast = factorised only

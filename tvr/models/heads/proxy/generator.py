@@ -16,7 +16,7 @@ For a unit-norm text t_i and the M projected proxy tokens X̃_j ∈ R^{M×D} of 
 * **Proxy** t^p_ij = t_i + D_s·d̂_ij (theta) or t_i + d_s ⊙ d̂_ij (linear).
 
 ``ProxyGenerator.forward`` computes t^p for every pair of a block, the reference-style path; the exact
-factorised scorer is :mod:`tvr.models.heads.proxy_scoring`.
+factorised scorer is :mod:`tvr.models.heads.proxy.scoring`.
 """
 
 from __future__ import annotations

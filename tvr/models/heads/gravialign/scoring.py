@@ -1,7 +1,7 @@
 """GraviAlign's fast test-time S_align of every (text, video) pair (docs/methods/gravialign.md, "Where the s_align
 time goes").
 
-The pure function ``tvr.losses.sgi_align_pairwise`` defines the values (and carries the gradient the contrastive
+The pure function ``losses.sgi_align_pairwise`` defines the values (and carries the gradient the contrastive
 objective needs); :func:`s_align_scores` computes the same values without autograd, faster: cache-sized blocks in
 reused buffers, variances multiplied over groups of dimensions before one log per group (:func:`sgi_product_group`
 proves the products stay in float32's range) and, on a CPU, text stripes shared among single-threaded workers of one
@@ -23,7 +23,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tvr.losses import SGI_TERMS, check_sgi_arguments, sgi_quality, sgi_softening, sgi_terms_from_moments
+from tvr.models.heads.gravialign.losses import (
+    SgiParams,
+    all_pairs_inputs,
+    sgi_terms_from_moments,
+    sum_terms,
+)
 
 #: [texts, videos, D] elements of one scratch block of :func:`s_align_scores` (two such buffers per worker)
 SGI_BLOCK_ELEMENTS = 1 << 20
@@ -220,22 +225,17 @@ def s_align_scores(
     logvar_v: Tensor,
     mu_t: Tensor,
     logvar_t: Tensor,
+    params: SgiParams | None = None,
     *,
-    G: float,
-    T: float,
-    lam: float,
-    per_dim_mean: bool = True,
-    eps: float = 1e-6,
-    quality: str = "softplus",
-    terms: str = SGI_TERMS,
-    a_distance: str = "centre",
     text_chunk: int | None = None,
     video_chunk: int | None = None,
     max_group: int = SGI_MAX_GROUP,
     workers: int | None = None,
+    **fields: Any,
 ) -> Tensor:
     """S_align of every (text, video) pair, [N_t, N_v] (videos first in the arguments, texts on the rows): the values
-    of ``tvr.losses.sgi_align_pairwise`` (same options), without autograd.
+    of ``losses.sgi_align_pairwise`` (same ``params``, an ``SgiParams`` or its fields as keyword arguments), without
+    autograd.
 
     The pairs are scored in blocks of ``text_chunk`` × ``video_chunk`` (default 8 texts × as many videos as fit
     ``SGI_BLOCK_ELEMENTS`` with D); working memory is two such blocks plus a row stripe per worker, whatever N_t and
@@ -247,26 +247,12 @@ def s_align_scores(
     ``workers``: CPU stripes of ``text_chunk`` texts are shared among that many workers of the process's
     :class:`ScoringPool` (default: ``torch.get_num_threads()``); 1 scores in the calling thread with the caller's
     torch settings, and never creates a pool. On CUDA: one loop, 16× larger blocks (not measured: no GPU here)."""
-    terms = check_sgi_arguments(
-        mu_v,
-        logvar_v,
-        mu_t,
-        logvar_t,
-        "s_align_scores",
-        G=G,
-        T=T,
-        lam=lam,
-        eps=eps,
-        quality=quality,
-        terms=terms,
-        a_distance=a_distance,
-    )
+    inputs = (x.detach() for x in (mu_v, logvar_v, mu_t, logvar_t))
+    params, mu_v, logvar_v, mu_t, logvar_t = all_pairs_inputs("s_align_scores", *inputs, params, fields)
     if workers is not None and workers < 1:
         raise ValueError(f"s_align_scores: workers must be >= 1, got {workers}")
     n_v, dim = mu_v.shape
     n_t = mu_t.shape[0]
-    dtype = torch.promote_types(torch.promote_types(mu_v.dtype, mu_t.dtype), torch.float32)
-    mu_v, logvar_v, mu_t, logvar_t = (x.detach().to(dtype) for x in (mu_v, logvar_v, mu_t, logvar_t))
     if text_chunk is not None and text_chunk < 1 or video_chunk is not None and video_chunk < 1:
         raise ValueError(f"s_align_scores: chunks must be >= 1, got text_chunk={text_chunk}, video_chunk={video_chunk}")
     text_chunk = min(max(1, n_t), text_chunk or SGI_TEXT_CHUNK)
@@ -276,9 +262,7 @@ def s_align_scores(
     out = mu_v.new_empty(n_t, n_v)
     if n_t == 0 or n_v == 0:
         return out
-    needs_a = "A" in terms
-    m_v = sgi_quality(logvar_v, lam=lam, per_dim_mean=per_dim_mean, quality=quality) if needs_a else None
-    m_t = sgi_quality(logvar_t, lam=lam, per_dim_mean=per_dim_mean, quality=quality) if needs_a else None
+    m_v, m_t = params.qualities(logvar_v, logvar_t)
     g, k = sgi_product_group(logvar_v, logvar_t, max_group)
     scale = 2.0**-k  # exact: a power of two
     # Σ log s = Σ log s̃ + D·k·ln 2 and Σ δ²/s = 2^−k·Σ δ²/s̃ (s̃ = 2^−k·s)
@@ -290,17 +274,13 @@ def s_align_scores(
         m_v=m_v,
         m_t=m_t,
         group=g,
-        q_scale=scale / dim if per_dim_mean else scale,
-        c_scale=1.0 / dim if per_dim_mean else 1.0,
-        c_shift=k * _LN2 * (1.0 if per_dim_mean else dim),
+        q_scale=scale / dim if params.per_dim_mean else scale,
+        c_scale=1.0 / dim if params.per_dim_mean else 1.0,
+        c_shift=k * _LN2 * (1.0 if params.per_dim_mean else dim),
         text_chunk=text_chunk,
         video_chunk=video_chunk,
-        combine={
-            "G": G,
-            "T": T,
-            "terms": terms,
-            "softening": sgi_softening(eps=eps, a_distance=a_distance, per_dim_mean=per_dim_mean, dim=dim),
-        },
+        params=params,
+        softening=params.softening(dim),
         out=out,
     )
     starts = list(range(0, n_t, text_chunk))
@@ -331,7 +311,8 @@ class _PairwiseJob:
     c_shift: float
     text_chunk: int
     video_chunk: int
-    combine: dict[str, Any]
+    params: SgiParams
+    softening: float
     out: Tensor
 
     def buffers(self) -> tuple[Tensor, ...]:
@@ -375,8 +356,5 @@ class _PairwiseJob:
         logdet = c_row[:nt].mul_(self.c_scale).add_(self.c_shift)
         m_v = self.m_v[None] if self.m_v is not None else None
         m_t = self.m_t[a : a + nt, None] if self.m_t is not None else None
-        parts = list(sgi_terms_from_moments(q, logdet, m_v, m_t, **self.combine).values())
-        total = parts[0]
-        for rest in parts[1:]:
-            total = total + rest
+        total = sum_terms(sgi_terms_from_moments(q, logdet, m_v, m_t, self.params, self.softening))
         self.out[a : a + nt] = total

@@ -10,7 +10,7 @@ For text i and video j (all features unnormalised until the final cosine):
     s_ij    = cos(t_i + Δ_ij, v^p_ij)   (text side)   or   cos(t_i, v^p_ij + Δ_ij)   (video side)
 
 :func:`gare_block` is the single place where Δ and the scores are computed from ψ itself; training and the exact
-test-time path call it. The factorised scorer (``gare_scoring``) re-derives the same numbers algebraically from
+test-time path call it. The factorised scorer (``scoring``) re-derives the same numbers algebraically from
 ψ's weights and the same :class:`GareOptions`. This module imports nothing else of GARE.
 """
 
@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from tvr.config import bounded, choice
-from tvr.losses import KL_REDUCTIONS
 from tvr.models.heads.common import masked_mean
+from tvr.models.heads.gare.losses import KL_REDUCTIONS
 from tvr.types import TextFeatures, VideoFeatures
 
 GARE_SIDES = ("text", "video")

@@ -1,7 +1,7 @@
 """GARE head (spec §3): gap-aware pair-specific increments Δ_ij added before the cosine; pairwise, not indexable.
 
-ψ, the options and the per-pair block are in :mod:`tvr.models.heads.gare_psi`; the factorised test-time scorer is
-:mod:`tvr.models.heads.gare_scoring`. This module wires them into the head contract: training and ``scorer: exact``
+ψ, the options and the per-pair block are in :mod:`tvr.models.heads.gare.psi`; the factorised test-time scorer is
+:mod:`tvr.models.heads.gare.scoring`. This module wires them into the head contract: training and ``scorer: exact``
 run ψ on every pair (:func:`gare_block`); in eval mode ``auto``/``fast`` score through the factorisation, and
 two-stage scoring shortlists by cos(t_i, v̄_j) (mean frame) and reranks exactly.
 """
@@ -14,16 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvr.losses import (
-    gare_direction_rows,
-    gare_kl_moments,
-    gare_radius_hinge,
-    gare_radius_rows,
-    symmetric_infonce,
-)
+from tvr.losses import symmetric_infonce
 from tvr.models.heads.base import RetrievalHead
-from tvr.models.heads.gare_psi import GareOptions, Psi, gare_block, video_mean
-from tvr.models.heads.gare_scoring import (
+from tvr.models.heads.gare.losses import gare_direction_rows, gare_kl_moments, gare_radius_hinge, gare_radius_rows
+from tvr.models.heads.gare.psi import GareOptions, Psi, gare_block, video_mean
+from tvr.models.heads.gare.scoring import (
     GareRerankState,
     fast_path_support,
     gare_pair_scores,
@@ -48,6 +43,7 @@ class GareHead(RetrievalHead):
     """
 
     Options = GareOptions
+    analysis_figures = ".figures"
     indexable = False
     # direct path: a block holds a handful of n_t × n_v × D float tensors (64·256·512·4 B = 32 MiB each)
     default_text_chunk = 64

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tvr.models.heads.gare_psi import Psi
+from tvr.models.heads.gare.psi import Psi
 
 __all__ = [
     "Algebra",
@@ -75,7 +75,7 @@ def clear_cache() -> None:
 def covered_psi(psi: nn.Module) -> str | None:
     """None when ψ has the structure the factorisation assumes, else why not."""
     if not isinstance(psi, Psi):
-        return f"psi is a {type(psi).__name__}, not tvr.models.heads.gare_psi.Psi"
+        return f"psi is a {type(psi).__name__}, not tvr.models.heads.gare.psi.Psi"
     if type(psi).forward is not Psi.forward or type(psi).attention_weights is not Psi.attention_weights:
         return f"{type(psi).__name__} overrides Psi.forward/attention_weights"
     for name in ("ln_in", "ln_attn", "ln_out"):

@@ -1,6 +1,6 @@
 """TV-ProxyNet head (spec §4): a text proxy t^p_ij for every (text, video) pair, on the CLIP-ViP backbone.
 
-The generator (:mod:`tvr.models.heads.proxy_generator`: direction leader → director → dash) turns a unit-norm
+The generator (:mod:`tvr.models.heads.proxy.generator`: direction leader → director → dash) turns a unit-norm
 text t_i and the M projected proxy tokens X̃_j of video j (``VideoFeatures.proxies``) into the proxy
 t^p_ij = t_i + dash·d̂_ij.
 
@@ -8,7 +8,7 @@ Score: s_ij = cos(t_i, v_j) + γ·cos(t^p_ij, v_j) (v_j = the CLIP-ViP video fea
 scored with its own proxy t^p_ij, never with the positive proxy t^p_ii. γ is an inference setting chosen on the
 validation split; γ = 0 is the CLIP-ViP baseline and is always reported beside it.
 
-The exact test-time scorers are :mod:`tvr.models.heads.proxy_scoring`; this module holds the options, the states
+The exact test-time scorers are :mod:`tvr.models.heads.proxy.scoring`; this module holds the options, the states
 and the head (loss, γ, optimizer groups, the per-pair oracle).
 """
 
@@ -23,11 +23,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tvr.config import bounded, choice
-from tvr.losses import symmetric_infonce, text_proxy_loss
+from tvr.losses import symmetric_infonce
 from tvr.models.heads.base import ParamRule, RetrievalHead
 from tvr.models.heads.common import check_frames, check_pairs, mean_pooled_video
-from tvr.models.heads.proxy_generator import DASHES, ProxyDecoderLayer, ProxyGenerator
-from tvr.models.heads.proxy_scoring import (
+from tvr.models.heads.proxy.generator import DASHES, ProxyDecoderLayer, ProxyGenerator
+from tvr.models.heads.proxy.losses import text_proxy_loss
+from tvr.models.heads.proxy.scoring import (
     SCORERS,
     ProxyRerankState,
     proxy_pair_scores,
@@ -150,6 +151,7 @@ class ProxyHead(RetrievalHead):
     cos(t_i, v_j) (the γ = 0 score, from the states' ``emb``) and reranks exactly."""
 
     Options = ProxyOptions
+    analysis_figures = ".figures"
     indexable = False
     requires = frozenset({"proxies"})
     default_text_chunk = 1 << 30  # the factorised scorer tiles internally
@@ -202,7 +204,7 @@ class ProxyHead(RetrievalHead):
     def _method(self) -> str:
         return self.options.scorer
 
-    def score_block(self, text_state: ProxyTextState, video_state: ProxyVideoState) -> Tensor:
+    def _pairwise(self, text_state: ProxyTextState, video_state: ProxyVideoState, **chunks: int | None) -> Tensor:
         return proxy_pairwise_scores(
             self.generator,
             text_state.emb,
@@ -210,7 +212,11 @@ class ProxyHead(RetrievalHead):
             video_state.proxies,
             self.gamma_value,
             method=self._method(),
+            **chunks,
         )
+
+    def score_block(self, text_state: ProxyTextState, video_state: ProxyVideoState) -> Tensor:
+        return self._pairwise(text_state, video_state)
 
     @torch.no_grad()
     def score(
@@ -222,16 +228,7 @@ class ProxyHead(RetrievalHead):
     ) -> Tensor:
         """All pairs in one call of the scorer, which tiles internally (bounded memory); explicit chunks are
         passed on to it."""
-        return proxy_pairwise_scores(
-            self.generator,
-            text_state.emb,
-            video_state.emb,
-            video_state.proxies,
-            self.gamma_value,
-            method=self._method(),
-            text_chunk=text_chunk,
-            video_chunk=video_chunk,
-        ).float()
+        return self._pairwise(text_state, video_state, text_chunk=text_chunk, video_chunk=video_chunk).float()
 
     @torch.no_grad()
     def score_pairs(

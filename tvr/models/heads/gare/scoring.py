@@ -2,13 +2,13 @@
 
 GARE scores every (text i, video j) pair with its own increment Δ_ij = ψ(q_ij, C), so a gallery cannot be indexed
 and the reference runs the whole ψ (≈ 5·D² multiply-adds) for every pair. With ψ's weights folded
-(``gare_algebra``), Δ_ij lies in an (F+2)-dimensional subspace fixed per context owner, and the score's numerator and
+(``algebra``), Δ_ij lies in an (F+2)-dimensional subspace fixed per context owner, and the score's numerator and
 norms expand into three text × (video·frame) products of inner dimension D ((t_i M_q)·ℓ_jf, t_i·w_jf, t_i·x_jf),
 per-video F×F Gram matrices and per-video F-vectors: ≈ 3·F·D multiply-adds and O(F) memory per pair, against
-≈ 5·D² and a D-vector per pair for the direct computation (:func:`tvr.models.heads.gare_psi.gare_block`). Every
+≈ 5·D² and a D-vector per pair for the direct computation (:func:`tvr.models.heads.gare.psi.gare_block`). Every
 intermediate is an exact identity — no approximation.
 
-Entry points (all take the head's :class:`~tvr.models.heads.gare_psi.GareOptions`):
+Entry points (all take the head's :class:`~tvr.models.heads.gare.psi.GareOptions`):
 
 * :func:`gare_pairwise_scores` — the [N_t, N_v] score matrix of ``TextFeatures`` × ``VideoFeatures``.
 * :func:`gare_pair_scores` — exact scores of given (text, video) pairs (two-stage rerank), frame context.
@@ -21,7 +21,7 @@ renormalisation); ``mask_frames`` (masked mean, key masking in ψ; an item with 
 With word context and text_softmax pooling, Δ (per-text subspace) meets v^p (per-video subspace) in the score,
 which needs an L × F cross-Gram per pair: exact, but larger than the direct path's D-vector when L·F > D, which
 :func:`fast_path_support` reports so the head can keep the direct path there. A ψ whose structure differs from
-:class:`~tvr.models.heads.gare_psi.Psi` (a subclass with its own ``forward``) is not covered.
+:class:`~tvr.models.heads.gare.psi.Psi` (a subclass with its own ``forward``) is not covered.
 
 ψ is always evaluated without dropout here (test-time scoring), whatever its ``training`` flag.
 """
@@ -35,8 +35,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from tvr.models.heads.gare_algebra import Algebra, Workspace, buffer, covered_psi, owner_state, psi_algebra, psi_pair
-from tvr.models.heads.gare_psi import GareOptions
+from tvr.models.heads.gare.algebra import Algebra, Workspace, buffer, covered_psi, owner_state, psi_algebra, psi_pair
+from tvr.models.heads.gare.psi import GareOptions
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
 
 __all__ = [

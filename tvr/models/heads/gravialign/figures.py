@@ -18,22 +18,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tvr.analysis.figures import (
-    COLORS,
-    FigureFiles,
-    hist_overlay,
-    new_figure,
-    note,
-    shared_edges,
-    split_label,
-    write_figure,
-)
-from tvr.analysis.pairs import sample_negatives
+from tvr.analysis import figures as plots
+from tvr.analysis.context import FigureContext
+from tvr.analysis.figures import FigureFiles, split_label
+from tvr.analysis.pairs import sample_captions, sample_negatives
 from tvr.analysis.similarity import protocol_ranks
 from tvr.analysis.summaries import describe, spearman
 from tvr.eval.protocol import evaluate
-from tvr.losses import sgi_align_terms
-from tvr.models.heads.gravialign import MODES, GraviAlignHead, GraviState
+from tvr.models.heads.gravialign.head import MODES, GraviAlignHead, GraviState
+from tvr.models.heads.gravialign.losses import sgi_align_terms
 from tvr.types import TextFeatures
 
 #: texts scored at once when building the full S_align matrix
@@ -90,7 +83,7 @@ def sgi_term_distributions(
     out: dict[str, Any] = {"terms": head.options.terms, "negatives_per_text": negatives_per_text}
     for kind, ti, vi in (("positive", torch.arange(tv.numel()), tv), ("negative", neg_t, neg_v)):
         t, v = text[ti.to(text.mu.device)], video[vi.to(video.mu.device)]
-        parts = sgi_align_terms(v.mu, v.logvar, t.mu, t.logvar, **head.sgi_kwargs())
+        parts = sgi_align_terms(v.mu, v.logvar, t.mu, t.logvar, params=head.sgi)
         out[kind] = {name: values.float().cpu().tolist() for name, values in parts.items()}
     return out
 
@@ -146,24 +139,24 @@ def _rho(value: float | None) -> str:
 
 def plot_uncertainty(out_dir: Path, data: dict[str, Any], *, split: str, mode: dict) -> FigureFiles:
     has_length = "caption_length" in data
-    fig, axes = new_figure(15 if has_length else 10.5, 4.3, 1, 3 if has_length else 2)
+    fig, axes = plots.new_figure(15 if has_length else 10.5, 4.3, 1, 3 if has_length else 2)
     panels = list(axes[0])
     sigma_t = np.asarray(data["text_mean_variance"])
     if has_length:
         ax = panels.pop(0)
         length = np.asarray(data["caption_length"])
         jitter = np.random.default_rng(0).uniform(-0.2, 0.2, length.size)
-        ax.scatter(length + jitter, sigma_t, s=8, alpha=0.45, color=COLORS["text"], label="captions")
+        ax.scatter(length + jitter, sigma_t, s=8, alpha=0.45, color=plots.COLORS["text"], label="captions")
         _binned_median(ax, length, sigma_t, np.arange(length.min() - 0.5, length.max() + 1.5, 1.0), "#1b4332")
         ax.set_xlabel("caption length (BPE tokens, after truncation)")
         ax.set_ylabel("caption σ̄² (mean variance)")
-        note(ax, f"Spearman ρ = {_rho(data.get('spearman_text_variance_vs_length'))}")
+        plots.note(ax, f"Spearman ρ = {_rho(data.get('spearman_text_variance_vs_length'))}")
         ax.legend(fontsize=7, loc="lower right")
     for ax, (who, rank_key, rho_key, color) in zip(
         panels,
         (
-            ("caption", "t2v_rank", "spearman_text_variance_vs_t2v_rank", COLORS["text"]),
-            ("video", "v2t_rank", "spearman_video_variance_vs_v2t_rank", COLORS["video"]),
+            ("caption", "t2v_rank", "spearman_text_variance_vs_t2v_rank", plots.COLORS["text"]),
+            ("video", "v2t_rank", "spearman_video_variance_vs_v2t_rank", plots.COLORS["video"]),
         ),
         strict=True,
     ):
@@ -175,19 +168,19 @@ def plot_uncertainty(out_dir: Path, data: dict[str, Any], *, split: str, mode: d
         ax.set_xscale("log")
         ax.set_xlabel(f"rank of the ground truth ({'t2v' if who == 'caption' else 'v2t'})")
         ax.set_ylabel(f"{who} σ̄²")
-        note(ax, f"Spearman ρ = {_rho(data.get(rho_key))}")
+        plots.note(ax, f"Spearman ρ = {_rho(data.get(rho_key))}")
         ax.legend(fontsize=7, loc="lower right")
     mode_text = ", ".join(f"{k}={v}" for k, v in mode.items())
     title = f"GraviAlign: uncertainty against caption length and retrieval rank ({mode_text}) — {split_label(split)}"
     fig.suptitle(title, fontsize=10, wrap=True)
-    return write_figure(
+    return plots.write_figure(
         out_dir, "gravialign_uncertainty", fig, {"split": split, "inference_setting": mode, **data}, title=title
     )
 
 
 def plot_terms(out_dir: Path, data: dict[str, Any], *, split: str) -> FigureFiles:
     names = [n for n in "ABC" if n in data["positive"]]
-    fig, axes = new_figure(4.6 * len(names), 4.0, 1, len(names))
+    fig, axes = plots.new_figure(4.6 * len(names), 4.0, 1, len(names))
     labels = {
         "A": "A = (G/T)·m_v·m_t / d  (gravitation)",
         "B": "B = −½ q  (Mahalanobis)",
@@ -196,24 +189,26 @@ def plot_terms(out_dir: Path, data: dict[str, Any], *, split: str) -> FigureFile
     summary = {}
     for ax, name in zip(axes[0], names, strict=True):
         series = {"positive": np.asarray(data["positive"][name]), "negative": np.asarray(data["negative"][name])}
-        hist_overlay(ax, series, shared_edges(*series.values()), COLORS)
+        plots.hist_overlay(ax, series, plots.shared_edges(*series.values()), plots.COLORS)
         ax.set_xlabel(labels[name])
         ax.set_ylabel("density")
         ax.legend(fontsize=7)
         summary[name] = {k: describe(v) for k, v in series.items()}
     title = f"GraviAlign: the terms of S_align on positive and negative pairs — {split_label(split)}"
     fig.suptitle(title, fontsize=10, wrap=True)
-    return write_figure(out_dir, "gravialign_terms", fig, {"split": split, "summary": summary, **data}, title=title)
+    return plots.write_figure(
+        out_dir, "gravialign_terms", fig, {"split": split, "summary": summary, **data}, title=title
+    )
 
 
 def plot_modes(out_dir: Path, data: dict[str, Any], *, split: str) -> FigureFiles:
     rows = data["rows"]
     labels = [r["setting"]["mode"] + (f"\nw={r['setting']['w']:g}" if "w" in r["setting"] else "") for r in rows]
-    fig, axes = new_figure(max(7.5, 1.1 * len(rows) + 2), 4.4, 1, 2, sharey=True)
+    fig, axes = plots.new_figure(max(7.5, 1.1 * len(rows) + 2), 4.4, 1, 2, sharey=True)
     x = np.arange(len(rows))
     for ax, direction in zip(axes[0], ("t2v", "v2t"), strict=True):
         for offset, key, alpha in ((-0.27, "R1", 1.0), (0.0, "R5", 0.65), (0.27, "R10", 0.35)):
-            colors = [COLORS["after"] if r["chosen"] else COLORS["method"] for r in rows]
+            colors = [plots.COLORS["after"] if r["chosen"] else plots.COLORS["method"] for r in rows]
             ax.bar(
                 x + offset,
                 [r[direction][key] for r in rows],
@@ -237,4 +232,24 @@ def plot_modes(out_dir: Path, data: dict[str, Any], *, split: str) -> FigureFile
         for label, r in zip(labels, rows, strict=True)
         for d in ("t2v", "v2t")
     ]
-    return write_figure(out_dir, "gravialign_modes", fig, {"split": split, **data}, title=title, rows=csv_rows)
+    return plots.write_figure(out_dir, "gravialign_modes", fig, {"split": split, **data}, title=title, rows=csv_rows)
+
+
+def write_figures(context: FigureContext) -> list[FigureFiles]:
+    """Uncertainty against caption length and rank, the S_align terms and the inference modes, for the checkpoint's
+    GraviAlign head (``GraviAlignHead.analysis_figures``)."""
+    head, options, tv, encoded = context.head, context.options, context.text_video, context.encoded
+    text_state, video_state, out, split = context.text_state, context.video_state, context.out, context.split
+    sample = sample_captions(tv.numel(), options.max_captions, options.seed)
+    uncertainty = uncertainty_vs_ambiguity(
+        text_state, video_state, context.sim, tv, encoded.protocol, caption_lengths(encoded.text)
+    )
+    terms = sgi_term_distributions(
+        head, text_state[sample], video_state, tv[sample], options.negatives_per_text, options.seed
+    )
+    modes = mode_comparison(head, text_state, video_state, tv, encoded.protocol, tie_mode=context.cfg.eval.tie_mode)
+    return [
+        plot_uncertainty(out, uncertainty, split=split, mode=head.inference_setting()),
+        plot_terms(out, terms, split=split),
+        plot_modes(out, modes, split=split),
+    ]

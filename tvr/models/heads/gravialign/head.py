@@ -9,12 +9,12 @@ through an uncertainty head with its own parameters:
     log σ² = clamp(W_σ f + b_σ)      W_σ ~ N(0, 0.02²), b_σ = log σ₀² (−4) at init, clamp [−10, 5] (hard or soft)
 
 Training: L = InfoNCE(exp(logit_scale)·cos) + α·L_SGI; the InfoNCE runs on normalised f (default) or on μ. L_SGI is
-the paper's −mean of S_align (``tvr.losses.sgi_align``) over the positive pairs (``sgi_objective: positive``) or the
-contrastive L_SGI-NCE over every pair of the batch (``contrastive``, ``tvr.losses.sgi_align_nce``).
+the paper's −mean of S_align (``losses.sgi_align``) over the positive pairs (``sgi_objective: positive``) or the
+contrastive L_SGI-NCE over every pair of the batch (``contrastive``, ``losses.sgi_align_nce``).
 
 Inference modes (an inference setting chosen on the validation split, stored in buffers so it travels with the
 checkpoint): ``cos_f`` (the CLIP-ViP score, indexable), ``cos_mu`` (indexable), ``s_align`` (S_align of every pair,
-``gravialign_scoring.s_align_scores``) and ``mixed`` = cos_f + w·(S_align − mean)/std with the mean and std of
+``scoring.s_align_scores``) and ``mixed`` = cos_f + w·(S_align − mean)/std with the mean and std of
 S_align over all in-batch pairs, kept as running statistics during training (like BatchNorm's), so at test time the
 score of a pair does not depend on the gallery. ``indexable`` follows the current mode.
 """
@@ -31,18 +31,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tvr.config import bounded, choice
-from tvr.losses import (
+from tvr.losses import symmetric_infonce
+from tvr.models.heads.base import ParamRule, RetrievalHead
+from tvr.models.heads.common import check_pairs
+from tvr.models.heads.gravialign.losses import (
     SGI_A_DISTANCES,
     SGI_QUALITIES,
+    SgiParams,
     sgi_align,
     sgi_align_pairwise,
     sgi_align_terms,
     sgi_nce_scale,
-    symmetric_infonce,
 )
-from tvr.models.heads.base import ParamRule, RetrievalHead
-from tvr.models.heads.common import check_pairs
-from tvr.models.heads.gravialign_scoring import s_align_scores
+from tvr.models.heads.gravialign.scoring import s_align_scores
 from tvr.models.heads.registry import register_head
 from tvr.types import Sliceable, TextFeatures, VideoFeatures
 from tvr.utils.distributed import RowShard
@@ -216,6 +217,7 @@ class GraviAlignHead(RetrievalHead):
     """GraviAlign (spec §5). ``indexable`` follows the stored inference mode (cos_f / cos_mu: yes)."""
 
     Options = GraviAlignOptions
+    analysis_figures = ".figures"
     # From scratch at lr 1e-3 the spec's α = 0.1, ε = 1e-6 collapse every feature onto one point (the positive-only
     # L_SGI's trivial maximiser); α = 0.01 (the low end of the spec's sweep) with A bounded by 10·G/T trains the
     # InfoNCE as fast as the CLIP4Clip head while L_SGI still reaches the backbone (docs/methods/gravialign.md)
@@ -263,20 +265,15 @@ class GraviAlignHead(RetrievalHead):
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, terms={self.options.terms!r}, per_dim_mean={self.options.per_dim_mean}"
 
+    @property
+    def sgi(self) -> SgiParams:
+        """The S_align settings of this head's options (one object for ``losses.sgi_align*`` and
+        ``scoring.s_align_scores``)."""
+        return SgiParams(**{f.name: getattr(self.options, f.name) for f in dataclasses.fields(SgiParams)})
+
     def sgi_kwargs(self) -> dict[str, Any]:
-        """The S_align settings of this head, as keyword arguments of ``tvr.losses.sgi_align*`` (and of
-        ``gravialign_scoring.s_align_scores``)."""
-        o = self.options
-        return {
-            "G": o.G,
-            "T": o.T,
-            "lam": o.lam,
-            "per_dim_mean": o.per_dim_mean,
-            "eps": o.eps,
-            "quality": o.quality,
-            "terms": o.terms,
-            "a_distance": o.a_distance,
-        }
+        """:attr:`sgi` as keyword arguments (a caller that changes one of them, e.g. ``terms``)."""
+        return dataclasses.asdict(self.sgi)
 
     def param_rules(self, lr: float, backbone_lr: float) -> list[ParamRule]:
         if self.options.module_lr > 0:
@@ -308,7 +305,7 @@ class GraviAlignHead(RetrievalHead):
     # ------------------------------------------------------------------ scoring
     def s_align_block(self, text_state: GraviState, video_state: GraviState) -> Tensor:
         """S_align of every pair of a block: [n_t, n_v] (the fast test-time kernel, on the process's scoring pool)."""
-        return s_align_scores(video_state.mu, video_state.logvar, text_state.mu, text_state.logvar, **self.sgi_kwargs())
+        return s_align_scores(video_state.mu, video_state.logvar, text_state.mu, text_state.logvar, params=self.sgi)
 
     def standardise(self, s_align: Tensor) -> Tensor:
         """(S_align − running mean) / running std: the training batches' statistics, fixed at test time."""
@@ -365,7 +362,7 @@ class GraviAlignHead(RetrievalHead):
         for a in range(0, text_index.shape[0], PAIR_CHUNK):
             ti, vi = text_index[a : a + PAIR_CHUNK].to(device), video_index[a : a + PAIR_CHUNK].to(device)
             ts, vs = text_state[ti], video_state[vi]
-            s_align = sgi_align(vs.mu, vs.logvar, ts.mu, ts.logvar, **self.sgi_kwargs())
+            s_align = sgi_align(vs.mu, vs.logvar, ts.mu, ts.logvar, params=self.sgi)
             cos_f = (ts.f * vs.f).sum(dim=-1) if self.mode == "mixed" else None
             out[a : a + PAIR_CHUNK] = self._combine(self.mode, self._current()[1], cos_f, None, s_align).float().cpu()
         return out
@@ -458,7 +455,7 @@ class GraviAlignHead(RetrievalHead):
     @torch.no_grad()
     def reference_pair_scores(self, text: TextFeatures, video: VideoFeatures) -> Tensor:
         """Spec §5 for each aligned pair, one at a time, in the stored mode: cos(f_t, f_v), cos(μ_t, μ_v), S_align
-        from ``tvr.losses.sgi_align`` on that one pair, or cos_f + w·(S_align − mean)/std."""
+        from ``losses.sgi_align`` on that one pair, or cos_f + w·(S_align − mean)/std."""
         mode, w = self._current()
         out = []
         for p in range(text.eot.shape[0]):
@@ -467,7 +464,7 @@ class GraviAlignHead(RetrievalHead):
             mu_t, logvar_t = self._gaussian(self.gauss_text, f_t)
             mu_v, logvar_v = self._gaussian(self.gauss_video, f_v)
             cos_f = F.cosine_similarity(f_t, f_v, eps=_EPS)[0]
-            s_align = sgi_align(mu_v, logvar_v, mu_t, logvar_t, **self.sgi_kwargs())[0]
+            s_align = sgi_align(mu_v, logvar_v, mu_t, logvar_t, params=self.sgi)[0]
             scores = {
                 "cos_f": cos_f,
                 "cos_mu": (mu_t * mu_v).sum(),
@@ -523,7 +520,7 @@ class GraviAlignHead(RetrievalHead):
     def loss(self, text: TextFeatures, video: VideoFeatures, shard: RowShard | None = None) -> dict[str, Tensor]:
         """L = InfoNCE(exp(logit_scale)·cos) + α·L_SGI on B aligned pairs (spec §5.3), with L_SGI the paper's
         −mean_i S_align(v_i, t_i) (``sgi_objective: positive``) or L_SGI-NCE = ½[CE_rows + CE_cols] of κ·S/τ over the
-        batch's B×B S_align matrix (``contrastive``; ``tvr.losses.sgi_align_nce``).
+        batch's B×B S_align matrix (``contrastive``; ``losses.sgi_align_nce``).
 
         In training mode the running statistics of S_align over all B×B pairs are updated (for ``mixed``); the
         logged ``term_*`` are means over the positive pairs.
@@ -557,19 +554,19 @@ class GraviAlignHead(RetrievalHead):
         all_pairs = None
         if o.sgi_objective == "contrastive":
             # every pair of the (gathered) batch, chunked, with its own chunked backward (never B×B×D at once)
-            all_pairs = shard.gather(sgi_align_pairwise(*sgi_video, *own_text, **self.sgi_kwargs()))
+            all_pairs = shard.gather(sgi_align_pairwise(*sgi_video, *own_text, params=self.sgi))
             sgi = symmetric_infonce(sgi_nce_scale(tau=o.sgi_tau, per_dim_mean=o.per_dim_mean, dim=self.dim) * all_pairs)
             with torch.no_grad():
-                parts = sgi_align_terms(*own_pairs, **self.sgi_kwargs())
+                parts = sgi_align_terms(*own_pairs, params=self.sgi)
         else:
-            parts = sgi_align_terms(*own_pairs, **self.sgi_kwargs())
+            parts = sgi_align_terms(*own_pairs, params=self.sgi)
             sgi = -shard.sum(torch.stack(list(parts.values())).sum(dim=0).sum()) / n
         # α = 0 still keeps the uncertainty heads in the graph (zero gradients; DDP expects every parameter used)
         total = infonce + o.alpha * sgi
         if self.training:
             if all_pairs is None:
                 # in the calling thread (workers=1): a training step starts no threads and leaves torch's settings
-                rows = s_align_scores(mu_v, logvar_v, mu_t[own], logvar_t[own], workers=1, **self.sgi_kwargs())
+                rows = s_align_scores(mu_v, logvar_v, mu_t[own], logvar_t[own], workers=1, params=self.sgi)
                 all_pairs = shard.gather(rows.detach())
             self._update_statistics(all_pairs.detach())
             self._watch_collapse(infonce.detach(), mu_t.detach(), mu_v.detach())

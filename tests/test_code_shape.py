@@ -1,0 +1,64 @@
+"""benchmarks/code_shape.py counts what issue 37 sets goals for: a function of 81 lines is long and one of 80 is not,
+arrows and floors come from the imports between parts, and the real package has no upward arrow and no cycle."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "code_shape.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("code_shape", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _function(name: str, lines: int, indent: str = "") -> str:
+    body = "".join(f"{indent}    x{k} = {k}\n" for k in range(lines - 2))
+    return f"{indent}def {name}():\n{body}{indent}    return 0\n"
+
+
+def test_a_function_over_the_limit_is_long_from_its_def_line_to_its_last(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    method = "class A:\n    @staticmethod\n" + _function("method", 81, "    ")
+    (package / "a.py").write_text(_function("short", 80) + "\n\n" + _function("long", 81) + "\n\n" + method)
+    found = _script().long_functions(package, 80)
+    assert [(f["function"], f["lines"]) for f in found] == [("long", 81), ("method", 81)]
+    assert found[0]["where"] == "pkg/a.py:83"  # after 80 lines and two blank ones
+
+
+def test_arrows_floors_upward_arrows_and_cycles_of_a_part_graph() -> None:
+    # a imports b and c, b imports c: three arrows, three floors; c importing a would be a cycle and upward
+    imports = {"tvr.a.x": {"tvr.b.y", "tvr.c.z"}, "tvr.b.y": {"tvr.c.z"}, "tvr.c.z": set()}
+    script = _script()
+    rules = SimpleNamespace(
+        import_cycles=script._layering_rules().import_cycles,
+        MODULES={name: name for name in imports},  # a module's "path" is its name here
+        tvr_imports=lambda name: imports[name],
+        part_of=lambda name: name.split(".")[1],
+        ALLOWED={"a": {"b", "c"}, "b": {"c"}, "c": set()},
+    )
+    shape = script.layering(rules)
+    assert (shape["rooms"], shape["floors"], shape["arrows"]) == (3, 3, 3)
+    assert shape["upward_arrows"] == [] and shape["module_cycles"] == [] and shape["part_cycles"] == []
+    imports["tvr.c.z"] = {"tvr.a.x"}
+    shape = script.layering(rules)
+    assert shape["upward_arrows"] == ["c -> a"] and shape["floors"] is None
+    assert shape["module_cycles"] == ["tvr.a.x -> tvr.b.y -> tvr.c.z -> tvr.a.x"]
+
+
+def test_the_package_has_no_upward_arrow_and_no_cycle(tmp_path: Path) -> None:
+    out = tmp_path / "shape.json"
+    subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], check=True, capture_output=True)
+    shape = json.loads(out.read_text())
+    assert shape["rooms"] >= 10 and shape["arrows"] > shape["rooms"]
+    assert shape["upward_arrows"] == [] and shape["module_cycles"] == [] and shape["part_cycles"] == []
+    assert shape["long_functions"] == len(shape["long_function_list"])
