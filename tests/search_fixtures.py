@@ -55,25 +55,10 @@ def write_videos(folder: Path) -> Path:
 
 def train_checkpoint(work: Path, videos: Path, head: str = "clip4clip", steps: int = 60) -> Path:
     """Overfit a tiny CLIP on one caption per video (a few paraphrases each); returns its best.pt."""
-    import shutil
-
     from tvr.config import config_from_dict
     from tvr.pipeline import run_train
 
-    rows = []
-    clips = work / "clips"  # the training folder: the videos, and copies held out as the val / test splits
-    for name, (caption, _, _) in VIDEOS.items():
-        colour = caption.split()[1]
-        (clips / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(videos / name, clips / name)
-        for text in (caption, f"the {colour} screen", f"{colour} video", f"a {colour} square"):
-            rows.append({"video": name, "caption": text, "split": "train"})
-        for split in ("val", "test"):
-            shutil.copy(videos / name, clips / f"{split}_{colour}.mp4")
-            rows.append({"video": f"{split}_{colour}.mp4", "caption": caption, "split": split})
-    with open(work / "captions.jsonl", "w") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
+    clips = write_caption_set(work, videos)
     head_cfg = {"name": head, "logit_scale_init": 2.6592}
     values = {
         "data": {
@@ -107,6 +92,28 @@ def train_checkpoint(work: Path, videos: Path, head: str = "clip4clip", steps: i
     }
     run_train(config_from_dict(values), work / "run", final_test=False, overwrite=True)
     return work / "run" / "last.pt"
+
+
+def write_caption_set(work: Path, videos: Path) -> Path:
+    """A generic-format set in ``work`` (``captions.jsonl``) over ``videos``: a few paraphrases of each video's
+    caption to train on, and copies of the videos as the val and test splits; returns its video folder."""
+    import shutil
+
+    rows = []
+    clips = work / "clips"  # the training folder: the videos, and copies held out as the val / test splits
+    for name, (caption, _, _) in VIDEOS.items():
+        colour = caption.split()[1]
+        (clips / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(videos / name, clips / name)
+        for text in (caption, f"the {colour} screen", f"{colour} video", f"a {colour} square"):
+            rows.append({"video": name, "caption": text, "split": "train"})
+        for split in ("val", "test"):
+            shutil.copy(videos / name, clips / f"{split}_{colour}.mp4")
+            rows.append({"video": f"{split}_{colour}.mp4", "caption": caption, "split": split})
+    with open(work / "captions.jsonl", "w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+    return clips
 
 
 def index_args(videos: Path, out: Path, checkpoint: Path, *extra: str) -> list[str]:

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from tvr.config import ModelConfig, TinyClipConfig
+from tvr.config import ModelConfig
+from tvr.models.backbones.clip.config import TinyClipConfig
 from tvr.models.clip_backbone import ClipBackbone, tiny_clip_config
 from tvr.types import TextFeatures
 

@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvr.config import ClipVipConfig, ModelConfig, TinyClipConfig, config_from_dict, load_config
+from tvr.config import ModelConfig, config_from_dict, load_config
+from tvr.models.backbones.clip.config import TinyClipConfig
+from tvr.models.backbones.clipvip.config import ClipVipConfig
 from tvr.models.build import build_backbone, build_model
 from tvr.models.clip_backbone import ClipBackbone
 from tvr.models.clipvip import (

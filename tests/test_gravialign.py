@@ -1068,7 +1068,7 @@ def test_presets_exist_and_follow_the_clipvip_recipe() -> None:
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.relative_to(REPO / "tvr" / "configs").as_posix())
 def test_preset_runs_a_training_step_on_a_tiny_clipvip(path: Path) -> None:
-    from tvr.config import TinyClipConfig
+    from tvr.models.backbones.clip.config import TinyClipConfig
     from tvr.models.build import build_model
 
     cfg = load(path)

@@ -261,7 +261,7 @@ def test_a_backbone_of_another_image_size_stops_at_preflight(tmp_path: Path) -> 
     # a HF folder says its size in config.json
     from transformers import CLIPModel
 
-    from tvr.config import TinyClipConfig
+    from tvr.models.backbones.clip.config import TinyClipConfig
     from tvr.models.clip_backbone import tiny_clip_config
     from tvr.models.clip_files import save_clip_atomic
 
@@ -278,7 +278,7 @@ def test_a_backbone_of_another_image_size_stops_at_preflight(tmp_path: Path) -> 
 def test_a_damaged_clip_folder_or_clipvip_checkpoint_is_one_line(tmp_path: Path) -> None:
     from transformers import CLIPModel
 
-    from tvr.config import TinyClipConfig
+    from tvr.models.backbones.clip.config import TinyClipConfig
     from tvr.models.clip_backbone import tiny_clip_config
     from tvr.models.clip_files import save_clip_atomic
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from tvr.config import ModelConfig, TinyClipConfig
+from tvr.config import ModelConfig
+from tvr.models.backbones.clip.config import TinyClipConfig
 from tvr.models.clip_backbone import ClipBackbone
 from tvr.models.temporal import PassThrough, SeqTransformer, build_temporal
 

@@ -21,13 +21,14 @@ from test_end_to_end import make_msrvtt
 from typer.testing import CliRunner
 
 from tvr.cli import app
-from tvr.config import ConfigError, TwoTowerConfig, config_from_dict, load_config
+from tvr.config import ConfigError, config_from_dict, load_config
 from tvr.data.annotations import load_split
 from tvr.data.datasets import VideoDataset, VideoResolver
 from tvr.data.sentence_tokenizer import SentenceTokenizer
 from tvr.data.tokenizer import build_tokenizer
 from tvr.data.transforms import CLIP_NORM, clip_preprocess
 from tvr.data.video import decode_frames, load_clip, probe_video
+from tvr.models.backbones.two_tower.config import TwoTowerConfig
 from tvr.models.bridge import ConseBridge, FusedConseBridge, ProjectionBridge, segment_means, segment_weights
 from tvr.models.build import build_model
 from tvr.models.conse import class_prompts, conse_combine, imagenet_class_names, pool_class_embeddings

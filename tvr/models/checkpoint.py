@@ -12,14 +12,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from tvr.config import Config, ConfigError, config_from_dict
 from tvr.utils.errors import UserError
 from tvr.utils.pickle_scan import PickleRefusedError
 from tvr.utils.seeding import seed_everything
-from tvr.utils.torch_files import TorchFileError, load_torch_file
+from tvr.utils.torch_files import TorchFileError, load_torch_file, state_dict_differences
 
 FORMAT = "tvr-checkpoint"
 VERSION = 1
@@ -67,14 +66,9 @@ def read_checkpoint(path: str | os.PathLike, *, mmap: bool = False) -> dict[str,
 
 
 def load_model_state(path: Path, model: nn.Module, saved: dict[str, Any], saved_class: str) -> None:
-    own = model.state_dict()
-    missing = sorted(set(own) - set(saved))
-    unexpected = sorted(set(saved) - set(own))
-    mismatched = [
-        f"{k}: checkpoint {tuple(saved[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in sorted(set(own) & set(saved))
-        if isinstance(saved[k], torch.Tensor) and saved[k].shape != own[k].shape
-    ]
+    missing, unexpected, mismatched = state_dict_differences(
+        model.state_dict(), saved, lambda k, theirs, ours: f"{k}: checkpoint {theirs} vs model {ours}"
+    )
     if missing or unexpected or mismatched:
 
         def show(items: list[str]) -> str:

@@ -28,7 +28,9 @@ import torch
 from torch import Tensor, nn
 from transformers import CLIPConfig, CLIPModel
 
-from tvr.config import ConfigError, ModelConfig, TinyClipConfig
+from tvr.config import ConfigError, ModelConfig
+from tvr.models.backbones.base import check_token_batch
+from tvr.models.backbones.clip.config import TinyClipConfig
 from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
 from tvr.models.convert_openai import load_openai_clip
 from tvr.types import TextFeatures, VideoFeatures
@@ -311,16 +313,7 @@ class ClipBackbone(nn.Module):
 
         ``input_ids`` must hold CLIP ids with EOT as the largest id of each row (the position of argmax is EOT).
         """
-        if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
-            raise ValueError(
-                f"encode_text: expected input_ids and attention_mask of the same shape [N, L], got "
-                f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}"
-            )
-        if input_ids.shape[1] > self.context_length:
-            raise ValueError(
-                f"encode_text: {input_ids.shape[1]} tokens per caption exceed CLIP's context length "
-                f"{self.context_length}; lower data.max_words"
-            )
+        check_token_batch(input_ids, attention_mask, self.context_length, "encode_text", "CLIP's context length")
         # transformers 5.x combines the causal mask with this key-padding mask (see module docstring)
         with self.reference_precision():
             hidden = self.clip.text_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state

@@ -18,7 +18,6 @@ unexpected or differently shaped tensor) — a wrong file is an error naming it,
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 from pathlib import Path
@@ -28,10 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from tvr.config import ConfigError, TwoTowerConfig
+from tvr.config import ConfigError
 from tvr.data.transforms import PixelNorm
+from tvr.models.backbones.two_tower.config import TwoTowerConfig
+from tvr.utils.io import file_sha256
 from tvr.utils.pickle_scan import PickleRefusedError
-from tvr.utils.torch_files import TorchFileError, load_torch_file
+from tvr.utils.torch_files import TorchFileError, load_torch_file, state_dict_differences
 
 #: (x − 127) / 128 on 0..255 pixels, in [0, 1] units (module docstring)
 EFFICIENTNET_LITE_NORM = PixelNorm((127.0 / 255.0,) * 3, (128.0 / 255.0,) * 3)
@@ -55,14 +56,6 @@ SHIPPED_WEIGHTS = {
 
 class WeightsError(ConfigError):
     """An image-weights file is missing, altered, or does not fit the architecture."""
-
-
-def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def shipped_weights(name: str = "efficientnet-lite0") -> Path:
@@ -92,7 +85,7 @@ def read_state_dict(path: str | os.PathLike, sha256: str | None = None) -> dict[
     if not path.is_file():
         raise WeightsError(f"image weights file not found: {path}")
     if sha256 is not None:
-        found = sha256_file(path)
+        found = file_sha256(path)
         if found != sha256:
             raise WeightsError(
                 f"{path}: SHA-256 {found} differs from the recorded {sha256}; the file was altered "
@@ -113,14 +106,9 @@ def read_state_dict(path: str | os.PathLike, sha256: str | None = None) -> dict[
 
 def check_state_dict_fits(module: nn.Module, state: dict[str, Tensor], where: str) -> None:
     """Every tensor of ``module`` present in ``state`` with its shape, and nothing else; else WeightsError."""
-    own = module.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    shapes = [
-        f"{k}: file {tuple(state[k].shape)}, model {tuple(own[k].shape)}"
-        for k in sorted(set(own) & set(state))
-        if tuple(own[k].shape) != tuple(state[k].shape)
-    ]
+    missing, unexpected, shapes = state_dict_differences(
+        module.state_dict(), state, lambda k, theirs, ours: f"{k}: file {theirs}, model {ours}"
+    )
     problems = []
     for label, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)):
         if items:

@@ -25,7 +25,7 @@ import tempfile
 import torch
 from torch import Tensor, nn
 
-from tvr.config import ConfigError, TinyTwoTowerConfig
+from tvr.config import ConfigError
 from tvr.data.sentence_tokenizer import (  # noqa: F401 (DEFAULT_TEXT_MODEL, SentenceTokenizer: this module's API too)
     DEFAULT_TEXT_MODEL,
     SentenceTokenizer,
@@ -34,6 +34,8 @@ from tvr.data.sentence_tokenizer import (  # noqa: F401 (DEFAULT_TEXT_MODEL, Sen
     tiny_tokenizer,
     write_tiny_vocab,
 )
+from tvr.models.backbones.base import check_token_batch
+from tvr.models.backbones.two_tower.config import TinyTwoTowerConfig
 from tvr.utils.pickle_scan import PickleRefusedError
 from tvr.utils.torch_files import TorchFileError, check_model_folder
 
@@ -147,16 +149,7 @@ class TextTower(nn.Module):
         return int(self.model.max_seq_length or self.model[0].auto_model.config.max_position_embeddings)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
-            raise ValueError(
-                f"text tower: expected input_ids and attention_mask [N, L], got {tuple(input_ids.shape)} "
-                f"and {tuple(attention_mask.shape)}"
-            )
-        if input_ids.shape[1] > self.max_length:
-            raise ValueError(
-                f"text tower: {input_ids.shape[1]} tokens per caption exceed {self.name}'s "
-                f"{self.max_length}; lower data.max_words"
-            )
+        check_token_batch(input_ids, attention_mask, self.max_length, "text tower", f"{self.name}'s maximum")
         out = self.model({"input_ids": input_ids, "attention_mask": attention_mask})
         return out["sentence_embedding"], out["token_embeddings"]
 

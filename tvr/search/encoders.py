@@ -23,6 +23,7 @@ from tvr.models.heads.base import RetrievalHead
 from tvr.search.windows import FrameSpec
 from tvr.types import VideoFeatures
 from tvr.utils.errors import UserError
+from tvr.utils.io import file_sha256
 
 #: token lengths shorter than ``data.max_words`` that a search query is padded to when it fits (MiniLM-L6 at 16
 #: tokens costs half of 32; most queries are short)
@@ -31,14 +32,6 @@ QUERY_LENGTHS = (16,)
 
 class EncoderMismatchError(UserError, RuntimeError):
     """An index was built with another model than the one offered to query or extend it."""
-
-
-def file_sha256(path: str | os.PathLike, block: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class SearchEncoder:
@@ -168,6 +161,7 @@ class ModelEncoder(SearchEncoder):
         self.head = self.model.head
         self.batch_size = batch_size
         from tvr.data.datasets import data_pixel_norm
+        from tvr.data.transforms import SAMPLING_RESIZE
 
         data = cfg.data
         self.spec = FrameSpec(
@@ -175,7 +169,7 @@ class ModelEncoder(SearchEncoder):
             data.frame_rate,
             data.image_size,
             data.sampling,
-            "square" if data.sampling == "clipvip" else "short_side",
+            SAMPLING_RESIZE[data.sampling],
         )
         self.norm = data_pixel_norm(data)
         self._tokenizer = None

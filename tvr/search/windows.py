@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tvr.data.transforms import RESIZE_MODES, SAMPLING_RESIZE
 from tvr.search.defaults import DEFAULT_STRIDE, DEFAULT_WINDOW
 
 #: windows whose ends differ by less than this are the same window (float rounding of durations)
@@ -43,10 +44,10 @@ class FrameSpec:
     def __post_init__(self) -> None:
         if self.max_frames < 1 or self.frame_rate <= 0 or self.image_size < 1:
             raise ValueError(f"frame settings: max_frames, frame_rate and image_size must be positive, got {self}")
-        if self.sampling not in ("clip4clip", "clipvip"):
-            raise ValueError(f"frame settings: sampling {self.sampling!r}, expected clip4clip or clipvip")
-        if self.resize not in ("short_side", "square"):
-            raise ValueError(f"frame settings: resize {self.resize!r}, expected short_side or square")
+        if self.sampling not in SAMPLING_RESIZE:
+            raise ValueError(f"frame settings: sampling {self.sampling!r}, expected one of {list(SAMPLING_RESIZE)}")
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(f"frame settings: resize {self.resize!r}, expected one of {list(RESIZE_MODES)}")
 
 
 def check_window(window: float, stride: float) -> None:

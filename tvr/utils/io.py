@@ -320,3 +320,14 @@ def read_regular_bytes(path: str | os.PathLike) -> bytes:
     """The bytes of the regular file ``path`` (see :func:`open_regular`)."""
     with open_regular(path) as handle:
         return handle.read()
+
+
+def file_sha256(path: str | os.PathLike, block: int = 1 << 22) -> str:
+    """The SHA-256 of a file's bytes (hex), read in blocks."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()

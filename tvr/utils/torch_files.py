@@ -208,3 +208,19 @@ def load_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
         raise TorchFileError(path, first_line(exc)) from exc
     check_tensor_extents(obj, str(path))
     return obj
+
+
+def state_dict_differences(
+    own: dict[str, Any], other: dict[str, Any], describe: Any
+) -> tuple[list[str], list[str], list[str]]:
+    """How a state dict ``other`` fails to fit ``own`` (a module's): (missing keys, unexpected keys, shape
+    mismatches), each sorted; a mismatch is worded ``describe(key, other_shape, own_shape)``. Entries of ``other``
+    that are not tensors have no shape to compare."""
+    missing = sorted(set(own) - set(other))
+    unexpected = sorted(set(other) - set(own))
+    mismatched = [
+        describe(k, tuple(other[k].shape), tuple(own[k].shape))
+        for k in sorted(set(own) & set(other))
+        if hasattr(other[k], "shape") and tuple(other[k].shape) != tuple(own[k].shape)
+    ]
+    return missing, unexpected, mismatched

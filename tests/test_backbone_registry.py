@@ -1,0 +1,145 @@
+"""Backbones as registered folders (tvr/models/backbones/<name>/): the package's own are found without a list, one
+defined outside the package (tests/toy_backbones.py, with its own preset tests/toy_backbone.yaml) trains, evaluates,
+indexes and searches through the CLI with no edit in tvr/, and nothing outside a backbone's folder asks which
+backbone it holds (tvr/data never reads the model config)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import json
+from pathlib import Path
+
+import pytest
+import toy_backbones
+import yaml
+from typer.testing import CliRunner
+
+from tvr.config import ConfigError, config_from_dict, load_config
+from tvr.data.feature_cache import cache_settings
+from tvr.data.tokenizer import tokenizer_spec
+from tvr.models.backbones import registry
+from tvr.models.backbones.clip.config import TinyClipConfig
+from tvr.models.backbones.two_tower.config import TwoTowerConfig
+from tvr.pipeline import resolve_config
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tvr"
+PRESET = Path(__file__).resolve().parent / "toy_backbone.yaml"
+
+
+def test_the_packages_backbones_are_registered_with_their_sections() -> None:
+    assert {"clip", "clipvip", "two_tower", toy_backbones.NAME} <= set(registry.available_backbones())
+    cfg = config_from_dict({"model": {"tiny": {"embed_dim": 16}, "two_tower": {"bridge": "projection"}}})
+    assert isinstance(cfg.model.tiny, TinyClipConfig) and cfg.model.tiny.embed_dim == 16
+    assert isinstance(cfg.model.two_tower, TwoTowerConfig) and cfg.model.two_tower.bridge == "projection"
+    with pytest.raises(ConfigError, match=r"model\.two_tower\.bridge = 'wires': expected one of"):
+        config_from_dict({"model": {"two_tower": {"bridge": "wires"}}})
+
+
+def test_an_unknown_backbone_names_the_registered_ones() -> None:
+    cfg = config_from_dict({"model": {"backbone": "vip"}})
+    with pytest.raises(ConfigError, match=r"model\.backbone='vip': expected one of \[.*'clip', 'clipvip'"):
+        resolve_config(cfg)
+
+
+def test_register_backbone_refuses_a_taken_name_and_a_non_backbone() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+
+        @registry.register_backbone("clip")
+        class Other(toy_backbones.ToyBag):
+            pass
+
+    with pytest.raises(TypeError, match="Backbone subclass"):
+        registry.register_backbone("bad")(object)  # type: ignore[arg-type]
+
+
+def test_backbones_of_installed_packages_join_through_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", False)
+    good = importlib.metadata.EntryPoint("plugged_bag", "toy_backbones:ToyBag", registry.ENTRY_POINT_GROUP)
+    broken = importlib.metadata.EntryPoint("broken", "no_such_module_xyz:Backbone", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [good, broken])
+    try:
+        names = registry.available_backbones()
+        assert "plugged_bag" in names and "broken" not in names
+        assert registry.backbone_spec("plugged_bag").name == "plugged_bag"
+        assert registry.backbone_spec(toy_backbones.NAME).name == toy_backbones.NAME  # the same class, its own name
+    finally:
+        registry._BACKBONES.pop("plugged_bag", None)
+
+
+def test_resolution_gives_data_what_it_needs_of_the_backbone() -> None:
+    """The toy backbone's options are its dataclass, its frame size lands in data.*, data learns its tokenizer, and
+    its feature cache identity names its options and the seed (it is randomly initialised)."""
+    cfg = resolve_config(load_config(PRESET))
+    assert isinstance(cfg.model.options, toy_backbones.ToyBagOptions)
+    assert (cfg.data.image_size, cfg.data.sampling) == (16, "clip4clip")
+    assert tokenizer_spec(cfg).kind == "tiny_clip_bpe"
+    settings = cache_settings(cfg, 64, __import__("torch").float16)
+    assert settings["model.options"] == {"embed_dim": 16, "vocab_size": 1024, "image_size": 16}
+    assert settings["model.backbone"] == toy_backbones.NAME and settings["train.seed"] == 0
+    with pytest.raises(ConfigError, match=r"model\.options\.embed_dim = 0"):
+        resolve_config(load_config(PRESET, ["model.options.embed_dim=0"]))
+
+
+def test_a_backbone_outside_the_package_trains_evaluates_indexes_and_searches(tmp_path: Path) -> None:
+    from search_fixtures import index_args, write_caption_set, write_videos
+
+    from tvr.cli import app
+
+    videos = write_videos(tmp_path / "videos")
+    clips = write_caption_set(tmp_path / "work", videos)
+    runner = CliRunner()
+    run = tmp_path / "run"
+    data = ["--set", f"data.annotations={tmp_path / 'work'}", "--set", f"data.video_dir={clips}"]
+    result = runner.invoke(app, ["train", "--config", str(PRESET), "--out", str(run), *data])
+    assert result.exit_code == 0, result.output
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["model"]["backbone"] == toy_backbones.NAME and saved["model"]["options"]["embed_dim"] == 16
+    tested = json.loads((run / "test_last" / "metrics.json").read_text())
+
+    # the checkpoint describes itself: evaluating it needs no config
+    result = runner.invoke(app, ["eval", "--checkpoint", str(run / "last.pt"), "--out", str(tmp_path / "eval")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["t2v"] == tested["t2v"]
+    assert tested["t2v"]["R1"] == 100.0  # five colours, one caption each: the toy tells them apart
+
+    index = tmp_path / "index"
+    result = runner.invoke(app, index_args(videos, index, run / "last.pt"))
+    assert result.exit_code == 0, result.output
+    for colour in ("red", "green", "blue"):
+        result = runner.invoke(app, ["search", str(index), f"a {colour} screen", "--json", "-k", "5"])
+        assert result.exit_code == 0, result.output
+        hits = json.loads(result.output)
+        assert Path(hits[0]["video"]).name == f"{colour}.mp4", hits
+
+
+# --------------------------------------------------------------------------------------------- the seam holds
+
+
+def _modules(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.py"))
+
+
+def test_tvr_data_never_reads_the_model_config() -> None:
+    reads = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+        for path in _modules(PACKAGE / "data")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "model" and isinstance(node.value, ast.Name)
+    ]
+    assert not reads, f"tvr/data reads the model config (resolve what it needs into data.*): {reads}"
+
+
+def test_no_module_outside_a_backbones_folder_compares_backbone_names() -> None:
+    names = set(registry.available_backbones())
+    found = []
+    for path in _modules(PACKAGE):
+        if (PACKAGE / "models" / "backbones") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare) or "backbone" not in ast.unparse(node):
+                continue
+            constants = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            if constants & names:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, f"backbone names compared outside tvr/models/backbones/: {found}"

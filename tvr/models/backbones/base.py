@@ -1,0 +1,197 @@
+"""The backbone contract: :class:`Backbone` (what tvr needs to know of one backbone) and :func:`register_backbone`.
+
+A backbone's folder (``tvr/models/backbones/<name>/backbone.py``) imports only this module of the package, so the
+registry (:mod:`tvr.models.backbones.registry`) can import every folder while it loads itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from torch import nn
+
+from tvr.config import Config, ModelConfig, config_to_dict, register_model_section
+from tvr.data.feature_cache import FeatureIdentity
+from tvr.data.tokenizer import TokenizerSpec
+from tvr.data.transforms import CLIP_NORM, PixelNorm
+
+B = TypeVar("B", bound=type["Backbone"])
+
+#: what a backbone's features may carry: per-frame tokens (VideoFeatures.frames over several slots), per-video proxy
+#: tokens (VideoFeatures.proxies) and per-token text features (TextFeatures.words)
+FEATURES = ("frame_tokens", "proxies", "word_tokens")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """A backbone's preprocessing defaults: ``image_size`` (frame side in pixels; None when the backbone cannot tell
+    without a download), ``sampling`` (``clip4clip`` or ``clipvip``, which also picks the resize) and ``norm``
+    (the per-channel normalisation its image tower was trained with)."""
+
+    image_size: int | None
+    sampling: str
+    norm: PixelNorm = CLIP_NORM
+
+
+class Backbone:
+    """What tvr needs to know of one backbone; subclass it in the backbone's folder and register it.
+
+    The module :meth:`build` returns is what :class:`~tvr.models.model.RetrievalModel` runs: ``encode_text(ids,
+    mask) -> TextFeatures``, ``encode_video(pixels, frame_mask) -> VideoFeatures``, ``embed_dim``,
+    ``logit_scale_value``, ``maybe_half(device)`` and ``enable_gradient_checkpointing()``. Its weights are saved in
+    and loaded from tvr's checkpoints with the rest of the model (``backbone.*``); :meth:`build` itself loads the
+    pretrained weights the settings name.
+    """
+
+    #: the registered name (``model.backbone``), set on the instance :func:`register_backbone` registers
+    name: str = ""
+    #: ``model.<key>`` sections the backbone reads, with their dataclasses (the built-in backbones keep their
+    #: historical keys); a backbone with none declares :attr:`Options` instead, read from ``model.options``
+    sections: ClassVar[dict[str, type]] = {}
+    #: the dataclass of ``model.options`` (None: the backbone takes none)
+    Options: ClassVar[type | None] = None
+    #: the model settings (``model.<field>``) its frozen features are a function of, in the order a feature cache's
+    #: manifest records them (what a run on a cache must share with it: :meth:`matched_settings`)
+    feature_settings: ClassVar[tuple[str, ...]] = ("backbone", "options", "tokenizer", "clip_fp16_on_cuda")
+    #: how to make it provide per-video proxies when it can (for the error a head that reads them gets), e.g.
+    #: ``model.backbone=clipvip and model.clipvip.proxy_projection=true``; "" = it cannot
+    proxy_hint: ClassVar[str] = ""
+
+    # ------------------------------------------------------------------ declared
+    def provides(self, model_cfg: ModelConfig) -> frozenset[str]:
+        """Which of :data:`FEATURES` its (bridged) features carry with these settings."""
+        return frozenset({"frame_tokens", "word_tokens"})
+
+    #: its frame sampling (``data.sampling``), which picks the resize too
+    sampling: ClassVar[str] = "clip4clip"
+
+    def image_size(self, model_cfg: ModelConfig) -> int | None:
+        """Its input frame size, read from the settings alone (no weights loaded); None when it cannot tell without
+        a download."""
+        raise NotImplementedError(f"backbone {self.name!r} declares no image size")
+
+    def pixel_norm(self, model_cfg: ModelConfig) -> PixelNorm:
+        """The per-channel normalisation its image tower was trained with (no I/O)."""
+        return CLIP_NORM
+
+    def preprocess(self, model_cfg: ModelConfig) -> Preprocess:
+        """Its frame size, sampling and pixel normalisation."""
+        return Preprocess(self.image_size(model_cfg), self.sampling, self.pixel_norm(model_cfg))
+
+    def tokenizer(self, model_cfg: ModelConfig) -> TokenizerSpec:
+        """The tokenizer its captions take (a kind registered in :mod:`tvr.data.tokenizer`)."""
+        raise NotImplementedError(f"backbone {self.name!r} declares no tokenizer")
+
+    def randomly_initialised(self, model_cfg: ModelConfig) -> bool:
+        """Whether building it draws random weights (then ``train.seed`` decides its features too)."""
+        return True
+
+    def describe(self, model_cfg: ModelConfig) -> str:
+        """One line naming it and its weights, for progress messages."""
+        return f"{self.name} backbone"
+
+    # ------------------------------------------------------------------ checks (before any weights load)
+    def check_data(self, cfg: Config) -> None:
+        """Refuse data settings the backbone cannot take (checked whenever a model is built)."""
+
+    def check_image_size(self, cfg: Config) -> None:
+        """Refuse a ``data.image_size`` its image tower cannot take (checked where frames are decoded)."""
+
+    def check_head(self, cfg: Config, requires: frozenset[str]) -> None:
+        """Refuse a head that reads what these settings do not make, or settings whose parameters that head leaves
+        untrained (``requires``: the head's required features)."""
+
+    # ------------------------------------------------------------------ building
+    def build(self, model_cfg: ModelConfig) -> nn.Module:
+        """The backbone module, with the pretrained weights its settings name."""
+        raise NotImplementedError(f"backbone {self.name!r} declares no build")
+
+    def build_bridge(self, module: nn.Module, cfg: Config, num_proxies: int) -> nn.Module | None:
+        """A module mapping the backbone's features into the space the head compares in (None: they already are);
+        ``num_proxies``: proxies the head reads (for a backbone that derives them)."""
+        return None
+
+    def temporal_init(self, module: nn.Module) -> nn.Module | None:
+        """What ``seqTransf`` copies its initial layers from (a CLIP text tower), or None for a random init."""
+        return None
+
+    def matched_settings(self, model_cfg: ModelConfig) -> tuple[str, ...]:
+        """The model settings (dotted below ``model``) a run on a feature cache must share with the cache."""
+        return ("backbone", "options")
+
+    # ------------------------------------------------------------------ resolution
+    def feature_identity(self, cfg: Config) -> FeatureIdentity:
+        """What its frozen features are a function of (:attr:`feature_settings`), and what a run on a cache must
+        share with it (each with the value a cache made before the setting existed was made with: a top-level
+        setting's default)."""
+        values = config_to_dict(cfg.model)
+        defaults = config_to_dict(ModelConfig())
+        settings = {f"model.{key}": values.get(key) for key in self.feature_settings}
+        matched = tuple(
+            (f"model.{key}", _dotted(values, key), None if "." in key else defaults.get(key))
+            for key in self.matched_settings(cfg.model)
+        )
+        return FeatureIdentity(settings, self.randomly_initialised(cfg.model), matched)
+
+
+def _dotted(values: dict, key: str) -> Any:
+    for part in key.split("."):
+        values = values.get(part) if isinstance(values, dict) else None
+    return values
+
+
+_BACKBONES: dict[str, Backbone] = {}
+
+
+def _check_backbone_class(cls: Any, what: str) -> type[Backbone]:
+    if not (isinstance(cls, type) and issubclass(cls, Backbone)):
+        raise TypeError(f"{what}: expected a Backbone subclass, got {cls!r}")
+    for key, section in {**cls.sections, **({"options": cls.Options} if cls.Options else {})}.items():
+        if not (isinstance(section, type) and dataclasses.is_dataclass(section)):
+            raise TypeError(f"{what}: section model.{key} must be a dataclass, got {section!r}")
+    return cls
+
+
+def _add(name: str, cls: type[Backbone], overwrite: bool = False) -> None:
+    current = _BACKBONES.get(name)
+    same = current is not None and (type(current).__module__, type(current).__qualname__) == (
+        cls.__module__,
+        cls.__qualname__,
+    )
+    if current is not None and not overwrite and not same:
+        raise ValueError(f"backbone {name!r} is already registered by {type(current).__module__}")
+    for key, section in cls.sections.items():
+        register_model_section(key, section)
+    backbone = cls()
+    backbone.name = name  # the instance's: one class may be registered under two names
+    _BACKBONES[name] = backbone
+
+
+def register_backbone(name: str, *, overwrite: bool = False) -> Callable[[B], B]:
+    """Class decorator: make ``model.backbone == name`` use this backbone. Registering another class under a taken
+    name is an error unless ``overwrite`` (re-importing the same module re-registers the same class silently)."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"register_backbone: name must be a non-empty string without ':', got {name!r}")
+
+    def decorate(cls: B) -> B:
+        _add(name, _check_backbone_class(cls, f"register_backbone({name!r})"), overwrite)
+        return cls
+
+    return decorate
+
+
+def check_token_batch(input_ids: Any, attention_mask: Any, limit: int, who: str, limit_name: str) -> None:
+    """``encode_text``'s arguments as the contract has them: ids and mask of one shape [N, L], L at most ``limit``
+    (``limit_name``: what that limit is, e.g. "CLIP's context length"); else ValueError naming ``who``."""
+    if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"{who}: expected input_ids and attention_mask of the same shape [N, L], got "
+            f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}"
+        )
+    if input_ids.shape[1] > limit:
+        raise ValueError(
+            f"{who}: {input_ids.shape[1]} tokens per caption exceed {limit_name} {limit}; lower data.max_words"
+        )

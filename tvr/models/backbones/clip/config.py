@@ -1,0 +1,29 @@
+"""The CLIP backbone's settings: ``model.clip`` names its weights, ``model.tiny`` sizes a randomly initialised one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvr.config import MAX_TINY_HEADS, MAX_TINY_LAYERS, MAX_TINY_WIDTH, bounded
+
+
+@dataclass
+class TinyClipConfig:
+    """A small randomly initialised CLIP of the real architecture (tests, demo, CPU experiments).
+
+    Every size has a ceiling (ViT-B/16's sizes fit under it): a config is data, and one carried by a checkpoint or an
+    index must not be able to make the model it describes allocate without bound (a vocabulary of 40,000,000 at
+    width 64 asked for 10 GB before the checkpoint's tensors were compared with it).
+    """
+
+    embed_dim: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
+    text_width: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
+    text_layers: int = bounded(4, ge=1, le=MAX_TINY_LAYERS)
+    text_heads: int = bounded(4, ge=1, le=MAX_TINY_HEADS)
+    vision_width: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
+    vision_layers: int = bounded(2, ge=1, le=MAX_TINY_LAYERS)
+    vision_heads: int = bounded(4, ge=1, le=MAX_TINY_HEADS)
+    image_size: int = bounded(32, ge=1, le=1024)
+    patch_size: int = bounded(8, ge=1, le=256)
+    context_length: int = bounded(77, ge=3, le=1024)
+    vocab_size: int = bounded(49408, ge=3, le=262_144)
