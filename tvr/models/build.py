@@ -10,7 +10,7 @@ from torch import nn
 
 from tvr.config import Config, ConfigError, ModelConfig
 from tvr.models.backbones.registry import available_backbones, backbone_spec, resolve_backbone_sections
-from tvr.models.heads.registry import build_head, head_class, head_options
+from tvr.models.heads.registry import build_head, head_class, resolve_head_config
 from tvr.models.model import RetrievalModel
 from tvr.models.temporal import build_temporal
 
@@ -31,7 +31,9 @@ def build_backbone(model_cfg: ModelConfig) -> nn.Module:
 
 def check_backbone_provides(cfg: Config) -> None:
     """The head's required features exist with this backbone, and the backbone makes nothing the head leaves
-    untrained (its parameters would get no gradient, which DDP treats as an error)."""
+    untrained (its parameters would get no gradient, which DDP treats as an error). Resolves ``cfg.head`` (its
+    options become the head's dataclass) first."""
+    resolve_head_config(cfg.head)
     requires = head_class(cfg.head.name).requires
     backbone = resolve_backbone_sections(cfg.model)
     backbone.check_head(cfg, requires)
@@ -59,9 +61,7 @@ def build_model(cfg: Config, cached: bool = False) -> RetrievalModel:
     spec.check_data(cfg)
     backbone = spec.build(cfg.model)
     requires = head_class(cfg.head.name).requires
-    num_proxies = (
-        int(getattr(head_options(cfg.head.name, cfg.head.options), "num_proxies", 0)) if "proxies" in requires else 0
-    )
+    num_proxies = int(getattr(cfg.head.options, "num_proxies", 0)) if "proxies" in requires else 0
     bridge = spec.build_bridge(backbone, cfg, num_proxies)
     dim = bridge.embed_dim if bridge is not None else backbone.embed_dim
     temporal = build_temporal(cfg.model.temporal, spec.temporal_init(backbone), dim, cfg.model.temporal_layers)

@@ -61,8 +61,7 @@ class TwoTower(Backbone):
 
     def check_head(self, cfg: Config, requires: frozenset[str]) -> None:
         towers = cfg.model.two_tower
-        options = cfg.head.options
-        context = options.get("context") if isinstance(options, dict) else getattr(options, "context", None)
+        context = getattr(cfg.head.options, "context", None)  # resolved: the head's options dataclass
         if towers.bridge == "conse" and towers.conse_fusion and context == "words":
             raise ConfigError(
                 "head.options.context = 'words' reads per-token text features, which the fused ConSE bridge does "
