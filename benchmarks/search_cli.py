@@ -5,7 +5,9 @@ runs measure imports and loading, not the disk) and records its wall time, its C
 child's rusage: less sensitive than wall time to other work on the machine) and what it printed on stderr. Three
 ways of loading the model are timed side by side:
 
-* ``export``: the index's text side exported by ``tvr index`` (tvr.search.query_encoder) — the default;
+* ``numpy``: the query side written as numpy data by ``tvr index`` (tvr.search.numpy_query: no torch import) — the
+  default for a two-tower index;
+* ``export``: ``TVR_NUMPY_QUERIES=0``, the text side exported with TorchScript (tvr.search.query_encoder);
 * ``full``: ``TVR_QUICK_QUERIES=0``, the whole model built as before (imports transformers, sentence-transformers,
   the image tower);
 * and, as floors, ``python -c "import torch"`` and ``python -c pass``.
@@ -69,6 +71,10 @@ def summary(runs: list[dict]) -> dict:
     }
 
 
+def hits(answer: list[dict]) -> list[tuple]:
+    return [(hit["video"], hit["start"], hit["end"], hit["rank"]) for hit in answer]
+
+
 def captions_of(folder: Path) -> list[str]:
     with open(folder / "captions.csv", newline="", encoding="utf-8") as handle:
         return [row["caption"] for row in csv.DictReader(handle)]
@@ -88,7 +94,8 @@ def main() -> None:
     load_before = os.getloadavg()
     search = [*TVR, "search", str(index), args.query, "--json"]
     modes = {
-        "export": (search, env),
+        "numpy": (search, env),
+        "export": (search, {**env, "TVR_NUMPY_QUERIES": "0"}),
         "full": (search, {**env, "TVR_QUICK_QUERIES": "0"}),
         "import_torch": ([sys.executable, "-c", "import torch"], env),
         "python": ([sys.executable, "-c", "pass"], env),
@@ -98,7 +105,7 @@ def main() -> None:
     for _ in range(args.runs):  # interleaved: drift in the machine's load hits every mode alike
         for name, (command, mode_env) in modes.items():
             runs[name].append(timed(command, mode_env))
-    answers = {name: json.loads(runs[name][0]["stdout"]) for name in ("export", "full")}
+    answers = {name: json.loads(runs[name][0]["stdout"]) for name in ("numpy", "export", "full")}
     queries = scratch / "queries.txt"
     texts = captions_of(args.videos) if (args.videos / "captions.csv").is_file() else [args.query]
     queries.write_text("\n".join(texts) + "\n", encoding="utf-8")
@@ -113,7 +120,11 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "modes": {name: summary(r) for name, r in runs.items()},
         "same_hits_export_and_full": answers["export"] == answers["full"],
-        "stderr_export_first_run": runs["export"][0]["stderr"],
+        "same_hits_numpy_and_full": hits(answers["numpy"]) == hits(answers["full"]),
+        "largest_score_difference_numpy_and_full": max(
+            abs(a["score"] - b["score"]) for a, b in zip(answers["numpy"], answers["full"], strict=True)
+        ),
+        "stderr_numpy_first_run": runs["numpy"][0]["stderr"],
         "queries_file": {
             "queries": len(texts),
             "answered": sum("hits" in line for line in lines),
@@ -124,7 +135,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in record.items() if k != "stderr_export_first_run"}, indent=2))
+    print(json.dumps({k: v for k, v in record.items() if k != "stderr_numpy_first_run"}, indent=2))
 
 
 if __name__ == "__main__":

@@ -27,13 +27,14 @@ def _seed_everything() -> None:
 @pytest.fixture(autouse=True, scope="session")
 def _query_encoder_exports(tmp_path_factory: pytest.TempPathFactory):
     """Indexes' exported text sides (tvr.search.query_encoder) go to a folder of the session, not the user's cache."""
+    import tvr.search.numpy_query as numpy_query
     import tvr.search.query_encoder as query_encoder
 
     folder = tmp_path_factory.mktemp("query-encoders")
-    original = query_encoder.export_root
-    query_encoder.export_root = lambda: folder
+    originals = query_encoder.export_root, numpy_query.export_root
+    query_encoder.export_root = numpy_query.export_root = lambda: folder
     yield folder
-    query_encoder.export_root = original
+    query_encoder.export_root, numpy_query.export_root = originals
 
 
 @pytest.fixture(scope="session")

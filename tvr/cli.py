@@ -968,7 +968,8 @@ def search_cmd(
     _check_search_arguments(query, queries, video, captions, k, rerank)
     from tvr.search import open_index
 
-    opened = open_index(index, checkpoint=checkpoint, nprobe=nprobe, ef_search=ef_search)
+    # text queries without torch when the index's model has a numpy query side (tvr.search.numpy_query)
+    opened = open_index(index, checkpoint=checkpoint, nprobe=nprobe, ef_search=ef_search, without_torch=video is None)
     if queries is not None:
         raise typer.Exit(1 if _answer_queries(opened, queries, k, rerank, all_windows) else 0)
     if video is not None:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from tvr.utils.io import atomic_torch_save
+from tvr.utils.io import atomic_torch_save, cache_root  # noqa: F401 (cache_root: this module's API too)
 from tvr.utils.torch_files import load_torch_file
 
 log = logging.getLogger(__name__)
@@ -78,10 +78,6 @@ def conse_combine(probs: Tensor, class_embeddings: Tensor, top_k: int) -> Tensor
     top_p, top_i = probs.topk(k, dim=-1)
     weights = top_p / top_p.sum(dim=-1, keepdim=True).clamp_min(1e-12)
     return torch.einsum("...k,...kd->...d", weights, class_embeddings[top_i])
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("TVR_CACHE_DIR") or Path.home() / ".cache" / "tvr")
 
 
 def weights_fingerprint(module: torch.nn.Module) -> str:

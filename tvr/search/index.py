@@ -9,25 +9,25 @@ product — the top ``rerank`` windows are scored exactly with the rerank state 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 import tvr.search.ann as ann
 from tvr.search.checks import check_manifest, check_tables, load_ann, load_tables, read_index_json
 from tvr.search.defaults import DEFAULT_K, DEFAULT_RERANK
-from tvr.search.encoders import CheckpointEncoder, ConfigEncoder, SearchEncoder, embed_video
 from tvr.search.layout import ANN_FILE, MANIFEST, SETTINGS, TABLES, read_settings
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, gather_state, state_class
-from tvr.search.windows import decode_windows
 from tvr.utils.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from tvr.search.encoders import SearchEncoder
 
 #: bounds a query must respect (the web API enforces them too)
 MAX_K = 1000
@@ -102,6 +102,8 @@ def exact_scores(
     """The head's exact scores (float64 [n]) of one encoded text against the stored windows (``shards[i]``,
     ``rows[i]``), in that order: the state is read in storage order, scored in float32, and only the scores are put
     back in the caller's order."""
+    import torch
+
     order = np.lexsort((rows, shards))
     state = gather_state(readers, shards[order], rows[order], state_cls, torch.float32)
     scores = np.empty(len(rows), dtype=np.float64)
@@ -114,6 +116,8 @@ def encoder_for(
     stamp: dict[str, Any], checkpoint: str | os.PathLike | None = None, device: str = "cpu"
 ) -> SearchEncoder:
     """The encoder an index's model stamp names (``checkpoint`` points to a moved checkpoint file)."""
+    from tvr.search.encoders import CheckpointEncoder, ConfigEncoder
+
     kind = stamp.get("encoder")
     if kind == "checkpoint":
         path = checkpoint if checkpoint is not None else stamp.get("path")
@@ -136,24 +140,13 @@ def encoder_for(
     raise IndexFormatError(f"the index was built with encoder {kind!r}, which this tvr does not know")
 
 
-@contextlib.contextmanager
-def _one_torch_thread() -> Iterator[None]:
-    """Encode and score queries on one intra-op thread, restoring the caller's setting after. On several threads a
-    matrix product shares its work out by the shape of the whole batch, so a query's features change in the last
-    bits with the queries encoded beside it; on one they do not (``tests/test_search.py`` checks the real text
-    model at every batch size a server forms), so a micro-batched query gets the answer it gets alone. One thread is
-    also the faster for these small tensors on a busy machine: a 16-token MiniLM pass over 20 queries took 0.16 s
-    of wall time on one thread and 0.48 s on two, at load average 3-4 on two cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 class SearchIndex:
-    """A finished index, memory-mapped, with the model that built it. Thread-safe: queries share one model."""
+    """A finished index, memory-mapped, with the model that built it. Thread-safe: queries share one model.
+
+    ``without_torch``: answer text queries with the model's numpy query side when ``tvr index`` wrote one
+    (:mod:`tvr.search.numpy_query`: no torch import; query vectors within 1e-5 of the model's, each query encoded
+    alone), else as usual. For one-off queries from the shell; a server keeps the torch path, whose micro-batched
+    answers equal serial ones bit for bit."""
 
     def __init__(
         self,
@@ -164,6 +157,7 @@ class SearchIndex:
         device: str = "cpu",
         nprobe: int | None = None,
         ef_search: int | None = None,
+        without_torch: bool = False,
     ) -> None:
         self.path = Path(path)
         settings = read_settings(self.path)
@@ -177,6 +171,10 @@ class SearchIndex:
         check_manifest(self.manifest, manifest_path)
         self.settings = settings
         self._checkpoint, self._device = checkpoint, device
+        if encoder is None and checkpoint is None and device == "cpu" and without_torch:
+            from tvr.search.numpy_query import load_numpy_query_encoder
+
+            encoder = load_numpy_query_encoder(settings["model"])
         if encoder is None and checkpoint is None and device == "cpu":
             from tvr.search.query_encoder import load_query_encoder
 
@@ -189,7 +187,9 @@ class SearchIndex:
                 export_query_encoder(encoder)
         self.encoder = encoder
         self.encoder.check_stamp(self.manifest["model"], f"the index {self.path}")
-        self.head = self.encoder.head.eval()
+        #: the method head (None for a numpy query side, whose head is indexable and needs no torch)
+        self.head = None if self.encoder.head is None else self.encoder.head.eval()
+        self.indexable = bool(self.head.indexable if self.head is not None else self.encoder.indexable)
         self.root = Path(self.manifest["source"]["root"])
         self.videos: list[dict[str, Any]] = self.manifest["videos"]
         self.rows = int(self.manifest["rows"])
@@ -200,7 +200,7 @@ class SearchIndex:
         self.readers = [ShardReader(self.path / SHARDS / name) for name in self.manifest["shards"]]
         check_tables(self.path, tables, [reader.rows for reader in self.readers], len(self.videos))
         self.state_cls = None
-        if self.readers and not self.head.indexable:
+        if self.readers and not self.indexable:
             named = {str(reader.meta.get("state_class")) for reader in self.readers}
             if len(named) != 1:
                 raise IndexFormatError(f"{self.path}: its shards store rerank states of several types {sorted(named)}")
@@ -278,18 +278,14 @@ class SearchIndex:
     def _answer(self, queries: list[Query]) -> list[list[Hit]]:
         if not self.rows:
             return [[] for _ in queries]
-        texts = [q.text for q in queries]
         found: list[list[tuple[int, float, float, float]]] = [[] for _ in queries]
-        # inference mode: a query is dozens of small tensor operations, each cheaper without autograd's bookkeeping
-        with self._lock, torch.inference_mode(), _one_torch_thread():
-            lengths = self.encoder.query_lengths(texts)
-            for length in sorted(set(lengths)):  # one text-encoder pass per padded length (encoders.QUERY_LENGTHS)
-                members = [i for i, n in enumerate(lengths) if n == length]
-                text_state = self.encoder.encode_texts([texts[i] for i in members], length)
-                vectors = self.head.shortlist_texts(text_state).float().cpu().numpy()
-                for row, i in enumerate(members):
-                    state, vector, q = text_state[row : row + 1], vectors[row : row + 1], queries[i]
-                    found[i] = self._rank(state, vector, q.k, q.rerank, q.all_windows)
+        if self.head is None:  # the numpy query side: each query alone, no torch
+            with self._lock:
+                for i, query in enumerate(queries):
+                    vector = self.encoder.query_vector(query.text)
+                    found[i] = self._rank(None, vector, query.k, query.rerank, query.all_windows)
+        else:
+            self._answer_with_torch(queries, found)
         return [
             [
                 Hit(self.videos[video]["video"], start, end, float(score), rank)
@@ -298,11 +294,28 @@ class SearchIndex:
             for rows in found
         ]
 
+    def _answer_with_torch(self, queries: list[Query], found: list[list[tuple[int, float, float, float]]]) -> None:
+        import torch
+
+        texts = [q.text for q in queries]
+        # inference mode: a query is dozens of small tensor operations, each cheaper without autograd's bookkeeping
+        from tvr.search.encoders import one_torch_thread
+
+        with self._lock, torch.inference_mode(), one_torch_thread():
+            lengths = self.encoder.query_lengths(texts)
+            for length in sorted(set(lengths)):  # one text-encoder pass per padded length (encoders.QUERY_LENGTHS)
+                members = [i for i, n in enumerate(lengths) if n == length]
+                text_state = self.encoder.encode_texts([texts[i] for i in members], length)
+                vectors = self.head.shortlist_texts(text_state).float().cpu().numpy()
+                for row, i in enumerate(members):
+                    state, vector, q = text_state[row : row + 1], vectors[row : row + 1], queries[i]
+                    found[i] = self._rank(state, vector, q.k, q.rerank, q.all_windows)
+
     def _rank(
         self, text_state: Any, query: np.ndarray, k: int, rerank: int | None, all_windows: bool
     ) -> list[tuple[int, float, float, float]]:
         """One encoded query's best ``k`` (video, start, end, score): shortlist, exact rerank, one per video."""
-        exact = not self.head.indexable
+        exact = not self.indexable
         rerank = DEFAULT_RERANK if rerank is None else rerank
         want = max(k, rerank if exact else 0)
         while True:
@@ -339,9 +352,7 @@ class SearchIndex:
     def _full_encoder(self) -> SearchEncoder:
         """The whole model (a query encoder has only the text side): loaded on first use, checked against the
         index's stamp."""
-        from tvr.search.query_encoder import QueryEncoder
-
-        if isinstance(self.encoder, QueryEncoder):
+        if not self.encoder.has_image_side:
             full = encoder_for(self.settings["model"], self._checkpoint, self._device)
             full.check_stamp(self.manifest["model"], f"the index {self.path}")
             self.encoder = full
@@ -354,6 +365,10 @@ class SearchIndex:
         captions = [c.strip() for c in captions if c.strip()]
         if not captions:
             raise QueryError("no captions to rank (one caption per line)")
+        import torch
+
+        from tvr.search.windows import decode_windows
+
         with self._lock:
             encoder = self._full_encoder()
         decoded = decode_windows(video, encoder.spec, self.window, self.stride)
@@ -380,11 +395,21 @@ def open_index(
     encoder: SearchEncoder | None = None,
     nprobe: int | None = None,
     ef_search: int | None = None,
+    without_torch: bool = False,
 ) -> SearchIndex:
     """Open the index at ``path`` with the model it was built with (``checkpoint``: where that checkpoint is now;
     ``encoder``: an encoder already loaded). ``nprobe`` (IVF) / ``ef_search`` (HNSW): the shortlist's search effort
-    instead of the index's. Raises ``EncoderMismatchError`` for another model."""
-    return SearchIndex(path, encoder, checkpoint=checkpoint, device=device, nprobe=nprobe, ef_search=ef_search)
+    instead of the index's. ``without_torch``: see :class:`SearchIndex`. Raises ``EncoderMismatchError`` for
+    another model."""
+    return SearchIndex(
+        path,
+        encoder,
+        checkpoint=checkpoint,
+        device=device,
+        nprobe=nprobe,
+        ef_search=ef_search,
+        without_torch=without_torch,
+    )
 
 
-__all__ = ["CaptionHit", "Hit", "Query", "SearchIndex", "embed_video", "exact_scores", "open_index", "SETTINGS"]
+__all__ = ["CaptionHit", "Hit", "Query", "SearchIndex", "exact_scores", "open_index", "SETTINGS"]

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from tvr.search.encoders import QUERY_LENGTHS, SearchEncoder
+from tvr.search.stamps import checkpoint_file_state, quick_queries_enabled
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.io import atomic_write_json, create_temporary_dir
 
@@ -56,12 +57,8 @@ PROBE_TEXTS = (
 _FEATURE_FIELDS = ("eot", "words", "word_mask")
 
 
-def enabled() -> bool:
-    return os.environ.get("TVR_QUICK_QUERIES", "1") not in ("0", "", "false", "no")
-
-
 def export_root() -> Path:
-    from tvr.models.conse import cache_root
+    from tvr.utils.io import cache_root
 
     return cache_root() / "query-encoders"
 
@@ -70,17 +67,6 @@ def export_folder(stamp: dict[str, Any]) -> Path:
     """Where the export of the model with this stamp lives (TorchScript files are read by the torch that wrote
     them: the torch version is part of the name)."""
     return export_root() / f"{stamp['id']}-v{VERSION}-torch{torch.__version__}"
-
-
-def _checkpoint_file_state(stamp: dict[str, Any]) -> list[int] | None:
-    """(size, mtime_ns) of a checkpoint stamp's file, None when it is not a file (or the stamp is not a checkpoint)."""
-    if stamp.get("encoder") != "checkpoint":
-        return None
-    try:
-        info = os.stat(stamp.get("path", ""))
-    except OSError:
-        return None
-    return [info.st_size, info.st_mtime_ns]
 
 
 # ------------------------------------------------------------------------------------------ tokenizers as data
@@ -158,6 +144,8 @@ class QueryEncoder(SearchEncoder):
     """The exported text side of a model: encodes queries exactly as the full model does; it has no image side
     (:meth:`window_features` raises), so indexing and ranking captions for a clip load the full model."""
 
+    has_image_side = False
+
     def __init__(self, folder: str | os.PathLike) -> None:
         from tvr.config import HeadConfig, build_section, check_head_import
         from tvr.models.heads.registry import build_head
@@ -203,7 +191,7 @@ class QueryEncoder(SearchEncoder):
 def load_query_encoder(stamp: dict[str, Any]) -> QueryEncoder | None:
     """The export of the model ``stamp`` names, or None (none written, turned off, or a checkpoint that changed
     since: the full model then loads, and is checked against the stamp as always)."""
-    if not enabled() or not stamp.get("id"):
+    if not quick_queries_enabled() or not stamp.get("id"):
         return None
     folder = export_folder(stamp)
     if not (folder / "meta.json").is_file():
@@ -217,7 +205,7 @@ def load_query_encoder(stamp: dict[str, Any]) -> QueryEncoder | None:
         log.warning("the query encoder in %s does not load (%s); loading the full model", folder, exc)
         return None
     if encoder.stamp().get("id") != stamp["id"] or (
-        stamp.get("encoder") == "checkpoint" and encoder.meta.get("checkpoint_file") != _checkpoint_file_state(stamp)
+        stamp.get("encoder") == "checkpoint" and encoder.meta.get("checkpoint_file") != checkpoint_file_state(stamp)
     ):
         return None
     return encoder
@@ -254,10 +242,16 @@ def export_query_encoder(encoder: Any) -> Path | None:
     """Export the text side of ``encoder`` (a :class:`~tvr.search.encoders.ModelEncoder` on the CPU) to the cache,
     checked against it (module docstring); returns the folder, or None when nothing was written. Never raises for a
     model it cannot export: that index keeps loading the full model."""
-    if not enabled() or not hasattr(encoder, "model") or encoder.device.type != "cpu":
+    if not quick_queries_enabled() or not hasattr(encoder, "model") or encoder.device.type != "cpu":
         return None
     stamp = encoder.stamp()
     folder = export_folder(stamp)
+    try:
+        from tvr.search.numpy_export import export_numpy_query
+
+        export_numpy_query(encoder, list(PROBE_TEXTS))
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.info("the query side of this model was not exported to numpy: %s", exc)
     if (folder / "meta.json").is_file() and load_query_encoder(stamp) is not None:
         return folder
     try:
@@ -304,7 +298,7 @@ def _write_export(encoder: Any, stamp: dict[str, Any], folder: Path) -> Path | N
             "fields": list(fields),
             "tokenizer": spec,
             "head": {"config": head_config, "dim": int(head.dim), "logit_scale_init": float(head.logit_scale.item())},
-            "checkpoint_file": _checkpoint_file_state(stamp),
+            "checkpoint_file": checkpoint_file_state(stamp),
         }
         atomic_write_json(work / "meta.json", meta)
         check = QueryEncoder(work)

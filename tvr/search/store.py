@@ -30,13 +30,10 @@ import threading
 import weakref
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
-from tvr.types import Sliceable
 from tvr.utils.errors import UserError, reason
 from tvr.utils.io import (
     atomic_write_json,
@@ -57,12 +54,18 @@ STATE = "state.npy"
 #: a record's size is a multiple of this, so every row starts aligned for every field
 _ALIGN = 8
 
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
 
 class IndexFormatError(UserError, ValueError):
     """An index folder's files are missing, damaged or of another format."""
 
 
 def _to_numpy(x: Tensor, half: bool) -> np.ndarray:
+    import torch
+
     x = x.detach().cpu()
     if x.is_floating_point():
         x = x.to(torch.float16 if half else torch.float32)
@@ -73,6 +76,11 @@ def _to_numpy(x: Tensor, half: bool) -> np.ndarray:
 
 def write_shard(folder: Path, name: str, emb: Tensor, state: Any, videos: list[dict[str, Any]], half: bool) -> Path:
     """Write one shard atomically as ``folder/name``; ``videos`` entries carry ``rows`` [first, last)."""
+    import torch
+    from torch import Tensor
+
+    from tvr.types import Sliceable
+
     if not dataclasses.is_dataclass(state) or not isinstance(state, Sliceable):
         raise TypeError(f"rerank state: expected a Sliceable dataclass, got {type(state).__name__}")
     n = int(emb.shape[0])
@@ -145,6 +153,8 @@ def state_class(name: str, fields: Any = None) -> type:
     """The rerank-state dataclass ``module:qualname``, among modules already imported only; with ``fields`` (a
     shard's field descriptions), its fields must be exactly those (another head's state is refused here, not when a
     query tries to score it)."""
+    from tvr.types import Sliceable
+
     module_name, _, qualname = str(name).partition(":")
     module = sys.modules.get(module_name)
     cls: Any = module
@@ -344,6 +354,8 @@ def gather_state(
     """The rerank state of the rows (``shards[i]``, ``rows[i]``), in that order, as ``cls``: floating fields in
     ``dtype`` (default: as stored), every tensor contiguous and the caller's own. Records are read in (shard, row)
     order, one read per run of consecutive rows; passing them already in that order saves a reordering copy."""
+    import torch
+
     shards, rows = np.asarray(shards, dtype=np.int64), np.asarray(rows, dtype=np.int64)
     n = len(rows)
     order = np.lexsort((rows, shards))

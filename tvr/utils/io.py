@@ -331,3 +331,8 @@ def file_sha256(path: str | os.PathLike, block: int = 1 << 22) -> str:
         while chunk := handle.read(block):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def cache_root() -> Path:
+    """tvr's cache folder: ``$TVR_CACHE_DIR``, default ``~/.cache/tvr``."""
+    return Path(os.environ.get("TVR_CACHE_DIR") or Path.home() / ".cache" / "tvr")

@@ -1,0 +1,166 @@
+"""Writing a model's query side as numpy data (read by :mod:`tvr.search.numpy_query`), checked against the model.
+
+Only a model whose query side :mod:`tvr.search.numpy_query` computes is written: a two-tower backbone whose text
+tower is a sentence-transformers BERT (absolute positions, ``gelu``) followed by mean pooling and optionally
+``Normalize``, ConSE or fused ConSE as the bridge, and an indexable head. Whatever else the model holds, the written
+export is then read back and compared with the model on probe texts; anything it does not reproduce within
+:data:`~tvr.search.numpy_query.TOLERANCE` is not written, and that index keeps the torch query path.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tvr.search.numpy_query import (
+    FORMAT,
+    META,
+    TOKENIZER,
+    TOLERANCE,
+    VERSION,
+    WEIGHTS,
+    NumpyQueryEncoder,
+    numpy_export_folder,
+)
+from tvr.search.stamps import checkpoint_file_state, quick_queries_enabled
+from tvr.utils.io import atomic_write_json, create_temporary_dir
+
+log = logging.getLogger(__name__)
+
+
+class NotExportableError(Exception):
+    """The model's query side is not one :mod:`tvr.search.numpy_query` computes (the message says why)."""
+
+
+def _tower(encoder: Any) -> tuple[dict[str, np.ndarray], dict[str, Any], str]:
+    """The text tower's arrays (``bert.*``), its shape, and its tokenizer as ``tokenizer.json`` text."""
+    backbone = getattr(encoder.model, "backbone", None)
+    tower = getattr(backbone, "text_tower", None)
+    modules = list(getattr(tower, "model", None) or [])
+    names = [type(module).__name__ for module in modules]
+    if names not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+        raise NotExportableError(f"text tower modules {names}, not Transformer + Pooling (+ Normalize)")
+    bert = modules[0].auto_model
+    config = bert.config
+    if type(bert).__name__ != "BertModel" or config.hidden_act != "gelu":
+        raise NotExportableError(f"text model {type(bert).__name__} with {config.hidden_act!r}, not a gelu BertModel")
+    if getattr(config, "position_embedding_type", "absolute") != "absolute" or config.is_decoder:
+        raise NotExportableError("text model with relative positions or a decoder")
+    pooling = modules[1].get_config_dict()
+    mean_only = pooling.get("pooling_mode") == "mean" or (
+        pooling.get("pooling_mode_mean_tokens") is True
+        and not any(value for key, value in pooling.items() if key.startswith("pooling_mode_") and "mean" not in key)
+    )
+    if not mean_only:
+        raise NotExportableError(f"pooling {pooling}, not mean pooling")
+    hf = getattr(encoder.tokenizer(), "tokenizer", None)
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None or hf.padding_side != "right":
+        raise NotExportableError("its tokenizer is not an HF fast tokenizer")
+    arrays = {
+        f"bert.{name}": linear_layout(name, value.detach().float().cpu().numpy())
+        for name, value in bert.state_dict().items()
+    }
+    shape = {
+        "layers": int(config.num_hidden_layers),
+        "heads": int(config.num_attention_heads),
+        "eps": float(config.layer_norm_eps),
+        "normalize": names[-1] == "Normalize",
+    }
+    return arrays, shape, backend.to_str()
+
+
+def linear_layout(name: str, value: np.ndarray) -> np.ndarray:
+    """A linear layer's weight [out, in] stored as [in, out] (what :class:`~tvr.search.numpy_query.BertSentenceTower`
+    multiplies by); embeddings and vectors as they are."""
+    if value.ndim == 2 and name.endswith(".weight") and "embeddings" not in name:
+        return np.ascontiguousarray(value.T)
+    return value
+
+
+def _fusion(encoder: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    bridge = getattr(encoder.model, "bridge", None)
+    kind = type(bridge).__name__
+    if kind == "ConseBridge":
+        return {}, {"kind": "none"}
+    if kind == "FusedConseBridge":
+        arrays = {"fusion.class_embeddings": bridge.class_embeddings.detach().float().cpu().numpy()}
+        return arrays, {
+            "kind": "fused",
+            "weight": float(bridge.class_weight),
+            "temperature": float(bridge.class_temperature),
+        }
+    raise NotExportableError(f"bridge {kind}, not ConSE or fused ConSE")
+
+
+def largest_difference(encoder: Any, export: NumpyQueryEncoder, texts: list[str]) -> float:
+    """The largest |difference| between a coordinate of the export's query vectors and the model's shortlist
+    vectors, over ``texts`` encoded alone at every length a search pads to (inf when the token ids differ)."""
+    from tvr.search.encoders import QUERY_LENGTHS, one_torch_thread
+
+    worst = 0.0
+    lengths = sorted({n for n in QUERY_LENGTHS if n < encoder.max_words} | {encoder.max_words})
+    with torch.inference_mode(), one_torch_thread():  # as a search encodes queries
+        for text in texts:
+            ids, mask = encoder.token_ids([text], encoder.max_words)
+            if ids[0][mask[0].bool()].tolist() != export.token_ids(text):
+                return float("inf")
+            got = export.query_vector(text)
+            for length in lengths:
+                if int(mask.sum()) > length:
+                    continue
+                want = encoder.head.shortlist_texts(encoder.encode_texts([text], length)).float().cpu().numpy()
+                if want.shape != got.shape:
+                    return float("inf")
+                worst = max(worst, float(np.abs(want.astype(np.float64) - got).max()))
+    return worst
+
+
+def export_numpy_query(encoder: Any, probes: list[str]) -> Path | None:
+    """Write the numpy query side of ``encoder`` (a model encoder on the CPU) to the cache when the model is one it
+    computes and it agrees with the model on ``probes`` (module docstring); returns the folder, or None."""
+    if not quick_queries_enabled() or not hasattr(encoder, "model") or not encoder.head.indexable:
+        return None
+    stamp = encoder.stamp()
+    folder = numpy_export_folder(stamp)
+    if (folder / META).is_file():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = create_temporary_dir(folder)
+    try:
+        try:
+            arrays, shape, tokenizer = _tower(encoder)
+            fusion_arrays, fusion = _fusion(encoder)
+        except NotExportableError as exc:
+            log.info("no numpy query side for this model: %s", exc)
+            return None
+        with open(work / WEIGHTS, "wb") as handle:
+            np.savez(handle, **arrays, **fusion_arrays)
+        (work / TOKENIZER).write_text(tokenizer, encoding="utf-8")
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "stamp": stamp,
+            "max_words": int(encoder.max_words),
+            "tower": shape,
+            "fusion": fusion,
+            "checkpoint_file": checkpoint_file_state(stamp),
+        }
+        atomic_write_json(work / META, meta)
+        worst = largest_difference(encoder, NumpyQueryEncoder(work), probes)
+        if not worst <= TOLERANCE:
+            log.info("the numpy query side differs from the model by %.3g (> %g): not used", worst, TOLERANCE)
+            return None
+        atomic_write_json(work / META, {**meta, "largest_difference": worst})
+        if folder.exists():
+            shutil.rmtree(folder)
+        work.rename(folder)
+        return folder
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)

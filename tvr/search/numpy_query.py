@@ -1,0 +1,250 @@
+"""A two-tower index's query side in numpy: a cold ``tvr search`` that never imports torch.
+
+``import torch`` alone takes longer than the 2 s a cold search may take on a small machine, so for the models whose
+query side is small enough to write out — a sentence-transformers BERT text tower (mean pooling, optionally
+normalised), ConSE's text side (the identity) or fused ConSE's (:mod:`tvr.models.class_fusion`), and an indexable
+head whose shortlist vector is the normalised text vector (CLIP4Clip with mean pooling) — ``tvr index`` also writes
+the query side as data next to the TorchScript export (:mod:`tvr.search.query_encoder`), under the model's stamp id:
+
+* ``weights.npz``: the text tower's weights, and fused ConSE's class embeddings (arrays only, read with
+  ``allow_pickle=False``);
+* ``tokenizer.json``: the HF fast tokenizer, run by the ``tokenizers`` library as the model's tokenizer is run;
+* ``meta.json``: the stamp, the tower's shape, the fusion's settings, and the largest difference measured against
+  the model.
+
+numpy's arithmetic is not torch's, so its query vectors are not bit-identical to the model's: an export is written
+only when, on probe texts (short, long, truncated, non-ASCII), its token ids equal the model's and no coordinate of a
+query vector differs from the model's by more than :data:`TOLERANCE` (the differences measured on MiniLM-L6 are
+near 1e-7). Scores then differ from the model's by as little, so only windows whose scores are that close can
+swap places. It answers single text queries only; a server (micro-batched queries whose answers must equal serial
+ones bit for bit), an exact rerank and everything with video load the torch model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tvr.search.stamps import check_stamp, checkpoint_file_state, numpy_queries_enabled
+from tvr.utils.io import cache_root
+
+FORMAT = "tvr-numpy-query"
+VERSION = 1
+#: the largest |difference| allowed between a coordinate of a numpy query vector and the model's (unit vectors)
+TOLERANCE = 1e-5
+WEIGHTS = "weights.npz"
+TOKENIZER = "tokenizer.json"
+META = "meta.json"
+
+
+def export_root() -> Path:
+    return cache_root() / "query-encoders"
+
+
+def numpy_export_folder(stamp: dict[str, Any]) -> Path:
+    """Where the numpy query side of the model with this stamp lives (beside its TorchScript export)."""
+    return export_root() / f"{stamp['id']}-numpy-v{VERSION}"
+
+
+# ------------------------------------------------------------------------------------------ the arithmetic
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    centred = x - mean
+    variance = (centred * centred).mean(axis=-1, keepdims=True)
+    return centred / np.sqrt(variance + np.float32(eps)) * weight + bias
+
+
+class _ErfTable:
+    """erf by cubic Hermite interpolation of a table of ``math.erf`` and its derivative (2/√π)·exp(−x²) every 1/1024
+    on [0, 6] (erf is odd; beyond 6 it is 1 to double precision): the error is below h⁴/384 · max|erf⁗| ≈ 1e-14,
+    far under float32's step, and it costs a few array operations where ``math.erf`` per element cost 25 ms a
+    query. numpy has no erf, and scipy's import alone would cost a cold search a third of a second."""
+
+    step = 1.0 / 1024.0
+    limit = 6.0
+
+    def __init__(self) -> None:
+        grid = np.arange(0.0, self.limit + 2 * self.step, self.step)
+        self.values = np.array([math.erf(x) for x in grid.tolist()])
+        self.slopes = (2.0 / math.sqrt(math.pi)) * np.exp(-grid * grid) * self.step
+
+    def __call__(self, z: np.ndarray) -> np.ndarray:
+        scaled = np.minimum(np.abs(z), self.limit) / self.step
+        i = scaled.astype(np.int64)
+        t = scaled - i
+        t2, t3 = t * t, t * t * t
+        left, right = self.values[i], self.values[i + 1]
+        value = (
+            (2 * t3 - 3 * t2 + 1) * left
+            + (t3 - 2 * t2 + t) * self.slopes[i]
+            + (3 * t2 - 2 * t3) * right
+            + (t3 - t2) * self.slopes[i + 1]
+        )
+        return np.copysign(value, z)
+
+
+_ERF: _ErfTable | None = None
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """x·Φ(x) with the exact error function (BERT's ``gelu``), computed in float64 and rounded back."""
+    global _ERF
+    if _ERF is None:
+        _ERF = _ErfTable()
+    wide = x.astype(np.float64)
+    return (0.5 * wide * (1.0 + _ERF(wide * (1.0 / math.sqrt(2.0))))).astype(np.float32)
+
+
+def unit(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """Rows scaled to length one (``F.normalize``: a zero row stays zero)."""
+    norm = np.sqrt((x.astype(np.float64) ** 2).sum(axis=-1, keepdims=True))
+    return (x / np.maximum(norm, eps)).astype(np.float32)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    shifted = np.exp(x - x.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+class BertSentenceTower:
+    """A sentence-transformers BERT (absolute positions, ``gelu``) with mean pooling: token ids [n, L] and mask →
+    sentence embeddings [n, D], normalised when the model's last module is ``Normalize``."""
+
+    def __init__(self, weights: Any, layers: int, heads: int, eps: float, normalize: bool) -> None:
+        names = [name for name in weights.files if name.startswith("bert.")]
+        self.w = {name: np.asarray(weights[name], dtype=np.float32) for name in names}
+        self.layers, self.heads, self.eps, self.normalize = int(layers), int(heads), float(eps), bool(normalize)
+
+    def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
+        # stored [in, out] (numpy_export.linear_layout): a product with a contiguous matrix, twice as fast as with
+        # the transpose of torch's [out, in]
+        return x @ self.w[f"bert.{name}.weight"] + self.w[f"bert.{name}.bias"]
+
+    def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
+        return layer_norm(x, self.w[f"bert.{name}.weight"], self.w[f"bert.{name}.bias"], self.eps)
+
+    def _attention(self, x: np.ndarray, at: str, blocked: np.ndarray) -> np.ndarray:
+        n, length, width = x.shape
+        size = width // self.heads
+
+        def heads(name: str) -> np.ndarray:  # [n, heads, length, size]
+            projected = self._linear(x, f"{at}.attention.self.{name}")
+            return projected.reshape(n, length, self.heads, size).transpose(0, 2, 1, 3)
+
+        q, k, v = heads("query"), heads("key"), heads("value")
+        weights = softmax((q @ k.transpose(0, 1, 3, 2)) / np.float32(math.sqrt(size)) + blocked)
+        context = (weights @ v).transpose(0, 2, 1, 3).reshape(n, length, width)
+        return self._linear(context, f"{at}.attention.output.dense")
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        length = ids.shape[1]
+        w = self.w
+        x = (
+            w["bert.embeddings.word_embeddings.weight"][ids]
+            + w["bert.embeddings.position_embeddings.weight"][:length]
+            + w["bert.embeddings.token_type_embeddings.weight"][0]
+        )
+        x = self._norm(x, "embeddings.LayerNorm")
+        blocked = np.where(mask[:, None, None, :] > 0, np.float32(0.0), np.finfo(np.float32).min)
+        for i in range(self.layers):
+            at = f"encoder.layer.{i}"
+            x = self._norm(self._attention(x, at, blocked) + x, f"{at}.attention.output.LayerNorm")
+            hidden = gelu(self._linear(x, f"{at}.intermediate.dense"))
+            x = self._norm(self._linear(hidden, f"{at}.output.dense") + x, f"{at}.output.LayerNorm")
+        valid = mask[:, :, None].astype(np.float32)
+        pooled = (x * valid).sum(axis=1) / np.maximum(valid.sum(axis=1), np.float32(1e-9))
+        return unit(pooled) if self.normalize else pooled
+
+
+def fused_query(embedding: np.ndarray, class_embeddings: np.ndarray, weight: float, temperature: float) -> np.ndarray:
+    """Fused ConSE's text side (:func:`tvr.models.class_fusion.fuse_text`): [n, W] → [n, W + C + 2]."""
+    u = unit(embedding)
+    cosines = u @ class_embeddings.T
+    classes = unit(softmax(cosines / np.float32(temperature)))
+    ones = np.ones((len(u), 1), dtype=np.float32)
+    return np.concatenate([(1.0 - weight) * u, weight * classes, ones, np.zeros_like(ones)], axis=1).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------ the encoder
+
+
+class NumpyQueryEncoder:
+    """The numpy query side of an index's model (module docstring): :meth:`query_vector` is the head's shortlist
+    vector of one text, which for these heads is the exact score's."""
+
+    #: the shortlist's score is the head's exact score: nothing is reranked
+    indexable = True
+    #: no image tower: ranking captions for a clip loads the full model
+    has_image_side = False
+    head = None
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        from tokenizers import Tokenizer
+
+        self.folder = Path(folder)
+        self.meta = json.loads((self.folder / META).read_text(encoding="utf-8"))
+        if self.meta.get("format") != FORMAT or self.meta.get("version") != VERSION:
+            raise ValueError(f"{self.folder}: not a {FORMAT} version {VERSION}")
+        self.max_words = int(self.meta["max_words"])
+        self.tokenizer = Tokenizer.from_file(str(self.folder / TOKENIZER))
+        self.tokenizer.enable_truncation(max_length=self.max_words)
+        self.tokenizer.no_padding()
+        tower = self.meta["tower"]
+        with np.load(self.folder / WEIGHTS, allow_pickle=False) as weights:
+            self.tower = BertSentenceTower(weights, tower["layers"], tower["heads"], tower["eps"], tower["normalize"])
+            fusion = self.meta["fusion"]
+            self.class_embeddings = (
+                np.asarray(weights["fusion.class_embeddings"], dtype=np.float32) if fusion["kind"] == "fused" else None
+            )
+        self.fusion = fusion
+
+    def stamp(self) -> dict[str, Any]:
+        return self.meta["stamp"]
+
+    def check_stamp(self, stamp: dict[str, Any], where: str) -> None:
+        check_stamp(self.stamp(), stamp, where)
+
+    def token_ids(self, text: str) -> list[int]:
+        """The text's token ids, truncated to ``max_words``, unpadded."""
+        return list(self.tokenizer.encode(text).ids)
+
+    def query_vector(self, text: str) -> np.ndarray:
+        """The shortlist vector [1, E] (float32) of one query, encoded alone (so it never depends on other queries)."""
+        from threadpoolctl import threadpool_limits
+
+        ids = np.asarray([self.token_ids(text)], dtype=np.int64)
+        # one BLAS thread: these products are small, and on a busy 2-core machine a second thread waiting for the
+        # first made a query 5-8 times slower (270-445 ms against 53 ms, measured)
+        with threadpool_limits(limits=1, user_api="blas"):
+            embedding = self.tower(ids, np.ones_like(ids))
+            if self.class_embeddings is not None:
+                embedding = fused_query(
+                    embedding, self.class_embeddings, float(self.fusion["weight"]), float(self.fusion["temperature"])
+                )
+            return unit(embedding)
+
+
+def load_numpy_query_encoder(stamp: dict[str, Any]) -> NumpyQueryEncoder | None:
+    """The numpy query side of the model ``stamp`` names, or None (none written, quick queries turned off, or a
+    checkpoint that changed since: the torch export or the full model then loads)."""
+    if not numpy_queries_enabled() or not stamp.get("id"):
+        return None
+    folder = numpy_export_folder(stamp)
+    if not (folder / META).is_file():
+        return None
+    try:
+        encoder = NumpyQueryEncoder(folder)
+    except Exception:  # noqa: BLE001 - an unusable export is only slower: the torch path is the fallback
+        return None
+    if encoder.stamp().get("id") != stamp["id"] or (
+        stamp.get("encoder") == "checkpoint" and encoder.meta.get("checkpoint_file") != checkpoint_file_state(stamp)
+    ):
+        return None
+    return encoder
