@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -133,3 +134,27 @@ def index_args(videos: Path, out: Path, checkpoint: Path, *extra: str) -> list[s
         *workers,
         *extra,
     ]
+
+
+def cold_search(index: Path, query: str, k: int, cache: Path) -> tuple[Any, list[dict], list[str]]:
+    """``tvr search INDEX QUERY -k K --json`` in a fresh process with ``TVR_CACHE_DIR=cache``: (the finished process,
+    its parsed answer, the modules it had imported at the end); asserts it exited 0 with nothing on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    modules = cache.parent / f"{cache.name}-modules.json"
+    script = (
+        "import json, sys, runpy\n"
+        f"sys.argv = ['tvr', 'search', {str(index)!r}, {query!r}, '-k', '{k}', '--json']\n"
+        "code = 0\n"
+        "try:\n    runpy.run_module('tvr.cli', run_name='__main__')\n"
+        "except SystemExit as exc:\n    code = exc.code\n"
+        f"json.dump([code, sorted(sys.modules)], open({str(modules)!r}, 'w'))\n"
+    )
+    env = {**os.environ, "TVR_CACHE_DIR": str(cache)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    code, loaded = json.loads(modules.read_text())
+    assert code in (0, None)
+    return done, json.loads(done.stdout), loaded

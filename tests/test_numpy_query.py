@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from search_fixtures import cold_search
 from test_query_encoder import CAPTIONS
 from test_search import OPTIONS
 from test_two_tower import HAS_REAL_WEIGHTS, tiny_values
@@ -115,22 +113,9 @@ def test_cold_search_does_not_import_torch(search_setup, tmp_path: Path) -> None
     folder = export_numpy_query(encoder, list(PROBE_TEXTS))
     assert folder is not None
     shutil.copytree(folder, tmp_path / "home" / "query-encoders" / folder.name)
-    modules = tmp_path / "modules.json"
-    script = (
-        "import json, sys, runpy\n"
-        f"sys.argv = ['tvr', 'search', {str(tmp_path / 'idx')!r}, 'a magenta screen', '-k', '3', '--json']\n"
-        "try:\n    runpy.run_module('tvr.cli', run_name='__main__')\n"
-        "except SystemExit as exc:\n    code = exc.code\n"
-        f"json.dump([code, sorted(sys.modules)], open({str(modules)!r}, 'w'))\n"
-    )
-    env = {**os.environ, "TVR_CACHE_DIR": str(tmp_path / "home")}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0 and done.stderr == "", done.stderr
-    code, loaded = json.loads(modules.read_text())
-    assert code in (0, None)
+    _, got, loaded = cold_search(tmp_path / "idx", "a magenta screen", 3, tmp_path / "home")
     assert "tvr.search.numpy_query" in loaded and not {"torch", "transformers", "av"} & set(loaded)
     want = open_index(tmp_path / "idx", encoder=encoder).search("a magenta screen", k=3)
-    got = json.loads(done.stdout)
     assert [(h["video"], h["start"], h["end"]) for h in got] == [(h.video, h.start, h.end) for h in want]
     assert max(abs(h["score"] - w.score) for h, w in zip(got, want, strict=True)) <= TOLERANCE
 

@@ -8,13 +8,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from search_fixtures import VIDEOS
+from search_fixtures import VIDEOS, cold_search
 from test_search import OPTIONS, gare_checkpoint
 
 from tvr.search import open_index
@@ -138,20 +136,8 @@ def test_cold_search_is_quiet_and_imports_only_the_text_side(built: Path, tmp_pa
     stamp = json.loads((built / "settings.json").read_text())["model"]
     export = export_folder(stamp)  # in the session's export folder (conftest): a fresh process finds a copy here
     shutil.copytree(export, tmp_path / "home" / "query-encoders" / export.name)
-    modules = tmp_path / "modules.json"
-    script = (
-        "import json, sys, runpy\n"
-        f"sys.argv = ['tvr', 'search', {str(built)!r}, 'a magenta screen', '-k', '2', '--json']\n"
-        "try:\n    runpy.run_module('tvr.cli', run_name='__main__')\n"
-        "except SystemExit as exc:\n    code = exc.code\n"
-        f"json.dump([code, sorted(sys.modules)], open({str(modules)!r}, 'w'))\n"
-    )
-    env = {**os.environ, "TVR_CACHE_DIR": str(tmp_path / "home")}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0 and done.stderr == "", done.stderr
-    assert json.loads(done.stdout)[0]["video"] == "sub/magenta.mp4"
-    code, loaded = json.loads(modules.read_text())
-    assert code in (0, None)
+    _, answer, loaded = cold_search(built, "a magenta screen", 2, tmp_path / "home")
+    assert answer[0]["video"] == "sub/magenta.mp4"
     heavy = {"transformers", "sentence_transformers", "sklearn", "av", "fastapi", "tvr.models.clip_backbone"}
     assert not heavy & set(loaded), heavy & set(loaded)
     assert "tvr.search.query_encoder" in loaded
