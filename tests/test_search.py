@@ -169,8 +169,8 @@ def test_ann_kinds_agree_on_the_small_index(search_setup, tmp_path: Path) -> Non
 def test_hnsw_search_beam_grows_with_the_graph() -> None:
     from tvr.search import ann
 
-    beams = {rows: ann.choose("auto", rows, 512).ef_search for rows in (60_000, 333_000, 400_000, 1_000_000)}
-    assert beams == {60_000: 256, 333_000: 256, 400_000: 320, 1_000_000: 768}
+    beams = {rows: ann.choose("auto", rows, 512).ef_search for rows in (60_000, 333_000, 600_000, 1_000_000)}
+    assert beams == {60_000: 256, 333_000: 256, 600_000: 320, 1_000_000: 448}
     assert ann.choose("hnsw", 1000, 8).ef_search == 256 and ann.choose("auto", 1000, 8).kind == "flat"
 
 

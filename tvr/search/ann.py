@@ -1,7 +1,9 @@
 """The shortlist index (FAISS, inner product on the head's shortlist embedding).
 
 Kinds: ``flat`` — exact inner product over every window (``IndexFlatIP``); ``hnsw`` — a navigable small-world graph
-(``IndexHNSWFlat``: vectors kept in full, so what it finds carries its exact inner product); ``ivf`` — an inverted
+over float16 copies of the vectors whose candidates are re-scored from the float32 ones (``IndexHNSWSQ`` inside
+``IndexRefineFlat``; before issue 35 item 7, ``IndexHNSWFlat`` over float32, which still loads): what it finds
+carries its exact inner product; ``ivf`` — an inverted
 file of k-means cells (``IndexIVFFlat``: the query scans the ``nprobe`` best cells). ``auto`` picks ``flat`` below
 :data:`AUTO_THRESHOLD` windows and ``hnsw`` above: text queries sit across a modality gap from the windows they look
 for, and on such queries (``benchmarks/search.py``) IVF needs to scan a large share of the collection to keep
@@ -35,18 +37,19 @@ TRAIN_PER_CELL = 64
 #: cells probed per query, as a fraction of the cells (at least MIN_NPROBE), tuned with benchmarks/search.py
 NPROBE_FRACTION = 1 / 16
 MIN_NPROBE = 8
-#: graph degree and construction beam
+#: graph degree and construction beam (64 before issue 35 item 7: at 1M cross-modal windows, 96 reaches recall@10
+#: 0.97 with beam 448 where 64 needed 768 for 0.957; the build takes ≈ 1.4× as long, docs/benchmarks.md)
 HNSW_M = 24
-HNSW_EF_CONSTRUCTION = 64
+HNSW_EF_CONSTRUCTION = 96
 #: how a new graph keeps its vectors (one of HNSW_STORAGES): ``float32`` (``IndexHNSWFlat``, every index before
 #: issue 35 item 7) or ``float16`` (``IndexHNSWSQ``, half the bytes a visited node reads, inside an
 #: ``IndexRefineFlat`` that re-scores the candidates in float32, so the scores returned stay exact inner products);
 #: an index records its own in the manifest
-HNSW_STORAGE = "float32"
-#: the smallest search beam (recall@10 ≈ 0.98 on the benchmark's 100k-200k cross-modal queries), and the beam per
+HNSW_STORAGE = "float16"
+#: the smallest search beam (recall@10 ≈ 0.99 on the benchmark's 200k cross-modal queries), and the beam per
 #: million windows a larger graph gets (:func:`hnsw_ef_search`)
 HNSW_EF_SEARCH = 256
-HNSW_EF_PER_MILLION = 768
+HNSW_EF_PER_MILLION = 448
 #: rows added per FAISS call (fixed: HNSW inserts a batch's higher-level nodes first, so batches must not vary)
 ADD_BLOCK = 65536
 SEED = 1234
@@ -87,8 +90,9 @@ class AnnSettings:
 def hnsw_ef_search(rows: int) -> int:
     """The default search beam of an HNSW graph of ``rows`` windows: :data:`HNSW_EF_PER_MILLION` per million windows
     (a multiple of 64), at least :data:`HNSW_EF_SEARCH`. With the beam fixed, cross-modal recall falls as the graph
-    grows (``benchmarks/search.py``: recall@10 0.98 at 200k windows, 0.89 at 1M with 256); at 1M, 768 finds 0.957
-    of the exact top 10 (docs/benchmarks.md)."""
+    grows (``benchmarks/search.py``, the default graph: recall@10 0.99 at 200k windows, 0.94 at 1M with 256); at
+    1M, 448 finds 0.971 of the exact top 10 (docs/benchmarks.md). An index records its beam, and one built
+    before keeps the beam it recorded (its graph, built with construction beam 64, needs more)."""
     beam = 64 * math.ceil(HNSW_EF_PER_MILLION * rows / 1_000_000 / 64)
     return max(HNSW_EF_SEARCH, beam)
 
