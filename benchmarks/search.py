@@ -228,6 +228,103 @@ def text_state(head, kind: str, q: torch.Tensor):
     return head.encode_texts(TextFeatures(q))
 
 
+def rerank_once(head, readers, cls, lookup, q: np.ndarray, rows: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """One query's exact rerank of the shortlisted ``rows``, as ``tvr.search.index.exact_scores`` does it: (gather
+    ms, score ms, the scores in the order of ``rows``)."""
+    t1 = time.perf_counter()
+    shard, local = lookup(rows)
+    stored = np.lexsort((local, shard))  # what exact_scores does: read in storage order
+    state = gather_state(readers, shard[stored], local[stored], cls, torch.float32)
+    t2 = time.perf_counter()
+    scores = np.empty(len(stored))
+    with torch.inference_mode():
+        ts = text_state(head, "", torch.from_numpy(q[None]))
+        scores[stored] = head.score_rerank(ts, state)[0].numpy()
+    return 1000 * (t2 - t1), 1000 * (time.perf_counter() - t2), scores
+
+
+#: programs for the other CPU while the rerank is timed (``rerank_conditions``)
+NEIGHBOURS = {
+    "cpu_bound": "while True: pass",
+    "memory_bound": "import numpy as np\na = np.ones(2**25); b = np.empty_like(a)\nwhile True: np.copyto(b, a)",
+}
+
+
+def rerank_conditions(head, readers, cls, lookup, index, queries: np.ndarray, state_folder: Path) -> dict:
+    """Gather and score of the same shortlisted rows per query under controlled conditions (issue 35: they took
+    2.4× longer in one run than in another): right after the query's shortlist search at the index's beam, after
+    one at beam 64, with no search before, after sweeping 64 MiB of unrelated memory (CPU caches flushed), with a
+    CPU-bound or a memory-bound program on the other CPU (this process pinned to the first), and with the state
+    files dropped from the page cache (``posix_fadvise(DONTNEED)``: the first pass reads from the disk, the second
+    from the cache again)."""
+    import subprocess
+
+    graph = ann.hnsw_graph(index)
+    graph = graph if hasattr(graph, "hnsw") else None  # a flat or IVF index has no beam
+    beam = graph.hnsw.efSearch if graph is not None else 0
+    rows = [ann.search(index, q[None], 100)[1][0] for q in queries]
+    junk = np.ones(64 * 2**20 // 8)
+
+    def search_at(ef: int):
+        def run(q: np.ndarray) -> None:
+            graph.hnsw.efSearch = ef
+            ann.search(index, q[None], 100)
+            graph.hnsw.efSearch = beam
+
+        return run
+
+    def measure(before) -> dict:
+        timed: dict[str, list[float]] = {"before": [], "gather": [], "score": []}
+        for q, r in zip(queries, rows, strict=True):
+            t = time.perf_counter()
+            before(q)
+            timed["before"].append(1000 * (time.perf_counter() - t))
+            gather_ms, score_ms, _ = rerank_once(head, readers, cls, lookup, q, r)
+            timed["gather"].append(gather_ms)
+            timed["score"].append(score_ms)
+        return {name: percentiles(v) for name, v in timed.items()}
+
+    conditions = {"no_search": lambda q: None, "after_64mib_memory_sweep": lambda q: float(junk.sum())}
+    if graph is not None:
+        conditions = {f"after_search_ef{beam}": search_at(beam), "after_search_ef64": search_at(64), **conditions}
+    out: dict = {"queries": len(queries), "load_average_before": [round(x, 2) for x in os.getloadavg()]}
+    for repeat in (1, 2):
+        for name, before in conditions.items():
+            out[f"{name}_{repeat}"] = measure(before)
+            print("gather/score", name, repeat, out[f"{name}_{repeat}"], flush=True)
+    pinned = hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2
+    if pinned:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[0]})
+        try:
+            for name, code in NEIGHBOURS.items():
+                other = subprocess.Popen(
+                    [sys.executable, "-c", code], preexec_fn=lambda: os.sched_setaffinity(0, {cpus[1]})
+                )
+                try:
+                    time.sleep(1.0)
+                    out[f"{name}_neighbour_no_search"] = measure(conditions["no_search"])
+                    print("gather/score", name, "neighbour", out[f"{name}_neighbour_no_search"], flush=True)
+                finally:
+                    other.kill()
+                    other.wait()
+            time.sleep(1.0)
+            out["idle_neighbour_no_search"] = measure(conditions["no_search"])
+        finally:
+            os.sched_setaffinity(0, set(cpus))
+    for path in sorted(state_folder.rglob("state*.npy")):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    out["state_evicted_first_pass"] = measure(conditions["no_search"])
+    out["state_evicted_second_pass"] = measure(conditions["no_search"])
+    print("gather/score evicted:", out["state_evicted_first_pass"], out["state_evicted_second_pass"], flush=True)
+    out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
 @torch.no_grad()
 def pipeline_recall(
     head, index, settings: ann.AnnSettings, gallery: np.ndarray, queries: np.ndarray, frames: int, shard: int = 5000
@@ -270,6 +367,52 @@ def pipeline_recall(
     }
 
 
+def shortlist_index(args: argparse.Namespace, settings: ann.AnnSettings, gallery: np.ndarray, scratch: Path):
+    """The shortlist index ``tvr index`` builds for the gallery, and its build figures. With ``--ann-cache`` a graph
+    built before for the same gallery and settings is loaded from there (its recorded build figures reported, with
+    ``"loaded_from_cache": true``), and a new one is saved there: search settings can be measured again on the same
+    graph without building it again (a 1M graph takes minutes on one thread)."""
+    key = f"{args.windows}x{args.dim}-decay{args.decay:g}-" + "-".join(
+        f"{k}{v}" for k, v in settings.to_dict().items() if k not in ("rows", "dim", "ef_search", "nprobe")
+    )
+    cached = Path(args.ann_cache) / f"{key}.faiss" if args.ann_cache else None
+    if cached is not None and cached.exists() and cached.with_suffix(".json").exists():
+        t0 = time.perf_counter()
+        index = ann.load(cached, settings.to_dict())
+        figures = json.loads(cached.with_suffix(".json").read_text())
+        return index, {
+            **figures,
+            **settings.to_dict(),
+            "loaded_from_cache": True,
+            "load_seconds": round(time.perf_counter() - t0, 1),
+        }
+    rss0 = rss_gib()
+    t0, c0 = time.perf_counter(), time.process_time()
+    training = np.asarray(gallery[ann.training_rows(args.windows, settings)])
+    t_train = time.perf_counter()
+    index = ann.build(
+        settings, training, (np.asarray(gallery[a : a + ann.ADD_BLOCK]) for a in range(0, args.windows, ann.ADD_BLOCK))
+    )
+    del training
+    build_seconds, build_cpu = time.perf_counter() - t0, time.process_time() - c0
+    ann.save(index, scratch / "ann.faiss")
+    figures = {
+        "build_seconds": round(build_seconds, 1),
+        "build_cpu_seconds": round(build_cpu, 1),
+        "build_load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "sample_seconds": round(t_train - t0, 1),
+        "save_seconds": round(time.perf_counter() - t0 - build_seconds, 1),
+        "rss_gib_after_build": round(rss_gib(), 2),
+        "rss_gib_before": round(rss0, 2),
+        "file_gib": round((scratch / "ann.faiss").stat().st_size / 2**30, 2),
+    }
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(scratch / "ann.faiss", cached)
+        cached.with_suffix(".json").write_text(json.dumps(figures) + "\n")
+    return index, {**settings.to_dict(), **figures}
+
+
 # --------------------------------------------------------------------------------------------- the benchmark
 
 
@@ -307,25 +450,11 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
     settings = ann.choose(args.ann, args.windows, args.dim)
     if args.nprobe:
         settings.nprobe = args.nprobe
-    rss0 = rss_gib()
-    t0 = time.perf_counter()
-    training = np.asarray(gallery[ann.training_rows(args.windows, settings)])
-    t_train = time.perf_counter()
-    index = ann.build(
-        settings, training, (np.asarray(gallery[a : a + ann.ADD_BLOCK]) for a in range(0, args.windows, ann.ADD_BLOCK))
-    )
-    del training
-    build_seconds = time.perf_counter() - t0
-    ann.save(index, scratch / "ann.faiss")
-    out["ann"] = {
-        **settings.to_dict(),
-        "build_seconds": round(build_seconds, 1),
-        "sample_seconds": round(t_train - t0, 1),
-        "save_seconds": round(time.perf_counter() - t0 - build_seconds, 1),
-        "rss_gib_after_build": round(rss_gib(), 2),
-        "rss_gib_before": round(rss0, 2),
-        "file_gib": round((scratch / "ann.faiss").stat().st_size / 2**30, 2),
-    }
+    if settings.kind == "hnsw":  # another graph than the default, e.g. the one before issue 35 item 7 to compare
+        settings.storage = args.hnsw_storage or settings.storage
+        settings.hnsw_m = args.hnsw_m or settings.hnsw_m
+        settings.ef_construction = args.ef_construction or settings.ef_construction
+    index, out["ann"] = shortlist_index(args, settings, gallery, scratch)
     print("ann:", out["ann"], flush=True)
     truth = exact_top(gallery, queries, 10)
     out["target_recall_at_10_exhaustive"] = round(
@@ -340,18 +469,18 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
         values = (
             sorted({max(1, settings.nlist // d) for d in (128, 64, 32, 16, 8)})
             if ivf is not None
-            else sorted({64, 128, 256, 512, 768, 1024, 1536, settings.ef_search})
+            else sorted({64, 128, 256, 320, 384, 448, 512, 640, 768, 1024, 1536, settings.ef_search})
         )
         for value in values:
             if ivf is not None:
                 ivf.nprobe = value
             else:
-                index.hnsw.efSearch = value
+                ann.hnsw_graph(index).hnsw.efSearch = value
             sweep[value] = timed_top10(index, queries, truth)
         if ivf is not None:
             ivf.nprobe = settings.nprobe
         else:
-            index.hnsw.efSearch = settings.ef_search
+            ann.hnsw_graph(index).hnsw.efSearch = settings.ef_search
         out["nprobe_sweep" if ivf is not None else "ef_search_sweep"] = sweep
         print("sweep:", sweep, flush=True)
     if args.shortlist_only:
@@ -418,29 +547,26 @@ def synthetic_part(args: argparse.Namespace, scratch: Path) -> dict:
         for q in queries:
             t = time.perf_counter()
             _, rows = ann.search(index, q[None], 100)
-            t1 = time.perf_counter()
-            shard, local = lookup(rows[0])
-            stored = np.lexsort((local, shard))  # what exact_scores does: read in storage order
-            state = gather_state(readers, shard[stored], local[stored], cls, torch.float32)
-            t2 = time.perf_counter()
-            scores = np.empty(len(stored))
-            with torch.inference_mode():
-                ts = text_state(head, kind, torch.from_numpy(q[None]))
-                scores[stored] = head.score_rerank(ts, state)[0].numpy()
-            top = np.argpartition(-scores, 10)[:10]
-            t3 = time.perf_counter()
-            lat.append(1000 * (t3 - t))
-            for name, a, b in (("shortlist", t, t1), ("gather", t1, t2), ("score", t2, t3)):
-                parts[name].append(1000 * (b - a))
-            del top
+            shortlist_ms = 1000 * (time.perf_counter() - t)
+            gather_ms, score_ms, scores = rerank_once(head, readers, cls, lookup, q, rows[0])
+            np.argpartition(-scores, 10)[:10]
+            lat.append(1000 * (time.perf_counter() - t))
+            for name, ms in (("shortlist", shortlist_ms), ("gather", gather_ms), ("score", score_ms)):
+                parts[name].append(ms)
             # the timed path is tvr.search.index.exact_scores split in two: it must give the same scores
             if len(lat) == 1:
+                shard, local = lookup(rows[0])
                 same = exact_scores(head, text_state(head, kind, torch.from_numpy(q[None])), readers, shard, local, cls)
                 assert np.array_equal(same, scores), "the benchmark's rerank differs from the index's"
         out[kind]["query_top10_rerank100"] = {
             **percentiles(lat),
             **{f"{k}_p50_ms": percentiles(v)["p50_ms"] for k, v in parts.items()},
+            **{f"{k}_p95_ms": percentiles(v)["p95_ms"] for k, v in parts.items()},
         }
+        if kind == "gare" and args.rerank_conditions:
+            out[kind]["gather_score_conditions"] = rerank_conditions(
+                head, readers, cls, lookup, index, queries, scratch / kind
+            )
         print(kind, "query:", out[kind]["query_top10_rerank100"], flush=True)
 
     # ---- recall@10 of shortlist-100 + exact GARE rerank on the timed index, against exhaustive GARE over every window
@@ -527,6 +653,23 @@ def main() -> None:
     parser.add_argument("--state-dtype", default="float16", choices=("float16", "float32"))
     parser.add_argument("--ann", default="auto", choices=ANN_KINDS, help="the shortlist index (as tvr index --ann)")
     parser.add_argument("--nprobe", type=int, default=0, help="IVF: override the default nprobe")
+    parser.add_argument(
+        "--hnsw-storage", default=None, choices=ann.HNSW_STORAGES, help="HNSW: how the graph keeps its vectors"
+    )
+    parser.add_argument(
+        "--rerank-conditions",
+        action="store_true",
+        help="also time GARE's gather and score of the same rows under controlled conditions (caches, page cache, "
+        "the other CPU busy)",
+    )
+    parser.add_argument("--hnsw-m", type=int, default=0, help="HNSW: the graph's degree instead of the default")
+    parser.add_argument("--ef-construction", type=int, default=0, help="HNSW: the construction beam instead")
+    parser.add_argument(
+        "--ann-cache",
+        default=None,
+        help="folder where the shortlist index is saved after building and loaded from when it was built before "
+        "for the same gallery and settings (measure search settings again without building the graph again)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads for building")
     parser.add_argument("--query-threads", type=int, default=1, help="torch threads for the per-query latency")
     parser.add_argument("--delta-ratio", type=float, default=0.1, help="GARE: mean ‖Δ‖ / ‖t‖ (ψ's output scaled)")

@@ -83,6 +83,7 @@ def _set(path: list, value) -> callable:
         (_set(["videos", 1, "first_row"], 0), r"videos\[1\] \(.*\): its rows do not follow"),
         (_set(["rows"], 10**9), "the videos hold .* rows, the manifest says 1000000000"),
         (_set(["ann"], {"kind": "evil"}), "'ann' is an object; expected null or an object"),
+        (_set(["ann", "storage"], "int4"), "'ann.storage' is 'int4', which this tvr cannot read"),
         (_set(["source"], "/"), "'source' is a string"),
     ],
 )

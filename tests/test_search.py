@@ -21,7 +21,7 @@ from search_fixtures import VIDEOS, index_args, write_colour_video
 from typer.testing import CliRunner
 
 from tvr.cli import app
-from tvr.search import Hit, open_index
+from tvr.search import Hit, ann, open_index
 from tvr.search.build import IndexOptions, build_index
 from tvr.search.encoders import CheckpointEncoder, EncoderMismatchError
 from tvr.search.layout import ANN_FILE, MANIFEST, TABLES
@@ -160,8 +160,8 @@ def test_ann_kinds_agree_on_the_small_index(search_setup, tmp_path: Path) -> Non
     build_index(search_setup.videos, tmp_path / "hnsw2", encoder, options)
     assert (tmp_path / "hnsw2" / ANN_FILE).read_bytes() == (tmp_path / "hnsw" / ANN_FILE).read_bytes()
     # a query's search effort: the index's setting unless the caller names one, and only a positive integer
-    assert open_index(tmp_path / "hnsw", encoder=encoder).ann.hnsw.efSearch == 256
-    assert open_index(tmp_path / "hnsw", encoder=encoder, ef_search=512).ann.hnsw.efSearch == 512
+    assert ann.hnsw_graph(open_index(tmp_path / "hnsw", encoder=encoder).ann).hnsw.efSearch == 256
+    assert ann.hnsw_graph(open_index(tmp_path / "hnsw", encoder=encoder, ef_search=512).ann).hnsw.efSearch == 512
     with pytest.raises(UserError, match="ef_search=0: expected a positive integer"):
         open_index(tmp_path / "hnsw", encoder=encoder, ef_search=0)
 
@@ -169,9 +169,36 @@ def test_ann_kinds_agree_on_the_small_index(search_setup, tmp_path: Path) -> Non
 def test_hnsw_search_beam_grows_with_the_graph() -> None:
     from tvr.search import ann
 
-    beams = {rows: ann.choose("auto", rows, 512).ef_search for rows in (60_000, 333_000, 400_000, 1_000_000)}
-    assert beams == {60_000: 256, 333_000: 256, 400_000: 320, 1_000_000: 768}
+    beams = {rows: ann.choose("auto", rows, 512).ef_search for rows in (60_000, 333_000, 600_000, 1_000_000)}
+    assert beams == {60_000: 256, 333_000: 256, 600_000: 320, 1_000_000: 448}
     assert ann.choose("hnsw", 1000, 8).ef_search == 256 and ann.choose("auto", 1000, 8).kind == "flat"
+
+
+@pytest.mark.parametrize("storage", ["float32", "float16"])
+def test_hnsw_graphs_return_exact_inner_products_and_load_as_recorded(storage: str, tmp_path: Path) -> None:
+    """Whatever the graph stores, a search returns the float32 inner products of the rows it finds (a float16 graph
+    re-scores its candidates from a float32 copy); a manifest without ``storage`` (before issue 35 item 7) means
+    a float32 graph, and the recorded beam is set on the graph inside any wrapper."""
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((3000, 16)).astype(np.float32)
+    queries = rng.standard_normal((5, 16)).astype(np.float32)
+    settings = ann.choose("hnsw", len(rows), 16)
+    assert settings.storage == ann.HNSW_STORAGE and settings.ef_construction == ann.HNSW_EF_CONSTRUCTION
+    settings.storage = storage
+    index = ann.build(settings, None, [rows[:1000], rows[1000:]])
+    scores, found = ann.search(index, queries, 10)
+    exact = queries @ rows.T
+    # float32 products up to summation order (float16 vectors would be off by ~1e-3 of a score this size)
+    np.testing.assert_allclose(scores, np.take_along_axis(exact, found, axis=1), rtol=0, atol=1e-5)
+    assert (np.sort(found, axis=1) == np.sort(np.argsort(-exact, axis=1)[:, :10], axis=1)).all()
+    ann.save(index, tmp_path / "ann.faiss")
+    recorded = settings.to_dict()
+    if storage == "float32":  # as an index built before issue 35 item 7 records it
+        del recorded["storage"], recorded["ef_construction"]
+    loaded = ann.load(tmp_path / "ann.faiss", recorded, ef_search=77)
+    assert ann.hnsw_graph(loaded).hnsw.efSearch == 77
+    assert type(ann.hnsw_graph(loaded)).__name__ == ("IndexHNSWFlat" if storage == "float32" else "IndexHNSWSQ")
+    np.testing.assert_array_equal(ann.search(loaded, queries, 10)[1], found)
 
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])

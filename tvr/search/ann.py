@@ -1,7 +1,9 @@
 """The shortlist index (FAISS, inner product on the head's shortlist embedding).
 
 Kinds: ``flat`` — exact inner product over every window (``IndexFlatIP``); ``hnsw`` — a navigable small-world graph
-(``IndexHNSWFlat``: vectors kept in full, so what it finds carries its exact inner product); ``ivf`` — an inverted
+over float16 copies of the vectors whose candidates are re-scored from the float32 ones (``IndexHNSWSQ`` inside
+``IndexRefineFlat``; before issue 35 item 7, ``IndexHNSWFlat`` over float32, which still loads): what it finds
+carries its exact inner product; ``ivf`` — an inverted
 file of k-means cells (``IndexIVFFlat``: the query scans the ``nprobe`` best cells). ``auto`` picks ``flat`` below
 :data:`AUTO_THRESHOLD` windows and ``hnsw`` above: text queries sit across a modality gap from the windows they look
 for, and on such queries (``benchmarks/search.py``) IVF needs to scan a large share of the collection to keep
@@ -26,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tvr.search.defaults import ANN_KINDS, AUTO_THRESHOLD
+from tvr.search.defaults import ANN_KINDS, AUTO_THRESHOLD, HNSW_STORAGES
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_output
 
@@ -35,13 +37,19 @@ TRAIN_PER_CELL = 64
 #: cells probed per query, as a fraction of the cells (at least MIN_NPROBE), tuned with benchmarks/search.py
 NPROBE_FRACTION = 1 / 16
 MIN_NPROBE = 8
-#: graph degree and construction beam
+#: graph degree and construction beam (64 before issue 35 item 7: at 1M cross-modal windows, 96 reaches recall@10
+#: 0.97 with beam 448 where 64 needed 768 for 0.957; the build takes ≈ 1.4× as long, docs/benchmarks.md)
 HNSW_M = 24
-HNSW_EF_CONSTRUCTION = 64
-#: the smallest search beam (recall@10 ≈ 0.98 on the benchmark's 100k-200k cross-modal queries), and the beam per
+HNSW_EF_CONSTRUCTION = 96
+#: how a new graph keeps its vectors (one of HNSW_STORAGES): ``float32`` (``IndexHNSWFlat``, every index before
+#: issue 35 item 7) or ``float16`` (``IndexHNSWSQ``, half the bytes a visited node reads, inside an
+#: ``IndexRefineFlat`` that re-scores the candidates in float32, so the scores returned stay exact inner products);
+#: an index records its own in the manifest
+HNSW_STORAGE = "float16"
+#: the smallest search beam (recall@10 ≈ 0.99 on the benchmark's 200k cross-modal queries), and the beam per
 #: million windows a larger graph gets (:func:`hnsw_ef_search`)
 HNSW_EF_SEARCH = 256
-HNSW_EF_PER_MILLION = 768
+HNSW_EF_PER_MILLION = 448
 #: rows added per FAISS call (fixed: HNSW inserts a batch's higher-level nodes first, so batches must not vary)
 ADD_BLOCK = 65536
 SEED = 1234
@@ -71,6 +79,9 @@ class AnnSettings:
     nprobe: int = 0
     hnsw_m: int = 0
     ef_search: int = 0
+    #: HNSW only (absent from manifests before issue 35 item 7: float32, construction beam 64)
+    storage: str = ""
+    ef_construction: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -79,8 +90,9 @@ class AnnSettings:
 def hnsw_ef_search(rows: int) -> int:
     """The default search beam of an HNSW graph of ``rows`` windows: :data:`HNSW_EF_PER_MILLION` per million windows
     (a multiple of 64), at least :data:`HNSW_EF_SEARCH`. With the beam fixed, cross-modal recall falls as the graph
-    grows (``benchmarks/search.py``: recall@10 0.98 at 200k windows, 0.89 at 1M with 256); at 1M, 768 finds 0.957
-    of the exact top 10 (docs/benchmarks.md)."""
+    grows (``benchmarks/search.py``, the default graph: recall@10 0.99 at 200k windows, 0.94 at 1M with 256); at
+    1M, 448 finds 0.971 of the exact top 10 (docs/benchmarks.md). An index records its beam, and one built
+    before keeps the beam it recorded (its graph, built with construction beam 64, needs more)."""
     beam = 64 * math.ceil(HNSW_EF_PER_MILLION * rows / 1_000_000 / 64)
     return max(HNSW_EF_SEARCH, beam)
 
@@ -99,7 +111,15 @@ def choose(kind: str, rows: int, dim: int, threshold: int = AUTO_THRESHOLD, nlis
         nprobe = min(nlist, max(MIN_NPROBE, round(nlist * NPROBE_FRACTION)))
         return AnnSettings("ivf", rows, dim, nlist=nlist, nprobe=nprobe)
     if kind == "hnsw":
-        return AnnSettings("hnsw", rows, dim, hnsw_m=HNSW_M, ef_search=hnsw_ef_search(rows))
+        return AnnSettings(
+            "hnsw",
+            rows,
+            dim,
+            hnsw_m=HNSW_M,
+            ef_search=hnsw_ef_search(rows),
+            storage=HNSW_STORAGE,
+            ef_construction=HNSW_EF_CONSTRUCTION,
+        )
     return AnnSettings("flat", rows, dim)
 
 
@@ -120,9 +140,7 @@ def build(settings: AnnSettings, training: np.ndarray | None, blocks: Iterable[n
         if settings.kind == "flat":
             index = faiss.IndexFlatIP(dim)
         elif settings.kind == "hnsw":
-            index = faiss.IndexHNSWFlat(dim, settings.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-            index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
-            index.hnsw.efSearch = settings.ef_search
+            index = _hnsw(faiss, settings)
         else:
             quantizer = faiss.IndexFlatIP(dim)
             index = faiss.IndexIVFFlat(quantizer, dim, settings.nlist, faiss.METRIC_INNER_PRODUCT)
@@ -138,6 +156,35 @@ def build(settings: AnnSettings, training: np.ndarray | None, blocks: Iterable[n
                     index.add(np.ascontiguousarray(block, dtype=np.float32))
     if index.ntotal != settings.rows:
         raise RuntimeError(f"ANN index holds {index.ntotal} rows, expected {settings.rows}")
+    return index
+
+
+def _hnsw(faiss, settings: AnnSettings):
+    """An empty HNSW graph as ``settings`` describe it."""
+    storage = settings.storage or "float32"
+    if storage not in HNSW_STORAGES:
+        raise ValueError(f"HNSW storage {storage!r}: expected one of {list(HNSW_STORAGES)}")
+    if storage == "float32":
+        graph = faiss.IndexHNSWFlat(settings.dim, settings.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index = graph
+    else:
+        fp16 = faiss.ScalarQuantizer.QT_fp16
+        graph = faiss.IndexHNSWSQ(settings.dim, fp16, settings.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        # float16 needs no training; adding to the wrapper adds every row to the graph and to the float32 copy
+        index = faiss.IndexRefineFlat(graph)
+        index.own_fields = True  # the wrapper frees the graph with itself
+        graph.this.disown()
+    graph.hnsw.efConstruction = settings.ef_construction or HNSW_EF_CONSTRUCTION
+    graph.hnsw.efSearch = settings.ef_search
+    return index
+
+
+def hnsw_graph(index):
+    """The HNSW graph of a shortlist index (itself, or the graph a float32 re-scoring wrapper holds): where its
+    search beam is set (``hnsw_graph(index).hnsw.efSearch``)."""
+    faiss = _faiss()
+    if isinstance(index, faiss.IndexRefine):
+        return faiss.downcast_index(index.base_index)
     return index
 
 
@@ -182,5 +229,5 @@ def load(path: Path, settings: dict[str, Any], nprobe: int | None = None, ef_sea
     if settings.get("kind") == "ivf":
         faiss.extract_index_ivf(index).nprobe = int(nprobe or settings.get("nprobe") or MIN_NPROBE)
     elif settings.get("kind") == "hnsw":
-        index.hnsw.efSearch = int(ef_search or settings.get("ef_search") or HNSW_EF_SEARCH)
+        hnsw_graph(index).hnsw.efSearch = int(ef_search or settings.get("ef_search") or HNSW_EF_SEARCH)
     return index

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tvr.search.defaults import ANN_KINDS
+from tvr.search.defaults import ANN_KINDS, HNSW_STORAGES
 from tvr.search.store import IndexFormatError
 from tvr.utils.errors import UserError, first_line, reason
 from tvr.utils.io import check_regular_file, json_kind, read_regular_bytes, why_not_regular_file
@@ -87,6 +87,12 @@ def check_manifest(manifest: Any, path: Path) -> None:
         raise refuse("'shards' must name distinct shard folders (plain names)")
     if (manifest["ann"] is None) != (manifest["rows"] == 0):
         raise refuse("'ann' must describe the shortlist index exactly when there are rows")
+    storage = (manifest["ann"] or {}).get("storage") or "float32"  # absent before issue 35 item 7: float32
+    if storage not in HNSW_STORAGES:
+        raise IndexFormatError(
+            f"{path}: 'ann.storage' is {str(storage)[:40]!r}, which this tvr cannot read (it reads "
+            f"{' | '.join(HNSW_STORAGES)}): update tvr, or build the index again"
+        )
     first = 0
     names = set()
     for number, entry in enumerate(manifest["videos"]):

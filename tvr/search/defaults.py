@@ -7,6 +7,8 @@ DEFAULT_STRIDE = 5.0
 #: the shortlist index kinds ``--ann`` takes
 ANN_KINDS = ("auto", "flat", "ivf", "hnsw")
 DEFAULT_ANN = "auto"
+#: how an HNSW graph may store its vectors (``tvr.search.ann``); a manifest naming another was written by a newer tvr
+HNSW_STORAGES = ("float32", "float16")
 #: windows above which ``auto`` builds an HNSW graph instead of an exact index
 AUTO_THRESHOLD = 50_000
 #: dtypes the rerank state may be stored in
