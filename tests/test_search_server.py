@@ -190,45 +190,6 @@ def test_micro_batches_answer_as_serial_queries(served) -> None:
         batcher.search("a red screen")
 
 
-class _GatedIndex:
-    """Stands in for a SearchIndex: answers each query with its text, and holds its first batch until released."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.release, self.busy = threading.Event(), threading.Event()
-        self.batches: list[list[str]] = []
-
-    def answer(self, queries):
-        self.batches.append([q.text for q in queries])
-        if len(self.batches) == 1:
-            self.busy.set()
-            assert self.release.wait(60)
-        return [[q.text] for q in queries]
-
-
-def test_queries_that_gather_during_a_batch_go_without_waiting_a_tick() -> None:
-    """A query that finds the worker idle waits a tick for company; queries that queued while a batch ran are taken
-    at once, up to max_batch (with a 60 s tick, waiting would show)."""
-    import time
-
-    from tvr.search.batching import MicroBatcher
-
-    index = _GatedIndex()
-    batcher = MicroBatcher(index, tick=60.0, max_batch=2)
-    try:
-        first = [batcher.submit(text) for text in ("a", "b")]  # fills the first batch: no tick to wait
-        assert index.busy.wait(60)
-        later = [batcher.submit(text) for text in ("c", "d", "e")]
-        began = time.monotonic()
-        index.release.set()
-        assert [f.result(timeout=30) for f in first + later] == [["a"], ["b"], ["c"], ["d"], ["e"]]
-        assert time.monotonic() - began < 30
-        assert index.batches == [["a", "b"], ["c", "d"], ["e"]]
-    finally:
-        batcher.close()
-
-
 def test_serve_command_takes_the_port_before_the_model_loads(served, monkeypatch) -> None:
     import socket
 

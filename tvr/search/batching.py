@@ -2,13 +2,12 @@
 
 A query's cost is mostly the text encoder's forward pass, and a pass over 20 queries costs little more than a pass
 over one. So concurrent callers of :meth:`MicroBatcher.search` hand their query to one worker thread; the worker
-takes whatever has arrived within a short tick after the first query (at most ``max_batch``; queries that queued
-while the last batch ran are taken at once, without a tick), runs the text encoder once over all of them
-(:meth:`~tvr.search.index.SearchIndex.answer`), shortlists and reranks each query on its own, and hands every caller
-its own answer. While the worker runs a batch, the next one gathers. Each answer is the one a query alone gets
-(queries are encoded on one torch thread, where the encoder's rows do not depend on their batch neighbours:
-``tests/test_search.py``, ``tests/test_search_server.py`` and ``benchmarks/search_serve.py`` compare them with serial
-queries).
+takes whatever has arrived within a short tick after the first query (at most ``max_batch``), runs the text encoder
+once over all of them (:meth:`~tvr.search.index.SearchIndex.answer`), shortlists and reranks each query on its own,
+and hands every caller its own answer. While the worker runs a batch, the next one gathers. Each answer is the one
+a query alone gets (queries are encoded on one torch thread, where the encoder's rows do not depend on their batch
+neighbours: ``tests/test_search.py``, ``tests/test_search_server.py`` and ``benchmarks/search_serve.py`` compare
+them with serial queries).
 """
 
 from __future__ import annotations
@@ -67,16 +66,11 @@ class MicroBatcher:
 
     def _run(self) -> None:
         while True:
-            try:
-                first, backlog = self._waiting.get_nowait(), True
-            except queue.Empty:
-                first, backlog = self._waiting.get(), False
+            first = self._waiting.get()
             if first is None:
                 return
             batch = [first]
-            # a query that finds the worker idle waits a tick for others to join it; queries that gathered while the
-            # last batch ran go at once (waiting would only idle the worker: under load it is the bottleneck)
-            deadline = time.monotonic() + (0.0 if backlog else self.tick)
+            deadline = time.monotonic() + self.tick
             stop = False
             while len(batch) < self.max_batch:
                 try:
