@@ -42,11 +42,12 @@ RESULTS = ROOT / "benchmarks" / "results" / "search_serve.json"
 SHARED = Path(os.environ.get("TVR_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 SERVER = """
-import json, sys, uvicorn
+import json, signal, sys, uvicorn
 from tvr.search import open_index
 from tvr.search.server import create_app
 index, micro_batch, port = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
 app = create_app(open_index(index), micro_batch=micro_batch)
+signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn re-raises the SIGTERM it stopped on: live to print the counts
 uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 batcher = app.state.batcher
 print(json.dumps({"batches": batcher.batches, "queries": batcher.queries} if batcher else {}), flush=True)
