@@ -6,9 +6,10 @@ through the model waits for the one before, as before micro-batching; ``micro_ba
 text-encoder pass per tick for the queries that arrived, tvr.search.batching). Against each, ``--clients`` threads
 each keep one HTTP connection and send ``GET /api/search?q=...&k=10`` back to back for ``--seconds``, cycling
 through the captions of the index's folder (each client starts at another caption). Recorded per server:
-requests per second, p50 / p95 / max latency, and whether every answer equals
-the one-at-a-time server's answer to the same query (its answers are serial queries' answers). The two modes
-alternate for ``--rounds`` rounds so that drift in the machine's load hits both alike; the load average is recorded.
+requests per second, p50 / p95 / max latency, the server's CPU per request, the micro-batcher's mean batch size, and
+whether every answer equals the one-at-a-time server's answer to the same query (its answers are serial queries'
+answers). The two modes alternate for ``--rounds`` rounds so that drift in the machine's load hits both alike; the
+load average is recorded.
 
     python benchmarks/search_serve.py                     # indexes ../shared/data/real-scenes-2 first
     python benchmarks/search_serve.py --index ~/videos.idx --clients 20 --seconds 30 --rounds 2
@@ -41,11 +42,15 @@ RESULTS = ROOT / "benchmarks" / "results" / "search_serve.json"
 SHARED = Path(os.environ.get("TVR_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 SERVER = """
-import sys, uvicorn
+import json, signal, sys, uvicorn
 from tvr.search import open_index
 from tvr.search.server import create_app
 index, micro_batch, port = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
-uvicorn.run(create_app(open_index(index), micro_batch=micro_batch), host="127.0.0.1", port=port, log_level="warning")
+app = create_app(open_index(index), micro_batch=micro_batch)
+signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn re-raises the SIGTERM it stopped on: live to print the counts
+uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+batcher = app.state.batcher
+print(json.dumps({"batches": batcher.batches, "queries": batcher.queries} if batcher else {}), flush=True)
 """
 
 
@@ -64,7 +69,11 @@ def get(connection: http.client.HTTPConnection, text: str, k: int) -> tuple[int,
 def start_server(index: Path, micro_batch: bool, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(index), "1" if micro_batch else "0", str(port)], env=env, cwd=ROOT
+        [sys.executable, "-c", SERVER, str(index), "1" if micro_batch else "0", str(port)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,  # its one line at exit: the micro-batcher's counts
+        text=True,
     )
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -189,7 +198,10 @@ def main() -> None:
                 result["server_cpu_ms_per_request"] = round(1000 * server_cpu / max(1, result["requests"]), 2)
             finally:
                 process.terminate()
-                process.wait(timeout=60)
+                out, _ = process.communicate(timeout=60)
+            counts = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+            if counts:  # less the warm-up query's batch
+                result["mean_batch"] = round((counts["queries"] - 1) / max(1, counts["batches"] - 1), 2)
             answers = result.pop("answers")
             for text, bodies in answers.items():
                 (batched if micro_batch else reference).setdefault(text, set()).update(bodies)

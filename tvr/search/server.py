@@ -210,7 +210,9 @@ def _hit_row(hit: Hit, number: int) -> dict[str, Any]:
     """One row of a search answer (:class:`HitOut`): the hit, with the links to its video and its thumbnail (the
     middle of its window)."""
     middle = round((hit.start + hit.end) / 2, 3)
-    return {**hit.to_dict(), "id": number, "media": f"/media/{number}", "thumbnail": f"/thumbnail/{number}?t={middle}"}
+    # vars(hit) is hit.to_dict() (flat fields, in order) without dataclasses.asdict's recursive deep copy, which
+    # cost ~0.7 ms of the event loop's time per 10-hit answer (cProfile of a benchmark round)
+    return {**vars(hit), "id": number, "media": f"/media/{number}", "thumbnail": f"/thumbnail/{number}?t={middle}"}
 
 
 def _answer_errors_as_json(app: FastAPI) -> None:
