@@ -155,3 +155,18 @@ def test_an_export_others_can_write_is_not_run(built: Path) -> None:
     finally:
         text.chmod(mode)
     assert load_query_encoder(stamp) is not None
+
+
+def test_an_export_checked_at_other_query_lengths_is_not_used(built: Path) -> None:
+    """A search pads queries to encoders.QUERY_LENGTHS: an export checked at other lengths (one made before they
+    changed) is not trusted with them."""
+    stamp = json.loads((built / "settings.json").read_text())["model"]
+    meta_file = export_folder(stamp) / "meta.json"
+    original = meta_file.read_text()
+    assert load_query_encoder(stamp) is not None and json.loads(original)["query_lengths"] == [16]
+    try:
+        meta_file.write_text(json.dumps({**json.loads(original), "query_lengths": [8, 16]}))
+        assert load_query_encoder(stamp) is None
+    finally:
+        meta_file.write_text(original)
+    assert load_query_encoder(stamp) is not None

@@ -33,6 +33,11 @@ from tvr.utils.io import file_sha256
 QUERY_LENGTHS = (16,)
 
 
+def padded_lengths(max_words: int) -> list[int]:
+    """Every length a search pads queries to: :data:`QUERY_LENGTHS` below ``max_words``, and ``max_words``."""
+    return sorted({n for n in QUERY_LENGTHS if n < max_words} | {max_words})
+
+
 @contextlib.contextmanager
 def one_torch_thread() -> Iterator[None]:
     """Encode and score queries on one intra-op thread, restoring the caller's setting after. On several threads a
@@ -85,7 +90,7 @@ class SearchEncoder:
         encodes on one; ``tests/test_search.py`` checks it), so queries grouped by length get the answers they get
         alone."""
         _, mask = self.token_ids(texts, self.max_words)
-        fits = sorted({n for n in QUERY_LENGTHS if n < self.max_words} | {self.max_words})
+        fits = padded_lengths(self.max_words)
         return [next(n for n in fits if n >= count) for count in mask.sum(dim=1).tolist()]
 
     def window_features(self, crops: Tensor, mask: Tensor) -> VideoFeatures:

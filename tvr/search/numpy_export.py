@@ -101,10 +101,10 @@ def _fusion(encoder: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
 def largest_difference(encoder: Any, export: NumpyQueryEncoder, texts: list[str]) -> float:
     """The largest |difference| between a coordinate of the export's query vectors and the model's shortlist
     vectors, over ``texts`` encoded alone at every length a search pads to (inf when the token ids differ)."""
-    from tvr.search.encoders import QUERY_LENGTHS, one_torch_thread
+    from tvr.search.encoders import one_torch_thread, padded_lengths
 
     worst = 0.0
-    lengths = sorted({n for n in QUERY_LENGTHS if n < encoder.max_words} | {encoder.max_words})
+    lengths = padded_lengths(encoder.max_words)
     with torch.inference_mode(), one_torch_thread():  # as a search encodes queries
         for text in texts:
             ids, mask = encoder.token_ids([text], encoder.max_words)

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tvr.search.encoders import QUERY_LENGTHS, SearchEncoder
+from tvr.search.encoders import SearchEncoder, padded_lengths
 from tvr.search.stamps import checkpoint_file_state, quick_queries_enabled
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.io import atomic_write_json, create_temporary_dir
@@ -204,10 +204,11 @@ def load_query_encoder(stamp: dict[str, Any]) -> QueryEncoder | None:
     except Exception as exc:  # noqa: BLE001 - an unusable export is only slower: the full model is the fallback
         log.warning("the query encoder in %s does not load (%s); loading the full model", folder, exc)
         return None
-    if encoder.stamp().get("id") != stamp["id"] or (
-        stamp.get("encoder") == "checkpoint" and encoder.meta.get("checkpoint_file") != checkpoint_file_state(stamp)
-    ):
-        return None
+    meta = encoder.meta
+    changed = stamp.get("encoder") == "checkpoint" and checkpoint_file_state(stamp) != meta.get("checkpoint_file")
+    unchecked = meta.get("query_lengths") != padded_lengths(encoder.max_words)
+    if encoder.stamp().get("id") != stamp["id"] or changed or unchecked:
+        return None  # a changed checkpoint, or a length a search pads to that the export was not checked at
     return encoder
 
 
@@ -295,6 +296,7 @@ def _write_export(encoder: Any, stamp: dict[str, Any], folder: Path) -> Path | N
             "stamp": stamp,
             "torch": torch.__version__,
             "max_words": max_words,
+            "query_lengths": padded_lengths(max_words),
             "fields": list(fields),
             "tokenizer": spec,
             "head": {"config": head_config, "dim": int(head.dim), "logit_scale_init": float(head.logit_scale.item())},
@@ -311,7 +313,7 @@ def _write_export(encoder: Any, stamp: dict[str, Any], folder: Path) -> Path | N
             )
             batches = [list(PROBE_TEXTS)] + [[text] for text in PROBE_TEXTS]
             # every length a search pads queries to (encoders.QUERY_LENGTHS): the trace must not bake in one
-            lengths = sorted({n for n in QUERY_LENGTHS if n < max_words} | {max_words})
+            lengths = padded_lengths(max_words)
             for texts, length in itertools.product(batches if ok else [], lengths):
                 want = encoder.text_features(texts, length).to("cpu", torch.float32)
                 got = check.text_features(texts, length).to("cpu", torch.float32)
