@@ -43,6 +43,7 @@ META = "meta.json"
 
 
 def export_root() -> Path:
+    """The folder of every model's exported query sides (the TorchScript ones too, :mod:`tvr.search.query_encoder`)."""
     return cache_root() / "query-encoders"
 
 

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from tvr.search.encoders import SearchEncoder, padded_lengths
+from tvr.search.numpy_query import export_root  # one folder for both kinds of export
 from tvr.search.stamps import checkpoint_file_state, quick_queries_enabled
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.io import atomic_write_json, create_temporary_dir
@@ -55,12 +56,6 @@ PROBE_TEXTS = (
     "people dancing at night",
 )
 _FEATURE_FIELDS = ("eot", "words", "word_mask")
-
-
-def export_root() -> Path:
-    from tvr.utils.io import cache_root
-
-    return cache_root() / "query-encoders"
 
 
 def export_folder(stamp: dict[str, Any]) -> Path:
