@@ -57,7 +57,7 @@ def _expected(states: list[MixedState], shards: np.ndarray, rows: np.ndarray, ha
 
 
 @pytest.mark.parametrize("half", [False, True])
-def test_any_rows_in_any_order_come_back_exactly(tmp_path: Path, half: bool) -> None:
+def test_any_rows_in_any_order_come_back_exactly(tmp_path: Path, half: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     readers, states = _shards(tmp_path, [7, 1, 12], half=half)
     assert sorted(p.name for p in (tmp_path / "s0").iterdir()) == ["emb.npy", "meta.json", "state.npy"]
     meta = readers[0].meta
@@ -77,6 +77,16 @@ def test_any_rows_in_any_order_come_back_exactly(tmp_path: Path, half: bool) -> 
     wide = gather_state(readers, shards, rows, MixedState, torch.float32)
     assert wide.frames.dtype == torch.float32 and wide.mask.dtype == torch.bool and wide.count.dtype == torch.int64
     torch.testing.assert_close(wide.frames, want.frames.float(), rtol=0, atol=0)
+    # small fields are widened by numpy, large ones by torch: the same bits either way, in every dtype
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        by_numpy = gather_state(readers, shards, rows, MixedState, dtype)
+        monkeypatch.setattr(store, "_NUMPY_CAST_ITEMS", 0)
+        by_torch = gather_state(readers, shards, rows, MixedState, dtype)
+        monkeypatch.undo()
+        for f in ("frames", "scalar"):
+            a, b = getattr(by_numpy, f), getattr(by_torch, f)
+            assert a.dtype == b.dtype == dtype and a.is_contiguous() and b.is_contiguous()
+            assert torch.equal(a, getattr(want, f).to(dtype)) and torch.equal(b, a)
     # no rows: empty fields of the right shapes
     empty = gather_state(readers, np.zeros(0, np.int64), np.zeros(0, np.int64), MixedState)
     assert empty.frames.shape == (0, 3, 5) and empty.mask.shape == (0, 3)
