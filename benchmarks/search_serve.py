@@ -1,14 +1,15 @@
 """Many users on one ``tvr serve``: concurrent clients against one-at-a-time serving and micro-batched serving, side
 by side in one run.
 
-Two servers are started in turn on the same index (``create_app(index, micro_batch=False)``: every query's pass
-through the model waits for the one before, as before micro-batching; ``micro_batch=True``: the default, one
-text-encoder pass per tick for the queries that arrived, tvr.search.batching). Against each, ``--clients`` threads
+Servers are started in turn on the same index: ``one_at_a_time`` (``create_app(index, micro_batch=False)``: every
+query waits for the one before, as before micro-batching), ``micro_batched`` (the default: one text-encoder pass per
+tick for the queries that arrived, by one worker per core, tvr.search.batching) and ``micro_batched_one_worker``
+(the same with one worker: what batching alone gives, without the second core). Against each, ``--clients`` threads
 each keep one HTTP connection and send ``GET /api/search?q=...&k=10`` back to back for ``--seconds``, cycling
 through the captions of the index's folder (each client starts at another caption). Recorded per server:
 requests per second, p50 / p95 / max latency, the server's CPU per request, the micro-batcher's mean batch size, and
 whether every answer equals the one-at-a-time server's answer to the same query (its answers are serial queries'
-answers). The two modes alternate for ``--rounds`` rounds so that drift in the machine's load hits both alike; the
+answers). The modes alternate for ``--rounds`` rounds so that drift in the machine's load hits both alike; the
 load average is recorded.
 
     python benchmarks/search_serve.py                     # indexes ../shared/data/real-scenes-2 first
@@ -45,12 +46,13 @@ SERVER = """
 import json, signal, sys, uvicorn
 from tvr.search import open_index
 from tvr.search.server import create_app
-index, micro_batch, port = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
-app = create_app(open_index(index), micro_batch=micro_batch)
+index, workers, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])  # workers: -1 = the default, 0 = no batching
+app = create_app(open_index(index), micro_batch=workers != 0, query_workers=None if workers < 0 else workers)
 signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn re-raises the SIGTERM it stopped on: live to print the counts
 uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 batcher = app.state.batcher
-print(json.dumps({"batches": batcher.batches, "queries": batcher.queries} if batcher else {}), flush=True)
+counts = {"batches": batcher.batches, "queries": batcher.queries, "workers": batcher.workers} if batcher else {}
+print(json.dumps(counts), flush=True)
 """
 
 
@@ -66,10 +68,14 @@ def get(connection: http.client.HTTPConnection, text: str, k: int) -> tuple[int,
     return response.status, response.read()
 
 
-def start_server(index: Path, micro_batch: bool, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+#: the servers compared: the micro-batcher's workers (-1: its default, one per core; 0: no micro-batching)
+MODES = {"one_at_a_time": 0, "micro_batched": -1, "micro_batched_one_worker": 1}
+
+
+def start_server(index: Path, workers: int, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(index), "1" if micro_batch else "0", str(port)],
+        [sys.executable, "-c", SERVER, str(index), str(workers), str(port)],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,  # its one line at exit: the micro-batcher's counts
@@ -176,7 +182,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("-k", type=int, default=10)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"servers to compare, comma-separated, from {', '.join(MODES)} (one_at_a_time is always run)",
+    )
     args = parser.parse_args()
+    modes = ["one_at_a_time", *(m for m in dict.fromkeys(args.modes.split(",")) if m != "one_at_a_time")]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"--modes: unknown {unknown}; known: {', '.join(MODES)}")
 
     index, env = index_to_measure(args.index, args.videos, "tvr-search-serve-")
     texts = captions_of(args.videos)
@@ -185,8 +200,9 @@ def main() -> None:
     reference: dict[str, set[bytes]] = {}
     batched: dict[str, set[bytes]] = {}
     for round_number in range(args.rounds):
-        for micro_batch in (False, True):
-            process, port = start_server(index, micro_batch, env)
+        for mode in modes:
+            micro_batch = MODES[mode] != 0
+            process, port = start_server(index, MODES[mode], env)
             try:
                 cpu_before, clients_cpu_before = cpu_seconds(process.pid), time.process_time()
                 result = load(port, texts, args.clients, args.seconds, args.k)
@@ -202,16 +218,15 @@ def main() -> None:
             counts = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
             if counts:  # less the warm-up query's batch
                 result["mean_batch"] = round((counts["queries"] - 1) / max(1, counts["batches"] - 1), 2)
+                result["workers"] = counts["workers"]
             answers = result.pop("answers")
             for text, bodies in answers.items():
                 (batched if micro_batch else reference).setdefault(text, set()).update(bodies)
-            rounds.append({"round": round_number, "micro_batch": micro_batch, **result})
+            rounds.append({"round": round_number, "mode": mode, "micro_batch": micro_batch, **result})
             print(json.dumps(rounds[-1]), flush=True)
     # every answer of the batched server is the one-at-a-time server's (serial) answer to the same query
     compared = [text for text in batched if text in reference]
     identical = all(len(reference[t]) == 1 and batched[t] == reference[t] for t in compared)
-    one = [r for r in rounds if not r["micro_batch"]]
-    many = [r for r in rounds if r["micro_batch"]]
     record = {
         "index": str(index),
         "clients": args.clients,
@@ -221,17 +236,17 @@ def main() -> None:
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "rounds": rounds,
-        "one_at_a_time": summary(one),
-        "micro_batched": summary(many),
+        **{mode: summary([r for r in rounds if r["mode"] == mode]) for mode in modes},
         "answers_identical_to_serial": identical,
         "queries_compared": len(compared),
     }
-    record["throughput_ratio"] = round(
-        record["micro_batched"]["requests_per_s"] / record["one_at_a_time"]["requests_per_s"], 2
-    )
-    record["cpu_ratio"] = round(
-        record["one_at_a_time"]["server_cpu_ms_per_request"] / record["micro_batched"]["server_cpu_ms_per_request"], 2
-    )
+    one = record["one_at_a_time"]
+    for mode in modes[1:]:  # throughput_ratio / cpu_ratio: micro_batched's, as before; the others' with a suffix
+        suffix = mode.removeprefix("micro_batched")
+        record[f"throughput_ratio{suffix}"] = round(record[mode]["requests_per_s"] / one["requests_per_s"], 2)
+        record[f"cpu_ratio{suffix}"] = round(
+            one["server_cpu_ms_per_request"] / record[mode]["server_cpu_ms_per_request"], 2
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, record)
     print(json.dumps({k: v for k, v in record.items() if k != "rounds"}, indent=2))

@@ -7,6 +7,8 @@ micro-batches whose answers are those of serial queries; ``tvr serve`` takes its
 from __future__ import annotations
 
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -166,11 +168,14 @@ def test_concurrent_requests_share_one_model(served, monkeypatch) -> None:
         assert answer[0]["video"].endswith(q.split()[1] + ".mp4")
 
 
-def test_micro_batches_answer_as_serial_queries(served) -> None:
+@pytest.mark.parametrize("workers", [1, 3])
+def test_micro_batches_answer_as_serial_queries(served, workers: int) -> None:
     from tvr.search.batching import MicroBatcher
 
     index, _, _ = served
-    batcher = MicroBatcher(index, tick=0.3)  # a long tick: the 16 concurrent queries share a few passes
+    # a long tick: the 16 concurrent queries share a few passes
+    batcher = MicroBatcher(index, tick=0.3, workers=workers)
+    assert batcher.workers == workers
     texts = [c for c in ("a red screen", "a magenta screen", "yellow", "a blue screen") for _ in range(4)]
     settings = [{"k": 1 + n % 5, "all_windows": n % 3 == 0, "rerank": None if n % 2 else n} for n in range(16)]
     try:
@@ -188,6 +193,49 @@ def test_micro_batches_answer_as_serial_queries(served) -> None:
         batcher.close()
     with pytest.raises(RuntimeError, match="closed"):
         batcher.search("a red screen")
+
+
+def test_workers_run_batches_at_once_and_one_at_a_time_means_one(served, monkeypatch) -> None:
+    """Two micro-batch workers encode two batches at the same time (the second core's share), each query still
+    getting its serial answer; ``micro_batch=False`` (the benchmark's baseline) answers one query at a time."""
+    from tvr.search.batching import MicroBatcher, default_workers
+
+    index, _, _ = served
+    assert 1 <= default_workers() <= 8
+    texts = ["a red screen", "a green screen", "a blue screen", "yellow"] * 4
+    serial = {text: index.search(text, k=2) for text in set(texts)}
+    running, most, lock = [0], [0], threading.Lock()
+
+    def watched(real):
+        def call(*args, **kwargs):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            try:
+                time.sleep(0.2)  # long enough for the other worker's batch to start
+                return real(*args, **kwargs)
+            finally:
+                with lock:
+                    running[0] -= 1
+
+        return call
+
+    monkeypatch.setattr(index, "answer", watched(index.answer))
+    batcher = MicroBatcher(index, tick=0.05, max_batch=8, workers=2)
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda text: batcher.search(text, k=2), texts))
+    finally:
+        batcher.close()
+    assert most[0] == 2 and batcher.queries == 16
+    assert all(answer == serial[text] for text, answer in zip(texts, answers, strict=True))
+
+    monkeypatch.undo()
+    running[0] = most[0] = 0
+    monkeypatch.setattr(index, "search", watched(index.search))
+    with TestClient(create_app(index, micro_batch=False)) as alone, ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda text: alone.get("/api/search", params={"q": text, "k": 2}), texts[:8]))
+    assert most[0] == 1 and all(reply.status_code == 200 for reply in replies)
 
 
 def test_serve_command_takes_the_port_before_the_model_loads(served, monkeypatch) -> None:

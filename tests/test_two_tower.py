@@ -314,6 +314,31 @@ def test_sentence_tokenizer_pads_and_truncates(tmp_path: Path) -> None:
         build_model(cfg)
 
 
+def test_sentence_tokenizers_are_thread_safe(tmp_path: Path) -> None:
+    """Searching threads tokenise at once, at different padded lengths: an HF fast tokenizer sets its Rust backend's
+    padding per call, so without turns a thread's batch comes back padded to another thread's length (measured here:
+    "expected sequence of length 11 at dim 1 (got 20)") or the call fails ("Already borrowed"). The data pipeline's
+    tokenizer and the query export's give every thread its serial answer; a pickled copy (DataLoader workers) is a
+    working tokenizer with its own lock."""
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tvr.search.query_encoder import _FastTokenizer
+
+    sentence = build_tokenizer(config_from_dict(tiny_values()), tmp_path)
+    hf = sentence.tokenizer
+    (tmp_path / "tokenizer.json").write_text(hf.backend_tokenizer.to_str(), encoding="utf-8")
+    fast = _FastTokenizer(tmp_path / "tokenizer.json", int(hf.pad_token_id), str(hf.pad_token))
+    texts = [" ".join(["a dog runs on the beach"] * (1 + n % 7)) for n in range(64)]
+    calls = [(texts[n % 64 : n % 64 + 8], (4, 9, 16, 31)[n % 4]) for n in range(400)]
+    for tokenizer in (sentence, fast, pickle.loads(pickle.dumps(sentence))):
+        serial = [tokenizer(batch, length) for batch, length in calls]
+        with ThreadPoolExecutor(8) as pool:
+            together = list(pool.map(lambda call, t=tokenizer: t(*call), calls))
+        for (ids, mask), (want_ids, want_mask) in zip(together, serial, strict=True):
+            assert torch.equal(ids, want_ids) and torch.equal(mask, want_mask)
+
+
 # ------------------------------------------------------------------------------------------ image weights
 
 

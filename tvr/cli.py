@@ -1043,6 +1043,12 @@ def serve_cmd(
         file_okay=False,
         help="Folder the videos are served from (default: the folder the index records it was built from).",
     ),
+    query_workers: int | None = typer.Option(
+        None,
+        "--query-workers",
+        min=1,
+        help="Micro-batches of queries encoded at the same time (default: one per core, at most 8).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", help="Info messages while loading (default: warnings, errors)."),
 ) -> None:
     """Serve a search page (/?q=...&k=... links to a search) and a JSON API (GET /api/search?q=...&k=...;
@@ -1056,7 +1062,7 @@ def serve_cmd(
 
     try:
         opened = open_index(index, checkpoint=checkpoint)
-        app_ = create_app(opened, media_root=media_root)
+        app_ = create_app(opened, media_root=media_root, query_workers=query_workers)
         bound = sock.getsockname()[1]  # --port 0: the port the system chose
         console.print(f"videos served from {media_root or opened.root}", highlight=False)
         console.print(f"serving {index} on http://{host}:{bound}/ (API: /api/search, /openapi.json)")

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,10 +132,19 @@ def tiny_tokenizer(folder: str | os.PathLike):
 class SentenceTokenizer:
     """The data pipeline's tokenizer for a sentence-transformers text tower: ``(texts, max_words) -> (ids, mask)``,
     both long [n, max_words] (padded; ``[CLS] … [SEP]`` for BERT-style models, truncated to ``max_words``).
-    Picklable, so DataLoader workers can use it."""
+    Picklable, so DataLoader workers can use it. Thread-safe: an HF fast tokenizer sets its backend's padding and
+    truncation on each call, so a call beside another thread's would pad to that one's length or fail ("Already
+    borrowed"); calls take turns (tokenising a batch of queries takes well under a millisecond)."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        return {"tokenizer": self.tokenizer}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["tokenizer"])
 
     @classmethod
     def for_model(cls, spec: str, work_dir: str | os.PathLike) -> SentenceTokenizer:
@@ -154,16 +164,18 @@ class SentenceTokenizer:
     def __call__(self, texts: list[str], max_words: int) -> tuple[Tensor, Tensor]:
         if max_words < 2:
             raise ValueError(f"max_words must be at least 2 (the two special tokens), got {max_words}")
-        enc = self.tokenizer(
-            list(texts),
-            padding="max_length",
-            truncation=True,
-            max_length=max_words,
-            return_tensors="pt",
-            return_token_type_ids=False,
-        )
+        with self._lock:
+            enc = self.tokenizer(
+                list(texts),
+                padding="max_length",
+                truncation=True,
+                max_length=max_words,
+                return_tensors="pt",
+                return_token_type_ids=False,
+            )
         return enc["input_ids"].long(), enc["attention_mask"].long()
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` with the special tokens, untruncated."""
-        return len(self.tokenizer(text, truncation=False)["input_ids"])
+        with self._lock:
+            return len(self.tokenizer(text, truncation=False)["input_ids"])

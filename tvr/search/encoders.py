@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -175,15 +176,17 @@ class ModelEncoder(SearchEncoder):
         self.norm = data_pixel_norm(data)
         self._tokenizer = None
         self._tokenizer_dir: tempfile.TemporaryDirectory | None = None
+        self._tokenizer_lock = threading.Lock()  # built once, by the first of several querying threads
 
     def tokenizer(self):
-        if self._tokenizer is None:
-            from tvr.data.tokenizer import build_tokenizer
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                from tvr.data.tokenizer import build_tokenizer
 
-            # a tiny model's tokenizer is built locally into a private folder (read-only index folders stay so)
-            self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="tvr-tokenizer-")
-            self._tokenizer = build_tokenizer(self.cfg, self._tokenizer_dir.name)
-        return self._tokenizer
+                # a tiny model's tokenizer is built locally into a private folder (read-only index folders stay so)
+                self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="tvr-tokenizer-")
+                self._tokenizer = build_tokenizer(self.cfg, self._tokenizer_dir.name)
+            return self._tokenizer
 
     @property
     def max_words(self) -> int:

@@ -141,7 +141,8 @@ def encoder_for(
 
 
 class SearchIndex:
-    """A finished index, memory-mapped, with the model that built it. Thread-safe: queries share one model.
+    """A finished index, memory-mapped, with the model that built it. Thread-safe: queries share one model, and
+    queries from several threads run at the same time (each on one torch thread: a machine's cores serve as many).
 
     ``without_torch``: answer text queries with the model's numpy query side when ``tvr index`` wrote one
     (:mod:`tvr.search.numpy_query`: no torch import; query vectors within 1e-5 of the model's, each query encoded
@@ -301,12 +302,16 @@ class SearchIndex:
         # inference mode: a query is dozens of small tensor operations, each cheaper without autograd's bookkeeping
         from tvr.search.encoders import one_torch_thread
 
-        with self._lock, torch.inference_mode(), one_torch_thread():
-            lengths = self.encoder.query_lengths(texts)
+        with self._lock:  # rank_captions may swap in the full model (same weights: either gives the same answer)
+            encoder, head = self.encoder, self.head
+        # no lock from here: queries of several threads run at once, each on one torch thread (the tokenizers take
+        # turns inside; the model, the ANN index and the state files are only read)
+        with torch.inference_mode(), one_torch_thread():
+            lengths = encoder.query_lengths(texts)
             for length in sorted(set(lengths)):  # one text-encoder pass per padded length (encoders.QUERY_LENGTHS)
                 members = [i for i, n in enumerate(lengths) if n == length]
-                text_state = self.encoder.encode_texts([texts[i] for i in members], length)
-                vectors = self.head.shortlist_texts(text_state).float().cpu().numpy()
+                text_state = encoder.encode_texts([texts[i] for i in members], length)
+                vectors = head.shortlist_texts(text_state).float().cpu().numpy()
                 for row, i in enumerate(members):
                     state, vector, q = text_state[row : row + 1], vectors[row : row + 1], queries[i]
                     found[i] = self._rank(state, vector, q.k, q.rerank, q.all_windows)

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,8 @@ def _save_tokenizer(tokenizer: Any, folder: Path) -> dict[str, Any] | None:
 
 class _FastTokenizer:
     """An HF fast tokenizer's backend called as :class:`~tvr.data.sentence_tokenizer.SentenceTokenizer` calls it
-    (pad to ``max_words`` on the right, truncate to it, no token type ids)."""
+    (pad to ``max_words`` on the right, truncate to it, no token type ids). Thread-safe, as that one is: calls take
+    turns, since changing the padding length changes the backend's state."""
 
     def __init__(self, path: Path, pad_id: int, pad_token: str) -> None:
         from tokenizers import Tokenizer
@@ -96,13 +98,15 @@ class _FastTokenizer:
         self.backend = Tokenizer.from_file(str(path))
         self.pad_id, self.pad_token = pad_id, pad_token
         self._length: int | None = None
+        self._lock = threading.Lock()
 
     def __call__(self, texts: list[str], max_words: int) -> tuple[Tensor, Tensor]:
-        if self._length != max_words:
-            self.backend.enable_truncation(max_length=max_words)
-            self.backend.enable_padding(length=max_words, pad_id=self.pad_id, pad_token=self.pad_token)
-            self._length = max_words
-        encoded = self.backend.encode_batch(list(texts))
+        with self._lock:
+            if self._length != max_words:
+                self.backend.enable_truncation(max_length=max_words)
+                self.backend.enable_padding(length=max_words, pad_id=self.pad_id, pad_token=self.pad_token)
+                self._length = max_words
+            encoded = self.backend.encode_batch(list(texts))
         ids = torch.tensor([e.ids for e in encoded], dtype=torch.long)
         mask = torch.tensor([e.attention_mask for e in encoded], dtype=torch.long)
         return ids, mask

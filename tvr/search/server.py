@@ -15,7 +15,7 @@ Safe by construction:
 * videos are sent with HTTP range support (seeking in the player), and a range that cannot be satisfied is a 416;
 * one model, loaded once, serves every request; concurrent queries are micro-batched (:mod:`tvr.search.batching`:
   one text-encoder pass per short tick for all the queries that arrived, then each query's own shortlist and exact
-  rerank), so many users share the model without queueing behind each other's passes.
+  rerank; one such worker per core), so many users share the model without queueing behind each other's passes.
 
 There is no ``/docs`` page: FastAPI's loads its script and styles from a CDN, so it is blank offline; the API's
 OpenAPI description is ``/openapi.json``.
@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import stat
+import threading
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
@@ -128,13 +129,25 @@ def is_video_container(path: Path) -> bool:
         return False
 
 
-def create_app(index: SearchIndex, *, micro_batch: bool = True, media_root: str | os.PathLike | None = None) -> FastAPI:
+def create_app(
+    index: SearchIndex,
+    *,
+    micro_batch: bool = True,
+    media_root: str | os.PathLike | None = None,
+    query_workers: int | None = None,
+) -> FastAPI:
     """The FastAPI app serving ``index`` (see the module docstring); videos are looked up in ``media_root``
-    (default: the folder the index records). ``micro_batch=False``: one query at a time (what
-    ``benchmarks/search_serve.py`` compares against)."""
+    (default: the folder the index records). Queries are micro-batched by ``query_workers`` workers (default: one per
+    core, :func:`~tvr.search.batching.default_workers`). ``micro_batch=False``: one query at a time, each waiting
+    for the one before (what ``benchmarks/search_serve.py`` compares against)."""
     numbers = {entry["video"]: k for k, entry in enumerate(index.videos)}
     file_of = _MediaFiles(index, Path(media_root if media_root is not None else index.root).resolve()).path
-    batcher = MicroBatcher(index) if micro_batch else None
+    batcher = MicroBatcher(index, workers=query_workers) if micro_batch else None
+    one_at_a_time = threading.Lock()
+
+    def search_alone(text: str, k: int, rerank: int | None, all_windows: bool) -> list[Hit]:
+        with one_at_a_time:
+            return index.search(text, k, rerank=rerank, all_windows=all_windows)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -171,7 +184,7 @@ def create_app(index: SearchIndex, *, micro_batch: bool = True, media_root: str 
             # the request waits for its batch without holding a worker thread (the batcher's thread does the work)
             hits = await asyncio.wrap_future(batcher.submit(text, k, rerank=rerank, all_windows=all_windows))
         else:
-            hits = await run_in_threadpool(index.search, text, k, rerank=rerank, all_windows=all_windows)
+            hits = await run_in_threadpool(search_alone, text, k, rerank, all_windows)
         # the rows are built from typed hits, so they are sent as they are: response_model (HitOut) describes them
         # in the OpenAPI document without validating each answer again (a measurable share of a request's CPU)
         return JSONResponse([_hit_row(hit, numbers[hit.video]) for hit in hits])
