@@ -181,7 +181,7 @@ def create_app(
             raise HTTPException(422, "q: the query is empty")
         text = q[:MAX_QUERY_CHARS]
         if batcher is not None:
-            # the request waits for its batch without holding a worker thread (the batcher's thread does the work)
+            # the request waits for its batch without holding a worker thread (a batcher's thread does the work)
             hits = await asyncio.wrap_future(batcher.submit(text, k, rerank=rerank, all_windows=all_windows))
         else:
             hits = await run_in_threadpool(search_alone, text, k, rerank, all_windows)
