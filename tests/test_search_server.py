@@ -255,6 +255,11 @@ def test_serve_command_takes_the_port_before_the_model_loads(served, monkeypatch
     assert seen["at"][0] == "127.0.0.1" and f"http://127.0.0.1:{seen['at'][1]}/" in result.output
     answer = TestClient(seen["app"]).get("/api/search", params={"q": "a red screen", "k": 1}).json()
     assert answer[0]["video"] == "red.mp4"
+    result = CliRunner().invoke(cli, ["serve", str(out), "--port", "0", "--query-workers", "3"])
+    assert result.exit_code == 0 and seen["app"].state.batcher.workers == 3
+    for workers in ("0", "-1", "two"):
+        bad = CliRunner().invoke(cli, ["serve", str(out), "--query-workers", workers])
+        assert bad.exit_code == 2 and "--query-workers" in bad.output and "Traceback" not in bad.output
     missing = CliRunner().invoke(cli, ["serve", str(Path(out).parent / "nothing")])
     assert missing.exit_code == 2 and "not a tvr search index" in missing.output
 
