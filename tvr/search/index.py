@@ -302,10 +302,10 @@ class SearchIndex:
         # inference mode: a query is dozens of small tensor operations, each cheaper without autograd's bookkeeping
         from tvr.search.encoders import one_torch_thread
 
-        with self._lock:  # rank_captions may swap in the full model (same weights: either gives the same answer)
-            encoder, head = self.encoder, self.head
-        # no lock from here: queries of several threads run at once, each on one torch thread (the tokenizers take
-        # turns inside; the model, the ANN index and the state files are only read)
+        # no lock: queries of several threads run at once, each on one torch thread (the tokenizers take turns
+        # inside; the model, the ANN index and the state files are only read). rank_captions may swap in the full
+        # model meanwhile: its text side and head have the export's weights, so either pair gives the same answer
+        encoder, head = self.encoder, self.head
         with torch.inference_mode(), one_torch_thread():
             lengths = encoder.query_lengths(texts)
             for length in sorted(set(lengths)):  # one text-encoder pass per padded length (encoders.QUERY_LENGTHS)
