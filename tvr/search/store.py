@@ -380,13 +380,13 @@ def _unpacker(info: dict[str, Any] | None, dtype: Any) -> Any:
 
     if info.get("bool"):
         return lambda buf: torch.from_numpy(raw(buf).astype(bool))
-    if dtype is None or stored.kind != "f" or torch.from_numpy(np.empty(0, stored)).dtype == dtype:
-        return lambda buf: torch.from_numpy(np.ascontiguousarray(raw(buf)))
     try:
-        target = np.dtype(str(dtype).removeprefix("torch."))
-    except TypeError:  # a dtype numpy lacks (bfloat16)
-        target = stored
-    widening = target.kind == "f" and target.itemsize > stored.itemsize
+        target = stored if dtype is None else np.dtype(str(dtype).removeprefix("torch."))
+    except TypeError:  # a dtype numpy lacks (bfloat16): torch casts
+        target = None
+    if stored.kind != "f" or target == stored:
+        return lambda buf: torch.from_numpy(np.ascontiguousarray(raw(buf)))
+    widening = target is not None and target.kind == "f" and target.itemsize > stored.itemsize
 
     def cast(buf: np.ndarray) -> Any:
         if widening and len(buf) * items <= _NUMPY_CAST_ITEMS:
@@ -402,7 +402,6 @@ def gather_state(
     """The rerank state of the rows (``shards[i]``, ``rows[i]``), in that order, as ``cls``: floating fields in
     ``dtype`` (default: as stored), every tensor contiguous and the caller's own. Records are read in (shard, row)
     order, one read per run of consecutive rows; passing them already in that order saves a reordering copy."""
-
     shards, rows = np.asarray(shards, dtype=np.int64), np.asarray(rows, dtype=np.int64)
     n = len(rows)
     order = np.lexsort((rows, shards))
