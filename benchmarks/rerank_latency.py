@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,10 +28,13 @@ ROOT = HERE.parent
 RESULTS = HERE / "results" / "rerank_latency.json"
 WINDOWS = 100_000
 FRAMES, DIM, SHARD = 12, 512, 5000
+#: the marker a finished state folder holds
+DONE = "done"
 
 
-def _setup(state: Path, build: bool):
-    """The head (ψ scaled as benchmarks/search.py scales it), the state readers, the queries and their rows."""
+def _workload():
+    """The scale benchmark's module, its synthetic windows and the GARE head (ψ scaled as benchmarks/search.py
+    scales it)."""
     import numpy as np
     import torch
 
@@ -40,35 +44,44 @@ def _setup(state: Path, build: bool):
     from tvr.config import HeadConfig
     from tvr.models.heads.base import LN_100
     from tvr.models.heads.registry import build_head
-    from tvr.search.store import ShardReader
 
     synth = bench.Synthetic(DIM)
     gallery = np.concatenate([synth.windows(a, a + bench.CHUNK).numpy() for a in range(0, WINDOWS, bench.CHUNK)])
     torch.manual_seed(0)
     head = build_head(HeadConfig(name="gare"), DIM, LN_100).eval()
     bench.scale_psi(head, synth, gallery, FRAMES, 0.1)
-    if build:
-        bench.build_state(head, gallery, WINDOWS, FRAMES, state, True, "gare", SHARD)
-        return None
-    readers = [ShardReader(state / name) for name in sorted(os.listdir(state)) if name != "done"]
-    probe = bench.VideoFeatures(torch.randn(1, FRAMES, DIM), torch.ones(1, FRAMES))
-    cls = type(head.rerank_state(head.encode_videos(probe)))
-    rng = np.random.default_rng(0)
-    queries = synth.queries(torch.from_numpy(rng.choice(WINDOWS, 200, replace=False))).numpy()
-    rows = [rng.choice(1_000_000, 100, replace=False) for _ in queries]  # a 1M index's rows, stored modulo 100k
-    return bench, head, readers, cls, bench.state_lookup(WINDOWS, SHARD), queries, rows
+    return bench, synth, gallery, head
+
+
+def build(state: Path) -> None:
+    """The float16 rerank state of the first :data:`WINDOWS` windows, written to ``state`` (a half-built one is
+    replaced)."""
+    sys.path.insert(0, str(ROOT))
+    bench, _, gallery, head = _workload()
+    shutil.rmtree(state, ignore_errors=True)
+    bench.build_state(head, gallery, WINDOWS, FRAMES, state, True, "gare", SHARD)
+    (state / DONE).write_text("built\n")
 
 
 def child(root: Path, state: Path, passes: int) -> dict:
-    """One run in this process on the ``tvr`` of ``root``: every query ``passes`` times, the first pass untimed."""
+    """One run in this process on the ``tvr`` of ``root``: an untimed pass over the queries, then ``passes`` timed
+    ones."""
     sys.path.insert(0, str(root))
     import numpy as np
     import torch
 
     import tvr
+    from tvr.search.store import ShardReader
 
     torch.set_num_threads(1)  # as a search runs a query (tvr.search.encoders.one_torch_thread)
-    bench, head, readers, cls, lookup, queries, rows = _setup(state, build=False)
+    bench, synth, _, head = _workload()
+    readers = [ShardReader(state / name) for name in sorted(os.listdir(state)) if name != DONE]
+    probe = bench.VideoFeatures(torch.randn(1, FRAMES, DIM), torch.ones(1, FRAMES))
+    cls = type(head.rerank_state(head.encode_videos(probe)))
+    rng = np.random.default_rng(0)
+    queries = synth.queries(torch.from_numpy(rng.choice(WINDOWS, 200, replace=False))).numpy()
+    rows = [rng.choice(1_000_000, 100, replace=False) for _ in queries]  # a 1M index's rows, stored modulo 100k
+    lookup = bench.state_lookup(WINDOWS, SHARD)
     timed: dict[str, list[float]] = {"gather": [], "score": [], "total": []}
     with torch.inference_mode():
         for number in range(passes + 1):
@@ -100,11 +113,8 @@ def main() -> None:
     if args.child is not None:
         print(json.dumps(child(args.child, args.state, args.passes)), flush=True)
         return
-    if not (args.state / "done").is_file():
-        sys.path.insert(0, str(ROOT))
-        args.state.mkdir(parents=True, exist_ok=True)
-        _setup(args.state, build=True)
-        (args.state / "done").write_text("built\n")
+    if not (args.state / DONE).is_file():
+        build(args.state)
     roots = [ROOT] + ([args.against.resolve()] if args.against else [])
     record: dict = {
         "command": "python benchmarks/rerank_latency.py " + " ".join(sys.argv[1:]),
@@ -144,10 +154,11 @@ def main() -> None:
         }
         for root in roots
     }
+    sys.path.insert(0, str(ROOT))
+    from tvr.utils.io import atomic_write_json
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write_json(args.out, record)
     print(json.dumps(record["median_of_runs"], indent=2))
 
 
