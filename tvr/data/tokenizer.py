@@ -37,6 +37,8 @@ END_OF_WORD = "</w>"
 #: merges CLIP uses: 49,408 = 2·256 byte tokens + 48,894 merges + 2 special tokens
 CLIP_NUM_MERGES = 48894
 MERGES_HEADER = "#version: 0.2"
+#: the folder of a job's work folder (run folder, feature cache) a tokenizer built from a BPE merges file goes to
+TOKENIZER_FOLDER = "tokenizer"
 
 # CLIP's pre-tokenisation regex (special tokens, English contractions, letter runs, single digits, other runs).
 _WORD_PATTERN = r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
@@ -547,7 +549,7 @@ def _clip_bpe(source: str, work_dir: Path) -> ClipTokenizer:
     """CLIP's BPE from a folder with vocab.json + merges.txt, or rebuilt from CLIP's ``bpe_simple_vocab_16e6.txt.gz``
     into ``work_dir/tokenizer``."""
     if source.endswith(".gz") or source.endswith(".txt"):
-        target = work_dir / "tokenizer"
+        target = work_dir / TOKENIZER_FOLDER
         if not (target / "vocab.json").is_file():
             build_clip_tokenizer_files(source, target)
         return ClipTokenizer.from_dir(target)
@@ -562,7 +564,7 @@ def _clip_bpe(source: str, work_dir: Path) -> ClipTokenizer:
 
 def _tiny_clip_bpe(source: str, work_dir: Path) -> ClipTokenizer:
     """The tiny random CLIP's small BPE, built locally into ``work_dir/tokenizer`` (no download)."""
-    target = work_dir / "tokenizer"
+    target = work_dir / TOKENIZER_FOLDER
     if not (target / "vocab.json").is_file():
         build_tiny_tokenizer_files(target)
     return ClipTokenizer.from_dir(target)

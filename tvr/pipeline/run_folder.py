@@ -110,32 +110,42 @@ def check_run_folder(out_dir: Path, resume: bool | str, overwrite: bool) -> bool
 
 
 class StartUndo:
-    """Puts a run folder back as a start found it when the start fails before training begins.
+    """Puts a job's folder back as a start found it when the start fails before its work begins (a run folder
+    before training; a feature cache before its first shard, :mod:`tvr.pipeline.features`).
 
-    ``record()`` (under the folder's lock, after ``--overwrite`` removed what it removes) notes which of the run's
-    files and folders exist and keeps the bytes of the few small files a start rewrites before training; when the
+    ``record()`` (under the folder's lock, after ``--overwrite`` removed what it removes) notes which of the job's
+    files and folders exist and keeps the bytes of the few small files a start rewrites before its work; when the
     block exits with an exception and ``keep()`` was not called, the files written since are removed, the rewritten
     ones restored, and a folder the start created is removed when nothing else is in it. Files that are not the
-    run's (:data:`RUN_FILES`, :data:`RUN_FOLDERS`) are never touched.
+    job's (by default a run's: :data:`RUN_FILES`, :data:`RUN_FOLDERS`) are never touched.
     """
 
-    #: the files a start rewrites before its first training step (the record, the splits read)
+    #: the files a training start rewrites before its first step (the record, the splits read)
     REWRITTEN = (CONFIG, CONFIG_CHANGES, "splits.json", "skipped_videos_cache.json")
 
-    def __init__(self, out_dir: Path, created_folder: bool) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        created_folder: bool,
+        files: tuple[str, ...] = RUN_FILES,
+        folders: tuple[str, ...] = RUN_FOLDERS,
+        rewritten: tuple[str, ...] = REWRITTEN,
+        work: str = "training",
+    ) -> None:
         self.out_dir = out_dir
         self.created_folder = created_folder
+        self.files, self.folders, self.rewritten, self.work = files, folders, rewritten, work
         self.kept = False
         self._existed: set[str] | None = None
         self._saved: dict[str, bytes] = {}
 
     def record(self) -> None:
-        names = (*RUN_FILES, *RUN_FOLDERS)
+        names = (*self.files, *self.folders)
         self._existed = {name for name in names if (self.out_dir / name).exists()}
-        self._saved = {n: (self.out_dir / n).read_bytes() for n in self.REWRITTEN if (self.out_dir / n).is_file()}
+        self._saved = {n: (self.out_dir / n).read_bytes() for n in self.rewritten if (self.out_dir / n).is_file()}
 
     def keep(self) -> None:
-        """Training has begun: from here on the folder is the run's."""
+        """The work has begun: from here on the folder is the job's."""
         self.kept = True
 
     def __enter__(self) -> StartUndo:
@@ -148,12 +158,14 @@ class StartUndo:
             return
         undone = self.undo()
         if undone:
-            log.info("the start failed before training: put %s back as it was (%s)", self.out_dir, ", ".join(undone))
+            log.info(
+                "the start failed before %s: put %s back as it was (%s)", self.work, self.out_dir, ", ".join(undone)
+            )
 
     def undo(self) -> list[str]:
         undone = []
         if self._existed is not None:
-            for name in RUN_FILES:
+            for name in self.files:
                 path = self.out_dir / name
                 if name in self._saved:
                     if not path.is_file() or path.read_bytes() != self._saved[name]:
@@ -162,7 +174,7 @@ class StartUndo:
                 elif name not in self._existed and (path.is_file() or path.is_symlink()):
                     path.unlink()
                     undone.append(f"{name} removed")
-            for name in RUN_FOLDERS:
+            for name in self.folders:
                 path = self.out_dir / name
                 if name not in self._existed and path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path)
