@@ -19,7 +19,10 @@ from rich.markup import escape
 import tvr.search.defaults as search_defaults
 from tvr.utils.errors import RestartableStopError, UserError
 
+#: messages (progress, notes, warnings, errors); results (tables, JSON) go to stdout (:func:`stdout_console`)
 console = Console(stderr=True)
+#: the width of a console writing into a pipe or a file: wide enough that no line or table row is folded
+UNFOLDED_WIDTH = 100_000
 #: ``--debug`` (or TVR_DEBUG=1): let user errors show their traceback as well
 _DEBUG = {"on": os.environ.get("TVR_DEBUG", "") not in ("", "0")}
 #: the global ``tvr --verbose``: commands that are quiet by default (search, serve) talk as well
@@ -36,6 +39,20 @@ INTERRUPTED = (
     "interrupted: everything finished so far is kept (every file is written whole or not at all); "
     "rerun the same command to continue"
 )
+
+
+def fit_to_stream(out: Console) -> Console:
+    """Fold lines at the terminal's width only where ``out`` writes to a terminal: into a pipe or a file (``| grep``,
+    ``> results.txt``) every line and table row goes whole, where rich would fold them at 80 columns."""
+    whole = not out.is_terminal
+    out.soft_wrap = whole
+    out.width = UNFOLDED_WIDTH if whole else None  # None: the terminal's own width, asked at each print
+    return out
+
+
+def stdout_console() -> Console:
+    """A console for a command's results on stdout (a table with its title, lines a pipe reads)."""
+    return fit_to_stream(Console())
 
 
 def say(label: str, text: str, style: str = "red") -> None:
@@ -186,7 +203,8 @@ def _load_from_checkpoint(checkpoint: Path, overrides: list[str] | None):
 def _print_metrics(metrics: dict, title: str) -> None:
     from tvr.eval.report import metrics_notes, metrics_table
 
-    console.print(f"\n[bold]{escape(title)}[/bold]")
+    # the title on stdout with its table (the notes below it too): `tvr eval ... > metrics.txt` keeps them together
+    stdout_console().print(f"\n[bold]{escape(title)}[/bold]")
     rows = {k: v for k, v in metrics.items() if k != "info"}
     print(metrics_table(rows))
     for line in metrics_notes(rows, metrics.get("info", {})):
@@ -201,9 +219,20 @@ def _print_metrics(metrics: dict, title: str) -> None:
         )
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from tvr import __version__
+
+        print(f"tvr {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def main(
     ctx: typer.Context,
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print tvr's version and exit."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of user errors (bad config, files, …)."),
     trust: bool = typer.Option(
@@ -221,6 +250,7 @@ def main(
     # decided per invocation (an app invoked twice in one process must not keep the first one's --debug)
     _DEBUG["on"] = debug or os.environ.get("TVR_DEBUG", "") not in ("", "0")
     _VERBOSE["on"] = verbose
+    fit_to_stream(console)  # per invocation: stderr may be a terminal in one and a log file in the next
     before = code_trusted()
     trust_code(trust or os.environ.get("TVR_TRUST_CODE", "") not in ("", "0"))
     ctx.call_on_close(lambda: trust_code(before))  # for this command only (an app invoked again in one process)
@@ -578,7 +608,7 @@ def heads() -> None:
     from tvr.models.heads.registry import available_heads, head_class
     from tvr.utils.fielddoc import field_comments
 
-    out = Console()
+    out = stdout_console()
     for name in available_heads():
         cls = head_class(name)
         # indexability may depend on the options (CLIP4Clip: mean pooling only); show it for the defaults
@@ -701,7 +731,7 @@ def check_data(
     report = run_check(cfg, full=full, workers=workers, tokenizer=tokenizer, progress=True)
     if json_path is not None:
         atomic_write_json(json_path, report)
-    render_report(report, Console(), json_path=json_path)
+    render_report(report, stdout_console(), json_path=json_path)
     raise typer.Exit(0 if report["ok"] else 1)
 
 
@@ -1001,7 +1031,7 @@ def search_cmd(
                 for c in columns
             )
         )
-    Console().print(table)
+    stdout_console().print(table)
 
 
 def listening_socket(host: str, port: int) -> Any:
@@ -1108,7 +1138,7 @@ def eval_search_cmd(
         return
     for problem in report["skipped"]:
         say("skipped", problem, "yellow")
-    out = Console()
+    out = stdout_console()
     ranks = Table(title=f"{report['queries']} queries in {index} ({report['candidates']} {report['unit']}s)")
     for column in ("line", "rank", "query", "video", "top result"):
         ranks.add_column(column)
