@@ -276,3 +276,50 @@ def test_serve_command_takes_the_port_before_the_model_loads(served, monkeypatch
     assert f"--port {port}: cannot listen on 127.0.0.1:{port}" in result.output.splitlines()[0]
     result = CliRunner().invoke(cli, ["serve", str(out), "--port", "70000"])
     assert result.exit_code == 2 and "--port 70000: expected 0 to 65535" in result.output
+
+
+def test_ctrl_c_on_serve_says_it_stopped_not_rerun_to_continue(search_index: Path) -> None:
+    """A real SIGINT to a running ``tvr serve``: uvicorn shuts down, and the last line says the server stopped
+    (a server has nothing to continue), exit 130."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tvr", "serve", str(search_index), "--port", "0"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        # the default Ctrl-C handling, whatever this test runner's own is
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        env={**os.environ, "TVR_CACHE_DIR": str(search_index.parent / "cache")},
+    )
+    try:
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            address = re.search(r"on (http://127\.0\.0\.1:\d+/) ", line)
+            if address:
+                break
+        assert address, "".join(seen)
+        deadline = time.monotonic() + 60
+        while True:  # up once its page answers
+            try:
+                with urllib.request.urlopen(address.group(1), timeout=2) as page:
+                    assert page.status == 200
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not answer"
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    last = rest.strip().splitlines()[-1]
+    assert last.startswith("stopped: the server shut down on Ctrl-C") and "the same command serves it again" in last
+    assert "continue" not in rest and "Traceback" not in rest

@@ -39,6 +39,10 @@ INTERRUPTED = (
     "interrupted: everything finished so far is kept (every file is written whole or not at all); "
     "rerun the same command to continue"
 )
+#: what Ctrl-C on ``tvr serve`` says: a server has nothing to continue
+SERVE_STOPPED = (
+    "the server shut down on Ctrl-C; serving changes nothing in the index, so the same command serves it again"
+)
 
 
 def fit_to_stream(out: Console) -> Console:
@@ -1097,6 +1101,11 @@ def serve_cmd(
         console.print(f"videos served from {media_root or opened.root}", highlight=False)
         console.print(f"serving {index} on http://{host}:{bound}/ (API: /api/search, /openapi.json)")
         uvicorn.Server(uvicorn.Config(app_, log_level="info")).run(sockets=[sock])
+    except KeyboardInterrupt:  # how a server is stopped: uvicorn shuts down, then raises it again
+        if _DEBUG["on"]:
+            raise
+        say("stopped", SERVE_STOPPED, "yellow")
+        raise typer.Exit(130) from None
     finally:
         sock.close()
 
