@@ -262,7 +262,12 @@ def main(
 
 @app.command()
 def train(
-    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help=CONFIG_HELP + " With --resume: default, the run folder's config.yaml (the run as it was recorded).",
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder (config, logs, checkpoints, metrics)."),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override, e.g. --set train.lr=3e-4 (repeatable)."),
     resume: bool = typer.Option(
@@ -281,7 +286,7 @@ def train(
     if resume_mode is not None and (not resume or resume_mode != "auto"):
         raise UserError(f"unexpected argument {resume_mode!r}: the only word tvr train takes is 'auto', after --resume")
     out_folder(out)
-    cfg = _load(config, set_)
+    cfg = _load(config or _recorded_run_config(out, resume_mode or resume), set_)
     from tvr.pipeline import run_train
 
     try:
@@ -294,6 +299,24 @@ def train(
     for tag, metrics in summary.get("test", {}).items():
         _print_metrics(metrics, f"test ({tag} checkpoint)")
     console.print(f"run folder: {escape(str(out))}", highlight=False)
+
+
+def _recorded_run_config(out: Path, resume: bool | str) -> Path:
+    """The config a ``tvr train --resume`` without ``--config`` runs: the one the run folder records."""
+    from tvr.pipeline.run_folder import CONFIG
+
+    if not resume:
+        raise UserError(
+            "tvr train needs --config (a YAML file or a preset name: tvr presets lists them); only --resume takes "
+            f"the run folder's {CONFIG} instead"
+        )
+    recorded = out / CONFIG
+    if not recorded.is_file():
+        raise UserError(
+            f"--resume without --config: {out} holds no {CONFIG} (no run was started there), so there is no "
+            "recorded config to continue with: pass --config to start one"
+        )
+    return recorded
 
 
 def _train_interrupted(out: Path) -> str:

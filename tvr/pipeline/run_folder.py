@@ -253,8 +253,8 @@ def resume_changes(cfg: Config, out_dir: Path) -> dict[str, tuple[Any, Any]]:
         more = f"; … ({len(refused)} in all)" if len(refused) > 8 else ""
         raise RunFolderError(
             f"--resume: the run in {out_dir} was trained with other settings ({shown}{more}); a resume continues "
-            f"the run as it was recorded: resume with --config {out_dir / CONFIG}, or start a new run (another "
-            "--out, or --overwrite)"
+            f"the run as it was recorded: resume without --config (it reads {out_dir / CONFIG}), or start a new "
+            "run (another --out, or --overwrite)"
         )
     return changed
 
