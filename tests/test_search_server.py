@@ -323,3 +323,20 @@ def test_ctrl_c_on_serve_says_it_stopped_not_rerun_to_continue(search_index: Pat
     last = rest.strip().splitlines()[-1]
     assert last.startswith("stopped: the server shut down on Ctrl-C") and "the same command serves it again" in last
     assert "continue" not in rest and "Traceback" not in rest
+
+
+def test_the_page_names_its_icon_and_the_server_sends_it(served) -> None:
+    """The favicon is the package's own SVG, sent by the server (no external fetch); /favicon.ico, where a browser
+    looks by default, sends it too."""
+    import xml.etree.ElementTree as ET
+
+    _, client, _ = served
+    page = client.get("/").text
+    assert '<link rel="icon" href="/favicon.svg" type="image/svg+xml">' in page
+    for address in ("/favicon.svg", "/favicon.ico"):
+        icon = client.get(address)
+        assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+        root = ET.fromstring(icon.content)
+        assert root.tag == "{http://www.w3.org/2000/svg}svg" and root.get("viewBox") == "0 0 32 32"
+        assert b"http" not in icon.content.replace(b"http://www.w3.org/2000/svg", b"")  # nothing fetched from elsewhere
+    assert "/favicon.svg" not in client.get("/openapi.json").json()["paths"]

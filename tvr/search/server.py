@@ -95,6 +95,10 @@ def page_html() -> str:
     return resources.files("tvr.search").joinpath("static/page.html").read_text(encoding="utf-8")
 
 
+def favicon_svg() -> bytes:
+    return resources.files("tvr.search").joinpath("static/favicon.svg").read_bytes()
+
+
 class HitOut(BaseModel):
     """One result: the fields of ``tvr search --json`` plus where the page finds the video and its thumbnail."""
 
@@ -169,6 +173,12 @@ def create_app(
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> HTMLResponse:
         return HTMLResponse(page_html())
+
+    # the page links /favicon.svg; /favicon.ico is where a browser looks when a page names no icon
+    @app.get("/favicon.svg", include_in_schema=False)
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        return Response(favicon_svg(), media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
     @app.get("/api/search", response_model=list[HitOut], summary="Search the videos by text")
     async def search(
