@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from tvr.config import Config, ConfigError, UntrustedCodeError, config_from_dict, config_to_dict, save_config
+from tvr.train.tensorboard import TENSORBOARD_FOLDER
 from tvr.utils.io import atomic_write_bytes, atomic_write_text, remove_stale_temporaries
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ RUN_FILES = (
     "skipped_videos.json",
     "skipped_videos_cache.json",
 )
-RUN_FOLDERS = ("test_last", "test_best", "tokenizer")
+RUN_FOLDERS = ("test_last", "test_best", "tokenizer", TENSORBOARD_FOLDER)
 #: settings a resume may change: how the run executes and how often it logs, validates and checkpoints, and where
 #: the same videos / frame cache now lie. Every ``eval.*`` setting may change too (validation only).
 RESUME_MAY_CHANGE = (

@@ -174,6 +174,12 @@ class Trainer:
 
         Raises :class:`~tvr.train.preemption.PreemptedError` after writing ``last.pt`` when a preemption signal
         arrives during training."""
+        try:
+            return self._fit(resume)
+        finally:
+            self.logger.close()  # the TensorBoard event file, however the session ends
+
+    def _fit(self, resume: bool | str | Path) -> dict[str, Any]:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if resume == "auto":
             resume = self.last_path.is_file()
