@@ -2,7 +2,8 @@
 Selenium with both paths given, so nothing is ever downloaded) loads the page served from an index built here, types
 a query, and the expected video is ranked first; the thumbnails load and the player starts at the hit's window; the
 address follows the search and a deep link ``/?q=...&k=...`` (opened, reloaded, stepped back to) shows its results;
-blank and over-long queries get a message, and a long query never widens the page. A screenshot is saved under
+blank and over-long queries get a message, and a long query never widens the page; on a 400 px screen nothing
+scrolls sideways, and the page's icon loads from the server. A screenshot is saved under
 ``$TVR_ARTIFACTS`` (default: the test's tmp folder) and its path printed.
 
 Skips only where Chromium or its driver is not installed (``.ci/run`` installs both)."""
