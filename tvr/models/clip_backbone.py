@@ -112,13 +112,6 @@ def load_clip_model(spec: str) -> CLIPModel:
     return _load_hub_model(spec)
 
 
-def _offline_requested() -> bool:
-    return any(
-        os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
 def hub_unreachable(timeout: float = 3.0) -> str | None:
     """Why the Hugging Face hub cannot be reached from here (no name resolution, no route, …), or None when a
     connection opens (or a proxy is configured, which this check cannot see through)."""
@@ -147,7 +140,9 @@ def _load_hub_model(spec: str) -> CLIPModel:
     try:
         return CLIPModel.from_pretrained(spec, dtype=torch.float32, local_files_only=True)
     except OSError as cached_miss:
-        if _offline_requested():
+        from tvr.models.dual_encoder import offline_requested
+
+        if offline_requested():
             raise ConfigError(
                 f"model.clip: hub model {spec!r} is not in the local Hugging Face cache and offline mode "
                 f"is on (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE): {advice}"
