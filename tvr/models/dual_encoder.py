@@ -191,9 +191,7 @@ class DualEncoder(nn.Module):
     :class:`ImageSettings`). :meth:`encode_text` / :meth:`encode_frames` are the model's own
     ``get_text_features`` / ``get_image_features``, unnormalised."""
 
-    def __init__(
-        self, model: nn.Module, tokenizer: Any, family: str, text: TextSettings, image: ImageSettings
-    ) -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any, family: str, text: TextSettings, image: ImageSettings) -> None:
         super().__init__()
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -425,4 +423,3 @@ def load_dual_encoder(source: ModelSource) -> DualEncoder:
     return DualEncoder(
         model, tokenizer, family, text_settings(family, model), image_settings(family, model, processor, where)
     )
-

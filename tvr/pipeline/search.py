@@ -47,7 +47,7 @@ def run_index(
                 encoder = load_encoder(checkpoint, config, overrides, device=str(info.device), model=model)
         except KeyboardInterrupt:
             raise Interrupted(
-                f"stopped while the model loaded, before anything was written: {out} is as it was")
+                f"stopped while the model loaded, before anything was written: {out} is as it was"
             ) from None
         report = build_index(Path(source), Path(out), encoder, options, rank=info.rank, world_size=info.world_size)
         if info.rank == 0:  # the first `tvr search` of the index then loads the model's text side alone
