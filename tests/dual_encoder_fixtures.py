@@ -82,7 +82,8 @@ def save_tiny_siglip(folder: Path) -> Path:
 
     torch.manual_seed(1)
     tokenizer = SiglipTokenizer(vocab_file=str(_sentencepiece_model(folder / "spm")), model_max_length=64)
-    text = {**TEXT, "vocab_size": len(tokenizer), "max_position_embeddings": 64}
+    text = {**TEXT, "vocab_size": len(tokenizer), "max_position_embeddings": 64, "pad_token_id": 0}
+    text.update(bos_token_id=None, eos_token_id=tokenizer.eos_token_id)
     config = SiglipConfig(text_config=text, vision_config={**VISION, "image_size": 32, "patch_size": 16})
     out = folder / "siglip"
     SiglipModel(config).save_pretrained(out)
@@ -105,7 +106,8 @@ def save_tiny_siglip2(folder: Path) -> Path:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", model_max_length=64
     )
-    text = {**TEXT, "vocab_size": len(tokenizer), "max_position_embeddings": 64}
+    text = {**TEXT, "vocab_size": len(tokenizer), "max_position_embeddings": 64, "pad_token_id": 0}
+    text.update(bos_token_id=None, eos_token_id=tokenizer.eos_token_id)
     config = Siglip2Config(text_config=text, vision_config={**VISION, "patch_size": 8, "num_patches": 16})
     out = folder / "siglip2"
     Siglip2Model(config).save_pretrained(out)
