@@ -114,7 +114,7 @@ def test_query_vector_is_the_models_own_text_features(built, monkeypatch, quick:
     assert vectors.dtype == np.float32 and vectors.shape == (len(texts), index.dim)
     want = F.normalize(_own_text_features(folder, family, texts), dim=-1).numpy()
     np.testing.assert_allclose(vectors, want, atol=2e-5)
-    emb = np.stack([index.readers[int(s)].emb[int(r)] for s, r in zip(index.table_shard, index.table_row)])
+    emb = np.stack([index.readers[int(s)].emb[int(r)] for s, r in zip(index.table_shard, index.table_row, strict=True)])
     for text, vector in zip(texts[:2], vectors[:2], strict=True):
         best = index.search(text, k=1, all_windows=True)[0]
         assert best.score == pytest.approx(float((emb @ vector).max()), abs=1e-6)
