@@ -160,6 +160,8 @@ def test_the_stamp_is_the_content_not_the_folder(dual_encoders, search_setup, tm
     monkeypatch.setenv("TVR_QUICK_QUERIES", "0")
     index = open_index(out, model=str(moved))
     assert index.search("a red screen", k=1)
+    result = runner.invoke(app, ["search", str(out), "a red screen", "--model", str(moved), "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout), result.output
     # the moved model updates the index as the first one would (the same model: nothing to embed again)
     result = _index(search_setup.videos, out, moved)
     assert result.exit_code == 0, result.output

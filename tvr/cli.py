@@ -981,6 +981,7 @@ def search_cmd(
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
+    model: str | None = typer.Option(None, "--model", help="Where the index's --model folder is now (if it moved)."),
     nprobe: int | None = typer.Option(None, "--nprobe", help="IVF cells probed per query (default: the index's)."),
     ef_search: int | None = typer.Option(
         None, "--ef-search", help="HNSW search beam (default: the index's; larger finds more of the exact top k)."
@@ -995,7 +996,9 @@ def search_cmd(
     from tvr.search import open_index
 
     # text queries without torch when the index's model has a numpy query side (tvr.search.numpy_query)
-    opened = open_index(index, checkpoint=checkpoint, nprobe=nprobe, ef_search=ef_search, without_torch=video is None)
+    opened = open_index(
+        index, checkpoint=checkpoint, nprobe=nprobe, ef_search=ef_search, without_torch=video is None, model=model
+    )
     if queries is not None:
         raise typer.Exit(1 if _answer_queries(opened, queries, k, rerank, all_windows) else 0)
     if video is not None:
@@ -1062,6 +1065,7 @@ def serve_cmd(
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
+    model: str | None = typer.Option(None, "--model", help="Where the index's --model folder is now (if it moved)."),
     media_root: Path | None = typer.Option(
         None,
         "--media-root",
@@ -1087,7 +1091,7 @@ def serve_cmd(
     from tvr.search.server import create_app
 
     try:
-        opened = open_index(index, checkpoint=checkpoint)
+        opened = open_index(index, checkpoint=checkpoint, model=model)
         app_ = create_app(opened, media_root=media_root, query_workers=query_workers)
         bound = sock.getsockname()[1]  # --port 0: the port the system chose
         console.print(f"videos served from {media_root or opened.root}", highlight=False)
@@ -1112,6 +1116,7 @@ def eval_search_cmd(
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
+    model: str | None = typer.Option(None, "--model", help="Where the index's --model folder is now (if it moved)."),
     ef_search: int | None = typer.Option(None, "--ef-search", help="HNSW search beam (default: the index's)."),
 ) -> None:
     """Measure search on labelled clips: R@k, MdR, MnR and each query's rank, searched as tvr search does."""
@@ -1127,7 +1132,7 @@ def eval_search_cmd(
         raise UserError(f"--rerank {rerank}: expected an integer >= 0")
     if not queries.is_file():
         raise UserError(f"{queries}: no such file; expected a CSV with the columns query,video[,start,end]")
-    opened = open_index(index, checkpoint=checkpoint, ef_search=ef_search)
+    opened = open_index(index, checkpoint=checkpoint, ef_search=ef_search, model=model)
     report = evaluate_search(opened, queries, ks=cutoffs, rerank=rerank, skip_bad=skip_bad)
     if as_json:
         print(json.dumps(report, indent=2))
