@@ -178,6 +178,27 @@ def test_the_stamp_is_the_content_not_the_folder(dual_encoders, search_setup, tm
         open_index(out, model=str(moved))
 
 
+def test_an_openai_clip_file_indexes_as_its_converted_folder(search_setup, shared_data, tmp_path: Path) -> None:
+    """An OpenAI CLIP file (here a tiny one in OpenAI's layout) needs CLIP's BPE beside it (one line otherwise), and
+    has the stamp of the folder `tvr convert-openai` makes of it: the same weights and tokenizer, another form."""
+    import test_convert_openai
+
+    weights = tmp_path / "openai" / "ViT-tiny.pt"
+    weights.parent.mkdir()
+    torch.save(test_convert_openai.openai_state_dict(), weights)
+    line = _one_line_error(_index(search_setup.videos, tmp_path / "idx", weights))
+    assert "no bpe_simple_vocab_16e6.txt.gz beside it" in line
+    bpe = shared_data / "clip_bpe" / "bpe_simple_vocab_16e6.txt.gz"
+    (weights.parent / bpe.name).symlink_to(bpe)
+    result = _index(search_setup.videos, tmp_path / "idx", weights)
+    assert result.exit_code == 0, result.output
+    stamp = json.loads((tmp_path / "idx" / MANIFEST).read_text())["model"]
+    assert (stamp["encoder"], stamp["family"], stamp["dim"]) == ("pretrained", "clip", test_convert_openai.EMBED)
+    result = runner.invoke(app, ["convert-openai", str(weights), str(tmp_path / "hf"), "--bpe", str(bpe)])
+    assert result.exit_code == 0, result.output
+    assert PretrainedEncoder(str(tmp_path / "hf")).stamp()["id"] == stamp["id"]
+
+
 def test_a_tvr_checkpoint_given_as_model_is_indexed_as_a_checkpoint(search_setup, tmp_path: Path) -> None:
     result = _index(search_setup.videos, tmp_path / "idx", search_setup.checkpoint)
     assert result.exit_code == 0, result.output

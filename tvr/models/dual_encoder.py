@@ -62,8 +62,16 @@ FAMILIES = ("clip", "siglip", "siglip2")
 _CLIP_MEAN, _CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 _SIGLIP_MEAN = _SIGLIP_STD = (0.5, 0.5, 0.5)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-#: keys of a ``config.json`` that say where or by what a model was saved, not what it computes
-_NOT_CONTENT = {"_name_or_path", "name_or_path", "transformers_version", "_commit_hash", "torch_dtype", "dtype"}
+#: keys of a ``config.json`` that say where, how or by what a model was saved, not what it computes
+_NOT_CONTENT = {
+    "_name_or_path",
+    "name_or_path",
+    "transformers_version",
+    "_commit_hash",
+    "torch_dtype",
+    "dtype",
+    "architectures",
+}
 
 
 class DualEncoderError(UserError, ValueError):
