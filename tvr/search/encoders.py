@@ -343,13 +343,24 @@ class PretrainedEncoder(SearchEncoder):
         return self.model.text_features({"text_ids": ids.to(self.device), "text_mask": mask.to(self.device)})
 
     def window_features(self, crops: Tensor, mask: Tensor) -> VideoFeatures:
-        """Each real frame through ``get_image_features`` once; padding slots stay zero (masked out)."""
+        """Each real frame through ``get_image_features``; padding slots stay zero (masked out)."""
         real = mask.bool()
-        pixels = _pixels(crops[real][:, None], torch.ones(int(real.sum()), 1), self.norm)[:, 0]
-        frames = torch.zeros(*mask.shape, self.model.embed_dim, device=self.device)
-        if len(pixels):
-            frames[real.to(self.device)] = self.model.encode_frames(pixels.to(self.device)).float()
-        return VideoFeatures(frames, mask.long().to(self.device))
+        frames = torch.zeros(*mask.shape, self.model.embed_dim)
+        frames[real] = self.frame_features(crops[real])
+        return VideoFeatures(frames.to(self.device), mask.long().to(self.device))
+
+    @torch.no_grad()
+    def frame_features(self, frames: np.ndarray | Tensor) -> Tensor:
+        """``get_image_features`` of uint8 frames [n, S, S, 3], on the CPU, float32 [n, D], ``batch_size`` frames
+        a pass. A frame's features depend on that frame alone, so the windows of a video, which overlap, share
+        their frames' features (:func:`embed_video`)."""
+        frames = torch.as_tensor(frames)
+        parts = [torch.zeros(0, self.model.embed_dim)]
+        for a in range(0, frames.shape[0], self.batch_size):
+            chunk = frames[a : a + self.batch_size]
+            pixels = _pixels(chunk[:, None], torch.ones(chunk.shape[0], 1), self.norm)[:, 0]
+            parts.append(self.model.encode_frames(pixels.to(self.device)).to("cpu", torch.float32))
+        return torch.cat(parts)
 
 
 #: the encoder of ``tvr index`` without --checkpoint / --config: real pretrained towers, installed offline
@@ -428,8 +439,13 @@ def embed_video(encoder: SearchEncoder, decoded) -> tuple[torch.Tensor, Any]:
     """(shortlist embedding [W, E] float32, rerank state) of a decoded video's windows."""
     slots = decoded.slots
     mask = torch.from_numpy((slots >= 0).astype(np.int64))
-    crops = torch.from_numpy(decoded.frames[np.clip(slots, 0, None)])
-    features = encoder.encode_windows(crops, mask)
+    if isinstance(encoder, PretrainedEncoder):  # frames encoded one by one: each decoded frame once, not per window
+        unique = encoder.frame_features(decoded.frames)
+        frames = unique[torch.from_numpy(np.clip(slots, 0, None))] * mask[..., None].float()
+        features = VideoFeatures(frames, mask)
+    else:
+        crops = torch.from_numpy(decoded.frames[np.clip(slots, 0, None)])
+        features = encoder.encode_windows(crops, mask)
     head = encoder.head
     state = head.encode_videos(features)
     emb = head.shortlist_videos(state).float().cpu()
