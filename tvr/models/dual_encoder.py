@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from tvr.models.hub import hub_unreachable, offline_requested
 from tvr.types import TextFeatures
 from tvr.utils.errors import UserError, first_line
 
@@ -137,14 +138,6 @@ def resolve_source(spec: str) -> ModelSource:
     return ModelSource("hub", text, text)
 
 
-def offline_requested() -> bool:
-    """Whether HF's offline switches are on (the hub is then never asked)."""
-    return any(
-        os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
 def _hub_kwargs(source: ModelSource) -> dict[str, Any]:
     """``from_pretrained`` arguments: a folder never reaches the network; a hub id is read from the local cache
     when it is there, and fetched only when the hub answers (offline it fails in seconds, saying what to do)."""
@@ -161,8 +154,6 @@ def _hub_kwargs(source: ModelSource) -> dict[str, Any]:
             f"--model {source.name}: hub model {source.location!r} is not in the local Hugging Face cache and "
             f"offline mode is on (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE): {advice}"
         )
-    from tvr.models.clip_backbone import hub_unreachable
-
     unreachable = hub_unreachable()
     if unreachable is not None:
         raise DualEncoderError(
