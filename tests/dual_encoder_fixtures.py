@@ -75,6 +75,24 @@ def _sentencepiece_model(folder: Path) -> Path:
     return folder / "spiece.model"
 
 
+def _siglip_text(tokenizer) -> dict:
+    """A SigLIP text tower's settings for ``tokenizer``: its vocabulary, the 64-token context, its special ids."""
+    return {
+        **TEXT,
+        "vocab_size": len(tokenizer),
+        "max_position_embeddings": 64,
+        "pad_token_id": 0,
+        "bos_token_id": None,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+
+
+def _save(out: Path, model, tokenizer) -> Path:
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def save_tiny_siglip(folder: Path) -> Path:
     """A SiglipModel (32-d, 32-px images of 16-px patches, text context 64) with SigLIP's SentencePiece tokenizer
     (trained here on :data:`CORPUS`) and SigLIP's image processor settings."""
@@ -82,12 +100,10 @@ def save_tiny_siglip(folder: Path) -> Path:
 
     torch.manual_seed(1)
     tokenizer = SiglipTokenizer(vocab_file=str(_sentencepiece_model(folder / "spm")), model_max_length=64)
-    text = {**TEXT, "vocab_size": len(tokenizer), "max_position_embeddings": 64, "pad_token_id": 0}
-    text.update(bos_token_id=None, eos_token_id=tokenizer.eos_token_id)
-    config = SiglipConfig(text_config=text, vision_config={**VISION, "image_size": 32, "patch_size": 16})
-    out = folder / "siglip"
-    SiglipModel(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    config = SiglipConfig(
+        text_config=_siglip_text(tokenizer), vision_config={**VISION, "image_size": 32, "patch_size": 16}
+    )
+    out = _save(folder / "siglip", SiglipModel(config), tokenizer)
     SiglipImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(out)
     return out
 
@@ -106,12 +122,10 @@ def save_tiny_siglip2(folder: Path) -> Path:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", model_max_length=64
     )
-    text = {**TEXT, "vocab_size": len(tokenizer), "max_position_embeddings": 64, "pad_token_id": 0}
-    text.update(bos_token_id=None, eos_token_id=tokenizer.eos_token_id)
-    config = Siglip2Config(text_config=text, vision_config={**VISION, "patch_size": 8, "num_patches": 16})
-    out = folder / "siglip2"
-    Siglip2Model(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    config = Siglip2Config(
+        text_config=_siglip_text(tokenizer), vision_config={**VISION, "patch_size": 8, "num_patches": 16}
+    )
+    out = _save(folder / "siglip2", Siglip2Model(config), tokenizer)
     (out / "preprocessor_config.json").write_text(
         '{"image_processor_type": "Siglip2ImageProcessor", "patch_size": 8, "max_num_patches": 16, '
         '"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}\n'

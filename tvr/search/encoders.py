@@ -282,8 +282,8 @@ class PretrainedEncoder(SearchEncoder):
     the cosine, so the ranking is the cosine's.
 
     The stamp's id hashes what decides the embeddings (the model's config and weights, its tokenizer's files, how
-    text and frames are fed, the frame sampling), never where the files are: the same model moved to another folder,
-    or taken from the hub cache, opens the same index."""
+    text and frames are fed; the index records the frame sampling beside it), never where the files are: the same
+    model moved to another folder, or taken from the hub cache, opens the same index."""
 
     #: frames sampled per window: CLIP4Clip's 1 frame a second, at most 12 (a 10 s window reads 10)
     MAX_FRAMES = 12
