@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -40,6 +41,8 @@ from torch import Tensor, nn
 from tvr.models.hub import hub_unreachable, offline_requested
 from tvr.types import TextFeatures
 from tvr.utils.errors import UserError, first_line
+
+log = logging.getLogger(__name__)
 
 #: ``--model`` names for the common choices: (hub id, what it is). Sizes are the float32 weights on the hub.
 PRESETS: dict[str, tuple[str, str]] = {
@@ -330,6 +333,16 @@ def image_settings(family: str, model: nn.Module, processor: dict[str, Any], whe
     crop = processor.get("do_center_crop", clip_like)
     size = _square_side(processor.get("crop_size") if crop else processor.get("size"))
     size = int(size or vision.image_size)
+    resized = _square_side(processor.get("size")) if crop else None
+    if resized is not None and resized != size:
+        log.warning(
+            "%s: its processor resizes the shorter side to %d and crops %d; tvr resizes it to %d and crops that (a "
+            "slightly wider view than the model was trained on)",
+            where,
+            resized,
+            size,
+            size,
+        )
     if size != int(vision.image_size):
         raise DualEncoderError(
             f"{where}: its processor makes {size}-pixel images but its vision tower takes {vision.image_size}"
