@@ -215,7 +215,9 @@ def _one_line_error(result) -> str:
 
 def test_a_hub_model_offline_is_one_line(search_setup, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))  # an empty cache, whatever this machine has
     for spec in ("someone/some-clip", "clip-b32"):
         line = _one_line_error(_index(search_setup.videos, tmp_path / "idx", spec))
         assert "not in the local Hugging Face cache" in line and "offline" in line
