@@ -386,6 +386,20 @@ def _load_openai(source: ModelSource) -> DualEncoder:
     return DualEncoder(model, tokenizer, "clip", text_settings("clip", model), image_settings("clip", model, {}, ""))
 
 
+def _check_tokenizer_libraries(family: str, name: str) -> None:
+    """SigLIP's tokenizer is a SentencePiece model, which transformers reads with ``sentencepiece`` and ``protobuf``
+    (both tvr dependencies): one missing is named here, not as transformers' ImportError."""
+    if family != "siglip":
+        return
+    try:
+        import google.protobuf  # noqa: F401
+        import sentencepiece  # noqa: F401
+    except ImportError as exc:
+        raise DualEncoderError(
+            f"--model {name}: SigLIP's tokenizer needs the {exc.name} package (pip install sentencepiece protobuf)"
+        ) from None
+
+
 def check_source(source: ModelSource) -> None:
     """What can be checked before the weights load: an OpenAI file has CLIP's BPE beside it; a folder or hub model
     is in reach and its ``config.json`` names a dual encoder."""
@@ -420,6 +434,7 @@ def load_dual_encoder(source: ModelSource) -> DualEncoder:
         ) from None
     if not (hasattr(model, "get_text_features") and hasattr(model, "get_image_features")):
         raise DualEncoderError(f"--model {source.name}: {type(model).__name__} has no text and image towers")
+    _check_tokenizer_libraries(family, source.name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.location, **hub)
     except Exception as exc:  # noqa: BLE001 - no tokenizer files, or a library it needs is missing
