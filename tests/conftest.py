@@ -63,3 +63,15 @@ def search_index(search_setup, tmp_path_factory: pytest.TempPathFactory) -> Path
     result = CliRunner().invoke(app, index_args(search_setup.videos, out, search_setup.checkpoint))
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture(scope="session")
+def dual_encoders(tmp_path_factory: pytest.TempPathFactory):
+    """Tiny randomly initialised CLIP, SigLIP and SigLIP 2 (NaFlex) folders saved with save_pretrained, tokenizer
+    files made offline (tests/dual_encoder_fixtures.py): ``.clip``, ``.siglip``, ``.siglip2``."""
+    from types import SimpleNamespace
+
+    from dual_encoder_fixtures import save_tiny_clip, save_tiny_siglip, save_tiny_siglip2
+
+    root = tmp_path_factory.mktemp("dual_encoders")
+    return SimpleNamespace(clip=save_tiny_clip(root), siglip=save_tiny_siglip(root), siglip2=save_tiny_siglip2(root))

@@ -314,6 +314,7 @@ def test_a_damaged_clip_folder_or_clipvip_checkpoint_is_one_line(tmp_path: Path)
 
 def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch) -> None:
     import tvr.models.clip_backbone as clip_backbone
+    import tvr.models.hub as hub
 
     calls: list[dict] = []
 
@@ -328,7 +329,7 @@ def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch) -> None:
         raise OSError(-2, "Name or service not known")
 
     monkeypatch.setattr(clip_backbone.CLIPModel, "from_pretrained", from_pretrained)
-    monkeypatch.setattr(clip_backbone.socket, "create_connection", no_network)
+    monkeypatch.setattr(hub.socket, "create_connection", no_network)
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(

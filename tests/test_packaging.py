@@ -20,6 +20,7 @@ IMPORT_NAMES = {
     "faiss-cpu": "faiss",
     "sentence-transformers": "sentence_transformers",
     "scikit-image": "skimage",
+    "protobuf": "google",
 }
 #: tools run from the command line, not imported
 COMMAND_LINE_TOOLS = {"ruff"}

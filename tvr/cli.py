@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 
 import tvr.search.defaults as search_defaults
-from tvr.utils.errors import RestartableStopError, UserError
+from tvr.search.defaults import DUAL_ENCODER_PRESETS
+from tvr.utils.errors import Interrupted, RestartableStopError, UserError
 
 #: messages (progress, notes, warnings, errors); results (tables, JSON) go to stdout (:func:`stdout_console`)
 console = Console(stderr=True)
@@ -112,10 +113,11 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except RestartableStopError as exc:
             say("stopped", str(exc), "yellow")
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             if _DEBUG["on"]:
                 raise
-            say("interrupted", INTERRUPTED.removeprefix("interrupted: "), "yellow")
+            said = str(exc) if isinstance(exc, Interrupted) else INTERRUPTED.removeprefix("interrupted: ")
+            say("interrupted", said, "yellow")
             raise typer.Exit(130) from None
         except Exception as exc:
             if _DEBUG["on"] or not _is_user_error(exc):
@@ -856,16 +858,23 @@ def prepare_frames_cmd(
 def index_cmd(
     videos: Path = typer.Argument(..., help="Folder of videos (searched recursively) or a list file (a path a line)."),
     out: Path = typer.Option(..., "--out", "-o", help="Index folder; run again to resume or to update it."),
-    checkpoint: Path | None = typer.Option(
-        None, "--checkpoint", dir_okay=False, help="A tvr checkpoint (default: the default encoder)."
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="A pretrained CLIP or SigLIP used zero-shot: a preset ("
+        + ", ".join(DUAL_ENCODER_PRESETS)
+        + "), a Hugging Face hub id, a folder saved with save_pretrained, an OpenAI CLIP .pt, or a tvr checkpoint "
+        "(default: the offline default encoder).",
     ),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="A tvr checkpoint (as --model CKPT)."),
     config: str | None = typer.Option(
         None,
         "--config",
         "-c",
-        help="Index with the model a config builds (no checkpoint), e.g. a local CLIP: " + CONFIG_HELP,
+        help="Index with the model a config builds (no checkpoint): " + CONFIG_HELP,
     ),
-    set_: list[str] = typer.Option(None, "--set", help="Dotted override of --config (repeatable)."),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override of --config (repeatable; needs --config)."),
     window: float = typer.Option(search_defaults.DEFAULT_WINDOW, "--window", help="Window length in seconds."),
     stride: float = typer.Option(search_defaults.DEFAULT_STRIDE, "--stride", help="Seconds between window starts."),
     workers: int = typer.Option(0, "--workers", "-j", help="Decoding processes (0 = one per CPU, at most 8)."),
@@ -886,11 +895,12 @@ def index_cmd(
     shard_windows: int = typer.Option(
         search_defaults.SHARD_WINDOWS, "--shard-windows", help="Windows per shard (the unit a kill loses)."
     ),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N | auto."),
+    device: str = typer.Option("auto", "--device", help="auto (the GPU when there is one) | cpu | cuda | cuda:N."),
 ) -> None:
     """Index a folder of videos: timestamped windows, embedded by the model, shortlisted by FAISS, reranked exactly."""
+    quiet_libraries()
     from tvr.pipeline.search import run_index
-    from tvr.search.build import IndexOptions
+    from tvr.search.build import IndexOptions, NoVideosError
 
     options = IndexOptions(
         window=window,
@@ -902,7 +912,13 @@ def index_cmd(
         state_dtype=state_dtype,
         shard_windows=shard_windows,
     )
-    report = run_index(videos, out, options, checkpoint=checkpoint, config=config, overrides=set_ or [], device=device)
+    try:
+        report = run_index(
+            videos, out, options, checkpoint=checkpoint, config=config, overrides=set_ or [], device=device, model=model
+        )
+    except NoVideosError as exc:
+        say("warning", str(exc), "yellow")
+        raise typer.Exit(1) from None
     if not report:  # not rank 0
         return
     console.print(
@@ -916,6 +932,16 @@ def index_cmd(
         console.print(f"  … and {len(report['bad']) - 20} more")
     if report["bad"]:
         console.print(f"[yellow]{len(report['bad'])} unreadable file(s) skipped[/yellow]; report: {out}/report.json")
+
+
+def quiet_libraries() -> None:
+    """Library warnings off stderr (transformers' notes on configs and losses, sentence-transformers' deprecations):
+    they are about the libraries' own API, nothing a user of tvr can act on; ``tvr --verbose`` keeps them."""
+    if _VERBOSE["on"]:
+        return
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers sets up its logger
+    for name in ("transformers", "sentence_transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def quiet_stderr(verbose: bool) -> None:
@@ -1012,6 +1038,7 @@ def search_cmd(
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
+    model: str | None = typer.Option(None, "--model", help="Where the index's --model folder is now (if it moved)."),
     nprobe: int | None = typer.Option(None, "--nprobe", help="IVF cells probed per query (default: the index's)."),
     ef_search: int | None = typer.Option(
         None, "--ef-search", help="HNSW search beam (default: the index's; larger finds more of the exact top k)."
@@ -1026,7 +1053,9 @@ def search_cmd(
     from tvr.search import open_index
 
     # text queries without torch when the index's model has a numpy query side (tvr.search.numpy_query)
-    opened = open_index(index, checkpoint=checkpoint, nprobe=nprobe, ef_search=ef_search, without_torch=video is None)
+    opened = open_index(
+        index, checkpoint=checkpoint, nprobe=nprobe, ef_search=ef_search, without_torch=video is None, model=model
+    )
     if queries is not None:
         raise typer.Exit(1 if _answer_queries(opened, queries, k, rerank, all_windows) else 0)
     if video is not None:
@@ -1093,6 +1122,7 @@ def serve_cmd(
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
+    model: str | None = typer.Option(None, "--model", help="Where the index's --model folder is now (if it moved)."),
     media_root: Path | None = typer.Option(
         None,
         "--media-root",
@@ -1118,7 +1148,7 @@ def serve_cmd(
     from tvr.search.server import create_app
 
     try:
-        opened = open_index(index, checkpoint=checkpoint)
+        opened = open_index(index, checkpoint=checkpoint, model=model)
         app_ = create_app(opened, media_root=media_root, query_workers=query_workers)
         bound = sock.getsockname()[1]  # --port 0: the port the system chose
         console.print(f"videos served from {media_root or opened.root}", highlight=False)
@@ -1148,6 +1178,7 @@ def eval_search_cmd(
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
+    model: str | None = typer.Option(None, "--model", help="Where the index's --model folder is now (if it moved)."),
     ef_search: int | None = typer.Option(None, "--ef-search", help="HNSW search beam (default: the index's)."),
 ) -> None:
     """Measure search on labelled clips: R@k, MdR, MnR and each query's rank, searched as tvr search does."""
@@ -1163,7 +1194,7 @@ def eval_search_cmd(
         raise UserError(f"--rerank {rerank}: expected an integer >= 0")
     if not queries.is_file():
         raise UserError(f"{queries}: no such file; expected a CSV with the columns query,video[,start,end]")
-    opened = open_index(index, checkpoint=checkpoint, ef_search=ef_search)
+    opened = open_index(index, checkpoint=checkpoint, ef_search=ef_search, model=model)
     report = evaluate_search(opened, queries, ks=cutoffs, rerank=rerank, skip_bad=skip_bad)
     if as_json:
         print(json.dumps(report, indent=2))

@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import re
-import socket
 from pathlib import Path
 
 import torch
@@ -33,6 +32,7 @@ from tvr.models.backbones.base import check_token_batch
 from tvr.models.backbones.clip.config import TinyClipConfig
 from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
 from tvr.models.convert_openai import load_openai_clip
+from tvr.models.hub import hub_unreachable, offline_requested
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.pickle_scan import PickleRefusedError
 from tvr.utils.torch_files import TorchFileError, check_model_folder
@@ -112,31 +112,6 @@ def load_clip_model(spec: str) -> CLIPModel:
     return _load_hub_model(spec)
 
 
-def _offline_requested() -> bool:
-    return any(
-        os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
-def hub_unreachable(timeout: float = 3.0) -> str | None:
-    """Why the Hugging Face hub cannot be reached from here (no name resolution, no route, …), or None when a
-    connection opens (or a proxy is configured, which this check cannot see through)."""
-    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return None
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    url = urlparse(constants.ENDPOINT)
-    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError as exc:
-        return f"{host}: {exc.strerror or exc}"
-    return None
-
-
 def _load_hub_model(spec: str) -> CLIPModel:
     """A hub model from the local cache without touching the network; online only when the hub answers. Offline,
     this fails in seconds with what to do, instead of retrying for a minute."""
@@ -147,7 +122,7 @@ def _load_hub_model(spec: str) -> CLIPModel:
     try:
         return CLIPModel.from_pretrained(spec, dtype=torch.float32, local_files_only=True)
     except OSError as cached_miss:
-        if _offline_requested():
+        if offline_requested():
             raise ConfigError(
                 f"model.clip: hub model {spec!r} is not in the local Hugging Face cache and offline mode "
                 f"is on (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE): {advice}"

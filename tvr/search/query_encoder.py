@@ -244,6 +244,8 @@ def export_query_encoder(encoder: Any) -> Path | None:
     model it cannot export: that index keeps loading the full model."""
     if not quick_queries_enabled() or not hasattr(encoder, "model") or encoder.device.type != "cpu":
         return None
+    if encoder.padded_lengths() != padded_lengths(encoder.max_words):
+        return None  # a model fed one length only (SigLIP): an export pads queries to QUERY_LENGTHS
     stamp = encoder.stamp()
     folder = export_folder(stamp)
     try:
@@ -262,9 +264,7 @@ def export_query_encoder(encoder: Any) -> Path | None:
 
 
 def _write_export(encoder: Any, stamp: dict[str, Any], folder: Path) -> Path | None:
-    from tvr.config import config_to_dict
-
-    max_words = int(encoder.cfg.data.max_words)
+    max_words = int(encoder.max_words)
     tokenizer = encoder.tokenizer()
     model = encoder.model
     head = encoder.head
@@ -288,7 +288,7 @@ def _write_export(encoder: Any, stamp: dict[str, Any], folder: Path) -> Path | N
                 traced = torch.jit.freeze(traced, optimize_numerics=False)
                 torch.jit.save(traced, str(work / "text.pt"))
         torch.save(head.state_dict(), work / "head.pt")
-        head_config = config_to_dict(encoder.cfg)["head"]
+        head_config = encoder.head_config()
         meta = {
             "format": FORMAT,
             "version": VERSION,

@@ -17,6 +17,11 @@ class RestartableStopError(Exception):
     exit_code = 1
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a job that knows what it kept: the command line prints this message instead of the generic
+    one, and exits with 130."""
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's message without what some libraries append (torch: a C++ backtrace, a source line), at most
     300 characters; its type's name when it has no message (a ``MemoryError``)."""

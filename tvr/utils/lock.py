@@ -105,6 +105,28 @@ def _describe(holder: dict) -> str:
     return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {when}: {holder.get('command', '?')}"
 
 
+def _busy(what: str, folder: Path, holder: dict) -> FolderBusyError:
+    return FolderBusyError(
+        f"{what} {folder} is in use by another tvr job ({_describe(holder)}); wait for it to finish or use another "
+        "folder"
+    )
+
+
+def check_unlocked(folder: str | os.PathLike, what: str = "folder") -> None:
+    """Raise :class:`FolderBusyError` naming the holder when another live process holds ``folder``'s lock; nothing
+    is created (a job checks this before its slow start, and takes the lock itself with :func:`folder_lock`)."""
+    folder = Path(folder)
+    path = folder / LOCK_NAME
+    if not path.exists() and not path.is_symlink():
+        return
+    fd = _open_lock_file(path, what, folder)
+    try:
+        if not _try_lock(fd):
+            raise _busy(what, folder, _read_holder(fd))
+    finally:
+        os.close(fd)  # closing the file releases a lock this check took
+
+
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike, what: str = "folder") -> Iterator[Path]:
     """Hold an exclusive lock on ``folder`` (created if missing) inside the block; raises :class:`FolderBusyError`
@@ -117,10 +139,7 @@ def folder_lock(folder: str | os.PathLike, what: str = "folder") -> Iterator[Pat
         if not _try_lock(fd):
             holder = _read_holder(fd)
             os.close(fd)
-            raise FolderBusyError(
-                f"{what} {folder} is in use by another tvr job ({_describe(holder)}); wait for it to finish or "
-                "use another folder"
-            )
+            raise _busy(what, folder, holder)
         # a job that was releasing may have removed the file after we opened it: lock the file that is there now
         try:
             current = os.stat(path)
