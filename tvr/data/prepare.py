@@ -53,7 +53,8 @@ from typing import Any
 import numpy as np
 
 from tvr.data.frame_cache import FRAMES_MANIFEST, FrameSettings
-from tvr.utils.errors import UserError
+from tvr.utils.data_files import parse_json, read_json
+from tvr.utils.errors import UserError, reason
 from tvr.utils.io import (
     atomic_copy,
     atomic_output,
@@ -338,14 +339,14 @@ def _check_manifest(dst: Path, name: str, settings: dict[str, Any], outputs: Seq
     path = dst / name
     if path.is_file():
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
+            record = read_json(path)
             saved = record.get("settings") if isinstance(record, dict) else record
             if not isinstance(saved, dict):
                 what = "the file" if saved is record else '"settings"'
                 raise TypeError(f"{what} is {json_kind(saved)}, not an object")
         except (ValueError, KeyError, TypeError) as exc:
             raise PrepareError(
-                f"{path}: damaged ({exc}), so the settings of the outputs in {dst} are unknown; "
+                f"{path}: damaged ({reason(exc)}), so the settings of the outputs in {dst} are unknown; "
                 "delete it and those outputs to start over, or use another destination"
             ) from None
         differ = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
@@ -441,7 +442,7 @@ def _read_copies(journal: Path) -> dict[str, dict[str, Any]]:
     if journal.is_file():
         for line in journal.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                entry = json.loads(line)
+                entry = parse_json(line, journal)
                 copies[str(entry["source"])] = entry
             except (ValueError, KeyError, TypeError):
                 continue

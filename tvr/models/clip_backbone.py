@@ -18,7 +18,6 @@ Real tokens are unaffected by padding either way (causality hides the padding, w
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import socket
@@ -34,6 +33,7 @@ from tvr.models.backbones.clip.config import TinyClipConfig
 from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
 from tvr.models.convert_openai import load_openai_clip
 from tvr.types import TextFeatures, VideoFeatures
+from tvr.utils.data_files import DataFileError, read_json
 from tvr.utils.pickle_scan import PickleRefusedError
 from tvr.utils.torch_files import TorchFileError, check_model_folder
 
@@ -91,7 +91,8 @@ def load_clip_model(spec: str) -> CLIPModel:
             raise FileNotFoundError(f"model.clip: {path} is a folder but has no config.json (not a HF CLIP folder)")
         try:
             check_model_folder(path)  # transformers torch.loads a pytorch_model.bin itself: scanned first
-        except (PickleRefusedError, TorchFileError) as exc:
+            read_json(path / "config.json")  # and reads config.json with a recursive parser: bounded first
+        except (PickleRefusedError, TorchFileError, DataFileError) as exc:
             raise ConfigError(f"model.clip: {exc}") from None
         try:
             return CLIPModel.from_pretrained(str(path), dtype=torch.float32)
@@ -187,9 +188,11 @@ def backbone_image_size(model_cfg: ModelConfig) -> tuple[int, str] | None:
     if config_file is None or not config_file.is_file():
         return None
     try:
-        size = json.loads(config_file.read_text(encoding="utf-8"))["vision_config"]["image_size"]
-    except (ValueError, KeyError, TypeError, OSError):
-        return None  # a damaged config.json is reported when the model loads
+        size = read_json(config_file)["vision_config"]["image_size"]
+    except DataFileError as exc:
+        raise ConfigError(f"model.clip = {spec!r}: {exc}") from None
+    except (KeyError, TypeError, OSError):
+        return None  # a config.json of another shape is reported when the model loads
     return (
         (int(size), f"model.clip = {spec!r} (its config.json vision_config.image_size)")
         if isinstance(size, int)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tvr.utils.data_files import read_json
 from tvr.utils.errors import UserError, reason
 from tvr.utils.io import (
     atomic_write_json,
@@ -41,7 +42,6 @@ from tvr.utils.io import (
     create_temporary_dir,
     fsync_path,
     open_regular,
-    read_regular_bytes,
 )
 
 SHARDS = "shards"
@@ -138,7 +138,7 @@ def _row_bytes(info: dict[str, Any]) -> int:
 
 def read_meta(shard: Path) -> dict[str, Any]:
     try:
-        meta = json.loads(read_regular_bytes(shard / META))
+        meta = read_json(shard / META)
     except (OSError, ValueError) as exc:
         raise IndexFormatError(
             f"{shard / META}: unreadable shard description ({reason(exc)}); delete the shard folder to re-embed "

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tvr.utils.io import atomic_write_text, read_jsonl
+from tvr.utils.data_files import read_jsonl
+from tvr.utils.io import atomic_write_text
 
 __all__ = ["RunLogger", "TrainProgress", "flatten", "format_duration", "format_lrs", "read_jsonl"]
 

@@ -156,26 +156,6 @@ def json_kind(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a JSONL log (an append-only run log); a torn last line (crash while appending) is ignored,
-    a bad line elsewhere is an error naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    lines = path.read_text().splitlines()
-    for k, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if k == len(lines) - 1:
-                break
-            raise ValueError(f"{path}:{k + 1}: not valid JSON") from None
-    return records
-
-
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save`` through :func:`atomic_write`. A write that fails inside torch (a full disk) surfaces as torch's
     RuntimeError ("unexpected pos …") with the OSError as its context: that OSError is raised instead, naming
@@ -331,6 +311,33 @@ def file_sha256(path: str | os.PathLike, block: int = 1 << 22) -> str:
         while chunk := handle.read(block):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+#: a name from a file that tvr makes part of a path (a bench method, a transfer set, a sweep's dial): one plain
+#: file or folder name, so it can neither climb out of the folder it is put in (``..``, ``/``), nor hide (``.x``)
+_SAFE_NAME = re.compile(r"\w[\w.+=@-]{0,99}")
+
+
+class UnsafeNameError(UserError, ValueError):
+    """A name that tvr would put into a path is not a plain file or folder name."""
+
+
+def safe_name(name: Any, what: str) -> str:
+    """``name`` when it can stand as one file or folder name as it is: letters, digits and ``. _ - + = @``, starting
+    with a letter, digit or ``_``, at most 100 characters (so never ``..``, a path, a hidden name or a NUL);
+    :class:`UnsafeNameError` naming ``what`` otherwise."""
+    if isinstance(name, str) and _SAFE_NAME.fullmatch(name):
+        return name
+    shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:77] + "..."
+    raise UnsafeNameError(
+        f"{what} {shown}: expected a plain name (letters, digits and . _ - + = @, at most 100 characters, starting "
+        "with a letter or digit), as it names a file or folder"
+    )
+
+
+def inside(folder: str | os.PathLike, name: Any, what: str) -> Path:
+    """``folder / name`` for a ``name`` that :func:`safe_name` accepts: a path that stays inside ``folder``."""
+    return Path(folder) / safe_name(name, what)
 
 
 def cache_root() -> Path:
