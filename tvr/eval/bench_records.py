@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -273,7 +274,7 @@ class Sweep(_Part):
     @classmethod
     def _plain_dial(cls, dial: str) -> str:
         try:
-            return safe_name(dial, "the dial")  # it names the sweep's figure file
+            return safe_name(dial, "value")  # it names the sweep's figure file
         except UnsafeNameError as exc:
             raise ValueError(str(exc)) from None
 
@@ -295,17 +296,20 @@ class Sweep(_Part):
 
 
 def _field(loc: tuple[Any, ...]) -> str:
-    """A pydantic error location as the dotted path a template uses (``summary.gare.t2v.R1.mean``); the names of
-    the union members and validators pydantic adds are left out."""
-    parts = [str(part) for part in loc if not (isinstance(part, str) and part[:1].isupper() or "[" in str(part))]
-    return ".".join(parts) or "the top level"
+    """A pydantic error location as the dotted path a template uses (``summary.gare.t2v.R1.mean``), without the
+    names pydantic adds for the members of a union (``Composition``, ``dict[str,any]``, ``none``)."""
+    union_members = {cls.__name__ for cls in (*_Part.__subclasses__(), Empty)}
+    return ".".join(str(p) for p in loc if not (p in union_members or "[" in str(p) or p == "none"))
 
 
 def _problem(exc: ValidationError) -> str:
     first = exc.errors(include_url=False, include_input=False)[0]
-    message = str(first["msg"]).removeprefix("Value error, ")
+    message = str(first["msg"]).removeprefix("Value error, ").replace("Input should be ", "expected ")
+    message = re.sub(r"a valid dictionary or instance of \S+", "an object", message)
+    message = message.replace("Field required", "missing")
+    field = _field(first["loc"])
     more = exc.error_count() - 1
-    return f"{_field(first['loc'])}: {message}" + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
+    return (f"{field}: " if field else "") + message + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
 
 
 def read_bench_record(path: str | Path, kind: str) -> dict[str, Any]:

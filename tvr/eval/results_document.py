@@ -76,11 +76,10 @@ def _bounded_spec(spec: str, where: str) -> str:
         if match is None:
             raise TemplateError(f"{where}: format {shown!r} is not a Python format specification")
         width, precision = int(match["width"] or 0), int(match["precision"] or 0)
-    if width > MAX_WIDTH or precision > MAX_PRECISION:
-        raise TemplateError(
-            f"{where}: format {shown!r} asks for a width of {width} and {precision} decimals; at most {MAX_WIDTH} "
-            f"and {MAX_PRECISION}"
-        )
+    if width > MAX_WIDTH:
+        raise TemplateError(f"{where}: format {shown!r} asks for {width:,} characters; at most {MAX_WIDTH}")
+    if precision > MAX_PRECISION:
+        raise TemplateError(f"{where}: format {shown!r} asks for {precision:,} decimals; at most {MAX_PRECISION}")
     return spec
 
 
@@ -268,7 +267,10 @@ def write_report(
         raise UserError(
             f"{template_path}: not UTF-8 text ({exc.reason} at byte {exc.start}); expected a markdown template"
         ) from None
-    text = fill_template(template, results, sweeps, out_path.parent / figures, figures, extra)
+    try:
+        text = fill_template(template, results, sweeps, out_path.parent / figures, figures, extra)
+    except TemplateError as exc:
+        raise TemplateError(f"{template_path}: {exc}") from None
     return atomic_write_text(out_path, text)
 
 
