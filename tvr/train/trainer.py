@@ -214,6 +214,9 @@ class Trainer:
                     # a smoke run (max_steps) still ends with a validation and a resumable checkpoint
                     self.train_seconds = seconds_before + time.perf_counter() - session_start
                     self._checkpoint_then_evaluate()
+                # a notice that came during the last checkpoint or validation stops the job too, before the test
+                # split: last.pt holds the finished training, and a resume goes on to the test
+                self._stop_if_preempted(watch, seconds_before, session_start)
             self._write_skipped(merge=True)
         finally:
             # on any exit (including an exception) leave the skipped-video report of what this process saw
@@ -316,7 +319,8 @@ class Trainer:
             barrier()
         if self.is_main:
             log.warning("%s: stopping after step %d; %s holds the run", name, self.global_step, self.last_path)
-        raise PreemptedError(name, self.global_step, self.epoch, self.batch_in_epoch, self.last_path)
+        finished = self.epoch >= self.tc.epochs or self._reached_max_steps()
+        raise PreemptedError(name, self.global_step, self.epoch, self.batch_in_epoch, self.last_path, finished)
 
     def _consume(self, batch: Any, seconds_before: float, session_start: float) -> bool:
         """Train on one batch; returns False when the batch was skipped (no readable item on some rank)."""
