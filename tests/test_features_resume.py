@@ -130,3 +130,17 @@ def test_one_job_per_cache_and_a_killed_jobs_temporaries_go(values, tmp_path: Pa
     theirs.write_text("not ours")
     build_feature_cache(cfg, cache, ["train"], progress=False)
     assert not any(path.exists() for path in left) and theirs.exists()
+
+
+def test_a_damaged_shard_is_encoded_again_with_one_warning_naming_it_once(values, tmp_path: Path, caplog) -> None:
+    cache = tmp_path / "cache"
+    cfg = config_from_dict(values)
+    build_feature_cache(cfg, cache, ["train"], progress=False)
+    shard = cache / "train" / "videos-00000.pt"
+    shard.write_text("garbage")
+    caplog.clear()
+    build_feature_cache(cfg, cache, ["train"], progress=False)
+    warned = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert warned == [f"feature shard {shard} is unreadable (a text file (starting b'garbage'); expected a torch.save "
+                      "file); encoding it again"]  # fmt: skip
+    assert shard.read_bytes()[:2] == b"PK"

@@ -60,7 +60,9 @@ def test_resume_auto_on_the_command_line(data_values, tmp_path: Path) -> None:
         assert result.exit_code == 2 and "the only word tvr train takes is 'auto', after --resume" in result.output
 
 
-def test_a_preempted_command_exits_143_and_the_same_command_continues(data_values, tmp_path: Path, monkeypatch) -> None:
+def test_a_preempted_command_exits_143_and_the_same_command_continues(
+    data_values, tmp_path: Path, monkeypatch, caplog
+) -> None:
     config, out = _config(tmp_path, data_values, epochs=2), tmp_path / "run"
     command = ["train", "-c", str(config), "-o", str(out), "--no-test", "--resume", "auto"]
     consume = trainer_module.Trainer._consume
@@ -75,6 +77,8 @@ def test_a_preempted_command_exits_143_and_the_same_command_continues(data_value
     stopped = runner.invoke(app, command)
     assert stopped.exit_code == PREEMPTED_EXIT_CODE == 143, stopped.output
     assert "SIGTERM: training stopped after step 1 (epoch 1, batch 1)" in " ".join(stopped.output.split())
+    # said once: a warning logged the same notice before the command printed it
+    assert stopped.output.count("SIGTERM") == 1 and not [r for r in caplog.records if "SIGTERM" in r.getMessage()]
     state = read_checkpoint(out / "last.pt")["state"]
     assert (state["epoch"], state["batch_in_epoch"], state["global_step"]) == (0, 1, 1)
     monkeypatch.undo()

@@ -35,7 +35,7 @@ from tvr.models.convert_openai import load_openai_clip
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.data_files import DataFileError, read_json
 from tvr.utils.pickle_scan import PickleRefusedError
-from tvr.utils.torch_files import TorchFileError, check_model_folder
+from tvr.utils.torch_files import TorchFileError, check_model_folder, weights_only_refusal
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -97,6 +97,9 @@ def load_clip_model(spec: str) -> CLIPModel:
         try:
             return CLIPModel.from_pretrained(str(path), dtype=torch.float32)
         except Exception as exc:  # noqa: BLE001 - a broken config.json or truncated weights raise many types
+            refusal = weights_only_refusal(str(exc))  # transformers torch.loads pytorch_model.bin (weights only)
+            if refusal is not None:
+                raise ConfigError(f"model.clip: {path}: its weights were {refusal}") from None
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ConfigError(
                 f"model.clip: {path}: not a loadable HF CLIP folder ({type(exc).__name__}: {first}); a damaged "

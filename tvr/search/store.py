@@ -41,6 +41,7 @@ from tvr.utils.io import (
     check_regular_file,
     create_temporary_dir,
     fsync_path,
+    naming_path,
     open_regular,
 )
 
@@ -124,11 +125,14 @@ def write_shard(folder: Path, name: str, emb: Tensor, state: Any, videos: list[d
         for entry in os.scandir(tmp):
             fsync_path(entry.path)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        named = naming_path(exc, target, tmp)  # a full disk names the shard, not a file of its temporary folder
+        if named is exc:
+            raise
+        raise named from exc
     return target
 
 

@@ -317,8 +317,7 @@ class Trainer:
             # no rank leaves before rank 0 has written last.pt: under torchrun the first rank to exit makes the agent
             # stop the others
             barrier()
-        if self.is_main:
-            log.warning("%s: stopping after step %d; %s holds the run", name, self.global_step, self.last_path)
+        # the error says it (the command line prints it): a warning here printed the same notice twice
         finished = self.epoch >= self.tc.epochs or self._reached_max_steps()
         raise PreemptedError(name, self.global_step, self.epoch, self.batch_in_epoch, self.last_path, finished)
 

@@ -100,18 +100,65 @@ def fsync_path(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+#: a full disk, or a full quota: the machine's state, not a bug
+DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+#: how numpy reports a write the device took only part of (an OSError with no errno)
+_SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk (or the user's quota) is full."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL
+
+
+def naming_path(exc: BaseException, path: str | os.PathLike, *stand_ins: str | os.PathLike) -> BaseException:
+    """``exc``, or when it is an OSError that names no file (``write`` on a full disk raises ENOSPC with no name)
+    or names a temporary of ``path``, one of ``stand_ins`` (a folder written in its place) or a file inside one, the
+    same error naming ``path``: the file the user asked for, so a message can say which one could not be written,
+    and where. numpy's short write (an OSError with no errno) is the full disk it is."""
+    if not isinstance(exc, OSError) or isinstance(exc, UserError):
+        return exc
+    short = _SHORT_WRITE.fullmatch(str(exc)) if exc.errno is None else None
+    if short:  # np.save / tofile: a regular file takes fewer bytes than written only when the device is full
+        why = f"{os.strerror(errno.ENOSPC)} (wrote {int(short[2]):,} of {int(short[1]):,} bytes)"
+        return OSError(errno.ENOSPC, why, str(path))
+    named = None if exc.filename is None else Path(os.fsdecode(exc.filename))
+    target = Path(path)
+    stand_in = named is not None and (
+        (named.parent == target.parent and is_temporary_name(named.name, target.name))
+        or any(named == Path(p) or Path(p) in named.parents for p in stand_ins)
+    )
+    if exc.errno is None or not (named is None or stand_in):
+        return exc
+    return OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path))
+
+
+@contextlib.contextmanager
+def naming_errors(path: str | os.PathLike, *stand_ins: str | os.PathLike) -> Iterator[None]:
+    """Inside the block, an OSError is raised naming ``path`` (:func:`naming_path`)."""
+    try:
+        yield
+    except OSError as exc:
+        named = naming_path(exc, path, *stand_ins)
+        if named is exc:
+            raise
+        raise named from exc
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path (an empty file) beside ``path`` for a writer that needs a file name (an encoder, a
     library's ``save``); when the block ends normally it is fsynced and renamed over ``path``, when it raises the
     temporary is removed."""
     path = Path(path)
-    fd, tmp = create_temporary(path)
+    with naming_errors(path):
+        fd, tmp = create_temporary(path)
     os.close(fd)
     try:
-        yield tmp
-        fsync_path(tmp)
-        os.replace(tmp, path)
+        with naming_errors(path):
+            yield tmp
+            fsync_path(tmp)
+            os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
