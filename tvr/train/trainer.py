@@ -287,9 +287,9 @@ class Trainer:
         if self._pending_eval:
             self._last_eval_step = -1
         self.logger.truncate_after(self.global_step, eval_pending=self._pending_eval)
-        log.info(
-            "resumed from %s at epoch %d, batch %d, step %d", path, self.epoch, self.batch_in_epoch, self.global_step
-        )
+        if self.is_main:
+            position = (self.epoch, self.batch_in_epoch, self.global_step)
+            log.info("resumed from %s at epoch %d, batch %d, step %d", path, *position)
 
     # ------------------------------------------------------------------ the loop
     def _reached_max_steps(self) -> bool:
@@ -478,7 +478,8 @@ class Trainer:
         if improved and self.is_main:
             save_checkpoint(self.best_path, self.model, state=self._state(), config=self.cfg)
         self.logger.eval(record)
-        log.info("step %d: %s = %.4f%s", self.global_step, self.select_metric, value, " (best)" if improved else "")
+        if self.is_main:
+            log.info("step %d: %s = %.4f%s", self.global_step, self.select_metric, value, " (best)" if improved else "")
 
     # ------------------------------------------------------------------ checkpoints
     def _sync_last_loss(self) -> None:
