@@ -278,3 +278,31 @@ def test_an_override_or_a_lock_file_nested_deep_is_refused_or_ignored(made: dict
                                  "--set", "train.max_steps=2"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
+
+
+#: calls that parse JSON / YAML outside the reader, and why each may: text that never came from a file
+PARSED_ELSEWHERE = {
+    "tvr/pipeline/bench.py": 3,  # the bench's messages to and from its own worker processes, over a pipe
+    "tvr/eval/bench_records.py": 1,  # sealed(): a record tvr built, round-tripped to plain JSON types
+    # the query-export cache's meta.json (issue 47's query-export work changes these readers; they should move here)
+    "tvr/search/numpy_query.py": 1,
+    "tvr/search/query_encoder.py": 1,
+}
+
+
+def test_every_json_and_yaml_file_is_read_through_the_bounded_reader() -> None:
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    parsers = {("json", "loads"), ("json", "load"), ("yaml", "safe_load"), ("yaml", "load"), ("yaml", "full_load")}
+    found: dict[str, int] = {}
+    for path in sorted((root / "tvr").rglob("*.py")):
+        relative = str(path.relative_to(root))
+        if relative == "tvr/utils/data_files.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            func = node.func if isinstance(node, ast.Call) else None
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+                if (func.value.id, func.attr) in parsers:
+                    found[relative] = found.get(relative, 0) + 1
+    assert found == PARSED_ELSEWHERE
