@@ -345,19 +345,14 @@ def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch) -> None:
     assert [c.get("local_files_only") for c in calls] == [True] and len(probes) == 1
 
 
-def test_a_disk_that_fills_up_inside_torch_save_is_one_line_naming_the_disk(tmp_path: Path, monkeypatch) -> None:
-    """torch.save reports a failed write as a RuntimeError ("unexpected pos …"), with the OSError only as its
-    context: a full disk during ``tvr train`` used to print a long traceback. The write here fails like a full
-    disk, after the first 4 kB of a checkpoint."""
+def _disk_full_after(marker: str, monkeypatch, calls: int = 1, after_bytes: int = 0) -> None:
+    """Writes into the ``calls``-th temporary whose name holds ``marker`` (and every later one) fail past
+    ``after_bytes`` bytes as on a full disk: ENOSPC naming no file, as ``write`` raises it."""
     import builtins
 
     import tvr.utils.io as io_module
 
-    values = make_msrvtt(tmp_path / "data")
-    values["train"]["max_steps"] = 1
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(values))
-    out = tmp_path / "run"
+    seen = {"n": 0}
 
     class FillsUp:
         def __init__(self, handle) -> None:
@@ -365,7 +360,7 @@ def test_a_disk_that_fills_up_inside_torch_save_is_one_line_naming_the_disk(tmp_
 
         def write(self, data) -> int:
             self.written += len(data)
-            if self.written > 4096:
+            if self.written > after_bytes:
                 raise OSError(errno.ENOSPC, "No space left on device")
             return self.handle.write(data)
 
@@ -380,9 +375,25 @@ def test_a_disk_that_fills_up_inside_torch_save_is_one_line_naming_the_disk(tmp_
 
     def full_disk_open(path, mode="r", *args, **kwargs):
         handle = builtins.open(path, mode, *args, **kwargs)
-        return FillsUp(handle) if "w" in mode and ".last.pt." in str(path) else handle
+        if "w" in mode and marker in Path(path).name:
+            seen["n"] += 1
+            if seen["n"] >= calls:
+                return FillsUp(handle)
+        return handle
 
     monkeypatch.setattr(io_module, "open", full_disk_open, raising=False)
+
+
+def test_a_disk_that_fills_up_inside_torch_save_is_one_line_naming_the_disk(tmp_path: Path, monkeypatch) -> None:
+    """torch.save reports a failed write as a RuntimeError ("unexpected pos …"), with the OSError only as its
+    context: a full disk during ``tvr train`` used to print a long traceback. The write here fails like a full
+    disk, after the first 4 kB of a checkpoint."""
+    values = make_msrvtt(tmp_path / "data")
+    values["train"]["max_steps"] = 1
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(values))
+    out = tmp_path / "run"
+    _disk_full_after(".last.pt.", monkeypatch, after_bytes=4096)
     result = runner.invoke(app, ["train", "-c", str(config), "-o", str(out), "--no-test"])
     assert result.exit_code == 2, result.output
     text = " ".join(result.output.split())
@@ -401,42 +412,6 @@ def test_the_help_names_search_and_serve_and_the_readme_lists_the_exit_codes() -
     exit_codes = readme[readme.index("Exit codes:") :][:400]
     for code in ("**0**", "**1**", "**2**", "**130** interrupted by Ctrl-C"):
         assert code in exit_codes
-
-
-def _disk_full_after(marker: str, monkeypatch, calls: int = 1):
-    """From the ``calls``-th temporary whose name holds ``marker`` on, writes into it fail as on a full disk:
-    ENOSPC naming no file, as ``write`` raises it."""
-    import builtins
-
-    import tvr.utils.io as io_module
-
-    seen = {"n": 0}
-
-    class Full:
-        def __init__(self, handle) -> None:
-            self.handle = handle
-
-        def write(self, data) -> int:
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def __getattr__(self, name):
-            return getattr(self.handle, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc) -> None:
-            self.handle.close()
-
-    def full_disk_open(path, mode="r", *args, **kwargs):
-        handle = builtins.open(path, mode, *args, **kwargs)
-        if "w" in mode and marker in Path(path).name:
-            seen["n"] += 1
-            if seen["n"] >= calls:
-                return Full(handle)
-        return handle
-
-    monkeypatch.setattr(io_module, "open", full_disk_open, raising=False)
 
 
 def _one_disk_full_line(result, written: Path, command: str) -> str:
