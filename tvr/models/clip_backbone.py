@@ -192,10 +192,8 @@ def backbone_image_size(model_cfg: ModelConfig) -> tuple[int, str] | None:
         return None
     try:
         size = read_json(config_file)["vision_config"]["image_size"]
-    except DataFileError as exc:
-        raise ConfigError(f"model.clip = {spec!r}: {exc}") from None
-    except (KeyError, TypeError, OSError):
-        return None  # a config.json of another shape is reported when the model loads
+    except (DataFileError, KeyError, TypeError, OSError):
+        return None  # a damaged config.json is reported when the model loads (load_clip_model reads it first)
     return (
         (int(size), f"model.clip = {spec!r} (its config.json vision_config.image_size)")
         if isinstance(size, int)
