@@ -177,3 +177,17 @@ def test_a_failed_start_leaves_the_cache_folder_as_it_found_it(values, tmp_path:
     with pytest.raises(KilledError):
         build_feature_cache(config_from_dict(values), fresh, ["train"], shard_size=2, progress=False)
     assert (fresh / "manifest.json").is_file() and (fresh / "train" / "videos-00000.pt").is_file()
+
+
+def test_a_damaged_shard_is_encoded_again_with_one_warning_naming_it_once(values, tmp_path: Path, caplog) -> None:
+    cache = tmp_path / "cache"
+    cfg = config_from_dict(values)
+    build_feature_cache(cfg, cache, ["train"], progress=False)
+    shard = cache / "train" / "videos-00000.pt"
+    shard.write_text("garbage")
+    caplog.clear()
+    build_feature_cache(cfg, cache, ["train"], progress=False)
+    warned = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert warned == [f"feature shard {shard} is unreadable (a text file (starting b'garbage'); expected a torch.save "
+                      "file); encoding it again"]  # fmt: skip
+    assert shard.read_bytes()[:2] == b"PK"

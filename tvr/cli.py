@@ -3,7 +3,6 @@ checkpoint/tokenizer conversion."""
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
@@ -33,8 +32,15 @@ _PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirec
 CONFIG_HELP = "YAML file or shipped preset name, e.g. gare/msrvtt (`tvr presets` lists them)."
 
 
-#: a full disk (or quota): the machine's state, not a bug; every file is written whole or not at all
-_DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+#: how a command continues after a full disk stopped it, where rerunning it does more than start over
+_CONTINUES = {
+    "tvr train": "with --resume auto: the run continues from its last checkpoint (or starts, if it wrote none)",
+    "tvr features": "it continues the cache where it stopped",
+    "tvr prepare videos": "it continues where it stopped",
+    "tvr prepare frames": "it continues where it stopped",
+    "tvr index": "it continues the index where it stopped",
+    "tvr bench": "it resumes the bench",
+}
 #: what a command interrupted by Ctrl-C leaves, when it says nothing more specific
 INTERRUPTED = (
     "interrupted: everything finished so far is kept (every file is written whole or not at all); "
@@ -68,7 +74,9 @@ def say(label: str, text: str, style: str = "red") -> None:
 
 
 def _is_user_error(exc: BaseException) -> bool:
-    return isinstance(exc, (UserError, *_PATH_ERRORS)) or (isinstance(exc, OSError) and exc.errno in _DISK_FULL)
+    from tvr.utils.io import is_disk_full
+
+    return isinstance(exc, (UserError, *_PATH_ERRORS)) or is_disk_full(exc)
 
 
 def _file_system(path: str | os.PathLike) -> str:
@@ -85,26 +93,37 @@ def _file_system(path: str | os.PathLike) -> str:
         free = shutil.disk_usage(mount).free
     except OSError:
         return f"the file system mounted at {mount}"
-    return f"the file system mounted at {mount}, {free / 2**20:,.0f} MiB free"
+    left = f"{free / 2**20:,.0f} MiB" if free >= 2**20 else f"{free / 2**10:,.0f} KiB"
+    return f"the file system mounted at {mount}, {left} free"
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
-        where = f" writing {exc.filename} ({_file_system(exc.filename)})" if exc.filename else ""
-        return (
-            f"no space left on the device{where} ({exc.strerror or exc}); nothing already written was lost (every "
-            "file is written whole or not at all, a half-written one is removed): free some space and rerun "
-            "(tvr train: with --resume)"
-        )
+def disk_full_message(exc: OSError, command: str) -> str:
+    """The one message of a full disk: the file that could not be written, the file system it is on and the space
+    left there, that nothing written was lost, and how ``command`` continues."""
+    where = f" writing {exc.filename} ({_file_system(exc.filename)})" if exc.filename else f" ({_file_system('.')})"
+    again = _CONTINUES.get(command)
+    return (
+        f"no space left on the device{where} ({exc.strerror or exc}); nothing already written was lost (every file "
+        f"is written whole or not at all, a half-written one is removed): free some space there and run {command} "
+        "again" + (f" {again}" if again and again.startswith("with") else f": {again}" if again else "")
+    )
+
+
+def _describe(exc: BaseException, command: str) -> str:
+    from tvr.utils.io import is_disk_full
+
+    if is_disk_full(exc):
+        return disk_full_message(exc, command)
     if isinstance(exc, OSError) and not isinstance(exc, UserError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror or exc}"
     return str(exc)
 
 
-def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+def friendly_errors(fn: Callable[..., Any], command: str = "the command") -> Callable[..., Any]:
     """Run a command; a user error prints one or two lines and exits with code 2 (bugs keep their traceback);
     Ctrl-C says what was kept and exits with code 130; a job stopped to be restarted (a preempted training run)
-    says where it stopped and exits with its code (143)."""
+    says where it stopped and exits with its code (143). ``command``: how the user runs it (``tvr prepare
+    videos``), for a message that says how to continue."""
 
     @functools.wraps(fn)
     def run_command(*args: Any, **kwargs: Any) -> Any:
@@ -122,7 +141,7 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             if _DEBUG["on"] or not _is_user_error(exc):
                 raise
-            say("error", _describe(exc))
+            say("error", _describe(exc, command))
             console.print("[dim](--debug or TVR_DEBUG=1 shows the traceback)[/dim]")
             raise typer.Exit(2) from None
 
@@ -144,11 +163,21 @@ def out_file(path: Path, flag: str = "--out") -> Path:
 
 
 class _Commands(typer.Typer):
-    """Every command registered on the app reports user errors without a traceback."""
+    """Every command registered on the app reports user errors without a traceback; ``prefix``: how the user
+    reaches its commands (``tvr prepare``)."""
+
+    def __init__(self, *args: Any, prefix: str = "tvr", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefix = prefix
 
     def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         register = super().command(*args, **kwargs)
-        return lambda fn: register(friendly_errors(fn))
+
+        def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+            name = args[0] if args else kwargs.get("name") or fn.__name__.lower().replace("_", "-")
+            return register(friendly_errors(fn, f"{self.prefix} {name}"))
+
+        return wrap
 
 
 app = _Commands(
@@ -523,7 +552,9 @@ def demo(
     console.print(f"run folder: {escape(str(out / 'run'))}", highlight=False)
 
 
-bench_app = _Commands(help="Methods × seeds: does a method beat the baseline? (tvr bench --config NAME --out DIR)")
+bench_app = _Commands(
+    prefix="tvr bench", help="Methods × seeds: does a method beat the baseline? (tvr bench --config NAME --out DIR)"
+)
 
 
 @bench_app.callback(invoke_without_command=True)
@@ -550,7 +581,7 @@ def bench(
     made with the same config are kept. `tvr bench report` writes a document from committed results."""
     if ctx.invoked_subcommand is not None:
         return
-    friendly_errors(_bench)(config, out, jobs, rerun_changed, allow_unlike_validation, sweep)
+    friendly_errors(_bench, "tvr bench")(config, out, jobs, rerun_changed, allow_unlike_validation, sweep)
 
 
 def _bench(
@@ -764,7 +795,9 @@ def check_data(
     raise typer.Exit(0 if report["ok"] else 1)
 
 
-prepare_app = _Commands(no_args_is_help=True, help="Turn raw downloads into the training form (resumable).")
+prepare_app = _Commands(
+    prefix="tvr prepare", no_args_is_help=True, help="Turn raw downloads into the training form (resumable)."
+)
 app.add_typer(prepare_app, name="prepare")
 
 

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from tvr.config import Config, ConfigError, ask_backbone
+from tvr.utils.data_files import DataFileError, read_json
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_text
 
@@ -326,9 +327,9 @@ def _read_tokenizer_dir(path: Path) -> tuple[dict[str, int], list[tuple[str, str
     vocab_file, merges_file, tok_file = path / "vocab.json", path / "merges.txt", path / "tokenizer.json"
     if vocab_file.is_file() and merges_file.is_file():
         try:
-            vocab = json.loads(vocab_file.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise TokenizerError(f"{vocab_file} line {exc.lineno}: not valid JSON ({exc.msg})") from exc
+            vocab = read_json(vocab_file)
+        except DataFileError as exc:
+            raise TokenizerError(f"{vocab_file}{f' line {exc.line}' if exc.line else ''}: {exc.problem}") from None
         if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
             raise TokenizerError(f"{vocab_file}: expected a JSON object mapping token strings to integer ids")
         merges: list[tuple[str, str]] = []
@@ -339,10 +340,12 @@ def _read_tokenizer_dir(path: Path) -> tuple[dict[str, int], list[tuple[str, str
         return vocab, merges
     if tok_file.is_file():
         try:
-            model = json.loads(tok_file.read_text(encoding="utf-8"))["model"]
+            model = read_json(tok_file)["model"]
             vocab = dict(model["vocab"])
             raw = model["merges"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        except DataFileError as exc:
+            raise TokenizerError(str(exc)) from None
+        except (KeyError, TypeError) as exc:
             raise TokenizerError(
                 f"{tok_file}: expected an HF tokenizer.json with model.vocab and model.merges"
             ) from exc

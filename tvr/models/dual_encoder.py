@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from tvr.models.hub import hub_unreachable, offline_requested
 from tvr.types import TextFeatures
+from tvr.utils.data_files import parse_json, read_json
 from tvr.utils.errors import UserError, first_line
 
 log = logging.getLogger(__name__)
@@ -271,7 +272,7 @@ def tokenizer_sha256(tokenizer: Any) -> str:
         for path in sorted(Path(folder).iterdir()):
             data = path.read_bytes()
             if path.suffix == ".json":
-                values = json.loads(data)
+                values = parse_json(data, path)
                 if isinstance(values, dict):
                     values = {k: v for k, v in values.items() if k not in _NOT_CONTENT}
                 data = json.dumps(values, sort_keys=True).encode()
@@ -294,7 +295,7 @@ def _preprocessor_values(source: ModelSource, hub: dict[str, Any]) -> dict[str, 
     if not path:
         return {}
     try:
-        values = json.loads(Path(path).read_text(encoding="utf-8"))
+        values = read_json(path)
     except (OSError, ValueError) as exc:
         raise DualEncoderError(f"--model {source.name}: preprocessor_config.json does not read: {exc}") from None
     return values if isinstance(values, dict) else {}

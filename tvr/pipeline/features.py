@@ -32,6 +32,7 @@ from tvr.models.preprocess import resolve_preprocess
 from tvr.pipeline.run_folder import StartUndo
 from tvr.train.utils import seed_everything
 from tvr.utils.device import resolve_device
+from tvr.utils.errors import first_line
 from tvr.utils.io import atomic_torch_save, atomic_write_json, remove_stale_temporaries
 from tvr.utils.lock import folder_lock
 from tvr.utils.parallel import loader_workers
@@ -95,7 +96,8 @@ def _earlier_shard(path: Path) -> dict | None:
     try:
         return load_torch_file(path, mmap=True)
     except Exception as exc:  # noqa: BLE001 - a damaged shard is encoded again
-        log.warning("feature shard %s is unreadable (%s); encoding it again", path, exc)
+        why = getattr(exc, "detail", None) or getattr(exc, "reason", None) or first_line(exc)  # without the path
+        log.warning("feature shard %s is unreadable (%s); encoding it again", path, why)
         return None
 
 

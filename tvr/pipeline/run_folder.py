@@ -26,10 +26,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import yaml
-
 from tvr.config import Config, ConfigError, UntrustedCodeError, config_from_dict, config_to_dict, save_config
 from tvr.train.tensorboard import TENSORBOARD_FOLDER
+from tvr.utils.data_files import DataFileError, read_yaml
+from tvr.utils.errors import reason
 from tvr.utils.io import atomic_write_bytes, atomic_write_text, remove_stale_temporaries
 
 log = logging.getLogger(__name__)
@@ -228,14 +228,14 @@ def _recorded_config(out_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        recorded = config_from_dict(yaml.safe_load(path.read_text()) or {}, where=str(path))
+        recorded = config_from_dict(read_yaml(path) or {}, where=str(path))
         resolve_head_config(recorded.head)  # head.options as the head's dataclass, as in the run's own config
     except UntrustedCodeError:  # the record is fine: it needs --trust-code, as the run did
         raise
-    except (yaml.YAMLError, ConfigError, UnicodeDecodeError) as exc:
+    except (DataFileError, ConfigError) as exc:
         raise RunFolderError(
-            f"{path}: unreadable ({exc}); it records what the run in {out_dir} ran with, so the resume cannot be "
-            "checked against it: restore it, or start over with --overwrite"
+            f"{path}: unreadable ({reason(exc)}); it records what the run in {out_dir} ran with, so the resume cannot "
+            "be checked against it: restore it, or start over with --overwrite"
         ) from None
     return _flat(config_to_dict(recorded))
 

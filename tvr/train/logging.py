@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from tvr.train.tensorboard import TensorBoardLog
-from tvr.utils.io import atomic_write_text, read_jsonl
+from tvr.utils.data_files import read_jsonl
+from tvr.utils.io import atomic_write_text, naming_errors
 
 __all__ = ["RunLogger", "TrainProgress", "flatten", "format_duration", "format_lrs", "read_jsonl"]
 
@@ -102,7 +103,7 @@ class RunLogger:
 
     def _append_jsonl(self, path: Path, record: dict[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as handle:
+        with naming_errors(path), open(path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
             handle.flush()
 
@@ -120,7 +121,7 @@ class RunLogger:
             columns = list(columns or []) + [key for key in row if key not in (columns or [])]
             self._rewrite_csv(columns, old_rows)
             self._csv_columns = columns
-        with open(self.train_csv, "a", newline="") as handle:
+        with naming_errors(self.train_csv), open(self.train_csv, "a", newline="") as handle:
             csv.DictWriter(handle, fieldnames=columns).writerow(row)
             handle.flush()
 

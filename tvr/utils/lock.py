@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tvr.utils.data_files import DataFileError, parse_json
 from tvr.utils.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -91,9 +92,9 @@ def _read_holder(fd: int) -> dict:
     try:
         os.lseek(fd, 0, os.SEEK_SET)
         text = os.read(fd, 4096).decode("utf-8", errors="replace")
-        holder = json.loads(text) if text.strip() else {}
+        holder = parse_json(text, "the lock file") if text.strip() else {}
         return holder if isinstance(holder, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, DataFileError):
         return {}
 
 

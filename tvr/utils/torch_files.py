@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import tarfile
 import warnings
 import zipfile
@@ -191,9 +192,29 @@ def check_tensor_extents(obj: Any, what: str) -> None:
                 )
 
 
+#: what torch's weights-only unpickler names when it refuses a pickle: ``GLOBAL posix.system``
+_REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def weights_only_refusal(message: str) -> str | None:
+    """What ``torch.load(weights_only=True)`` refused in a file, in tvr's words, from torch's message; None when the
+    message is not such a refusal. Torch's own advice (load with ``weights_only=False``, allow-list the global) is
+    left out: tvr reads a checkpoint as data, and no file from elsewhere is worth running code for."""
+    if not message.startswith("Weights only load failed"):
+        return None
+    refused = _REFUSED_GLOBAL.search(message)
+    if refused:
+        return (
+            f"refused: its pickle names {refused.group(1)}, code (a function or class) where a checkpoint holds data "
+            "only; tvr reads tensors, numbers, strings and containers, and nothing else from a file"
+        )
+    return "refused: its pickle holds something other than tensors, numbers, strings and containers"
+
+
 def load_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
     """``torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)`` of a file that passed
-    :func:`check_torch_file`, its tensors checked by :func:`check_tensor_extents`. A file refused as unsafe raises
+    :func:`check_torch_file`, its tensors checked by :func:`check_tensor_extents`. A file refused as unsafe (by the
+    checks, or by the weights-only unpickler: a pickle naming a class or function) raises
     :class:`~tvr.utils.pickle_scan.PickleRefusedError` (its message names the file and the problem); one that is not
     a torch.save file or that torch cannot read, :class:`TorchFileError` (``detail``: the first line of torch's
     message, or what the file looks like)."""
@@ -205,6 +226,9 @@ def load_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
             warnings.simplefilter("ignore")  # torch warns (with a source line) about files it then reads or refuses
             obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, UnpicklingError, EOFError, MemoryError, …
+        refusal = weights_only_refusal(str(exc))
+        if refusal is not None:  # a pickle that names code: hostile or foreign, not damaged
+            raise PickleRefusedError(str(path), refusal) from None
         raise TorchFileError(path, first_line(exc)) from exc
     check_tensor_extents(obj, str(path))
     return obj
