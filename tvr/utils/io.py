@@ -243,7 +243,12 @@ def describe_file_start(path: str | os.PathLike) -> str:
     """What a file that a loader rejected looks like, from its first bytes (an empty file, a zip archive, a pickle,
     text, …), so an error can say more than the loader's internal code."""
     with open(path, "rb") as handle:
-        head = handle.read(64)
+        return describe_start(handle.read(64))
+
+
+def describe_start(head: bytes) -> str:
+    """:func:`describe_file_start` of a file whose first bytes are ``head``."""
+    head = head[:64]
     if not head:
         return "an empty file"
     if head.startswith(b"PK\x03\x04"):
