@@ -122,6 +122,7 @@ class ExportWriter:
         check_private(self.folder.parent)
         remove_stale_temporaries(self.folder.parent, min_age_seconds=STALE_SECONDS)
         self.work = create_temporary_dir(self.folder)
+        os.chmod(self.work, 0o700)  # nobody else may open a file of the export while it is being written
 
     def write(self, name: str, data: bytes | str) -> Path:
         """Write one file of the export (text as UTF-8)."""

@@ -194,6 +194,25 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     return atomic_write(path, save)
 
 
+#: how Rust libraries (safetensors, tokenizers) end the message of an OS error: "... (os error 28)"
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def write_error(exc: BaseException, path: str | os.PathLike) -> OSError | None:
+    """The failure of a library writing ``path`` (a file or a folder) as an OSError naming ``path``, when an OS error
+    is behind it: an OSError itself (Python's writes name no file), one in its cause or context (torch's
+    RuntimeError), or one a Rust library's message gives by number (safetensors' ``SafetensorError: … No space
+    left on device (os error 28)``); None for any other failure."""
+    for error in (exc, exc.__cause__, exc.__context__):
+        if isinstance(error, OSError) and error.errno is not None:
+            return OSError(error.errno, error.strerror, str(path))
+    match = _RUST_OS_ERROR.search(str(exc))
+    if match is not None:
+        number = int(match.group(1))
+        return OSError(number, os.strerror(number), str(path))
+    return None
+
+
 def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     """Copy ``src`` to ``dst`` through a temporary, so ``dst`` is either absent or complete."""
     with open(src, "rb") as source:

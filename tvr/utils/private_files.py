@@ -182,9 +182,10 @@ def keep_private(folder: str | os.PathLike) -> None:
             os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o022)
 
 
-def make_folders(folder: str | os.PathLike) -> None:
-    """Create ``folder`` and the folders above it that are missing, none writable by group or others whatever the
-    umask (``mkdir -p`` would give them the umask's mode, 0775 under 002, which :class:`PrivateFolder` refuses)."""
+def make_folders(folder: str | os.PathLike, mode: int = 0o755) -> None:
+    """Create ``folder`` (with ``mode``) and the folders above it that are missing (0755), none writable by group or
+    others whatever the umask (``mkdir -p`` would give them the umask's mode, 0775 under 002, which
+    :class:`PrivateFolder` refuses)."""
     folder = Path(folder)
     missing = []
     while not os.path.lexists(folder) and folder != folder.parent:
@@ -192,7 +193,7 @@ def make_folders(folder: str | os.PathLike) -> None:
         folder = folder.parent
     for path in reversed(missing):
         try:
-            os.mkdir(path, 0o755)
+            os.mkdir(path, mode if path == missing[0] else 0o755)
         except FileExistsError:
             continue  # made meanwhile by another process: the walk checks what it is
 
