@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tvr.utils.errors import first_line
 from tvr.utils.io import atomic_write_bytes, atomic_write_json, create_temporary_dir, remove_stale_temporaries
 from tvr.utils.private_files import (
     PrivateFolder,
@@ -54,7 +55,10 @@ def warn_once(log: logging.Logger, message: str, key: str | None = None) -> None
 def not_used(log: logging.Logger, what: str, folder: Path, exc: BaseException) -> None:
     """Report an export that exists but is not read (``exc`` says why): one warning; the full model loads."""
     key = str(exc) if isinstance(exc, UntrustedFileError) else None
-    warn_once(log, f"not using the {what} in {folder} ({exc}); loading the full model", key)
+    detail = first_line(exc)
+    if isinstance(exc, UntrustedFileError) and exc.path.is_relative_to(folder) and exc.path != folder:
+        detail = f"{exc.path.relative_to(folder)}: {exc.why}"  # the folder is named once
+    warn_once(log, f"not using the {what} in {folder} ({detail}); loading the full model", key)
 
 
 class ExportFormatError(UntrustedFileError):

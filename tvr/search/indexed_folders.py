@@ -68,7 +68,7 @@ def _recorded_root(index: str | os.PathLike) -> tuple[str | None, str]:
         with PrivateFolder(records_folder()) as folder:
             record: Any = json.loads(folder.read(name, max_bytes=MAX_RECORD_BYTES))
     except FileNotFoundError:
-        return None, "this user's tvr index did not build it there (made elsewhere, or moved since)"
+        return None, "this user did not build it from that folder with tvr index (made elsewhere, moved or copied)"
     except (OSError, ValueError) as exc:
         return None, f"its record cannot be read ({exc})"
     if not isinstance(record, dict) or record.get("format") != FORMAT or record.get("index") != real:

@@ -139,8 +139,10 @@ class PrivateFolder:
                     path, f"{problem}; tvr trusts a cache file only if no other user can change it"
                 )
             size = info.st_size
-            if record is not None and size != record.get("size"):
-                raise UntrustedFileError(path, f"{size:,} bytes, not the {record.get('size')} tvr wrote")
+            expected = None if record is None else record.get("size")
+            if record is not None and size != expected:
+                wrote = f"{expected:,}" if isinstance(expected, int) else repr(expected)
+                raise UntrustedFileError(path, f"{size:,} bytes, not the {wrote} tvr wrote")
             if max_bytes is not None and size > max_bytes:
                 raise UntrustedFileError(path, f"{size:,} bytes; at most {max_bytes:,} expected")
             data = handle.read(size + 1)
