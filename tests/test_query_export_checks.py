@@ -171,14 +171,19 @@ def test_the_torchscript_loaded_is_the_file_that_was_checked(torch_export, tmp_p
     assert load_query_encoder(torch_export.stamp) is None
 
 
-@pytest.mark.parametrize("name", ["text.pt", "head.pt", "vocab.json"])
-def test_a_fifo_in_the_export_does_not_block_the_search(torch_export, name: str) -> None:
-    fifo = torch_export.folder / name
+def _fifo_does_not_block(folder: Path, name: str, load) -> None:
+    """``name`` replaced by a FIFO (no writer ever comes): ``load()`` returns None at once, with one warning."""
+    fifo = folder / name
     fifo.unlink()
     os.mkfifo(fifo)
-    returned, (warning,) = _in_child(lambda: load_query_encoder(torch_export.stamp), 60)
+    returned, (warning,) = _in_child(load, 60)
     assert returned == "NoneType"
     assert name in warning and "FIFO" in warning
+
+
+@pytest.mark.parametrize("name", ["text.pt", "head.pt", "vocab.json"])
+def test_a_fifo_in_the_export_does_not_block_the_search(torch_export, name: str) -> None:
+    _fifo_does_not_block(torch_export.folder, name, lambda: load_query_encoder(torch_export.stamp))
 
 
 def test_an_export_whose_meta_is_not_what_tvr_writes_is_one_warning(torch_export, caplog) -> None:
@@ -239,12 +244,7 @@ def _npz(arrays: dict[str, np.ndarray], compressed: bool = False) -> bytes:
 
 @pytest.mark.parametrize("name", ["weights.npz", "tokenizer.json"])
 def test_a_fifo_in_the_numpy_export_does_not_block_the_search(numpy_export, name: str) -> None:
-    fifo = numpy_export.export / name
-    fifo.unlink()
-    os.mkfifo(fifo)
-    returned, (warning,) = _in_child(lambda: load_numpy_query_encoder(numpy_export.stamp), 60)
-    assert returned == "NoneType"
-    assert name in warning and "FIFO" in warning
+    _fifo_does_not_block(numpy_export.export, name, lambda: load_numpy_query_encoder(numpy_export.stamp))
 
 
 @pytest.mark.parametrize("recorded", [False, True], ids=["as-found", "record-rewritten"])
@@ -329,6 +329,7 @@ def _limited(limit: int):
     return apply
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["search", "index"])
 def test_a_write_that_fails_under_the_cache_is_a_warning(command: str, search_setup, search_index, tmp_path) -> None:
     """``tvr search`` / ``tvr index`` in a process whose writes fail past 1 MB (the 6 MB text.pt fails mid-write,

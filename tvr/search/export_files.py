@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 from pathlib import Path
@@ -114,6 +115,24 @@ class ExportFiles:
 def bad_meta(folder: Path, problem: str) -> ExportFormatError:
     """The error of a ``meta.json`` field that is not what the reader computes with."""
     return ExportFormatError(folder / META, problem)
+
+
+def check_fields(folder: Path, checks: list[tuple[str, Any, str]]) -> None:
+    """Refuse ``meta.json`` at the first ``(key, ok, expected)`` whose ``ok`` is false: "'key' is not expected"."""
+    for key, ok, expected in checks:
+        if not ok:
+            raise bad_meta(folder, f"'{key}' is not {expected}")
+
+
+def is_count(value: Any, low: int, high: int) -> bool:
+    """An integer (not a bool) in [low, high]."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def is_number(value: Any, positive: bool = False) -> bool:
+    """A finite int or float (not a bool), > 0 when ``positive``."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return ok and (value > 0 or not positive)
 
 
 class ExportWriter:

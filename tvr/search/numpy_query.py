@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from tvr.search.export_files import ExportFiles, bad_meta, export_exists, not_used
+from tvr.search.export_files import ExportFiles, bad_meta, check_fields, export_exists, is_count, is_number, not_used
 from tvr.search.stamps import check_stamp, checkpoint_file_state, numpy_queries_enabled
 from tvr.utils.io import cache_root
 from tvr.utils.private_files import UntrustedFileError
@@ -355,46 +355,34 @@ def read_arrays(data: bytes, path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _finite(value: Any, positive: bool = False) -> bool:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return ok and (value > 0 or not positive)
-
-
-def _count(value: Any, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+def _is_fusion(fusion: Any) -> bool:
+    if not isinstance(fusion, dict):
+        return False
+    if fusion.get("kind") == "fused":
+        return is_number(fusion.get("weight")) and is_number(fusion.get("temperature"), positive=True)
+    return fusion.get("kind") == "none"
 
 
 def _check_meta(meta: dict[str, Any], folder: Path) -> None:
     """Refuse a ``meta.json`` whose fields are not what :class:`NumpyQueryEncoder` computes with."""
-    tower, fusion = meta.get("tower"), meta.get("fusion")
-    for key, ok, expected in (
-        ("stamp", isinstance(meta.get("stamp"), dict) and isinstance(meta["stamp"].get("id"), str), "the model stamp"),
-        ("max_words", _count(meta.get("max_words"), 1, MAX_WORDS), f"a count of tokens up to {MAX_WORDS}"),
-        (
-            "tower",
-            isinstance(tower, dict)
-            and _count(tower.get("layers"), 1, 1024)
-            and _count(tower.get("heads"), 1, 1 << 16)
-            and _finite(tower.get("eps"), positive=True)
-            and isinstance(tower.get("normalize"), bool),
-            "the tower's layers, heads, eps and normalize",
-        ),
-        (
-            "fusion",
-            isinstance(fusion, dict)
-            and (
-                fusion.get("kind") == "none"
-                or (
-                    fusion.get("kind") == "fused"
-                    and _finite(fusion.get("weight"))
-                    and _finite(fusion.get("temperature"), positive=True)
-                )
+    stamp, tower, fusion = meta.get("stamp"), meta.get("tower"), meta.get("fusion")
+    check_fields(
+        folder,
+        [
+            ("stamp", isinstance(stamp, dict) and isinstance(stamp.get("id"), str), "the model stamp"),
+            ("max_words", is_count(meta.get("max_words"), 1, MAX_WORDS), f"a count of tokens up to {MAX_WORDS}"),
+            (
+                "tower",
+                isinstance(tower, dict)
+                and is_count(tower.get("layers"), 1, 1024)
+                and is_count(tower.get("heads"), 1, 1 << 16)
+                and is_number(tower.get("eps"), positive=True)
+                and isinstance(tower.get("normalize"), bool),
+                "the tower's layers, heads, eps and normalize",
             ),
-            "none, or fused with a weight and a positive temperature",
-        ),
-    ):
-        if not ok:
-            raise bad_meta(folder, f"'{key}' is not {expected}")
+            ("fusion", _is_fusion(fusion), "none, or fused with a weight and a positive temperature"),
+        ],
+    )
 
 
 def _check_arrays(arrays: dict[str, np.ndarray], meta: dict[str, Any], vocabulary: int, folder: Path) -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import io
 import itertools
 import logging
-import math
 import os
 import threading
 import warnings
@@ -44,7 +43,16 @@ import torch
 from torch import Tensor, nn
 
 from tvr.search.encoders import SearchEncoder, padded_lengths
-from tvr.search.export_files import ExportFiles, ExportWriter, bad_meta, export_exists, not_used, write_failed
+from tvr.search.export_files import (
+    ExportFiles,
+    ExportWriter,
+    check_fields,
+    export_exists,
+    is_count,
+    is_number,
+    not_used,
+    write_failed,
+)
 from tvr.search.numpy_query import export_root  # one folder for both kinds of export
 from tvr.search.stamps import checkpoint_file_state, quick_queries_enabled
 from tvr.types import TextFeatures, VideoFeatures
@@ -133,55 +141,48 @@ def _load_tokenizer(files: ExportFiles, spec: dict[str, Any]) -> Any:
     raise ValueError(f"unknown tokenizer kind {spec['kind']!r}")
 
 
+def _is_tokenizer_spec(spec: Any) -> bool:
+    """What :func:`_save_tokenizer` records."""
+    if not isinstance(spec, dict):
+        return False
+    if spec.get("kind") == "tokenizers":
+        return is_count(spec.get("pad_id"), 0, 1 << 31) and isinstance(spec.get("pad_token"), str)
+    return spec.get("kind") == "clip-bpe"
+
+
 def _check_meta(meta: dict[str, Any], folder: Path) -> None:
     """Refuse a ``meta.json`` whose fields are not what :class:`QueryEncoder` computes with."""
-
-    def count(value: Any, low: int, high: int) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-    tokenizer, head = meta.get("tokenizer"), meta.get("head")
-    fields = meta.get("fields")
-    for key, ok, expected in (
-        ("stamp", isinstance(meta.get("stamp"), dict) and isinstance(meta["stamp"].get("id"), str), "the model stamp"),
-        ("max_words", count(meta.get("max_words"), 1, MAX_WORDS), f"a count of words up to {MAX_WORDS}"),
-        (
-            "query_lengths",
-            isinstance(meta.get("query_lengths"), list) and all(count(n, 1, MAX_WORDS) for n in meta["query_lengths"]),
-            "a list of lengths",
-        ),
-        (
-            "fields",
-            isinstance(fields, list)
-            and fields
-            and len(set(fields)) == len(fields)
-            and set(fields) <= set(_FEATURE_FIELDS),
-            f"distinct names among {list(_FEATURE_FIELDS)}",
-        ),
-        (
-            "tokenizer",
-            isinstance(tokenizer, dict)
-            and (
-                tokenizer.get("kind") == "clip-bpe"
-                or (
-                    tokenizer.get("kind") == "tokenizers"
-                    and count(tokenizer.get("pad_id"), 0, 1 << 31)
-                    and isinstance(tokenizer.get("pad_token"), str)
-                )
+    stamp, tokenizer, head, fields = meta.get("stamp"), meta.get("tokenizer"), meta.get("head"), meta.get("fields")
+    lengths = meta.get("query_lengths")
+    check_fields(
+        folder,
+        [
+            ("stamp", isinstance(stamp, dict) and isinstance(stamp.get("id"), str), "the model stamp"),
+            ("max_words", is_count(meta.get("max_words"), 1, MAX_WORDS), f"a count of words up to {MAX_WORDS}"),
+            (
+                "query_lengths",
+                isinstance(lengths, list) and all(is_count(n, 1, MAX_WORDS) for n in lengths),
+                "a list of lengths",
             ),
-            "a tokenizer tvr exports",
-        ),
-        (
-            "head",
-            isinstance(head, dict)
-            and isinstance(head.get("config"), dict)
-            and count(head.get("dim"), 1, 1 << 20)
-            and isinstance(head.get("logit_scale_init"), (int, float))
-            and math.isfinite(head["logit_scale_init"]),
-            "the head's config, dim and logit scale",
-        ),
-    ):
-        if not ok:
-            raise bad_meta(folder, f"'{key}' is not {expected}")
+            (
+                "fields",
+                isinstance(fields, list)
+                and bool(fields)
+                and len(set(fields)) == len(fields)
+                and set(fields) <= set(_FEATURE_FIELDS),
+                f"distinct names among {list(_FEATURE_FIELDS)}",
+            ),
+            ("tokenizer", _is_tokenizer_spec(tokenizer), "a tokenizer tvr exports"),
+            (
+                "head",
+                isinstance(head, dict)
+                and isinstance(head.get("config"), dict)
+                and is_count(head.get("dim"), 1, 1 << 20)
+                and is_number(head.get("logit_scale_init")),
+                "the head's config, dim and logit scale",
+            ),
+        ],
+    )
 
 
 # ------------------------------------------------------------------------------------------ the encoder

@@ -292,7 +292,8 @@ class NotRegularFileError(UserError, OSError):
         return f"{self.filename}: {self.strerror}"
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words, when it is not a regular file ("a FIFO", "a folder", …)."""
     if stat.S_ISFIFO(mode):
         return "a FIFO"
     if stat.S_ISSOCK(mode):
@@ -315,7 +316,7 @@ def why_not_regular_file(path: str | os.PathLike) -> str | None:
         return f"cannot stat it ({exc.strerror})"
     if stat.S_ISREG(mode):
         return None
-    return f"{_kind(mode)}, not a regular file; only regular files are read"
+    return f"{file_kind(mode)}, not a regular file; only regular files are read"
 
 
 def check_regular_file(path: str | os.PathLike) -> Path:
@@ -336,7 +337,7 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise NotRegularFileError(path, f"{_kind(mode)}, not a regular file; only regular files are read")
+        raise NotRegularFileError(path, f"{file_kind(mode)}, not a regular file; only regular files are read")
     return os.fdopen(fd, "rb", buffering=0)
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tvr.utils.errors import UserError
-from tvr.utils.io import file_sha256
+from tvr.utils.io import file_kind, file_sha256
 
 #: how a folder on the way is opened: never through a symbolic link
 _FOLDER_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -64,18 +64,6 @@ def _owner_problem(info: os.stat_result, folder: bool) -> str | None:
             return None  # sticky: others may add names, but never rename or remove this user's or root's
         return f"others can write it (mode {stat.S_IMODE(info.st_mode):o})"
     return None
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
 
 
 def _open_below(dir_fd: int, name: str, flags: int, path: Path) -> int:
@@ -131,7 +119,7 @@ class PrivateFolder:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise UntrustedFileError(
-                    path, f"{_kind(info.st_mode)}, not a regular file; only regular files are read"
+                    path, f"{file_kind(info.st_mode)}, not a regular file; only regular files are read"
                 )
             problem = _owner_problem(info, folder=False)
             if problem is not None:
