@@ -32,6 +32,7 @@ import io
 import logging
 import math
 import os
+import struct
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -323,36 +324,56 @@ def current_numpy_export(stamp: dict[str, Any], folder: Path) -> NumpyQueryEncod
 # ------------------------------------------------------------------------------------------ checks
 
 
+#: a zip member's local header: signature, then (at 26) the lengths of its name and extra field
+_LOCAL_HEADER = struct.Struct("<4s22xHH")
+
+
 def read_arrays(data: bytes, path: Path) -> dict[str, np.ndarray]:
     """The float32 arrays of the ``np.savez`` archive ``data`` (the file ``path``), read only when every member is
     stored (``np.savez`` never compresses, and a deflated member could inflate a few kB into gigabytes) and its
-    header's shape fits in the bytes the member holds: no more memory than the file's size."""
+    ``.npy`` header gives a C-order float32 array that fits in the bytes the member holds: the arrays take no more
+    memory than the file's size. Their integrity is the SHA-256 checked when the file was read (the zip's CRCs are
+    not computed again)."""
     arrays = {}
+    view = memoryview(data)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            for info in archive.infolist():
-                name = info.filename
-                if info.compress_type != zipfile.ZIP_STORED or not name.endswith(".npy"):
-                    raise UntrustedFileError(path, f"member {name} is not a stored .npy array (np.savez writes those)")
-                with archive.open(info) as member:
-                    version = np.lib.format.read_magic(member)
-                    if version not in ((1, 0), (2, 0)):
-                        raise UntrustedFileError(path, f"member {name}: .npy format {version}, not 1.0 or 2.0")
-                    read_header = (
-                        np.lib.format.read_array_header_1_0
-                        if version == (1, 0)
-                        else np.lib.format.read_array_header_2_0
-                    )
-                    shape, fortran, dtype = read_header(member)
-                    size = math.prod(shape) * 4
-                    if dtype != np.dtype(np.float32) or fortran or size > info.file_size:
-                        raise UntrustedFileError(
-                            path, f"member {name}: {dtype} {list(shape)}, not a C-order float32 array it holds"
-                        )
-                    arrays[name.removesuffix(".npy")] = np.frombuffer(member.read(size), np.float32).reshape(shape)
-    except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+            members = archive.infolist()
+        for info in members:
+            name = info.filename
+            if info.compress_type != zipfile.ZIP_STORED or not name.endswith(".npy"):
+                raise UntrustedFileError(path, f"member {name} is not a stored .npy array (np.savez writes those)")
+            signature, name_length, extra_length = _LOCAL_HEADER.unpack_from(data, info.header_offset)
+            start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+            member = view[start : start + info.file_size]
+            if signature != b"PK\x03\x04" or len(member) != info.file_size:
+                raise UntrustedFileError(path, f"member {name} is cut short")
+            arrays[name.removesuffix(".npy")] = _npy_view(member, name, path)
+    except UntrustedFileError:
+        raise
+    except (zipfile.BadZipFile, struct.error, ValueError, EOFError) as exc:
         raise UntrustedFileError(path, f"not an archive of arrays tvr wrote ({exc})") from None
     return arrays
+
+
+def _npy_view(member: memoryview, name: str, path: Path) -> np.ndarray:
+    """The float32 array of one ``.npy`` member, a view of its bytes, once its header checks out."""
+    header = io.BytesIO(member[:16])
+    version = np.lib.format.read_magic(header)
+    if version not in ((1, 0), (2, 0)):
+        raise UntrustedFileError(path, f"member {name}: .npy format {version}, not 1.0 or 2.0")
+    prefix = 10 if version == (1, 0) else 12  # magic, version, and the header's length (2 or 4 bytes)
+    length = int.from_bytes(member[8:prefix], "little")
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    header = io.BytesIO(member[: prefix + length])
+    np.lib.format.read_magic(header)
+    shape, fortran, dtype = read_header(header)
+    count = math.prod(shape)
+    if dtype != np.dtype(np.float32) or fortran or prefix + length + 4 * count > len(member):
+        raise UntrustedFileError(path, f"member {name}: {dtype} {list(shape)}, not a C-order float32 array it holds")
+    # a copy, as np.load makes: aligned memory, so numpy multiplies with BLAS exactly as it did (a view of the bytes
+    # can be misaligned, and numpy's own loop rounds differently: rankings must not change)
+    return np.frombuffer(member, np.float32, count=count, offset=prefix + length).reshape(shape).copy()
 
 
 def _is_fusion(fusion: Any) -> bool:
