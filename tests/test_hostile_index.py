@@ -470,6 +470,13 @@ def test_a_manifest_cannot_widen_the_served_folder(
     assert served.get("/media/1").status_code == 200
 
 
+def test_a_media_folder_that_is_gone_still_answers_searches(index: Path, tmp_path: Path) -> None:
+    client = TestClient(create_app(open_index(index), media_root=tmp_path / "gone", micro_batch=False))
+    assert client.get("/api/search", params={"q": "a red screen"}).status_code == 200
+    response = client.get("/media/0")
+    assert response.status_code == 404 and "no longer available" in response.json()["error"]
+
+
 def test_an_index_serves_the_folder_it_was_built_from_by_default(own_index: Path, tmp_path: Path) -> None:
     """By default videos come from the folder this user indexed into this index; a copy of the index (made
     elsewhere, or moved) names its folder with --media-root."""

@@ -311,8 +311,13 @@ class _MediaFiles:
 
     def __init__(self, index: SearchIndex, root: Path) -> None:
         self.index = index
-        self.folder_fd, self.root = open_folder(root)
-        weakref.finalize(self, os.close, self.folder_fd)
+        try:
+            self.folder_fd: int | None
+            self.folder_fd, self.root = open_folder(root)
+            weakref.finalize(self, os.close, self.folder_fd)
+        except OSError as exc:  # searches still answer; every video is a 404 saying it is not available
+            log.warning("the media folder %s cannot be opened (%s): no video will be served", root, exc.strerror)
+            self.folder_fd, self.root = None, Path(root)
         self.verified: set[tuple[int, ...]] = set()  # (number, device, inode, size, mtime)
 
     def open(self, number: int) -> _Video:
@@ -322,6 +327,8 @@ class _MediaFiles:
             raise HTTPException(404, f"no video number {number} in this index (0 to {len(index) - 1})")
         entry = index.videos[number]
         try:
+            if self.folder_fd is None:
+                raise FileNotFoundError(self.root)
             fd = open_inside(self.folder_fd, self.root, entry["video"])
         except OutsideFolderError:
             raise HTTPException(404, f"video number {number} is not a file inside the media folder") from None
