@@ -284,9 +284,6 @@ def test_an_override_or_a_lock_file_nested_deep_is_refused_or_ignored(made: dict
 PARSED_ELSEWHERE = {
     "tvr/pipeline/bench.py": 3,  # the bench's messages to and from its own worker processes, over a pipe
     "tvr/eval/bench_records.py": 1,  # sealed(): a record tvr built, round-tripped to plain JSON types
-    # the query-export cache's meta.json (issue 47's query-export work changes these readers; they should move here)
-    "tvr/search/numpy_query.py": 1,
-    "tvr/search/query_encoder.py": 1,
 }
 
 

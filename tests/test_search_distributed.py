@@ -40,8 +40,10 @@ def _rank(rank: int, world: int, port: int, videos: str, out: str, checkpoint: s
         raise AssertionError(f"rank {rank} failed:\n{traceback.format_exc()}") from None
 
 
-def test_two_processes_build_the_single_process_index(search_setup, tmp_path: Path) -> None:
+def test_two_processes_build_the_single_process_index(search_setup, tmp_path: Path, monkeypatch) -> None:
     args = (2, _free_port(), str(search_setup.videos), str(tmp_path / "two"), str(search_setup.checkpoint))
+    # the spawned ranks do not see conftest's folders: what they write in tvr's cache goes to this test's
+    monkeypatch.setenv("TVR_CACHE_DIR", str(tmp_path / "cache"))
     # spawn, not fork: this test process has run FAISS, and a child forked after OpenMP threads started can hang in
     # its first parallel region
     context = mp.start_processes(_rank, args=args, nprocs=2, join=False, start_method="spawn")

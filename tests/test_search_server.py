@@ -278,7 +278,7 @@ def test_serve_command_takes_the_port_before_the_model_loads(served, monkeypatch
     assert result.exit_code == 2 and "--port 70000: expected 0 to 65535" in result.output
 
 
-def test_ctrl_c_on_serve_says_it_stopped_not_rerun_to_continue(search_index: Path) -> None:
+def test_ctrl_c_on_serve_says_it_stopped_not_rerun_to_continue(search_index: Path, search_setup) -> None:
     """A real SIGINT to a running ``tvr serve``: uvicorn shuts down, and the last line says the server stopped
     (a server has nothing to continue), exit 130."""
     import os
@@ -289,7 +289,18 @@ def test_ctrl_c_on_serve_says_it_stopped_not_rerun_to_continue(search_index: Pat
     import urllib.request
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tvr", "serve", str(search_index), "--port", "0"],
+        # its own cache holds no record of the index: the media folder is named
+        [
+            sys.executable,
+            "-m",
+            "tvr",
+            "serve",
+            str(search_index),
+            "--port",
+            "0",
+            "--media-root",
+            str(search_setup.videos),
+        ],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,

@@ -1161,7 +1161,7 @@ def serve_cmd(
         "--media-root",
         exists=True,
         file_okay=False,
-        help="Folder the videos are served from (default: the folder the index records it was built from).",
+        help="Folder the videos are served from (default: the folder you indexed into INDEX with tvr index).",
     ),
     query_workers: int | None = typer.Option(
         None,
@@ -1184,7 +1184,7 @@ def serve_cmd(
         opened = open_index(index, checkpoint=checkpoint, model=model)
         app_ = create_app(opened, media_root=media_root, query_workers=query_workers)
         bound = sock.getsockname()[1]  # --port 0: the port the system chose
-        console.print(f"videos served from {media_root or opened.root}", highlight=False)
+        console.print(f"videos served from {app_.state.media_root}", highlight=False)
         console.print(f"serving {index} on http://{host}:{bound}/ (API: /api/search, /openapi.json)")
         uvicorn.Server(uvicorn.Config(app_, log_level="info")).run(sockets=[sock])
     except KeyboardInterrupt:  # how a server is stopped: uvicorn shuts down, then raises it again

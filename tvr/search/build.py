@@ -46,6 +46,7 @@ from tvr.search.defaults import (
     STATE_DTYPES,
 )
 from tvr.search.encoders import EncoderMismatchError, SearchEncoder, embed_video
+from tvr.search.indexed_folders import record_indexed_folder
 from tvr.search.layout import ANN_FILE, FORMAT, MANIFEST, REPORT, SETTINGS, VERSION, read_settings
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, read_meta, write_shard
 from tvr.search.windows import DEFAULT_STRIDE, DEFAULT_WINDOW, FrameSpec, check_window, decode_windows
@@ -539,6 +540,7 @@ def _build(
             manifest = finalise(index, source, options, settings)
         except KeyboardInterrupt:
             raise IndexInterrupted(index, len(todo), len(todo), len(done)) from None
+        record_indexed_folder(index, source.root)  # tvr serve's default media folder (indexed_folders)
         bad = sorted([*source.skipped, *(b for p in parts for b in p["bad"])], key=lambda b: b["video"])
         seconds = time.perf_counter() - start
         windows = sum(p["windows"] for p in parts)

@@ -221,6 +221,25 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     return atomic_write(path, save)
 
 
+#: how Rust libraries (safetensors, tokenizers) end the message of an OS error: "... (os error 28)"
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def write_error(exc: BaseException, path: str | os.PathLike) -> OSError | None:
+    """The failure of a library writing ``path`` (a file or a folder) as an OSError naming ``path``, when an OS error
+    is behind it: an OSError itself (Python's writes name no file), one in its cause or context (torch's
+    RuntimeError), or one a Rust library's message gives by number (safetensors' ``SafetensorError: … No space
+    left on device (os error 28)``); None for any other failure."""
+    for error in (exc, exc.__cause__, exc.__context__):
+        if isinstance(error, OSError) and error.errno is not None:
+            return OSError(error.errno, error.strerror, str(path))
+    match = _RUST_OS_ERROR.search(str(exc))
+    if match is not None:
+        number = int(match.group(1))
+        return OSError(number, os.strerror(number), str(path))
+    return None
+
+
 def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     """Copy ``src`` to ``dst`` through a temporary, so ``dst`` is either absent or complete."""
     with open(src, "rb") as source:
@@ -270,7 +289,12 @@ def describe_file_start(path: str | os.PathLike) -> str:
     """What a file that a loader rejected looks like, from its first bytes (an empty file, a zip archive, a pickle,
     text, …), so an error can say more than the loader's internal code."""
     with open(path, "rb") as handle:
-        head = handle.read(64)
+        return describe_start(handle.read(64))
+
+
+def describe_start(head: bytes) -> str:
+    """:func:`describe_file_start` of a file whose first bytes are ``head``."""
+    head = head[:64]
     if not head:
         return "an empty file"
     if head.startswith(b"PK\x03\x04"):
@@ -295,7 +319,8 @@ class NotRegularFileError(UserError, OSError):
         return f"{self.filename}: {self.strerror}"
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words, when it is not a regular file ("a FIFO", "a folder", …)."""
     if stat.S_ISFIFO(mode):
         return "a FIFO"
     if stat.S_ISSOCK(mode):
@@ -318,7 +343,7 @@ def why_not_regular_file(path: str | os.PathLike) -> str | None:
         return f"cannot stat it ({exc.strerror})"
     if stat.S_ISREG(mode):
         return None
-    return f"{_kind(mode)}, not a regular file; only regular files are read"
+    return f"{file_kind(mode)}, not a regular file; only regular files are read"
 
 
 def check_regular_file(path: str | os.PathLike) -> Path:
@@ -339,7 +364,7 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise NotRegularFileError(path, f"{_kind(mode)}, not a regular file; only regular files are read")
+        raise NotRegularFileError(path, f"{file_kind(mode)}, not a regular file; only regular files are read")
     return os.fdopen(fd, "rb", buffering=0)
 
 
