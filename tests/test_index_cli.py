@@ -177,8 +177,8 @@ def test_ctrl_c_prints_no_worker_traceback_and_says_what_was_kept(search_setup, 
 
 
 def test_library_warnings_stay_off_stderr(search_setup, dual_encoders, tmp_path: Path) -> None:
-    """Loading the tiny SigLIP makes transformers warn about its config; `tvr index` keeps that off stderr, and
-    `tvr --verbose index` shows it (so the check can fail)."""
+    """Loading the tiny SigLIP makes transformers warn about its config and draw a "Loading weights" bar; `tvr
+    index` keeps both off stderr, and `tvr --verbose index` shows them (so the check can fail)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TVR_NO_PROGRESS": "1"}
     env.pop("TRANSFORMERS_VERBOSITY", None)
     args = ["index", str(search_setup.videos), "--model", str(dual_encoders.siglip), "-j", "1"]
@@ -187,6 +187,7 @@ def test_library_warnings_stay_off_stderr(search_setup, dual_encoders, tmp_path:
     )
     assert quiet.returncode == 0, quiet.stderr
     assert "[transformers]" not in quiet.stderr and "deprecated" not in quiet.stderr, quiet.stderr
+    assert "Loading weights" not in quiet.stderr, quiet.stderr
     loud = subprocess.run(
         [sys.executable, "-m", "tvr", "--verbose", *args, "--out", str(tmp_path / "b")],
         env=env,
@@ -194,3 +195,4 @@ def test_library_warnings_stay_off_stderr(search_setup, dual_encoders, tmp_path:
         text=True,
     )
     assert loud.returncode == 0 and "[transformers]" in loud.stderr, loud.stderr
+    assert "Loading weights" in loud.stderr, loud.stderr

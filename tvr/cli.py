@@ -975,6 +975,10 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers sets up its logger
     for name in ("transformers", "sentence_transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # transformers' own "Loading weights" bar only: the hub's download bars stay (a first download takes minutes)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 def quiet_stderr(verbose: bool) -> None:
