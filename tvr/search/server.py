@@ -158,7 +158,7 @@ def create_app(
     app = FastAPI(
         title="tvr search",
         version="1",
-        description=f"Text search over the {len(index)} videos of {index.path} (tvr index).",
+        description=f"Text search over the {len(index)} videos of {index.location} (tvr index).",
         docs_url=None,
         redoc_url=None,
         lifespan=lifespan,
