@@ -798,7 +798,19 @@ def prepare_frames_cmd(
 @app.command("index")
 def index_cmd(
     videos: Path = typer.Argument(..., help="Folder of videos (searched recursively) or a list file (a path a line)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Index folder; run again to resume or to update it."),
+    out: str = typer.Option(
+        ...,
+        "--out",
+        "-o",
+        help="Index folder, or a Qdrant collection: qdrant://HOST:PORT/COLLECTION (with --state), qdrant+local:PATH, "
+        "qdrant+edge:PATH; run again to resume or to update it.",
+    ),
+    state: Path | None = typer.Option(
+        None,
+        "--state",
+        file_okay=False,
+        help="With --out qdrant://...: the folder of the index's shards (rerank state), on storage query nodes see.",
+    ),
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="A tvr checkpoint (default: the default encoder)."
     ),
@@ -845,7 +857,9 @@ def index_cmd(
         state_dtype=state_dtype,
         shard_windows=shard_windows,
     )
-    report = run_index(videos, out, options, checkpoint=checkpoint, config=config, overrides=set_ or [], device=device)
+    report = run_index(
+        videos, out, options, checkpoint=checkpoint, config=config, overrides=set_ or [], device=device, state=state
+    )
     if not report:  # not rank 0
         return
     console.print(
@@ -858,7 +872,10 @@ def index_cmd(
     if len(report["bad"]) > 20:
         console.print(f"  … and {len(report['bad']) - 20} more")
     if report["bad"]:
-        console.print(f"[yellow]{len(report['bad'])} unreadable file(s) skipped[/yellow]; report: {out}/report.json")
+        from tvr.search.build import report_file
+
+        where = report_file(out, state)
+        console.print(f"[yellow]{len(report['bad'])} unreadable file(s) skipped[/yellow]; report: {where}")
 
 
 def quiet_stderr(verbose: bool) -> None:
@@ -872,9 +889,17 @@ def quiet_stderr(verbose: bool) -> None:
 
 
 def _check_search_arguments(
-    query: str | None, queries: Path | None, video: Path | None, captions: Path | None, k: int, rerank: int | None
+    query: str | None,
+    queries: Path | None,
+    video: Path | None,
+    captions: Path | None,
+    k: int,
+    rerank: int | None,
+    under: str | None = None,
+    between: str | None = None,
 ) -> None:
     """Every argument of ``tvr search`` checked before any model loads: one line naming the bad one."""
+    from tvr.search.filters import window_filter
     from tvr.search.index import check_limits, check_query
 
     given = [name for name, value in (("a query", query), ("--queries", queries), ("--video", video)) if value]
@@ -890,6 +915,8 @@ def _check_search_arguments(
     if query is not None:
         check_query(query)
     check_limits(k, rerank)
+    if window_filter(under, between) is not None and video is not None:
+        raise UserError("--under and --between restrict a text search; --video ranks captions for one clip")
     for flag, path in (("--queries", queries), ("--video", video), ("--captions", captions)):
         if path is not None and str(path) != "-" and not path.is_file():
             raise UserError(f"{flag} {path}: {'is a folder' if path.is_dir() else 'no such file'}; expected a file")
@@ -910,7 +937,9 @@ def _hit_rows(hits: list) -> list[dict[str, Any]]:
     return [h.to_dict() for h in hits]
 
 
-def _answer_queries(opened: Any, queries: Path, k: int, rerank: int | None, all_windows: bool) -> int:
+def _answer_queries(
+    opened: Any, queries: Path, k: int, rerank: int | None, all_windows: bool, under: str | None, between: str | None
+) -> int:
     """``--queries FILE`` (``-``: standard input): one query a line (blank lines skipped), answered in batches by one
     loaded model; one JSON line per query on stdout, ``{"query", "hits"}`` or ``{"query", "error"}``. Returns the
     number of queries refused."""
@@ -925,7 +954,9 @@ def _answer_queries(opened: Any, queries: Path, k: int, rerank: int | None, all_
     for start in range(0, len(texts), batch):
         chunk = texts[start : start + batch]
         for text, answer in zip(
-            chunk, opened.search_many(chunk, k=k, rerank=rerank, all_windows=all_windows), strict=True
+            chunk,
+            opened.search_many(chunk, k=k, rerank=rerank, all_windows=all_windows, under=under, between=between),
+            strict=True,
         ):
             if isinstance(answer, QueryError):
                 refused += 1
@@ -937,9 +968,13 @@ def _answer_queries(opened: Any, queries: Path, k: int, rerank: int | None, all_
     return refused
 
 
+INDEX_HELP = "An index made by tvr index: its folder, or its Qdrant address (qdrant://HOST:PORT/COLLECTION, ...)."
+STATE_HELP = "Where a Qdrant index's rerank state (its shards) is on this machine, if not where tvr index wrote it."
+
+
 @app.command("search")
 def search_cmd(
-    index: Path = typer.Argument(..., help="An index folder made by tvr index."),
+    index: str = typer.Argument(..., help=INDEX_HELP),
     query: str | None = typer.Argument(None, help="The text to search for."),
     k: int = typer.Option(search_defaults.DEFAULT_K, "-k", help="Results to return (1 to 1000)."),
     rerank: int | None = typer.Option(
@@ -959,19 +994,28 @@ def search_cmd(
     ef_search: int | None = typer.Option(
         None, "--ef-search", help="HNSW search beam (default: the index's; larger finds more of the exact top k)."
     ),
+    under: str | None = typer.Option(
+        None, "--under", help="Only the videos under this folder (or this video), as the index lists them."
+    ),
+    between: str | None = typer.Option(
+        None, "--between", help="Only the windows sharing time with START,END (seconds), e.g. 60,120."
+    ),
+    state: Path | None = typer.Option(None, "--state", file_okay=False, help=STATE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Info messages on stderr (default: warnings and errors)."),
 ) -> None:
     """Search an index by text (or rank captions for a clip with --video and --captions)."""
     import json
 
     quiet_stderr(verbose)
-    _check_search_arguments(query, queries, video, captions, k, rerank)
+    _check_search_arguments(query, queries, video, captions, k, rerank, under, between)
     from tvr.search import open_index
 
     # text queries without torch when the index's model has a numpy query side (tvr.search.numpy_query)
-    opened = open_index(index, checkpoint=checkpoint, nprobe=nprobe, ef_search=ef_search, without_torch=video is None)
+    opened = open_index(
+        index, checkpoint=checkpoint, nprobe=nprobe, ef_search=ef_search, without_torch=video is None, state=state
+    )
     if queries is not None:
-        raise typer.Exit(1 if _answer_queries(opened, queries, k, rerank, all_windows) else 0)
+        raise typer.Exit(1 if _answer_queries(opened, queries, k, rerank, all_windows, under, between) else 0)
     if video is not None:
         from tvr.data.video import VideoDecodeError
 
@@ -983,7 +1027,8 @@ def search_cmd(
         columns = ("rank", "score", "caption", "start", "end")
         title = f"captions for {video}"
     else:
-        rows = _hit_rows(opened.search(query, k=k, rerank=rerank, all_windows=all_windows))
+        hits = opened.search(query, k=k, rerank=rerank, all_windows=all_windows, under=under, between=between)
+        rows = _hit_rows(hits)
         columns = ("rank", "score", "video", "start", "end")
         title = f"{query!r} in {index}"
     if as_json:
@@ -1030,7 +1075,7 @@ def listening_socket(host: str, port: int) -> Any:
 
 @app.command("serve")
 def serve_cmd(
-    index: Path = typer.Argument(..., help="An index folder made by tvr index."),
+    index: str = typer.Argument(..., help=INDEX_HELP),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, "--port"),
     checkpoint: Path | None = typer.Option(
@@ -1049,6 +1094,7 @@ def serve_cmd(
         min=1,
         help="Micro-batches of queries encoded at the same time (default: one per core, at most 8).",
     ),
+    state: Path | None = typer.Option(None, "--state", file_okay=False, help=STATE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Info messages while loading (default: warnings, errors)."),
 ) -> None:
     """Serve a search page (/?q=...&k=... links to a search) and a JSON API (GET /api/search?q=...&k=...;
@@ -1061,7 +1107,7 @@ def serve_cmd(
     from tvr.search.server import create_app
 
     try:
-        opened = open_index(index, checkpoint=checkpoint)
+        opened = open_index(index, checkpoint=checkpoint, state=state)
         app_ = create_app(opened, media_root=media_root, query_workers=query_workers)
         bound = sock.getsockname()[1]  # --port 0: the port the system chose
         console.print(f"videos served from {media_root or opened.root}", highlight=False)
@@ -1073,7 +1119,7 @@ def serve_cmd(
 
 @app.command("eval-search")
 def eval_search_cmd(
-    index: Path = typer.Argument(..., help="An index folder made by tvr index."),
+    index: str = typer.Argument(..., help=INDEX_HELP),
     queries: Path = typer.Argument(
         ..., dir_okay=False, help="CSV with a header: query,video[,start,end] (video: a path as the index lists it)."
     ),
@@ -1087,6 +1133,7 @@ def eval_search_cmd(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
     ef_search: int | None = typer.Option(None, "--ef-search", help="HNSW search beam (default: the index's)."),
+    state: Path | None = typer.Option(None, "--state", file_okay=False, help=STATE_HELP),
 ) -> None:
     """Measure search on labelled clips: R@k, MdR, MnR and each query's rank, searched as tvr search does."""
     import json
@@ -1101,7 +1148,7 @@ def eval_search_cmd(
         raise UserError(f"--rerank {rerank}: expected an integer >= 0")
     if not queries.is_file():
         raise UserError(f"{queries}: no such file; expected a CSV with the columns query,video[,start,end]")
-    opened = open_index(index, checkpoint=checkpoint, ef_search=ef_search)
+    opened = open_index(index, checkpoint=checkpoint, ef_search=ef_search, state=state)
     report = evaluate_search(opened, queries, ks=cutoffs, rerank=rerank, skip_bad=skip_bad)
     if as_json:
         print(json.dumps(report, indent=2))

@@ -437,6 +437,24 @@ def work_folder(target: Path | QdrantAddress, state: str | os.PathLike | None) -
     return Path(state)
 
 
+def check_target(out: str | os.PathLike, state: str | os.PathLike | None = None) -> None:
+    """Refuse, in a line, an ``--out`` that is neither a folder nor a Qdrant address, a Qdrant server's collection
+    without ``--state``, and a server that does not answer: what a job can tell before it loads a model."""
+    target = parse_target(out)
+    work_folder(target, state)
+    if not isinstance(target, Path) and target.kind == "remote":
+        engine = target.engine()
+        try:
+            engine.vector_size()
+        finally:
+            engine.close()
+
+
+def report_file(out: str | os.PathLike, state: str | os.PathLike | None = None) -> Path:
+    """Where ``tvr index --out OUT [--state STATE]`` writes its ``report.json``."""
+    return work_folder(parse_target(out), state) / REPORT
+
+
 def _build(
     target: Path | QdrantAddress,
     index: Path,

@@ -370,7 +370,7 @@ class SearchIndex:
                 _, first = np.unique(found.video, return_index=True)
                 keep = np.sort(first)
                 found, scores = found.take(keep), scores[keep]
-            if len(found) >= k or found.exhausted:
+            if len(found) >= k or found.exhausted or want >= self.rows:
                 break
             want = min(self.rows, want * 4)  # fewer than k videos among the shortlist: widen it
             if exact and rerank > 0:

@@ -91,7 +91,8 @@ class FolderStore(ShortlistStore):
                 break
             asked *= 4
         rows, scores = rows[keep], scores[keep]
-        return self._candidates(rows[:n], scores[:n], exhausted=asked >= self.rows and len(rows) <= n)
+        best = np.lexsort((rows, -scores))[:n]  # ties at the cut go by row, whatever order FAISS found them in
+        return self._candidates(rows[best], scores[best], exhausted=asked >= self.rows and len(rows) <= n)
 
     def _candidates(self, rows: np.ndarray, scores: np.ndarray, exhausted: bool) -> Candidates:
         return Candidates(

@@ -120,7 +120,8 @@ def parse_address(text: str) -> QdrantAddress:
         raise AddressError(f"{text}: {expected}")
     parts = urlsplit(f"http:{rest}")
     if parts.username is not None or parts.password is not None:
-        raise AddressError(f"{text}: an address carries no credentials; put the API key in QDRANT_API_KEY")
+        shown = f"{scheme}://…@{rest[2:].rpartition('@')[2]}"  # never the credentials themselves
+        raise AddressError(f"{shown}: an address carries no credentials; put the API key in QDRANT_API_KEY")
     try:
         port = parts.port or DEFAULT_PORT
     except ValueError:
@@ -312,7 +313,7 @@ class QdrantStore(ShortlistStore):
             shard=self._shard[video],
             row=self._shard_row[video] + window,
             score=np.array([score for _, score in found], dtype=np.float64),
-            exhausted=len(found) < n,
+            exhausted=len(found) < n or n >= self.rows,
         )
 
     def count(self, where: WindowFilter | None = None) -> int:

@@ -12,9 +12,11 @@ collection; the API key (``QDRANT_API_KEY``) is never part of a message.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ EDGE_FOLDER = "edge"
 LOCAL_FOLDER = "qdrant"
 
 Condition = tuple[str, str, Any]
+log = logging.getLogger(__name__)
 
 
 class QdrantError(UserError, RuntimeError):
@@ -121,10 +124,15 @@ class ClientEngine(Engine):
                 path.mkdir(parents=True, exist_ok=True)
                 self.client = QdrantClient(path=str(path))
             else:
+                if api_key and url and url.startswith("http:"):
+                    log.warning("%s: QDRANT_API_KEY goes over plain HTTP; qdrant+https:// keeps it private", where)
                 # no version check at connection: it would print a warning of its own for a host that does not answer
                 self.client = QdrantClient(
                     url=url, api_key=api_key, timeout=timeout_seconds(), check_compatibility=False
                 )
+        # closed at exit at the latest: the client's own finaliser runs during interpreter shutdown, when the local
+        # mode's clean-up can no longer import what it needs (and says so on stderr)
+        weakref.finalize(self, _close_quietly, self.client)
 
     def _guard(self):
         return _Calls(self)
@@ -238,6 +246,13 @@ class ClientEngine(Engine):
             self.client.close()
 
 
+def _close_quietly(client: Any) -> None:
+    try:
+        client.close()
+    except Exception:  # noqa: BLE001, S110 - a client closed twice, or its connection gone: nothing left to release
+        pass
+
+
 class _Calls:
     """One call into ``qdrant-client``: under the local mode's lock, its failures turned into one-line
     :class:`QdrantError` s (its local mode's warnings about itself kept off the user's terminal)."""
@@ -312,7 +327,11 @@ class EdgeEngine(Engine):
         self._lock = threading.RLock()
         self.shard = None
         if (folder / "edge_config.json").is_file():
-            self.shard = self._call(lambda: qdrant_edge.EdgeShard.load(str(folder)))
+            self._opened(self._call(lambda: qdrant_edge.EdgeShard.load(str(folder))))
+
+    def _opened(self, shard) -> None:  # noqa: ANN001
+        self.shard = shard
+        weakref.finalize(self, _close_quietly, shard)  # flushed and unlocked at exit at the latest
 
     def _call(self, fn):  # noqa: ANN001, ANN202
         with self._lock:
@@ -349,7 +368,7 @@ class EdgeEngine(Engine):
             vectors={VECTOR: q.EdgeVectorParams(size=dim, distance=q.Distance.Dot)},
             hnsw_config=q.HnswIndexConfig(m=hnsw_m, ef_construct=ef_construct, full_scan_threshold=10_000),
         )
-        self.shard = self._call(lambda: q.EdgeShard.create(str(self.folder), config))
+        self._opened(self._call(lambda: q.EdgeShard.create(str(self.folder), config)))
         for key, schema in PAYLOAD_INDEXES.items():
             kind = q.PayloadSchemaType.Keyword if schema == "keyword" else q.PayloadSchemaType.Float
             self._update(q.UpdateOperation.create_field_index(key, kind))
