@@ -275,6 +275,41 @@ def points(target: str) -> list[tuple]:
     return found
 
 
+def assert_same_collection(a: str, b: str) -> None:
+    """Two local-mode stores hold the same index: every window point (payload and vector bytes), every video record
+    (but where in the shards it is, and the mtime: they differ between runs and copies), the manifest's rows and
+    shortlist."""
+    from qdrant_client import QdrantClient
+
+    from tvr.search.stores import parse_target
+
+    def read(target: str) -> tuple:
+        client = QdrantClient(path=str(parse_target(target).folder / "qdrant"))
+        try:
+            found, offset = [], None
+            while True:
+                batch, offset = client.scroll("tvr", limit=256, offset=offset, with_payload=True, with_vectors=True)
+                found += batch
+                if offset is None:
+                    break
+        finally:
+            client.close()
+        windows = sorted(
+            (str(p.id), json.dumps(p.payload, sort_keys=True), np.asarray(p.vector["window"], np.float32).tobytes())
+            for p in found
+            if p.payload["kind"] == "window"
+        )
+        records = sorted(
+            (str(p.id), {k: v for k, v in p.payload.items() if k not in ("shard", "rows", "mtime_ns")})
+            for p in found
+            if p.payload["kind"] == "video"
+        )
+        (manifest,) = [p.payload for p in found if p.payload["kind"] == "manifest"]
+        return windows, records, manifest["rows"], manifest["ann"], manifest["store"]
+
+    assert read(a) == read(b)
+
+
 @pytest.mark.parametrize("kind", [LOCAL, EDGE])
 def test_a_changed_folder_updates_only_what_changed(kind: str, search_setup, tmp_path: Path) -> None:
     """The folder index's incremental rules on a Qdrant store: a deleted video's points go, a changed one is

@@ -39,7 +39,7 @@ import numpy as np
 import tvr.search.ann as ann
 from tvr.search.checks import is_relative_path
 from tvr.search.filters import WindowFilter, path_prefixes
-from tvr.search.layout import FORMAT, VERSION
+from tvr.search.layout import FORMAT, SETTINGS, VERSION
 from tvr.search.store import IndexFormatError, ShardReader
 from tvr.search.stores.base import Candidates, ShortlistStore, StoreWriter
 from tvr.search.stores.qdrant_engines import (
@@ -204,6 +204,8 @@ class QdrantStore(ShortlistStore):
         address = self.address
         size = self.engine.vector_size()
         if size is None:
+            if address.folder is not None and (address.folder / SETTINGS).is_file():  # a first build stopped early
+                raise _refuse(address, "the index is not finished: run tvr index again with the same arguments")
             raise _refuse(address, "no such collection; build it with tvr index VIDEOS --out " + address.text)
         manifest = read_manifest(self.engine, address)
         if manifest is None:
