@@ -15,7 +15,10 @@ one again replaces it:
   folder), ``rows``, the shortlist's settings (``ann``), where the shards are (``state.root``), and ``complete``.
 
 ``tvr index`` sets ``complete`` to false before it changes any point and back to true after the last one, and a
-query refuses a collection that is not complete: nothing half-written is ever searched. A point without the
+query refuses a collection that is not complete: nothing half-written is ever searched. Before it writes a batch of
+videos' windows it notes their names in the manifest point (``adding``); a job that stops in the middle leaves that
+note, and the next job deletes those videos' windows and records and adds them again (deterministic ids alone would
+not remove the extra windows of an older, longer version of a video). A point without the
 ``window`` vector is never a search result, so records and the manifest need no filter.
 
 The rerank state stays in tvr's shards (the folder ``--state`` names; PATH for the local and Edge stores), read by
@@ -349,7 +352,6 @@ class QdrantWriter(StoreWriter):
         self.manifest: dict[str, Any] | None = None
         self.pending: list[tuple[dict[str, Any], np.ndarray]] = []
         self.pending_rows = 0
-        self.known: set[str] = set()  # videos with a record when the job began
 
     def check(self, compare: Callable[[dict[str, Any]], None]) -> None:
         """Before any work: the collection is absent, empty (made by its operator: then it must have an inner-product
@@ -382,8 +384,15 @@ class QdrantWriter(StoreWriter):
         self.manifest = manifest
 
     def begin(self) -> None:
-        if self.manifest is not None:  # the collection exists and is ours: unfinished from now on
-            self._write_manifest({**self.manifest, "store": {**self.manifest["store"], "complete": False}})
+        if self.manifest is None:
+            return
+        # the collection exists and is ours: unfinished from now on
+        self._write_manifest({**self.manifest, "store": {**self.manifest["store"], "complete": False}})
+        adding = self.manifest.get("adding") or []
+        if adding:  # the videos a stopped job was adding: some of their windows may be written, so all go again
+            self.engine.delete([("match", "kind", "window"), ("any", "video", adding)])
+            self.engine.delete_ids([record_id(video) for video in adding])
+            self._write_manifest({**self.manifest, "adding": []})
 
     def _write_manifest(self, manifest: dict[str, Any]) -> None:
         self.engine.upsert([MANIFEST_ID], None, [{**manifest, "kind": "manifest"}])
@@ -408,14 +417,13 @@ class QdrantWriter(StoreWriter):
             "ann": spec,
             "state": {"root": str(self.state_root)},
             "store": {"format": STORE_FORMAT, "version": STORE_VERSION, "complete": complete},
+            "adding": [],
         }
 
     def stored(self) -> dict[str, dict[str, Any]]:
         if self.manifest is None:
             return {}
-        found = {str(record.get("video")): record for record in self.engine.scroll([("match", "kind", "video")])}
-        self.known = set(found)
-        return found
+        return {str(record.get("video")): record for record in self.engine.scroll([("match", "kind", "video")])}
 
     def _ensure_collection(self, dim: int) -> None:
         """Create the collection (or take its operator's empty one) for vectors of ``dim`` floats, its first point an
@@ -447,9 +455,8 @@ class QdrantWriter(StoreWriter):
         if not self.pending:
             return
         model = self.settings["model"].get("id")
-        unknown = [entry["video"] for entry, _ in self.pending if entry["video"] not in self.known]
-        if unknown:  # what an interrupted earlier add of these videos may have left (another version's windows)
-            self.engine.delete([("match", "kind", "window"), ("any", "video", unknown)])
+        # noted before any of their windows is written: the next job deletes what a stop in between leaves
+        self._write_manifest({**self.manifest, "adding": [entry["video"] for entry, _ in self.pending]})
         ids, payloads = [], []
         for entry, _ in self.pending:
             video = entry["video"]
@@ -494,7 +501,6 @@ class QdrantWriter(StoreWriter):
         # their record would be searched
         self.engine.delete([("match", "kind", "window"), ("match", "video", video)])
         self.engine.delete_ids([record_id(video)])
-        self.known.discard(video)
 
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
         self._flush()
@@ -506,7 +512,7 @@ class QdrantWriter(StoreWriter):
         points = self.engine.count([("match", "kind", "window")])
         if points != rows:  # never expected: every window is written with its record and deleted with it
             raise RuntimeError(f"{self.address.text}: {points} window points, but its video records hold {rows}")
-        final = self._manifest(rows=rows, complete=True)
+        final = {**self._manifest(rows=rows, complete=True), "adding": []}
         self._write_manifest(final)
         self.engine.finish_writes()
         videos, first = [], 0
