@@ -439,6 +439,8 @@ class QdrantWriter(StoreWriter):
                 f"its {VECTOR!r} vectors have {size[0]} floats ({size[1] or 'no such vector'}); this model embeds "
                 f"{dim} (inner product): use another collection",
             )
+        elif self.manifest is None:  # its operator's empty collection: the payload indexes tvr's lookups use
+            self.engine.index_payload()
         self.dim = dim
         if self.manifest is None:
             self._write_manifest(self._manifest(rows=0, complete=False))

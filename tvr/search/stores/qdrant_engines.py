@@ -68,7 +68,12 @@ class Engine:
         raise NotImplementedError
 
     def create(self, dim: int, hnsw_m: int, ef_construct: int) -> None:
+        """Create the collection, with the payload indexes of :meth:`index_payload`."""
         raise NotImplementedError
+
+    def index_payload(self) -> None:
+        """Index the payload fields deleting a video and the filters look up (:data:`PAYLOAD_INDEXES`; indexing a
+        field already indexed changes nothing)."""
 
     def upsert(self, ids: list[str], vectors: np.ndarray | None, payloads: list[dict[str, Any]]) -> None:
         """Insert or replace points (``vectors``: one :data:`VECTOR` row per point, or None: points without one)."""
@@ -161,10 +166,16 @@ class ClientEngine(Engine):
                     )
                 },
             )
-            if not self.local:  # the local mode has no payload indexes (and warns that it has none)
-                for key, schema in PAYLOAD_INDEXES.items():
-                    kind = m.PayloadSchemaType.KEYWORD if schema == "keyword" else m.PayloadSchemaType.FLOAT
-                    self.client.create_payload_index(self.collection, key, kind, wait=True)
+        self.index_payload()
+
+    def index_payload(self) -> None:
+        if self.local:  # the local mode has no payload indexes (and warns that it has none)
+            return
+        m = self.models
+        with self._guard():
+            for key, schema in PAYLOAD_INDEXES.items():
+                kind = m.PayloadSchemaType.KEYWORD if schema == "keyword" else m.PayloadSchemaType.FLOAT
+                self.client.create_payload_index(self.collection, key, kind, wait=True)
 
     def upsert(self, ids: list[str], vectors: np.ndarray | None, payloads: list[dict[str, Any]]) -> None:
         m = self.models
@@ -369,6 +380,10 @@ class EdgeEngine(Engine):
             hnsw_config=q.HnswIndexConfig(m=hnsw_m, ef_construct=ef_construct, full_scan_threshold=10_000),
         )
         self._opened(self._call(lambda: q.EdgeShard.create(str(self.folder), config)))
+        self.index_payload()
+
+    def index_payload(self) -> None:
+        q = self.q
         for key, schema in PAYLOAD_INDEXES.items():
             kind = q.PayloadSchemaType.Keyword if schema == "keyword" else q.PayloadSchemaType.Float
             self._update(q.UpdateOperation.create_field_index(key, kind))
