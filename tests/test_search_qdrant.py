@@ -110,6 +110,28 @@ def test_faiss_and_qdrant_answer_every_query_alike(kind: str, search_setup, fold
         rows.append(json.loads(result.stdout))
     assert [r["video"] for r in rows[0]] == [r["video"] for r in rows[1]] == ["sub/yellow.mp4", "sub/magenta.mp4"]
     np.testing.assert_allclose([r["score"] for r in rows[0]], [r["score"] for r in rows[1]], rtol=0, atol=1e-5)
+    # tvr serve's API and tvr eval-search answer from the collection as from the folder
+    from fastapi.testclient import TestClient
+
+    from tvr.search.server import create_app
+
+    labelled = tmp_path / "queries.csv"
+    labelled.write_text("query,video\n" + "".join(f"{c},{v}\n" for v, (c, _, _) in VIDEOS.items()))
+    api, metrics = [], []
+    for index in (str(folder_index), target):
+        opened = open_index(index)
+        try:
+            with TestClient(create_app(opened)) as client:
+                answer = client.get("/api/search", params={"q": "a blue screen", "k": 3, "between": "0,2.5"})
+            assert answer.status_code == 200, answer.text
+            api.append([(h["video"], h["start"], h["end"]) for h in answer.json()])
+        finally:
+            opened.close()
+        result = runner.invoke(app, ["eval-search", index, str(labelled), "--json"])
+        assert result.exit_code == 0, result.output
+        metrics.append(json.loads(result.stdout)["metrics"])
+    assert api[0] == api[1] and api[0][0] == ("blue.mp4", 0.0, 2.5)
+    assert metrics[0] == metrics[1]
 
 
 def test_filters_are_exact_on_faiss(folder_index: Path) -> None:
