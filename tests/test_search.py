@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from search_fixtures import VIDEOS, index_args, write_colour_video
+from search_fixtures import VIDEOS, exhaustive_video_state, index_args, write_colour_video
 from typer.testing import CliRunner
 
 from tvr.cli import app
@@ -434,18 +434,7 @@ def test_gare_rerank_is_exhaustive_exact_scoring(search_setup, tmp_path: Path) -
     index = open_index(tmp_path / "idx", encoder=encoder)
     assert index.state_cls.__name__ == "GareRerankState" and len(index.readers) > 1
     # exhaustive: every window's features scored by the head itself
-    from tvr.search.encoders import embed_video  # noqa: F401  (the same path the index took)
-    from tvr.search.windows import decode_windows
-
-    features, labels = [], []
-    for entry in index.videos:
-        decoded = decode_windows(search_setup.videos / entry["video"], encoder.spec, 4.0, 2.0)
-        slots = decoded.slots
-        features.append(encoder.encode_windows(decoded.frames[np.clip(slots, 0, None)], (slots >= 0).astype(np.int64)))
-        labels += [(entry["video"], s, e) for s, e in decoded.windows]
-    from tvr.types import VideoFeatures
-
-    video_state = encoder.head.encode_videos(VideoFeatures.cat(features))
+    video_state, labels = exhaustive_video_state(search_setup.videos, index, encoder)
     for caption, _, _ in VIDEOS.values():
         exact = encoder.head.score(encoder.encode_texts([caption]), video_state)[0]
         order = torch.argsort(exact, descending=True, stable=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from search_fixtures import VIDEOS, index_args, write_colour_video
+from search_fixtures import VIDEOS, exhaustive_video_state, index_args, write_colour_video
 from typer.testing import CliRunner
 
 from tvr.cli import app
@@ -250,9 +250,6 @@ def head_checkpoint(search_setup, target: Path, head: dict) -> Path:
 def test_reranked_scores_are_the_heads_own(head: dict, search_setup, tmp_path: Path) -> None:
     """A non-indexable head on a Qdrant store: every window, reranked from the shards the points lead to, scores what
     ``head.score`` gives on that window's features (|Δ| ≤ 1e-5), and the order is the exact one."""
-    from tvr.search.windows import decode_windows
-    from tvr.types import VideoFeatures
-
     encoder = CheckpointEncoder(head_checkpoint(search_setup, tmp_path / "head.pt", head))
     assert not encoder.head.indexable
     options = IndexOptions(window=4.0, stride=2.0, workers=1, progress=False, shard_windows=3)
@@ -260,13 +257,7 @@ def test_reranked_scores_are_the_heads_own(head: dict, search_setup, tmp_path: P
     build_index(search_setup.videos, target, encoder, options)
     index = open_index(target, encoder=encoder)
     assert index.state_cls is not None and len(index.readers) > 1
-    features, labels = [], []
-    for entry in index.videos:
-        decoded = decode_windows(search_setup.videos / entry["video"], encoder.spec, 4.0, 2.0)
-        slots = decoded.slots
-        features.append(encoder.encode_windows(decoded.frames[np.clip(slots, 0, None)], (slots >= 0).astype(np.int64)))
-        labels += [(entry["video"], s, e) for s, e in decoded.windows]
-    video_state = encoder.head.encode_videos(VideoFeatures.cat(features))
+    video_state, labels = exhaustive_video_state(search_setup.videos, index, encoder)
     with torch.no_grad():
         for caption, _, _ in VIDEOS.values():
             exact = encoder.head.score(encoder.encode_texts([caption]), video_state)[0]

@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from typing import Any
 
 from tvr.search.filters import WindowFilter
 from tvr.search.index import Hit, Query, QueryError, SearchIndex
@@ -74,17 +75,10 @@ class MicroBatcher:
         """Batches that may run at once."""
         return len(self._workers)
 
-    def search(
-        self,
-        text: str,
-        k: int = 10,
-        *,
-        rerank: int | None = None,
-        all_windows: bool = False,
-        where: WindowFilter | None = None,
-    ) -> list[Hit]:
-        """What ``index.search(text, k, ...)`` returns, computed in a batch with the queries that arrive with it."""
-        return self.submit(text, k, rerank=rerank, all_windows=all_windows, where=where).result()
+    def search(self, text: str, k: int = 10, **options: Any) -> list[Hit]:
+        """What ``index.search(text, k, ...)`` returns, computed in a batch with the queries that arrive with it
+        (``options``: :meth:`submit`'s)."""
+        return self.submit(text, k, **options).result()
 
     def submit(
         self,

@@ -50,8 +50,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tvr.data.prepare import VIDEO_EXTENSIONS
 from tvr.search.batching import MicroBatcher
 from tvr.search.filters import FilterError, WindowFilter, window_filter
-from tvr.search.index import MAX_QUERY_CHARS, Hit, QueryError, SearchIndex
-from tvr.search.index import Query as SearchQuery
+from tvr.search.index import MAX_QUERY_CHARS, Hit, SearchIndex
 from tvr.utils.errors import UserError
 from tvr.utils.json_values import plain_json
 
@@ -149,8 +148,9 @@ def create_app(
     one_at_a_time = threading.Lock()
 
     def search_alone(text: str, k: int, rerank: int | None, all_windows: bool, where: WindowFilter | None) -> list[Hit]:
+        under, between = (where.under, where.between) if where is not None else (None, None)
         with one_at_a_time:
-            return index.answer([SearchQuery(text, k, rerank, all_windows, where)])[0]
+            return index.search(text, k, rerank=rerank, all_windows=all_windows, under=under, between=between)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -201,8 +201,6 @@ def create_app(
             hits = await asyncio.wrap_future(done)
         else:
             hits = await run_in_threadpool(search_alone, text, k, rerank, all_windows, where)
-        if isinstance(hits, QueryError):
-            raise hits
         # the rows are built from typed hits, so they are sent as they are: response_model (HitOut) describes them
         # in the OpenAPI document without validating each answer again (a measurable share of a request's CPU)
         return JSONResponse([_hit_row(hit, numbers[hit.video]) for hit in hits])

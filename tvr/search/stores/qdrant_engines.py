@@ -89,6 +89,16 @@ class Engine:
         raise NotImplementedError
 
     def scroll(self, conditions: list[Condition]) -> Iterator[dict[str, Any]]:
+        """The payloads of every point the conditions keep, a page at a time."""
+        offset = None
+        while True:
+            payloads, offset = self._page(conditions, offset)
+            yield from payloads
+            if offset is None:
+                return
+
+    def _page(self, conditions: list[Condition], offset: Any) -> tuple[list[dict[str, Any]], Any]:
+        """One page of :meth:`scroll` from ``offset`` (None: the first), and the next page's offset (None: none)."""
         raise NotImplementedError
 
     def search(
@@ -214,22 +224,17 @@ class ClientEngine(Engine):
             found = self.client.retrieve(self.collection, ids=[point], with_payload=True, with_vectors=False)
         return dict(found[0].payload or {}) if found else None
 
-    def scroll(self, conditions: list[Condition]) -> Iterator[dict[str, Any]]:
-        offset = None
-        while True:
-            with self._guard():
-                records, offset = self.client.scroll(
-                    self.collection,
-                    scroll_filter=self._filter(conditions),
-                    limit=BATCH * 4,
-                    offset=offset,
-                    with_payload=True,
-                    with_vectors=False,
-                )
-            for record in records:
-                yield dict(record.payload or {})
-            if offset is None:
-                return
+    def _page(self, conditions: list[Condition], offset: Any) -> tuple[list[dict[str, Any]], Any]:
+        with self._guard():
+            records, offset = self.client.scroll(
+                self.collection,
+                scroll_filter=self._filter(conditions),
+                limit=BATCH * 4,
+                offset=offset,
+                with_payload=True,
+                with_vectors=False,
+            )
+        return [dict(record.payload or {}) for record in records], offset
 
     def search(
         self, vector: np.ndarray, limit: int, conditions: list[Condition], ef: int, exact: bool, fields: list[str]
@@ -424,18 +429,13 @@ class EdgeEngine(Engine):
         found = self._call(lambda: shard.retrieve([point], with_payload=True, with_vector=False))
         return dict(found[0].payload or {}) if found else None
 
-    def scroll(self, conditions: list[Condition]) -> Iterator[dict[str, Any]]:
+    def _page(self, conditions: list[Condition], offset: Any) -> tuple[list[dict[str, Any]], Any]:
         shard = self._shard()
-        offset = None
-        while True:
-            request = self.q.ScrollRequest(
-                offset=offset, limit=BATCH * 4, filter=self._filter(conditions), with_payload=True, with_vector=False
-            )
-            records, offset = self._call(lambda r=request: shard.scroll(r))
-            for record in records:
-                yield dict(record.payload or {})
-            if offset is None:
-                return
+        request = self.q.ScrollRequest(
+            offset=offset, limit=BATCH * 4, filter=self._filter(conditions), with_payload=True, with_vector=False
+        )
+        records, offset = self._call(lambda: shard.scroll(request))
+        return [dict(record.payload or {}) for record in records], offset
 
     def search(
         self, vector: np.ndarray, limit: int, conditions: list[Condition], ef: int, exact: bool, fields: list[str]
