@@ -866,6 +866,7 @@ def index_cmd(
         f"{out}: {report['indexed']} videos, {report['rows']} windows ({report['embedded']} embedded, "
         f"{report['reused']} unchanged, {len(report['dropped'])} dropped) in {report['seconds']} s"
         + (f", {report['ann']['kind']} shortlist" if report["ann"] else "")
+        + (" in Qdrant" if (report["ann"] or {}).get("engine") == "qdrant" else "")
     )
     for bad in report["bad"][:20]:
         console.print(f"  [yellow]skipped[/yellow] {bad['video']}: {bad['error']}", highlight=False)
