@@ -549,3 +549,42 @@ def test_the_api_key_comes_from_the_environment_and_stays_out_of_messages(monkey
     message = str(info.value)
     assert "401" in message and "set QDRANT_API_KEY to a key it accepts" in message and "s3cret" not in message
     assert seen and set(seen) == {"s3cret-key"}
+
+
+@needs_client
+def test_a_tampered_collection_is_refused_in_a_line(search_setup, tmp_path: Path) -> None:
+    """A collection's points are data: a video record naming a path outside the indexed folder, a manifest without
+    its settings, a window hit naming a window its video does not have — each refused in one line, never followed."""
+    from qdrant_client import QdrantClient
+
+    from tvr.search.stores.qdrant import MANIFEST_ID, record_id, window_id
+
+    pristine = tmp_path / "pristine"
+    target = address("local", pristine)
+    assert runner.invoke(app, index_args(search_setup.videos, target, search_setup.checkpoint)).exit_code == 0
+
+    def tampered(name: str, point: str, change: dict) -> str:
+        shutil.copytree(pristine, tmp_path / name)
+        client = QdrantClient(path=str(tmp_path / name / "qdrant"))
+        client.set_payload("tvr", change, points=[point])
+        client.close()
+        return address("local", tmp_path / name)
+
+    for name, point, change, match in (
+        ("outside", record_id("red.mp4"), {"video": "../../etc/passwd"}, "is not one tvr index writes"),
+        ("shard", record_id("red.mp4"), {"shard": "../elsewhere"}, "is not one tvr index writes"),
+        ("rows", record_id("red.mp4"), {"windows": 7}, "is not one tvr index writes"),
+        ("source", MANIFEST_ID, {"source": "/"}, "'source' is a string; expected the indexed folder"),
+        ("stride", MANIFEST_ID, {"stride": -2}, "'stride' is a number; expected a positive number"),
+        ("store", MANIFEST_ID, {"store": {"format": "x"}}, "not one tvr index writes"),
+        ("unfinished", MANIFEST_ID, {"store": {"format": "tvr-qdrant-store", "version": 1}}, "not finished"),
+    ):
+        with pytest.raises(IndexFormatError, match=match) as info:
+            open_index(tampered(name, point, change))
+        assert "\n" not in str(info.value)
+    index = open_index(tampered("window", window_id("red.mp4", 0), {"window": 5}))
+    try:
+        with pytest.raises(IndexFormatError, match="window 5, which its video records do not hold"):
+            index.search("a red screen", k=1)
+    finally:
+        index.close()

@@ -29,6 +29,7 @@ docs/benchmarks.md give the measurement that chose this over keeping it in Qdran
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import uuid
@@ -179,6 +180,13 @@ def read_manifest(engine: Engine, address: QdrantAddress) -> dict[str, Any] | No
         )
     if not isinstance(manifest.get("model"), dict):
         raise _refuse(address, f"the model stamp is {json_kind(manifest.get('model'))}, not an object")
+    for key in ("window", "stride"):
+        value = manifest.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise _refuse(address, f"its manifest's {key!r} is {json_kind(value)}; expected a positive number")
+    source = manifest.get("source")
+    if not (isinstance(source, dict) and isinstance(source.get("root"), str)):
+        raise _refuse(address, f"its manifest's 'source' is {json_kind(source)}; expected the indexed folder")
     return manifest
 
 
