@@ -238,7 +238,7 @@ def head_checkpoint(search_setup, target: Path, head: dict) -> Path:
     return target
 
 
-@needs_client
+@pytest.mark.parametrize("kind", [LOCAL, EDGE])
 @pytest.mark.parametrize(
     "head",
     [
@@ -248,13 +248,13 @@ def head_checkpoint(search_setup, target: Path, head: dict) -> Path:
     ],
     ids=["gare", "tv-proxynet", "gravialign"],
 )
-def test_reranked_scores_are_the_heads_own(head: dict, search_setup, tmp_path: Path) -> None:
+def test_reranked_scores_are_the_heads_own(head: dict, kind: str, search_setup, tmp_path: Path) -> None:
     """A non-indexable head on a Qdrant store: every window, reranked from the shards the points lead to, scores what
     ``head.score`` gives on that window's features (|Δ| ≤ 1e-5), and the order is the exact one."""
     encoder = CheckpointEncoder(head_checkpoint(search_setup, tmp_path / "head.pt", head))
     assert not encoder.head.indexable
     options = IndexOptions(window=4.0, stride=2.0, workers=1, progress=False, shard_windows=3)
-    target = address("local", tmp_path / "store")
+    target = address(kind, tmp_path / "store")
     build_index(search_setup.videos, target, encoder, options)
     index = open_index(target, encoder=encoder)
     assert index.state_cls is not None and len(index.readers) > 1
