@@ -47,7 +47,11 @@ import json, signal, sys, uvicorn
 from tvr.search import open_index
 from tvr.search.server import create_app
 index, workers, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])  # workers: -1 = the default, 0 = no batching
-app = create_app(open_index(index), micro_batch=workers != 0, query_workers=None if workers < 0 else workers)
+opened = open_index(index)
+# the media folder named (the index's own: this script serves no video), so an --index built elsewhere serves too
+app = create_app(
+    opened, micro_batch=workers != 0, query_workers=None if workers < 0 else workers, media_root=opened.root
+)
 signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn re-raises the SIGTERM it stopped on: live to print the counts
 uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 batcher = app.state.batcher

@@ -37,6 +37,19 @@ def _query_encoder_exports(tmp_path_factory: pytest.TempPathFactory):
     query_encoder.export_root, numpy_query.export_root = originals
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _indexed_folder_records(tmp_path_factory: pytest.TempPathFactory):
+    """Which folder each index of the tests was built from (tvr.search.indexed_folders, tvr serve's default media
+    folder) is recorded in a folder of the session, not the user's cache."""
+    import tvr.search.indexed_folders as indexed_folders
+
+    folder = tmp_path_factory.mktemp("indexed-folders")
+    original = indexed_folders.records_folder
+    indexed_folders.records_folder = lambda: folder
+    yield folder
+    indexed_folders.records_folder = original
+
+
 @pytest.fixture(scope="session")
 def search_setup(tmp_path_factory: pytest.TempPathFactory):
     """Five small distinct colour videos and a tiny checkpoint trained to tell them apart (tests/search_fixtures.py),
@@ -63,3 +76,15 @@ def search_index(search_setup, tmp_path_factory: pytest.TempPathFactory) -> Path
     result = CliRunner().invoke(app, index_args(search_setup.videos, out, search_setup.checkpoint))
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture(scope="session")
+def dual_encoders(tmp_path_factory: pytest.TempPathFactory):
+    """Tiny randomly initialised CLIP, SigLIP and SigLIP 2 (NaFlex) folders saved with save_pretrained, tokenizer
+    files made offline (tests/dual_encoder_fixtures.py): ``.clip``, ``.siglip``, ``.siglip2``."""
+    from types import SimpleNamespace
+
+    from dual_encoder_fixtures import save_tiny_clip, save_tiny_siglip, save_tiny_siglip2
+
+    root = tmp_path_factory.mktemp("dual_encoders")
+    return SimpleNamespace(clip=save_tiny_clip(root), siglip=save_tiny_siglip(root), siglip2=save_tiny_siglip2(root))

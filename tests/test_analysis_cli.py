@@ -23,7 +23,7 @@ from tvr.models.build import build_model
 from tvr.pipeline import run_train
 from tvr.pipeline.analyze import run_analyze
 from tvr.train.checkpoint import save_checkpoint
-from tvr.utils.io import read_jsonl
+from tvr.utils.data_files import read_jsonl
 
 TINY = {
     "embed_dim": 32,

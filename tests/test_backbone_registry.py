@@ -101,6 +101,9 @@ def test_a_backbone_outside_the_package_trains_evaluates_indexes_and_searches(tm
     result = runner.invoke(app, ["eval", "--checkpoint", str(run / "last.pt"), "--out", str(tmp_path / "eval")])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["t2v"] == tested["t2v"]
+    # the table's title is on stdout right above it (`tvr eval ... > metrics.txt` keeps them together)
+    printed = result.stdout.splitlines()
+    assert printed[printed.index("test split") + 1].startswith("| | R@1 | R@5 | R@10 | MdR | MnR |")
     assert tested["t2v"]["R1"] == 100.0  # five colours, one caption each: the toy tells them apart
 
     index = tmp_path / "index"

@@ -163,6 +163,10 @@ def test_shipped_bench_configs_load() -> None:
         ({"synth": {"num_videos": 10, "colour_count": 3}}, "synth: unknown key"),
         ({"synth": {"num_videos": 10, "size": "big"}}, r"synth: '>=' not supported"),
         ({"synth": None, "data": {"dataset": "generic"}}, "data: expected .* at least annotations"),
+        # names that become folder names (runs/<method>/, transfer/<name>/) are plain names: never a way out
+        ({"methods": [{"name": "..", "head": {"name": "clip4clip"}}]}, r"methods\[0\]\.name '\.\.': expected a plain"),
+        ({"methods": [{"name": "a\\b", "head": {"name": "clip4clip"}}]}, r"name 'a\\\\b': expected a plain name"),
+        ({"transfer": [{"name": "../../x", "data": {}}]}, r"transfer\[0\]\.name '\.\./\.\./x': expected a plain"),
     ],
 )
 def test_bench_config_mistakes_are_named(tmp_path: Path, change: dict, message: str) -> None:
@@ -353,12 +357,14 @@ def test_a_finished_run_made_with_another_config_is_refused_naming_the_keys(tmp_
     changed = tmp_path / "changed.yaml"
     changed.write_text(yaml.safe_dump(raw, sort_keys=False))
     kept = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/seed*/result.json")}
+    recorded = (out / "bench_config.yaml").read_bytes()
     result = CliRunner().invoke(app, ["bench", "--config", str(changed), "--out", str(out)])
     assert result.exit_code == 2
     message = next(line for line in result.output.splitlines() if line.startswith("error"))
     assert "6 run(s)" in message and "config.train.epochs: 1 → 2" in message
     assert "config.head.options.alpha: 0.01 → 0.5" in message
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/seed*/result.json")} == kept
+    assert (out / "bench_config.yaml").read_bytes() == recorded  # the refused config is not recorded as the bench's
     results = run_bench(load_bench_config(changed), out, progress=False, rerun_changed=True)
     assert results["epochs"] == 2 and all(r["config"]["train"]["epochs"] == 2 for r in results["runs"])
     assert all(len(r["val_curve"]) == 2 for r in results["runs"])

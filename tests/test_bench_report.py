@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tvr.eval.bench_records import BenchRecordError
 from tvr.eval.results_document import TemplateError, derived_values, fill_template, format_value, lookup, write_report
 from tvr.pipeline.bench import sealed, summarize
 
@@ -104,3 +105,139 @@ def test_placeholders_are_values_tables_and_derived_counts(tmp_path: Path) -> No
 def test_a_placeholder_that_names_nothing_is_an_error(tmp_path: Path, template: str, message: str) -> None:
     with pytest.raises(TemplateError, match=message):
         fill_template(template, _results(), {}, tmp_path)
+
+
+# --------------------------------------------------------------------------------------------- records from elsewhere
+
+
+def _edited(path: Path, change, out: Path, reseal: bool = True) -> Path:
+    """A copy of the committed record at ``path`` changed by ``change``, sealed again unless ``reseal`` is False
+    (a forged record whose digest matches: only its shape can refuse it)."""
+    record = json.loads(path.read_text())
+    change(record)
+    out.write_text(json.dumps(sealed(record) if reseal else record))
+    return out
+
+
+def _report_cli(tmp_path: Path, results: Path, sweep: Path | None = None, template: str = "{{default.name}}\n"):
+    from typer.testing import CliRunner
+
+    from tvr.cli import app
+
+    (tmp_path / "t.md").write_text(template)
+    args = ["bench", "report", "--results", str(results), "--template", str(tmp_path / "t.md")]
+    args += ["--out", str(tmp_path / "doc" / "doc.md")] + (["--sweep", str(sweep)] if sweep else [])
+    return CliRunner().invoke(app, args)
+
+
+def test_a_number_edited_after_the_bench_is_refused_not_published(tmp_path: Path) -> None:
+    """results_sha256 is the digest tvr bench sealed the record with: an edited number no longer matches it."""
+
+    def edit(record: dict) -> None:
+        record["summary"]["gare"]["t2v"]["R1"]["mean"] += 10.0
+
+    edited = _edited(DEFAULT_JSON, edit, tmp_path / "results.json", reseal=False)
+    result = _report_cli(tmp_path, edited)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "do not match its results_sha256: the file was changed after tvr bench wrote it" in result.output
+    assert not (tmp_path / "doc").exists()
+    sweep = _edited(SWEEPS[0], lambda r: r["hypotheses"][0].update(held=False), tmp_path / "sweep.json", reseal=False)
+    with pytest.raises(BenchRecordError, match=r"sweep\.json: its numbers do not match its results_sha256"):
+        write_report(DEFAULT_JSON, TEMPLATE, tmp_path / "doc.md", [sweep], "figures")
+
+
+def _drop(*keys: str):
+    def change(record: dict) -> None:
+        node = record
+        for key in keys[:-1]:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        del node[keys[-1]]
+
+    return change
+
+
+def _set(value, *keys: str):
+    def change(record: dict) -> None:
+        node = record
+        for key in keys[:-1]:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[int(keys[-1]) if isinstance(node, list) else keys[-1]] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (_drop("summary"), r"results\.json: summary: missing; not a bench results\.json as tvr bench writes it$"),
+        (_set([], "summary"), r"summary: expected a valid dictionary"),
+        (
+            _set("12.5", "summary", "gare", "t2v", "R1", "mean"),
+            r"summary\.gare\.t2v\.R1\.mean: expected a valid number",
+        ),
+        (_set(5, "differences", "gare"), r"differences\.gare: expected an object"),
+        (_drop("runs", "0", "best_epoch"), r"runs\.0\.best_epoch: missing"),
+        (_set(None, "runs", "0", "val_curve", "0", "t2v"), r"runs\.0\.val_curve\.0\.t2v: expected an object"),
+        (_drop("runs", "0", "test", "t2v"), r"runs\.0\.test: no t2v metrics"),
+        (_set([1], "composition"), r"composition: expected an object"),
+        (_drop("config"), r"config: missing"),
+        (_set("nobody", "baseline"), r"the baseline 'nobody' has no summary"),
+        (_drop("transfer", "real-scenes", "summary"), r"transfer\.real-scenes: neither skipped .* nor measured"),
+        (_set("abc", "seeds"), r"seeds: expected a valid list"),
+        (_set("x", "provenance", "timings", "this_session"), r"provenance\.timings\.this_session: expected an object"),
+    ],
+)
+def test_a_malformed_results_file_is_one_line(tmp_path: Path, change, message: str) -> None:
+    """Each of these was a traceback (KeyError, TypeError, AttributeError, IndexError, ValueError) or, worse, a
+    document written from nonsense; a forged record carries a matching digest, so its shape is checked."""
+    with pytest.raises(BenchRecordError, match=message) as info:
+        write_report(_edited(DEFAULT_JSON, change, tmp_path / "results.json"), TEMPLATE, tmp_path / "doc.md", [], "f")
+    assert "\n" not in str(info.value) and not (tmp_path / "doc.md").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda r: r["curves"]["gare"]["t2v/R1"].update(gain=r["curves"]["gare"]["t2v/R1"]["gain"][:1]),
+         r"curves\.gare\.t2v/R1: 3 values and 1 gains for 3 points"),
+        (_set([], "values"), r"values: List should have at least 2 items"),
+        (_set("steep", "hypotheses", "0", "slope"), r"hypotheses\.0\.slope: expected a valid number"),
+        (_set({}, "points"), r"points: expected a valid list"),
+        (_set("../../../escaped", "dial"), r"dial: value '\.\./\.\./\.\./escaped': expected a plain name"),
+    ],
+)  # fmt: skip
+def test_a_malformed_sweep_file_is_one_line(tmp_path: Path, change, message: str) -> None:
+    sweep = _edited(SWEEPS[0], change, tmp_path / "sweep.json")
+    with pytest.raises(BenchRecordError, match=message):
+        write_report(DEFAULT_JSON, TEMPLATE, tmp_path / "doc.md", [sweep], "figures")
+
+
+def test_a_sweep_dial_cannot_write_a_figure_outside_the_folder(tmp_path: Path) -> None:
+    """The dial names the sweep's figure (``sweep_<dial>.png``): ``/../../…`` used to put a PNG anywhere."""
+    dial = "/../../../../escaped/pwned"
+    sweep = _edited(SWEEPS[0], _set(dial, "dial"), tmp_path / "sweep.json")
+    out = tmp_path / "a" / "b"
+    out.mkdir(parents=True)
+    result = _report_cli(out, DEFAULT_JSON, sweep, template=f"{{{{figure:sweep.{dial}}}}}\n")
+    assert result.exit_code == 2 and "expected a plain name" in result.output and "Traceback" not in result.output
+    assert [p for p in tmp_path.rglob("*.png")] == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("2000000000d", r"asks for 2,000,000,000 characters; at most 100"),
+        (">2000000000", r"asks for 2,000,000,000 characters"),
+        (".2000000000f", r"asks for 2,000,000,000 decimals; at most 20"),
+        ("%2000000000", r"asks for 2,000,000,000 decimals"),
+        ("%x", r"expected %N"),
+        ("5q", r"not a Python format specification"),
+    ],
+)
+def test_a_format_asking_for_gigabytes_is_refused(tmp_path: Path, spec: str, message: str) -> None:
+    """A width or precision of 2e9 made Python build a 2 GB string (4 GB of memory for the report)."""
+    with pytest.raises(TemplateError, match=message):
+        fill_template(f"{{{{default.seeds.0|{spec}}}}}", _results(), {}, tmp_path)
+    assert format_value(3.14159, ">100.20f", "x") == " " * 78 + "3.14158999999999988262"
+    result = _report_cli(tmp_path, DEFAULT_JSON, template=f"{{{{default.alpha|{spec}}}}}\n")
+    assert result.exit_code == 2 and "t.md: {{default.alpha}}: format" in " ".join(result.output.split())

@@ -6,6 +6,7 @@ one rank), and the report of trainable parameters that take no part in the loss.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import signal
 import subprocess
@@ -557,3 +558,8 @@ def test_two_process_gather_gradients_and_training(tmp_path) -> None:
     losses_1 = [r["loss"] for r in read_jsonl(tmp_path / "single" / "train_log.jsonl")]
     assert len(losses_2) == 8
     assert losses_2 == pytest.approx(losses_1, rel=1e-4)
+    if importlib.util.find_spec("tensorboard") is not None:  # rank 0 alone writes TensorBoard scalars, once
+        from test_tensorboard_logs import assert_events_equal_jsonl
+
+        assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 1
+        assert [value for _, value in assert_events_equal_jsonl(tmp_path)["train/loss"]] == pytest.approx(losses_2)

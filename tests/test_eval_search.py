@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ from typer.testing import CliRunner
 from tvr.cli import app
 from tvr.search import open_index
 from tvr.search.evaluation import (
+    QueriesFileError,
     evaluate_search,
     metrics_from_ranks,
     parse_ks,
@@ -137,3 +140,49 @@ def test_cli_table_json_and_cutoffs(built: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0 and "R10" in result.stdout and "sub/yellow.mp4" in result.stdout
     result = runner.invoke(app, ["eval-search", str(built), str(tmp_path / "missing.csv")])
     assert result.exit_code == 2 and "no such file" in result.output
+
+
+def test_a_query_is_read_as_written_line_breaks_and_all(tmp_path: Path) -> None:
+    """The file is read by the csv module as written: a quoted query keeps its line break, and U+0085 / U+2028 are
+    characters of a query (splitting the text into lines first changed or split such queries silently)."""
+    path = tmp_path / "q.csv"
+    videos = {"red.mp4": 0, "green.mp4": 1}
+    text = (
+        'query,video\r\n"a red\nscreen",red.mp4\r\n"a red\r\nscreen",red.mp4\r\na red\u2028screen,red.mp4\r\n'
+        "a red\u0085screen,green.mp4\r\na green screen,green.mp4\r\n"
+    )
+    path.write_text(text, newline="")
+    queries, problems = read_queries(path, videos)
+    assert problems == []
+    assert [(q.line, q.query, q.number) for q in queries] == [
+        (2, "a red\nscreen", 0),
+        (4, "a red\r\nscreen", 0),  # each row named by the line it starts on
+        (6, "a red\u2028screen", 0),
+        (7, "a red\u0085screen", 1),
+        (8, "a green screen", 1),
+    ]
+
+
+def test_a_field_beyond_the_csv_limit_is_a_bad_row_not_a_traceback(built: Path, tmp_path: Path) -> None:
+    """A query of 200,000 characters (past the csv module's 131,072) is a row refused by its length; an unclosed
+    quote is a row that runs on; neither stops the run with a _csv.Error, and the csv limit is left as it was."""
+    limit = csv.field_size_limit()
+    path = tmp_path / "long.csv"
+    path.write_text("query,video\n" + "x" * 200_000 + ",red.mp4\na red screen,red.mp4\n")
+    queries, problems = read_queries(path, {"red.mp4": 0})
+    assert [q.line for q in queries] == [3] and csv.field_size_limit() == limit
+    assert problems == [f"{path}:2: the query has 200,000 characters, at most 1000 are accepted"]
+    result = runner.invoke(app, ["eval-search", str(built), str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output and "200,000 characters" in result.output
+    result = runner.invoke(app, ["eval-search", str(built), str(path), "--skip-bad", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["queries"] == 1
+    unclosed = tmp_path / "unclosed.csv"
+    unclosed.write_text('query,video\na red screen,red.mp4\n"a green screen,green.mp4\n' + "y\n" * 100_000)
+    queries, problems = read_queries(unclosed, {"red.mp4": 0, "green.mp4": 1})
+    assert [q.line for q in queries] == [2]
+    assert problems == [f"{unclosed}:3: 1 fields, the header has 2 (the row runs on for 100000 more lines: an unclosed "
+                        'quote?)']  # fmt: skip
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(QueriesFileError, match="a FIFO, not a regular file"):
+        read_queries(fifo, {})

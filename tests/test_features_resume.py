@@ -130,3 +130,64 @@ def test_one_job_per_cache_and_a_killed_jobs_temporaries_go(values, tmp_path: Pa
     theirs.write_text("not ours")
     build_feature_cache(cfg, cache, ["train"], progress=False)
     assert not any(path.exists() for path in left) and theirs.exists()
+
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+def test_a_failed_start_leaves_the_cache_folder_as_it_found_it(values, tmp_path: Path, monkeypatch) -> None:
+    """A start that fails before its first shard (here: the annotation folder is mistyped) writes nothing that
+    stays: the corrected rerun starts without --overwrite. A start that fails after a shard keeps it to resume."""
+    config = tmp_path / "tiny.yaml"
+    annotations = values["data"]["annotations"]
+    config.write_text(yaml.safe_dump({**values, "data": {**values["data"], "annotations": str(tmp_path / "typo")}}))
+    runner = CliRunner()
+    cache = tmp_path / "cache"
+    result = runner.invoke(app, ["features", "-c", str(config), "-o", str(cache)])
+    assert result.exit_code == 2 and "annotation folder not found" in result.output
+    assert not cache.exists()  # it did not exist before: no manifest, no tokenizer, no folder
+
+    mine = tmp_path / "mine"  # a folder that exists, holding a file of the user's
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    result = runner.invoke(app, ["features", "-c", str(config), "-o", str(mine)])
+    assert result.exit_code == 2 and _tree(mine) == {"notes.txt": b"mine"}
+
+    config.write_text(yaml.safe_dump(values))  # corrected: starts, no --overwrite needed
+    result = runner.invoke(app, ["features", "-c", str(config), "-o", str(cache), "--splits", "train"])
+    assert result.exit_code == 0, result.output
+    assert read_manifest(cache)["settings"]["data.annotations"] == annotations
+
+    # a cache that holds features: a failing rerun (the backbone does not build) leaves it byte for byte
+    before = _tree(cache)
+
+    def broken_backbone(*args, **kwargs):
+        raise FileNotFoundError("model.clip: no such folder")
+
+    monkeypatch.setattr(features_job, "build_backbone", broken_backbone)
+    result = runner.invoke(app, ["features", "-c", str(config), "-o", str(cache), "--splits", "train,val"])
+    assert result.exit_code == 2 and "model.clip: no such folder" in result.output
+    assert _tree(cache) == before
+    monkeypatch.undo()
+
+    # once a shard is written the start has begun: a failure after it keeps the shard (and its manifest) to resume
+    fresh = tmp_path / "fresh"
+    _killed_after(monkeypatch, 1)
+    with pytest.raises(KilledError):
+        build_feature_cache(config_from_dict(values), fresh, ["train"], shard_size=2, progress=False)
+    assert (fresh / "manifest.json").is_file() and (fresh / "train" / "videos-00000.pt").is_file()
+
+
+def test_a_damaged_shard_is_encoded_again_with_one_warning_naming_it_once(values, tmp_path: Path, caplog) -> None:
+    cache = tmp_path / "cache"
+    cfg = config_from_dict(values)
+    build_feature_cache(cfg, cache, ["train"], progress=False)
+    shard = cache / "train" / "videos-00000.pt"
+    shard.write_text("garbage")
+    caplog.clear()
+    build_feature_cache(cfg, cache, ["train"], progress=False)
+    warned = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert warned == [f"feature shard {shard} is unreadable (a text file (starting b'garbage'); expected a torch.save "
+                      "file); encoding it again"]  # fmt: skip
+    assert shard.read_bytes()[:2] == b"PK"

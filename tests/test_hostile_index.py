@@ -263,12 +263,17 @@ def _plant_video(index: Path, number: int, root: str, video: str, target: Path) 
 
 
 def test_a_tampered_manifest_cannot_serve_another_file(index: Path, search_setup, tmp_path: Path) -> None:
-    """The manifest names ``/`` and ``etc/passwd`` (with its true size and mtime): not served; the operator's
-    --media-root decides where videos come from."""
+    """The manifest names ``/`` and ``etc/passwd`` (with its true size and mtime): this user did not index ``/`` into
+    it, so by default nothing is served (the app is refused at start); the operator's --media-root decides where
+    videos come from, and even an operator who names ``/`` gets no text file served as a video."""
+    from tvr.utils.errors import UserError
+
     secret = tmp_path / "secret.txt"
     secret.write_text("root:x:0:0:secret\n" * 100)
     _plant_video(index, 0, "/", str(secret).lstrip("/"), secret)
-    client = TestClient(create_app(open_index(index)))
+    with pytest.raises(UserError, match="pass --media-root"):
+        create_app(open_index(index))
+    client = TestClient(create_app(open_index(index), media_root="/"))
     response = client.get("/media/0")
     assert response.status_code == 404 and "is not a video file" in response.json()["error"]
     assert b"root:" not in response.content
@@ -300,9 +305,11 @@ def test_served_videos_must_be_what_was_indexed(index: Path, search_setup, tmp_p
     assert response.status_code == 404 and "changed since it was indexed" in response.json()["error"]
 
 
-def test_an_error_while_answering_is_a_json_500(index: Path, monkeypatch) -> None:
+def test_an_error_while_answering_is_a_json_500(index: Path, search_setup, monkeypatch) -> None:
     opened = open_index(index)
-    client = TestClient(create_app(opened, micro_batch=False), raise_server_exceptions=False)
+    client = TestClient(
+        create_app(opened, micro_batch=False, media_root=search_setup.videos), raise_server_exceptions=False
+    )
 
     def damaged(*args, **kwargs):
         raise IndexFormatError("shards/x/state.npy changed since the index was opened: open the index again")
@@ -315,6 +322,175 @@ def test_an_error_while_answering_is_a_json_500(index: Path, monkeypatch) -> Non
     monkeypatch.setattr(opened, "search", lambda *a, **k: [][1])
     response = client.get("/api/search", params={"q": "red"})
     assert response.status_code == 500 and response.json()["error"].startswith("internal error (IndexError)")
+
+
+def _swap_after_check(monkeypatch, swap) -> list:
+    """Run ``swap()`` right after the server has checked a video (its container check is the check's last step),
+    before the response is sent: the window a user who can write in the media folder races for."""
+    from tvr.search import server
+
+    real = server.is_video_container
+    done: list = []
+
+    def checked_then_swapped(*args, **kwargs):
+        ok = real(*args, **kwargs)
+        if not done:
+            swap()
+            done.append(True)
+        return ok
+
+    monkeypatch.setattr(server, "is_video_container", checked_then_swapped)
+    return done
+
+
+@pytest.fixture
+def media(search_setup, tmp_path: Path) -> Path:
+    """A copy of the indexed videos (same sizes and mtimes): the operator's media folder."""
+    folder = tmp_path / "media"
+    shutil.copytree(search_setup.videos, folder, copy_function=shutil.copy2)
+    return folder
+
+
+@pytest.mark.parametrize("what", ["file", "file-range", "folder"])
+def test_a_video_swapped_after_its_check_is_not_what_is_sent(
+    what: str, index: Path, media: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """The indexed video (or the folder holding it) replaced by a link to a private file between the check and the
+    send: what is sent is the file that was checked (it was opened once, and sent from that descriptor); the next
+    request finds the link and refuses it."""
+    opened = open_index(index)
+    number = next(k for k, v in enumerate(opened.videos) if ("/" in v["video"]) == (what == "folder"))
+    rel = Path(opened.videos[number]["video"])
+    original = (media / rel).read_bytes()
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / rel.name).write_bytes(b"root:x:0:0:secret\n" * 4000)
+
+    def swap() -> None:
+        if what == "folder":
+            os.replace(media / rel.parent, tmp_path / "moved")
+            (media / rel.parent).symlink_to(secret, target_is_directory=True)
+        else:
+            os.replace(media / rel, tmp_path / "moved.mp4")
+            (media / rel).symlink_to(secret / rel.name)
+
+    done = _swap_after_check(monkeypatch, swap)
+    client = TestClient(create_app(opened, media_root=media))
+    response = client.get(f"/media/{number}", headers={"Range": "bytes=10-109"} if what == "file-range" else {})
+    assert done and b"root:" not in response.content
+    if what == "file-range":
+        assert response.status_code == 206 and response.content == original[10:110]
+    else:
+        assert response.status_code == 200 and response.content == original
+    assert client.get(f"/media/{number}").status_code == 404
+
+
+def test_a_thumbnail_is_decoded_from_the_video_that_was_checked(
+    index: Path, media: Path, search_setup, tmp_path: Path, monkeypatch
+) -> None:
+    import av
+
+    from tvr.search.server import thumbnail_jpeg
+
+    opened = open_index(index)
+    rel = opened.videos[0]["video"]
+    want = thumbnail_jpeg(media / rel, 0.0)
+    client = TestClient(create_app(opened, media_root=media))
+    assert client.get("/media/0").status_code == 200  # checked (and its check remembered)
+    private = tmp_path / "private.mp4"
+    shutil.copy2(search_setup.videos / "red.mp4", private)
+    real_open = av.open
+    swapped: list = []
+
+    def swap_then_open(target, *args, **kwargs):
+        if not swapped:
+            os.replace(media / rel, tmp_path / "moved.mp4")
+            (media / rel).symlink_to(private)
+            swapped.append(True)
+        return real_open(target, *args, **kwargs)
+
+    monkeypatch.setattr(av, "open", swap_then_open)
+    response = client.get("/thumbnail/0", params={"t": 0})
+    assert swapped and response.status_code == 200 and response.content == want
+
+
+def test_links_that_stay_inside_the_media_folder_are_served(search_setup, tmp_path: Path) -> None:
+    videos = tmp_path / "videos"
+    shutil.copytree(search_setup.videos, videos, copy_function=shutil.copy2)
+    (videos / "inside.mp4").symlink_to(videos / "green.mp4")  # absolute, inside
+    (videos / "sub" / "again.mp4").symlink_to("../red.mp4")  # relative, inside
+    (videos / "linked").symlink_to(videos / "sub", target_is_directory=True)  # a folder, inside
+    result = runner.invoke(app, index_args(videos, tmp_path / "idx", search_setup.checkpoint))
+    assert result.exit_code == 0, result.output
+    opened = open_index(tmp_path / "idx")
+    client = TestClient(create_app(opened))
+    for number, entry in enumerate(opened.videos):
+        response = client.get(f"/media/{number}")
+        assert response.status_code == 200 and response.content == (videos / entry["video"]).read_bytes(), entry
+
+
+@pytest.fixture
+def own_index(search_setup, tmp_path: Path) -> Path:
+    """An index this user built (``tvr index``) of a copy of the videos, in place."""
+    videos = tmp_path / "videos"
+    shutil.copytree(search_setup.videos, videos, copy_function=shutil.copy2)
+    result = runner.invoke(app, index_args(videos, tmp_path / "idx", search_setup.checkpoint))
+    assert result.exit_code == 0, result.output
+    return tmp_path / "idx"
+
+
+@pytest.mark.parametrize("widened", ["/", "the folder above"])
+def test_a_manifest_cannot_widen_the_served_folder(
+    widened: str, own_index: Path, search_setup, tmp_path: Path, monkeypatch
+) -> None:
+    """An index's manifest edited to say its videos are in ``/`` (or the folder above the indexed one) and to list a
+    private video outside the indexed folder, with its true size and mtime: by default nothing outside the folder
+    the user indexed is served; ``--media-root`` names the folder to serve, and only its indexed files are."""
+    import uvicorn
+
+    from tvr.utils.errors import UserError
+
+    private = tmp_path / "private" / "holiday.mp4"
+    private.parent.mkdir()
+    shutil.copy2(search_setup.videos / "red.mp4", private)
+    root = Path("/") if widened == "/" else tmp_path
+    _plant_video(own_index, 0, str(root), str(private.relative_to(root)), private)
+    try:
+        client = TestClient(create_app(open_index(own_index)))
+    except UserError as exc:
+        assert "--media-root" in str(exc) and "\n" not in str(exc)
+    else:
+        response = client.get("/media/0")
+        assert response.status_code == 404 and response.content != private.read_bytes()
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
+    result = runner.invoke(app, ["serve", str(own_index), "--port", "0"])
+    assert result.exit_code == 2 and "--media-root" in result.output, result.output
+    served = TestClient(create_app(open_index(own_index), media_root=tmp_path / "videos"))
+    assert served.get("/media/0").status_code == 404  # private/holiday.mp4 is not in the media folder
+    assert served.get("/media/1").status_code == 200
+
+
+def test_a_media_folder_that_is_gone_still_answers_searches(index: Path, tmp_path: Path) -> None:
+    client = TestClient(create_app(open_index(index), media_root=tmp_path / "gone", micro_batch=False))
+    assert client.get("/api/search", params={"q": "a red screen"}).status_code == 200
+    response = client.get("/media/0")
+    assert response.status_code == 404 and "no longer available" in response.json()["error"]
+
+
+def test_an_index_serves_the_folder_it_was_built_from_by_default(own_index: Path, tmp_path: Path) -> None:
+    """By default videos come from the folder this user indexed into this index; a copy of the index (made
+    elsewhere, or moved) names its folder with --media-root."""
+    client = TestClient(create_app(open_index(own_index)))
+    assert (
+        client.get("/media/0").content == (tmp_path / "videos" / open_index(own_index).videos[0]["video"]).read_bytes()
+    )
+    copy = tmp_path / "copy"
+    shutil.copytree(own_index, copy)
+    from tvr.utils.errors import UserError
+
+    with pytest.raises(UserError, match="--media-root"):
+        create_app(open_index(copy))
+    assert TestClient(create_app(open_index(copy), media_root=tmp_path / "videos")).get("/media/0").status_code == 200
 
 
 # --------------------------------------------------------------------------------------------- tvr index

@@ -155,3 +155,39 @@ def test_atomic_copy(tmp_path: Path, umask022) -> None:
     os.chmod(src, 0o600)
     dst = atomic_copy(src, tmp_path / "out" / "dst.bin")
     assert dst.read_bytes() == src.read_bytes() and _mode(dst) == 0o644
+
+
+def test_a_full_disk_names_the_file_the_user_asked_for(tmp_path: Path) -> None:
+    """``write`` on a full disk raises ENOSPC naming no file, a library writing the temporary names the temporary,
+    numpy reports a short write with no errno: each is raised naming the target, and the temporary is removed."""
+    import errno
+
+    import numpy as np
+
+    from tvr.utils.io import atomic_output, atomic_write, is_disk_full, naming_errors
+
+    target = tmp_path / "out" / "metrics.json"
+
+    def full(handle) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def full_naming_the_temporary(handle) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", handle.name)
+
+    def short_numpy_write(handle) -> None:
+        raise OSError("301056 requested and 290688 written")
+
+    for write in (full, full_naming_the_temporary, short_numpy_write):
+        with pytest.raises(OSError) as info:
+            atomic_write(target, write)
+        assert is_disk_full(info.value) and info.value.filename == str(target), info.value
+        assert list(target.parent.iterdir()) == []
+    assert "wrote 290,688 of 301,056 bytes" in str(info.value)
+    with pytest.raises(OSError) as info, atomic_output(target) as tmp:
+        np.save(tmp, np.zeros(3))
+        raise OSError(errno.EDQUOT, "Disk quota exceeded", str(tmp))
+    assert is_disk_full(info.value) and info.value.filename == str(target)
+    other = tmp_path / "elsewhere.txt"
+    with pytest.raises(FileNotFoundError) as info, naming_errors(target):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(other))
+    assert info.value.filename == str(other)  # an error about another file keeps its name

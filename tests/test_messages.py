@@ -314,6 +314,7 @@ def test_a_damaged_clip_folder_or_clipvip_checkpoint_is_one_line(tmp_path: Path)
 
 def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch) -> None:
     import tvr.models.clip_backbone as clip_backbone
+    import tvr.models.hub as hub
 
     calls: list[dict] = []
 
@@ -328,7 +329,7 @@ def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch) -> None:
         raise OSError(-2, "Name or service not known")
 
     monkeypatch.setattr(clip_backbone.CLIPModel, "from_pretrained", from_pretrained)
-    monkeypatch.setattr(clip_backbone.socket, "create_connection", no_network)
+    monkeypatch.setattr(hub.socket, "create_connection", no_network)
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(
@@ -345,19 +346,14 @@ def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch) -> None:
     assert [c.get("local_files_only") for c in calls] == [True] and len(probes) == 1
 
 
-def test_a_disk_that_fills_up_inside_torch_save_is_one_line_naming_the_disk(tmp_path: Path, monkeypatch) -> None:
-    """torch.save reports a failed write as a RuntimeError ("unexpected pos …"), with the OSError only as its
-    context: a full disk during ``tvr train`` used to print a long traceback. The write here fails like a full
-    disk, after the first 4 kB of a checkpoint."""
+def _disk_full_after(marker: str, monkeypatch, calls: int = 1, after_bytes: int = 0) -> None:
+    """Writes into the ``calls``-th temporary whose name holds ``marker`` (and every later one) fail past
+    ``after_bytes`` bytes as on a full disk: ENOSPC naming no file, as ``write`` raises it."""
     import builtins
 
     import tvr.utils.io as io_module
 
-    values = make_msrvtt(tmp_path / "data")
-    values["train"]["max_steps"] = 1
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(values))
-    out = tmp_path / "run"
+    seen = {"n": 0}
 
     class FillsUp:
         def __init__(self, handle) -> None:
@@ -365,7 +361,7 @@ def test_a_disk_that_fills_up_inside_torch_save_is_one_line_naming_the_disk(tmp_
 
         def write(self, data) -> int:
             self.written += len(data)
-            if self.written > 4096:
+            if self.written > after_bytes:
                 raise OSError(errno.ENOSPC, "No space left on device")
             return self.handle.write(data)
 
@@ -380,9 +376,25 @@ def test_a_disk_that_fills_up_inside_torch_save_is_one_line_naming_the_disk(tmp_
 
     def full_disk_open(path, mode="r", *args, **kwargs):
         handle = builtins.open(path, mode, *args, **kwargs)
-        return FillsUp(handle) if "w" in mode and ".last.pt." in str(path) else handle
+        if "w" in mode and marker in Path(path).name:
+            seen["n"] += 1
+            if seen["n"] >= calls:
+                return FillsUp(handle)
+        return handle
 
     monkeypatch.setattr(io_module, "open", full_disk_open, raising=False)
+
+
+def test_a_disk_that_fills_up_inside_torch_save_is_one_line_naming_the_disk(tmp_path: Path, monkeypatch) -> None:
+    """torch.save reports a failed write as a RuntimeError ("unexpected pos …"), with the OSError only as its
+    context: a full disk during ``tvr train`` used to print a long traceback. The write here fails like a full
+    disk, after the first 4 kB of a checkpoint."""
+    values = make_msrvtt(tmp_path / "data")
+    values["train"]["max_steps"] = 1
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(values))
+    out = tmp_path / "run"
+    _disk_full_after(".last.pt.", monkeypatch, after_bytes=4096)
     result = runner.invoke(app, ["train", "-c", str(config), "-o", str(out), "--no-test"])
     assert result.exit_code == 2, result.output
     text = " ".join(result.output.split())
@@ -401,3 +413,92 @@ def test_the_help_names_search_and_serve_and_the_readme_lists_the_exit_codes() -
     exit_codes = readme[readme.index("Exit codes:") :][:400]
     for code in ("**0**", "**1**", "**2**", "**130** interrupted by Ctrl-C"):
         assert code in exit_codes
+
+
+def _one_disk_full_line(result, written: Path, command: str) -> str:
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error")]
+    text = " ".join(result.output.split())
+    assert len(errors) == 1 and f"no space left on the device writing {written} (the file system mounted at" in text
+    assert "free" in text and f"free some space there and run {command} again" in text, text
+    assert "nothing already written was lost" in text
+    if command != "tvr train":
+        assert "--resume" not in text
+    return text
+
+
+def test_every_command_names_the_file_and_the_file_system_a_full_disk_stopped(
+    tmp_path: Path, search_setup, monkeypatch
+) -> None:
+    """13 of 17 disk-full messages named no file or file system and told every command to rerun tvr train with
+    --resume: the shared writer now names the file (not its temporary), the message its file system and how the
+    command that stopped continues."""
+    values = make_msrvtt(tmp_path / "data")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(values))
+    cache = tmp_path / "cache"
+    _disk_full_after("manifest.json", monkeypatch)
+    result = runner.invoke(app, ["features", "-c", str(config), "-o", str(cache)])
+    text = _one_disk_full_line(result, cache / "manifest.json", "tvr features")
+    assert text.endswith("again: it continues the cache where it stopped (--debug or TVR_DEBUG=1 shows the traceback)")
+    monkeypatch.undo()
+
+    out = tmp_path / "eval"
+    _disk_full_after("metrics.json", monkeypatch)
+    result = runner.invoke(app, ["eval", "--checkpoint", str(search_setup.checkpoint), "-o", str(out)])
+    _one_disk_full_line(result, out / "metrics.json", "tvr eval")
+    monkeypatch.undo()
+
+    from search_fixtures import index_args
+
+    index = tmp_path / "idx"
+    _disk_full_after("settings.json", monkeypatch)
+    result = runner.invoke(app, index_args(search_setup.videos, index, search_setup.checkpoint))
+    _one_disk_full_line(result, index / "settings.json", "tvr index")
+    assert not [p for p in index.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_a_full_disk_stops_a_batch_job_instead_of_failing_every_file(tmp_path: Path, monkeypatch) -> None:
+    """prepare used to record every file after the disk filled up as failed (naming its temporary); the job now
+    stops at once, keeps what it finished, and the same command continues."""
+    import numpy as np
+
+    import tvr.data.prepare as prepare_module
+    from tvr.utils.io import atomic_output
+
+    make_msrvtt(tmp_path / "data")
+    videos, dst = tmp_path / "data" / "videos", tmp_path / "prepared"
+    encode = prepare_module.encode_video
+    encoded: list[str] = []
+
+    def fills_up(src, out, settings):  # noqa: ANN001, ANN202
+        if len(encoded) == 2:  # PyAV writing the temporary finds the disk full
+            with atomic_output(out) as tmp:
+                raise OSError(errno.ENOSPC, "No space left on device", str(tmp))
+        encoded.append(Path(out).name)
+        return encode(src, out, settings)
+
+    monkeypatch.setattr(prepare_module, "encode_video", fills_up)
+    result = runner.invoke(app, ["prepare", "videos", str(videos), str(dst), "-j", "1"])
+    _one_disk_full_line(result, dst / "video2.mp4", "tvr prepare videos")
+    assert sorted(p.name for p in dst.iterdir() if p.suffix == ".mp4") == encoded == ["video0.mp4", "video1.mp4"]
+    assert not (dst / "prepare_report.json").exists() and not [p for p in dst.iterdir() if p.name.endswith(".tmp")]
+    monkeypatch.undo()
+    result = runner.invoke(app, ["prepare", "videos", str(videos), str(dst), "-j", "1"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((dst / "prepare_report.json").read_text())
+    assert report["summary"]["skipped"] == 2 and report["summary"]["encoded"] == 8
+
+    frames, save = tmp_path / "frames", np.save
+    written = {"n": 0}
+
+    def short_write(file, array, **kwargs):  # noqa: ANN001, ANN202
+        written["n"] += 1
+        if written["n"] == 3:  # numpy on a full disk: an OSError with no errno
+            raise OSError(f"{array.nbytes} requested and {array.nbytes // 2} written")
+        return save(file, array, **kwargs)
+
+    monkeypatch.setattr(prepare_module.np, "save", short_write)
+    result = runner.invoke(app, ["prepare", "frames", str(videos), str(frames), "-j", "1", "--max-frames", "2"])
+    text = _one_disk_full_line(result, frames / "video2.npy", "tvr prepare frames")
+    assert "No space left on device (wrote" in text

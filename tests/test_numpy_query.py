@@ -69,6 +69,10 @@ def test_tvr_index_writes_it_and_search_answers_from_it(fused: bool, search_setu
     _same_hits_close_scores(quick, full, texts)
     _same_hits_close_scores(quick, full, texts, all_windows=True)
     assert largest_difference(encoder, quick.encoder, texts) <= TOLERANCE
+    # the library's query vectors: the numpy side's within the tolerance of the model's, float32 [n, d] both
+    vectors = quick.encode_queries(texts)
+    assert vectors.dtype == np.float32 and vectors.shape == (len(texts), quick.dim)
+    np.testing.assert_allclose(vectors, full.encode_queries(texts), atol=TOLERANCE)
     # without the flag an index keeps the torch query path (a server's micro-batches equal serial answers bit for bit)
     assert not isinstance(open_index(tmp_path / "idx").encoder, NumpyQueryEncoder)
     # ranking captions for a clip needs the image side: the full model loads

@@ -21,6 +21,7 @@ IMPORT_NAMES = {
     "qdrant-edge-py": "qdrant_edge",
     "sentence-transformers": "sentence_transformers",
     "scikit-image": "skimage",
+    "protobuf": "google",
 }
 #: tools run from the command line, not imported
 COMMAND_LINE_TOOLS = {"ruff"}
@@ -90,27 +91,4 @@ def test_the_licence_is_an_spdx_string_for_a_setuptools_that_takes_it() -> None:
     assert re.search(r">=\s*(\d+)", setuptools) and int(re.search(r">=\s*(\d+)", setuptools).group(1)) >= 77
 
 
-@pytest.mark.parametrize(
-    ("variables", "install"),
-    [
-        ([], '"torch==2.13.0"'),
-        (["TORCH=cuda"], '"torch===2.13.0"'),  # PyPI's own build: a local 2.13.0+cpu does not meet "==="
-        (
-            ["TORCH_INDEX=https://download.pytorch.org/whl/cu126"],
-            '"torch==2.13.0" --index-url https://download.pytorch.org/whl/cu126',
-        ),
-    ],
-)
-def test_make_install_chooses_the_torch_build(variables: list[str], install: str) -> None:
-    """``make install`` installs exactly one torch 2.13.0 build, the one its variables name (dry run: -n)."""
-    import shutil
-    import subprocess
-
-    if shutil.which("make") is None:
-        pytest.skip("make not installed")
-    run = subprocess.run(["make", "-n", "-B", "install", *variables], cwd=REPO, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    (line,) = [line for line in run.stdout.splitlines() if "pip install" in line and "torch" in line]
-    assert line.split(" -q ", 1)[1].strip() == install
-    wrong = subprocess.run(["make", "-n", "-B", "install", "TORCH=gpu"], cwd=REPO, capture_output=True, text=True)
-    assert wrong.returncode != 0 and "TORCH=gpu: expected cpu or cuda" in wrong.stderr
+# which torch build `make install` takes: tests/test_torch_build_choice.py

@@ -60,7 +60,9 @@ def test_resume_auto_on_the_command_line(data_values, tmp_path: Path) -> None:
         assert result.exit_code == 2 and "the only word tvr train takes is 'auto', after --resume" in result.output
 
 
-def test_a_preempted_command_exits_143_and_the_same_command_continues(data_values, tmp_path: Path, monkeypatch) -> None:
+def test_a_preempted_command_exits_143_and_the_same_command_continues(
+    data_values, tmp_path: Path, monkeypatch, caplog
+) -> None:
     config, out = _config(tmp_path, data_values, epochs=2), tmp_path / "run"
     command = ["train", "-c", str(config), "-o", str(out), "--no-test", "--resume", "auto"]
     consume = trainer_module.Trainer._consume
@@ -75,6 +77,8 @@ def test_a_preempted_command_exits_143_and_the_same_command_continues(data_value
     stopped = runner.invoke(app, command)
     assert stopped.exit_code == PREEMPTED_EXIT_CODE == 143, stopped.output
     assert "SIGTERM: training stopped after step 1 (epoch 1, batch 1)" in " ".join(stopped.output.split())
+    # said once: a warning logged the same notice before the command printed it
+    assert stopped.output.count("SIGTERM") == 1 and not [r for r in caplog.records if "SIGTERM" in r.getMessage()]
     state = read_checkpoint(out / "last.pt")["state"]
     assert (state["epoch"], state["batch_in_epoch"], state["global_step"]) == (0, 1, 1)
     monkeypatch.undo()
@@ -86,6 +90,67 @@ def test_a_preempted_command_exits_143_and_the_same_command_continues(data_value
     assert runner.invoke(app, ["train", "-c", str(config), "-o", str(straight), "--no-test"]).exit_code == 0
     for key, value in torch.load(straight / "last.pt", weights_only=True)["model"].items():
         assert torch.equal(torch.load(out / "last.pt", weights_only=True)["model"][key], value), key
+
+
+def _signalled_at_the_last_epoch_end(phase: str):
+    """Patches of the Trainer that send SIGTERM to this process during the last epoch end's ``phase``: the
+    checkpoint written before its validation, the validation, or the checkpoint written after it."""
+    at_end = lambda self: self.epoch == self.tc.epochs  # noqa: E731 - after the last epoch's counter moved on
+    if phase == "validation":
+        evaluate = trainer_module.Trainer._evaluate
+
+        def during_validation(self):  # noqa: ANN001, ANN202
+            if at_end(self):
+                os.kill(os.getpid(), signal.SIGTERM)
+            return evaluate(self)
+
+        return "_evaluate", during_validation
+    save = trainer_module.Trainer._save_last
+
+    def during_checkpoint(self, pending_eval: bool = False):  # noqa: ANN001, ANN202
+        if at_end(self) and pending_eval == (phase == "checkpoint before validation"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return save(self, pending_eval)
+
+    return "_save_last", during_checkpoint
+
+
+def _test_metrics(run: Path) -> dict:
+    """The test metrics of the last and best checkpoints, without where the checkpoint lies and the scoring time."""
+    metrics = {tag: json.loads((run / f"test_{tag}" / "metrics.json").read_text()) for tag in ("last", "best")}
+    return {
+        tag: {k: v for k, v in m.items() if k not in ("checkpoint", "scoring_seconds")} for tag, m in metrics.items()
+    }
+
+
+@pytest.mark.parametrize("phase", ["checkpoint before validation", "validation", "checkpoint after validation"])
+def test_a_notice_during_the_last_epoch_end_stops_the_run_before_its_test(
+    data_values, tmp_path: Path, monkeypatch, phase: str
+) -> None:
+    """The last epoch's end (checkpoint, validation, checkpoint) used to drop the notice: the run went on through
+    the test and exited 0. It stops with exit 143 once last.pt holds the finished training, and the same command
+    then runs the test, ending bit-identical to a run that never stopped."""
+    config, out = _config(tmp_path, data_values, epochs=2), tmp_path / "run"
+    command = ["train", "-c", str(config), "-o", str(out), "--resume", "auto"]
+    monkeypatch.setattr(trainer_module.Trainer, *_signalled_at_the_last_epoch_end(phase))
+    stopped = runner.invoke(app, command)
+    assert stopped.exit_code == PREEMPTED_EXIT_CODE, stopped.output
+    assert "SIGTERM: training stopped after its last step (4)" in " ".join(stopped.output.split())
+    state = read_checkpoint(out / "last.pt")["state"]
+    assert (state["epoch"], state["batch_in_epoch"], state["global_step"], state["pending_eval"]) == (2, 0, 4, False)
+    assert not (out / "test_last").exists() and not (out / "summary.json").exists()
+    monkeypatch.undo()
+    finished = runner.invoke(app, command)
+    assert finished.exit_code == 0, finished.output
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
+
+    straight = tmp_path / "straight"
+    assert runner.invoke(app, ["train", "-c", str(config), "-o", str(straight)]).exit_code == 0
+    for name in ("last.pt", "best.pt"):
+        ours = torch.load(out / name, weights_only=True)["model"]
+        for key, value in torch.load(straight / name, weights_only=True)["model"].items():
+            assert torch.equal(ours[key], value), (name, key)
+    assert _log_records(out) == _log_records(straight) and _test_metrics(out) == _test_metrics(straight)
 
 
 # --------------------------------------------------------------------------------------------- torchrun
@@ -161,6 +226,8 @@ def test_torchrun_max_restarts_continues_a_preempted_run_with_the_same_command(d
     assert code == 0, text[-4000:]
     assert "SIGUSR1: training stopped after step" in text and "(exitcode: 143)" in text, text[-4000:]
     assert "resumed from" in text, text[-4000:]
+    # each start's warnings and validations said by one rank, not by every rank
+    assert text.count("the validation split has only") == 2 and text.count("step 2: t2v/R1") == 1, text[-4000:]
     assert json.loads((out / "summary.json").read_text())["steps"] == 10
 
     run_two_processes(_straight_run, values, str(tmp_path / "straight"))

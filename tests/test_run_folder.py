@@ -266,3 +266,42 @@ def test_tvr_train_stops_on_a_planted_lock_link(data_values, tmp_path: Path) -> 
     with pytest.raises(UserError, match="symbolic link"):
         run_train(config_from_dict(data_values), out, final_test=False)
     assert victim.read_text() == "precious\n" and not (out / "last.pt").exists()
+
+
+def test_resume_without_config_continues_the_recorded_run(data_values, tmp_path: Path) -> None:
+    """``tvr train --out RUN --resume`` needs no ``--config``: the run folder's config.yaml records it. ``--set``
+    applies to it under the resume's rules, and a ``--config`` that differs is refused as before."""
+    from typer.testing import CliRunner
+
+    from tvr.cli import app
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(data_values))
+    out = tmp_path / "run"
+    runner = CliRunner()
+    started = runner.invoke(app, ["train", "--config", str(config), "--out", str(out), "--no-test"])
+    assert started.exit_code == 0, started.output
+
+    longer = runner.invoke(app, ["train", "--out", str(out), "--resume", "--set", "train.max_steps=2", "--no-test"])
+    assert longer.exit_code == 0, longer.output
+    assert read_checkpoint(out / "last.pt")["state"]["global_step"] == 2
+    (entry,) = [json.loads(line) for line in (out / "config_changes.jsonl").read_text().splitlines()]
+    assert entry["changes"] == {"train.max_steps": {"before": 1, "after": 2}}
+    again = runner.invoke(app, ["train", "--out", str(out), "--resume", "auto", "--no-test"])  # nothing more to do
+    assert again.exit_code == 0, again.output
+
+    before = _snapshot(out)
+    other = json.loads(json.dumps(data_values))
+    other["train"]["lr"] = 0.5
+    config.write_text(yaml.safe_dump(other))
+    for refused in (["--config", str(config)], ["--set", "train.lr=0.5"]):
+        result = runner.invoke(app, ["train", "--out", str(out), "--resume", *refused, "--no-test"])
+        assert result.exit_code == 2 and "train.lr: 0.001 in the run, 0.5 now" in result.output
+        assert "resume without --config" in result.output and "Traceback" not in result.output
+    assert _snapshot(out) == before
+
+    empty = tmp_path / "empty"
+    result = runner.invoke(app, ["train", "--out", str(empty), "--resume"])
+    assert result.exit_code == 2 and f"{empty} holds no config.yaml" in result.output and not empty.exists()
+    result = runner.invoke(app, ["train", "--out", str(out)])
+    assert result.exit_code == 2 and "tvr train needs --config" in result.output

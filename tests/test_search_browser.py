@@ -2,7 +2,8 @@
 Selenium with both paths given, so nothing is ever downloaded) loads the page served from an index built here, types
 a query, and the expected video is ranked first; the thumbnails load and the player starts at the hit's window; the
 address follows the search and a deep link ``/?q=...&k=...`` (opened, reloaded, stepped back to) shows its results;
-blank and over-long queries get a message, and a long query never widens the page. A screenshot is saved under
+blank and over-long queries get a message, and a long query never widens the page; on a 400 px screen nothing
+scrolls sideways, and the page's icon loads from the server. A screenshot is saved under
 ``$TVR_ARTIFACTS`` (default: the test's tmp folder) and its path printed.
 
 Skips only where Chromium or its driver is not installed (``.ci/run`` installs both)."""
@@ -170,6 +171,45 @@ def test_the_address_is_a_deep_link(browser, server: str) -> None:
     browser.get(server + "/?q=" + long_query + "&k=3")
     assert _settled(browser) == "done"
     assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def test_the_page_fits_a_400_px_screen_and_has_an_icon(browser, server: str) -> None:
+    """A phone-sized window (400 CSS px): results, an open player and an over-long query never make the page scroll
+    sideways; the page names an icon, and the browser loads it from the server."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # the viewport itself (a headless window cannot be made narrower than 500 px)
+    browser.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride", {"width": 400, "height": 800, "deviceScaleFactor": 1, "mobile": False}
+    )
+    fits = "return [document.documentElement.scrollWidth, window.innerWidth]"
+    browser.get(server + "/?q=a%20red%20screen&k=5")
+    assert _settled(browser) == "done" and len(_shown(browser)) == 5
+    width, inner = browser.execute_script(fits)
+    assert inner == 400 and width <= inner
+    browser.find_elements(By.CSS_SELECTOR, "button.play")[0].click()
+    player = WebDriverWait(browser, 60).until(ec.presence_of_element_located((By.CSS_SELECTOR, "li.hit video")))
+    WebDriverWait(browser, 60).until(lambda d: d.execute_script("return arguments[0].readyState", player) >= 1)
+    width, inner = browser.execute_script(fits)
+    assert width <= inner
+    browser.get(server + "/?q=" + "z" * 480 + "&k=3")
+    assert _settled(browser) == "done"
+    width, inner = browser.execute_script(fits)
+    assert width <= inner
+
+    icon = browser.execute_script("return document.querySelector('link[rel~=icon]').href")
+    assert icon == server + "/favicon.svg"
+    loaded = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "const image = new Image();"
+        "image.onload = () => done([image.naturalWidth, image.naturalHeight]);"
+        "image.onerror = () => done(null);"
+        "image.src = arguments[0];",
+        icon,
+    )
+    assert loaded is not None and loaded[0] > 0 and loaded[1] > 0
 
 
 def test_the_page_filters_by_folder_and_time(browser, server: str) -> None:

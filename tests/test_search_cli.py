@@ -88,6 +88,26 @@ def test_search_many_equals_one_query_at_a_time(built: Path) -> None:
             assert answer == index.search(text, k=4)
 
 
+def test_encode_queries_gives_the_vectors_the_shortlist_searches_with(built: Path) -> None:
+    """open_index(IDX).encode_queries(texts): float32 [n, d], one row per text, each the vector a search of that text
+    alone shortlists with (encoded in its length group as search_many encodes it)."""
+    import numpy as np
+
+    index = open_index(built)
+    texts = ["a red screen", "a yellow screen " * 6, "a blue screen"]
+    vectors = index.encode_queries(texts)
+    assert vectors.dtype == np.float32 and vectors.shape == (3, index.dim)
+    from tvr.search.encoders import one_torch_thread
+
+    for text, vector in zip(texts, vectors, strict=True):
+        with one_torch_thread():  # as a search encodes (a row then does not depend on its batch neighbours)
+            alone = index.encoder.encode_texts([text], index.encoder.query_lengths([text])[0])
+        np.testing.assert_array_equal(vector, index.head.shortlist_texts(alone).float().numpy()[0])
+    assert index.encode_queries([]).shape == (0, index.dim)
+    with pytest.raises(ValueError, match="empty"):
+        index.encode_queries(["a red screen", "  "])
+
+
 def test_the_command_line_defaults_are_the_librarys() -> None:
     """tvr index / tvr search take their defaults from the library's, so the two cannot drift apart."""
     import dataclasses

@@ -57,17 +57,21 @@ def _two_processes(search_setup, out: str, qdrant: bool = False) -> None:  # noq
             pytest.fail("the two-process index build did not finish within 300 s")
 
 
-def test_two_processes_build_the_single_process_index(search_setup, tmp_path: Path) -> None:
+def test_two_processes_build_the_single_process_index(search_setup, tmp_path: Path, monkeypatch) -> None:
+    # the spawned ranks do not see conftest's folders: what they write in tvr's cache goes to this test's
+    monkeypatch.setenv("TVR_CACHE_DIR", str(tmp_path / "cache"))
     _two_processes(search_setup, str(tmp_path / "two"))
     assert_built_like_one_process(search_setup, tmp_path / "two", tmp_path / "one")
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("qdrant_client") is None, reason="qdrant-client is not installed")
-def test_two_processes_build_the_single_process_collection(search_setup, tmp_path: Path) -> None:
+def test_two_processes_build_the_single_process_collection(search_setup, tmp_path: Path, monkeypatch) -> None:
     """``torchrun … tvr index … --out qdrant+local:PATH``: each rank embeds its share into its own shards, rank 0
     writes the points; the collection equals the one a single process writes (every point, payload and vector)."""
     from test_search_qdrant import assert_same_collection
+
+    monkeypatch.setenv("TVR_CACHE_DIR", str(tmp_path / "cache"))  # the spawned ranks' cache: this test's
 
     _two_processes(search_setup, f"qdrant+local:{tmp_path / 'two'}", qdrant=True)
     shards = sorted(p.name for p in (tmp_path / "two" / "shards").iterdir())

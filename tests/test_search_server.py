@@ -276,3 +276,78 @@ def test_serve_command_takes_the_port_before_the_model_loads(served, monkeypatch
     assert f"--port {port}: cannot listen on 127.0.0.1:{port}" in result.output.splitlines()[0]
     result = CliRunner().invoke(cli, ["serve", str(out), "--port", "70000"])
     assert result.exit_code == 2 and "--port 70000: expected 0 to 65535" in result.output
+
+
+def test_ctrl_c_on_serve_says_it_stopped_not_rerun_to_continue(search_index: Path, search_setup) -> None:
+    """A real SIGINT to a running ``tvr serve``: uvicorn shuts down, and the last line says the server stopped
+    (a server has nothing to continue), exit 130."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    proc = subprocess.Popen(
+        # its own cache holds no record of the index: the media folder is named
+        [
+            sys.executable,
+            "-m",
+            "tvr",
+            "serve",
+            str(search_index),
+            "--port",
+            "0",
+            "--media-root",
+            str(search_setup.videos),
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        # the default Ctrl-C handling, whatever this test runner's own is
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        env={**os.environ, "TVR_CACHE_DIR": str(search_index.parent / "cache")},
+    )
+    try:
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            address = re.search(r"on (http://127\.0\.0\.1:\d+/) ", line)
+            if address:
+                break
+        assert address, "".join(seen)
+        deadline = time.monotonic() + 60
+        while True:  # up once its page answers
+            try:
+                with urllib.request.urlopen(address.group(1), timeout=2) as page:
+                    assert page.status == 200
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not answer"
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    last = rest.strip().splitlines()[-1]
+    assert last.startswith("stopped: the server shut down on Ctrl-C") and "the same command serves it again" in last
+    assert "continue" not in rest and "Traceback" not in rest
+
+
+def test_the_page_names_its_icon_and_the_server_sends_it(served) -> None:
+    """The favicon is the package's own SVG, sent by the server (no external fetch); /favicon.ico, where a browser
+    looks by default, sends it too."""
+    import xml.etree.ElementTree as ET
+
+    _, client, _ = served
+    page = client.get("/").text
+    assert '<link rel="icon" href="/favicon.svg" type="image/svg+xml">' in page
+    for address in ("/favicon.svg", "/favicon.ico"):
+        icon = client.get(address)
+        assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+        root = ET.fromstring(icon.content)
+        assert root.tag == "{http://www.w3.org/2000/svg}svg" and root.get("viewBox") == "0 0 32 32"
+        assert b"http" not in icon.content.replace(b"http://www.w3.org/2000/svg", b"")  # nothing fetched from elsewhere
+    assert "/favicon.svg" not in client.get("/openapi.json").json()["paths"]

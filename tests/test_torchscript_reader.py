@@ -244,3 +244,35 @@ def test_convert_openai_names_the_bad_file_once(tmp_path: Path) -> None:
         said = " ".join(result.output.split())
         assert result.exit_code == 2 and what in said, said
         assert said.count(path.name) == 1, said
+
+
+@pytest.mark.parametrize("where", ["weights", "config"])
+def test_convert_openai_on_a_full_disk_says_so_in_one_line(tmp_path: Path, monkeypatch, where: str) -> None:
+    """safetensors reports a full disk as its own error (``SafetensorError: … No space left on device (os error
+    28)``), Python's writes as an OSError naming no file: either is one line naming the folder being written and
+    its file system, exit 2, and nothing is left behind."""
+    import safetensors
+    import transformers
+    import transformers.modeling_utils as modeling_utils
+
+    src = _scripted_clip(tmp_path)
+    out = tmp_path / "hf"
+    if where == "weights":
+
+        def full(*args, **kwargs):
+            raise safetensors.SafetensorError(
+                "Error while serializing: I/O error: No space left on device (os error 28)"
+            )
+
+        monkeypatch.setattr(modeling_utils, "safe_save_file", full)
+    else:
+
+        def full(self, *args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(transformers.PretrainedConfig, "save_pretrained", full)
+    result = CliRunner().invoke(app, ["convert-openai", str(src), str(out)])
+    assert result.exit_code == 2, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert "no space left" in line and str(out) in line and "file system" in line and "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ViT-tiny.pt"]

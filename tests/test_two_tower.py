@@ -327,8 +327,7 @@ def test_sentence_tokenizers_are_thread_safe(tmp_path: Path) -> None:
 
     sentence = build_tokenizer(config_from_dict(tiny_values()), tmp_path)
     hf = sentence.tokenizer
-    (tmp_path / "tokenizer.json").write_text(hf.backend_tokenizer.to_str(), encoding="utf-8")
-    fast = _FastTokenizer(tmp_path / "tokenizer.json", int(hf.pad_token_id), str(hf.pad_token))
+    fast = _FastTokenizer(hf.backend_tokenizer.to_str(), int(hf.pad_token_id), str(hf.pad_token))
     texts = [" ".join(["a dog runs on the beach"] * (1 + n % 7)) for n in range(64)]
     calls = [(texts[n % 64 : n % 64 + 8], (4, 9, 16, 31)[n % 4]) for n in range(400)]
     for tokenizer in (sentence, fast, pickle.loads(pickle.dumps(sentence))):
@@ -360,7 +359,7 @@ def test_image_weights_are_data_checked_key_by_key(tmp_path: Path) -> None:
     # a pickle that would run code is refused by weights_only loading
     evil = tmp_path / "evil.pth"
     torch.save({"w": torch.zeros(1), "obj": shutil.copy}, evil)
-    with pytest.raises(WeightsError, match="not a readable weights-only state dict"):
+    with pytest.raises(WeightsError, match=r"evil\.pth: refused: its pickle names shutil\.copy, code"):
         read_state_dict(evil)
     with pytest.raises(WeightsError, match="SHA-256"):
         read_state_dict(good, sha256=LITE0_SHA256)

@@ -449,3 +449,34 @@ def test_a_checkpoint_config_cannot_size_a_model_without_bound(tmp_path: Path) -
     result = CliRunner().invoke(app, ["eval", "--checkpoint", str(path), "--out", str(tmp_path / "ev")])
     assert result.exit_code == 2, result.output
     assert "model.tiny.vocab_size = 40000000: expected a number >= 3 and <= 262144" in " ".join(result.output.split())
+
+
+class _RunsCode:
+    """Pickled as a call of os.system: what a hostile checkpoint holds."""
+
+    def __reduce__(self):  # noqa: ANN204
+        return (os.system, ("echo pwned",))
+
+
+class _PlainObject:
+    """A class instance: code where a checkpoint holds data."""
+
+
+@pytest.mark.parametrize(("payload", "named"), [(_RunsCode(), "posix.system"), (_PlainObject(), "_PlainObject")])
+def test_a_checkpoint_that_names_code_is_refused_as_such(tmp_path: Path, payload, named: str) -> None:
+    """torch's weights-only unpickler refuses it; tvr used to call the file "truncated or corrupt?" and pass on
+    torch's advice to load it with weights_only=False. It says what was refused, and never gives that advice."""
+    path = tmp_path / "last.pt"
+    torch.save({"format": "tvr-checkpoint", "version": 1, "model": {}, "x": payload}, path)
+    with pytest.raises(PickleRefusedError, match=rf"^{path}: refused: its pickle names \S*{named}, code") as info:
+        load_torch_file(path)
+    with pytest.raises(CheckpointError) as checkpoint:
+        read_checkpoint(path)
+    result = CliRunner().invoke(
+        app, ["import-checkpoint", str(path), "-c", "clip4clip/msrvtt", "-o", str(tmp_path / "o")]
+    )
+    for text in (str(info.value), str(checkpoint.value), result.output):
+        flat = " ".join(text.split())
+        assert "refused: its pickle names" in flat and named in flat, flat
+        assert "weights_only" not in flat and "truncated or corrupt" not in flat and "trusted source" not in flat
+    assert result.exit_code == 2 and not (tmp_path / "o").exists()

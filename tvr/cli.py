@@ -3,7 +3,6 @@ checkpoint/tokenizer conversion."""
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
@@ -17,9 +16,13 @@ from rich.console import Console
 from rich.markup import escape
 
 import tvr.search.defaults as search_defaults
-from tvr.utils.errors import RestartableStopError, UserError
+from tvr.search.defaults import DUAL_ENCODER_PRESETS
+from tvr.utils.errors import Interrupted, RestartableStopError, UserError
 
+#: messages (progress, notes, warnings, errors); results (tables, JSON) go to stdout (:func:`stdout_console`)
 console = Console(stderr=True)
+#: the width of a console writing into a pipe or a file: wide enough that no line or table row is folded
+UNFOLDED_WIDTH = 100_000
 #: ``--debug`` (or TVR_DEBUG=1): let user errors show their traceback as well
 _DEBUG = {"on": os.environ.get("TVR_DEBUG", "") not in ("", "0")}
 #: the global ``tvr --verbose``: commands that are quiet by default (search, serve) talk as well
@@ -29,13 +32,38 @@ _PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirec
 CONFIG_HELP = "YAML file or shipped preset name, e.g. gare/msrvtt (`tvr presets` lists them)."
 
 
-#: a full disk (or quota): the machine's state, not a bug; every file is written whole or not at all
-_DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+#: how a command continues after a full disk stopped it, where rerunning it does more than start over
+_CONTINUES = {
+    "tvr train": "with --resume auto: the run continues from its last checkpoint (or starts, if it wrote none)",
+    "tvr features": "it continues the cache where it stopped",
+    "tvr prepare videos": "it continues where it stopped",
+    "tvr prepare frames": "it continues where it stopped",
+    "tvr index": "it continues the index where it stopped",
+    "tvr bench": "it resumes the bench",
+}
 #: what a command interrupted by Ctrl-C leaves, when it says nothing more specific
 INTERRUPTED = (
     "interrupted: everything finished so far is kept (every file is written whole or not at all); "
     "rerun the same command to continue"
 )
+#: what Ctrl-C on ``tvr serve`` says: a server has nothing to continue
+SERVE_STOPPED = (
+    "the server shut down on Ctrl-C; serving changes nothing in the index, so the same command serves it again"
+)
+
+
+def fit_to_stream(out: Console) -> Console:
+    """Fold lines at the terminal's width only where ``out`` writes to a terminal: into a pipe or a file (``| grep``,
+    ``> results.txt``) every line and table row goes whole, where rich would fold them at 80 columns."""
+    whole = not out.is_terminal
+    out.soft_wrap = whole
+    out.width = UNFOLDED_WIDTH if whole else None  # None: the terminal's own width, asked at each print
+    return out
+
+
+def stdout_console() -> Console:
+    """A console for a command's results on stdout (a table with its title, lines a pipe reads)."""
+    return fit_to_stream(Console())
 
 
 def say(label: str, text: str, style: str = "red") -> None:
@@ -46,7 +74,9 @@ def say(label: str, text: str, style: str = "red") -> None:
 
 
 def _is_user_error(exc: BaseException) -> bool:
-    return isinstance(exc, (UserError, *_PATH_ERRORS)) or (isinstance(exc, OSError) and exc.errno in _DISK_FULL)
+    from tvr.utils.io import is_disk_full
+
+    return isinstance(exc, (UserError, *_PATH_ERRORS)) or is_disk_full(exc)
 
 
 def _file_system(path: str | os.PathLike) -> str:
@@ -63,26 +93,37 @@ def _file_system(path: str | os.PathLike) -> str:
         free = shutil.disk_usage(mount).free
     except OSError:
         return f"the file system mounted at {mount}"
-    return f"the file system mounted at {mount}, {free / 2**20:,.0f} MiB free"
+    left = f"{free / 2**20:,.0f} MiB" if free >= 2**20 else f"{free / 2**10:,.0f} KiB"
+    return f"the file system mounted at {mount}, {left} free"
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
-        where = f" writing {exc.filename} ({_file_system(exc.filename)})" if exc.filename else ""
-        return (
-            f"no space left on the device{where} ({exc.strerror or exc}); nothing already written was lost (every "
-            "file is written whole or not at all, a half-written one is removed): free some space and rerun "
-            "(tvr train: with --resume)"
-        )
+def disk_full_message(exc: OSError, command: str) -> str:
+    """The one message of a full disk: the file that could not be written, the file system it is on and the space
+    left there, that nothing written was lost, and how ``command`` continues."""
+    where = f" writing {exc.filename} ({_file_system(exc.filename)})" if exc.filename else f" ({_file_system('.')})"
+    again = _CONTINUES.get(command)
+    return (
+        f"no space left on the device{where} ({exc.strerror or exc}); nothing already written was lost (every file "
+        f"is written whole or not at all, a half-written one is removed): free some space there and run {command} "
+        "again" + (f" {again}" if again and again.startswith("with") else f": {again}" if again else "")
+    )
+
+
+def _describe(exc: BaseException, command: str) -> str:
+    from tvr.utils.io import is_disk_full
+
+    if is_disk_full(exc):
+        return disk_full_message(exc, command)
     if isinstance(exc, OSError) and not isinstance(exc, UserError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror or exc}"
     return str(exc)
 
 
-def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+def friendly_errors(fn: Callable[..., Any], command: str = "the command") -> Callable[..., Any]:
     """Run a command; a user error prints one or two lines and exits with code 2 (bugs keep their traceback);
     Ctrl-C says what was kept and exits with code 130; a job stopped to be restarted (a preempted training run)
-    says where it stopped and exits with its code (143)."""
+    says where it stopped and exits with its code (143). ``command``: how the user runs it (``tvr prepare
+    videos``), for a message that says how to continue."""
 
     @functools.wraps(fn)
     def run_command(*args: Any, **kwargs: Any) -> Any:
@@ -91,15 +132,16 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except RestartableStopError as exc:
             say("stopped", str(exc), "yellow")
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             if _DEBUG["on"]:
                 raise
-            say("interrupted", INTERRUPTED.removeprefix("interrupted: "), "yellow")
+            said = str(exc) if isinstance(exc, Interrupted) else INTERRUPTED.removeprefix("interrupted: ")
+            say("interrupted", said, "yellow")
             raise typer.Exit(130) from None
         except Exception as exc:
             if _DEBUG["on"] or not _is_user_error(exc):
                 raise
-            say("error", _describe(exc))
+            say("error", _describe(exc, command))
             console.print("[dim](--debug or TVR_DEBUG=1 shows the traceback)[/dim]")
             raise typer.Exit(2) from None
 
@@ -121,11 +163,21 @@ def out_file(path: Path, flag: str = "--out") -> Path:
 
 
 class _Commands(typer.Typer):
-    """Every command registered on the app reports user errors without a traceback."""
+    """Every command registered on the app reports user errors without a traceback; ``prefix``: how the user
+    reaches its commands (``tvr prepare``)."""
+
+    def __init__(self, *args: Any, prefix: str = "tvr", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefix = prefix
 
     def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         register = super().command(*args, **kwargs)
-        return lambda fn: register(friendly_errors(fn))
+
+        def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+            name = args[0] if args else kwargs.get("name") or fn.__name__.lower().replace("_", "-")
+            return register(friendly_errors(fn, f"{self.prefix} {name}"))
+
+        return wrap
 
 
 app = _Commands(
@@ -186,7 +238,8 @@ def _load_from_checkpoint(checkpoint: Path, overrides: list[str] | None):
 def _print_metrics(metrics: dict, title: str) -> None:
     from tvr.eval.report import metrics_notes, metrics_table
 
-    console.print(f"\n[bold]{escape(title)}[/bold]")
+    # the title on stdout with its table (the notes below it too): `tvr eval ... > metrics.txt` keeps them together
+    stdout_console().print(f"\n[bold]{escape(title)}[/bold]")
     rows = {k: v for k, v in metrics.items() if k != "info"}
     print(metrics_table(rows))
     for line in metrics_notes(rows, metrics.get("info", {})):
@@ -201,9 +254,20 @@ def _print_metrics(metrics: dict, title: str) -> None:
         )
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from tvr import __version__
+
+        print(f"tvr {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def main(
     ctx: typer.Context,
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print tvr's version and exit."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of user errors (bad config, files, …)."),
     trust: bool = typer.Option(
@@ -221,6 +285,7 @@ def main(
     # decided per invocation (an app invoked twice in one process must not keep the first one's --debug)
     _DEBUG["on"] = debug or os.environ.get("TVR_DEBUG", "") not in ("", "0")
     _VERBOSE["on"] = verbose
+    fit_to_stream(console)  # per invocation: stderr may be a terminal in one and a log file in the next
     before = code_trusted()
     trust_code(trust or os.environ.get("TVR_TRUST_CODE", "") not in ("", "0"))
     ctx.call_on_close(lambda: trust_code(before))  # for this command only (an app invoked again in one process)
@@ -228,7 +293,12 @@ def main(
 
 @app.command()
 def train(
-    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help=CONFIG_HELP + " With --resume: default, the run folder's config.yaml (the run as it was recorded).",
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder (config, logs, checkpoints, metrics)."),
     set_: list[str] = typer.Option(None, "--set", help="Dotted override, e.g. --set train.lr=3e-4 (repeatable)."),
     resume: bool = typer.Option(
@@ -247,7 +317,7 @@ def train(
     if resume_mode is not None and (not resume or resume_mode != "auto"):
         raise UserError(f"unexpected argument {resume_mode!r}: the only word tvr train takes is 'auto', after --resume")
     out_folder(out)
-    cfg = _load(config, set_)
+    cfg = _load(config or _recorded_run_config(out, resume_mode or resume), set_)
     from tvr.pipeline import run_train
 
     try:
@@ -260,6 +330,24 @@ def train(
     for tag, metrics in summary.get("test", {}).items():
         _print_metrics(metrics, f"test ({tag} checkpoint)")
     console.print(f"run folder: {escape(str(out))}", highlight=False)
+
+
+def _recorded_run_config(out: Path, resume: bool | str) -> Path:
+    """The config a ``tvr train --resume`` without ``--config`` runs: the one the run folder records."""
+    from tvr.pipeline.run_folder import CONFIG
+
+    if not resume:
+        raise UserError(
+            "tvr train needs --config (a YAML file or a preset name: tvr presets lists them); only --resume takes "
+            f"the run folder's {CONFIG} instead"
+        )
+    recorded = out / CONFIG
+    if not recorded.is_file():
+        raise UserError(
+            f"--resume without --config: {out} holds no {CONFIG} (no run was started there), so there is no "
+            "recorded config to continue with: pass --config to start one"
+        )
+    return recorded
 
 
 def _train_interrupted(out: Path) -> str:
@@ -464,7 +552,9 @@ def demo(
     console.print(f"run folder: {escape(str(out / 'run'))}", highlight=False)
 
 
-bench_app = _Commands(help="Methods × seeds: does a method beat the baseline? (tvr bench --config NAME --out DIR)")
+bench_app = _Commands(
+    prefix="tvr bench", help="Methods × seeds: does a method beat the baseline? (tvr bench --config NAME --out DIR)"
+)
 
 
 @bench_app.callback(invoke_without_command=True)
@@ -491,7 +581,7 @@ def bench(
     made with the same config are kept. `tvr bench report` writes a document from committed results."""
     if ctx.invoked_subcommand is not None:
         return
-    friendly_errors(_bench)(config, out, jobs, rerun_changed, allow_unlike_validation, sweep)
+    friendly_errors(_bench, "tvr bench")(config, out, jobs, rerun_changed, allow_unlike_validation, sweep)
 
 
 def _bench(
@@ -578,7 +668,7 @@ def heads() -> None:
     from tvr.models.heads.registry import available_heads, head_class
     from tvr.utils.fielddoc import field_comments
 
-    out = Console()
+    out = stdout_console()
     for name in available_heads():
         cls = head_class(name)
         # indexability may depend on the options (CLIP4Clip: mean pooling only); show it for the defaults
@@ -701,11 +791,13 @@ def check_data(
     report = run_check(cfg, full=full, workers=workers, tokenizer=tokenizer, progress=True)
     if json_path is not None:
         atomic_write_json(json_path, report)
-    render_report(report, Console(), json_path=json_path)
+    render_report(report, stdout_console(), json_path=json_path)
     raise typer.Exit(0 if report["ok"] else 1)
 
 
-prepare_app = _Commands(no_args_is_help=True, help="Turn raw downloads into the training form (resumable).")
+prepare_app = _Commands(
+    prefix="tvr prepare", no_args_is_help=True, help="Turn raw downloads into the training form (resumable)."
+)
 app.add_typer(prepare_app, name="prepare")
 
 
@@ -811,16 +903,23 @@ def index_cmd(
         file_okay=False,
         help="With --out qdrant://...: the folder of the index's shards (rerank state), on storage query nodes see.",
     ),
-    checkpoint: Path | None = typer.Option(
-        None, "--checkpoint", dir_okay=False, help="A tvr checkpoint (default: the default encoder)."
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="A pretrained CLIP or SigLIP used zero-shot: a preset ("
+        + ", ".join(DUAL_ENCODER_PRESETS)
+        + "), a Hugging Face hub id, a folder saved with save_pretrained, an OpenAI CLIP .pt, or a tvr checkpoint "
+        "(default: the offline default encoder).",
     ),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="A tvr checkpoint (as --model CKPT)."),
     config: str | None = typer.Option(
         None,
         "--config",
         "-c",
-        help="Index with the model a config builds (no checkpoint), e.g. a local CLIP: " + CONFIG_HELP,
+        help="Index with the model a config builds (no checkpoint): " + CONFIG_HELP,
     ),
-    set_: list[str] = typer.Option(None, "--set", help="Dotted override of --config (repeatable)."),
+    set_: list[str] = typer.Option(None, "--set", help="Dotted override of --config (repeatable; needs --config)."),
     window: float = typer.Option(search_defaults.DEFAULT_WINDOW, "--window", help="Window length in seconds."),
     stride: float = typer.Option(search_defaults.DEFAULT_STRIDE, "--stride", help="Seconds between window starts."),
     workers: int = typer.Option(0, "--workers", "-j", help="Decoding processes (0 = one per CPU, at most 8)."),
@@ -841,11 +940,12 @@ def index_cmd(
     shard_windows: int = typer.Option(
         search_defaults.SHARD_WINDOWS, "--shard-windows", help="Windows per shard (the unit a kill loses)."
     ),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N | auto."),
+    device: str = typer.Option("auto", "--device", help="auto (the GPU when there is one) | cpu | cuda | cuda:N."),
 ) -> None:
     """Index a folder of videos: timestamped windows, embedded by the model, shortlisted by FAISS, reranked exactly."""
+    quiet_libraries()
     from tvr.pipeline.search import run_index
-    from tvr.search.build import IndexOptions
+    from tvr.search.build import IndexOptions, NoVideosError
 
     options = IndexOptions(
         window=window,
@@ -857,9 +957,21 @@ def index_cmd(
         state_dtype=state_dtype,
         shard_windows=shard_windows,
     )
-    report = run_index(
-        videos, out, options, checkpoint=checkpoint, config=config, overrides=set_ or [], device=device, state=state
-    )
+    try:
+        report = run_index(
+            videos,
+            out,
+            options,
+            checkpoint=checkpoint,
+            config=config,
+            overrides=set_ or [],
+            device=device,
+            model=model,
+            state=state,
+        )
+    except NoVideosError as exc:
+        say("warning", str(exc), "yellow")
+        raise typer.Exit(1) from None
     if not report:  # not rank 0
         return
     console.print(
@@ -877,6 +989,16 @@ def index_cmd(
 
         where = report_file(out, state)
         console.print(f"[yellow]{len(report['bad'])} unreadable file(s) skipped[/yellow]; report: {where}")
+
+
+def quiet_libraries() -> None:
+    """Library warnings off stderr (transformers' notes on configs and losses, sentence-transformers' deprecations):
+    they are about the libraries' own API, nothing a user of tvr can act on; ``tvr --verbose`` keeps them."""
+    if _VERBOSE["on"]:
+        return
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers sets up its logger
+    for name in ("transformers", "sentence_transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def quiet_stderr(verbose: bool) -> None:
@@ -991,6 +1113,7 @@ def search_cmd(
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
+    model: str | None = typer.Option(None, "--model", help="Where the index's --model folder is now (if it moved)."),
     nprobe: int | None = typer.Option(None, "--nprobe", help="IVF cells probed per query (default: the index's)."),
     ef_search: int | None = typer.Option(
         None, "--ef-search", help="HNSW search beam (default: the index's; larger finds more of the exact top k)."
@@ -1013,7 +1136,13 @@ def search_cmd(
 
     # text queries without torch when the index's model has a numpy query side (tvr.search.numpy_query)
     opened = open_index(
-        index, checkpoint=checkpoint, nprobe=nprobe, ef_search=ef_search, without_torch=video is None, state=state
+        index,
+        checkpoint=checkpoint,
+        nprobe=nprobe,
+        ef_search=ef_search,
+        without_torch=video is None,
+        model=model,
+        state=state,
     )
     if queries is not None:
         raise typer.Exit(1 if _answer_queries(opened, queries, k, rerank, all_windows, under, between) else 0)
@@ -1047,7 +1176,7 @@ def search_cmd(
                 for c in columns
             )
         )
-    Console().print(table)
+    stdout_console().print(table)
 
 
 def listening_socket(host: str, port: int) -> Any:
@@ -1082,12 +1211,13 @@ def serve_cmd(
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
+    model: str | None = typer.Option(None, "--model", help="Where the index's --model folder is now (if it moved)."),
     media_root: Path | None = typer.Option(
         None,
         "--media-root",
         exists=True,
         file_okay=False,
-        help="Folder the videos are served from (default: the folder the index records it was built from).",
+        help="Folder the videos are served from (default: the folder you indexed into INDEX with tvr index).",
     ),
     query_workers: int | None = typer.Option(
         None,
@@ -1108,12 +1238,17 @@ def serve_cmd(
     from tvr.search.server import create_app
 
     try:
-        opened = open_index(index, checkpoint=checkpoint, state=state)
+        opened = open_index(index, checkpoint=checkpoint, model=model, state=state)
         app_ = create_app(opened, media_root=media_root, query_workers=query_workers)
         bound = sock.getsockname()[1]  # --port 0: the port the system chose
-        console.print(f"videos served from {media_root or opened.root}", highlight=False)
+        console.print(f"videos served from {app_.state.media_root}", highlight=False)
         console.print(f"serving {index} on http://{host}:{bound}/ (API: /api/search, /openapi.json)")
         uvicorn.Server(uvicorn.Config(app_, log_level="info")).run(sockets=[sock])
+    except KeyboardInterrupt:  # how a server is stopped: uvicorn shuts down, then raises it again
+        if _DEBUG["on"]:
+            raise
+        say("stopped", SERVE_STOPPED, "yellow")
+        raise typer.Exit(130) from None
     finally:
         sock.close()
 
@@ -1133,6 +1268,7 @@ def eval_search_cmd(
     checkpoint: Path | None = typer.Option(
         None, "--checkpoint", dir_okay=False, help="Where the index's checkpoint is now (if it moved)."
     ),
+    model: str | None = typer.Option(None, "--model", help="Where the index's --model folder is now (if it moved)."),
     ef_search: int | None = typer.Option(None, "--ef-search", help="HNSW search beam (default: the index's)."),
     state: Path | None = typer.Option(None, "--state", file_okay=False, help=STATE_HELP),
 ) -> None:
@@ -1149,14 +1285,14 @@ def eval_search_cmd(
         raise UserError(f"--rerank {rerank}: expected an integer >= 0")
     if not queries.is_file():
         raise UserError(f"{queries}: no such file; expected a CSV with the columns query,video[,start,end]")
-    opened = open_index(index, checkpoint=checkpoint, ef_search=ef_search, state=state)
+    opened = open_index(index, checkpoint=checkpoint, ef_search=ef_search, model=model, state=state)
     report = evaluate_search(opened, queries, ks=cutoffs, rerank=rerank, skip_bad=skip_bad)
     if as_json:
         print(json.dumps(report, indent=2))
         return
     for problem in report["skipped"]:
         say("skipped", problem, "yellow")
-    out = Console()
+    out = stdout_console()
     ranks = Table(title=f"{report['queries']} queries in {index} ({report['candidates']} {report['unit']}s)")
     for column in ("line", "rank", "query", "video", "top result"):
         ranks.add_column(column)

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from tvr.utils.data_files import DataFileError, parse_yaml, read_yaml
 from tvr.utils.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -584,9 +585,9 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raw = read_yaml(path) or {}
+    except DataFileError as exc:
+        raise ConfigError(str(exc)) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
     # what the file is (`tvr presets` shows it), not a setting: each file describes itself, nothing inherits it
@@ -606,9 +607,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not parts:
         raise ConfigError(f"override {text!r}: empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: value is not valid YAML: {exc}") from exc
+        value = parse_yaml(raw, "the override") if raw.strip() else ""
+    except DataFileError as exc:
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise ConfigError(f"override {shown!r}: the value is {exc.problem}") from None
     return parts, value
 
 
@@ -717,9 +719,9 @@ def preset_description(name_or_path: str | os.PathLike) -> str:
     hardware it expects); "" when it has none. A ``base:`` preset's description is not inherited."""
     path = resolve_preset(name_or_path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raw = read_yaml(path) or {}
+    except DataFileError as exc:
+        raise ConfigError(str(exc)) from None
     return _check_description(raw.get("description", "") if isinstance(raw, dict) else "", path)
 
 

@@ -7,18 +7,16 @@ initialised, small), the seqTransf temporal module, the paper's loss and metrics
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tvr.config import Config, check_head_import, config_from_dict, preset_values
 from tvr.data.synthetic import SynthConfig
 from tvr.models.heads.registry import head_class
 from tvr.models.preprocess import resolve_preprocess
+from tvr.utils.data_files import DataFileError, read_json, read_yaml
 from tvr.utils.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -76,8 +74,8 @@ def demo_synth_config(quick: bool) -> SynthConfig:
 def _recorded_synth(data_dir: Path) -> dict[str, Any] | None:
     """The generation settings a demo data folder records (``synth_meta.json``), None when it records none."""
     try:
-        meta = json.loads((data_dir / SYNTH_META).read_text())
-    except (OSError, ValueError):
+        meta = read_json(data_dir / SYNTH_META)
+    except (OSError, DataFileError):
         return None
     config = meta.get("config") if isinstance(meta, dict) else None
     return config if isinstance(config, dict) else None
@@ -124,10 +122,10 @@ def _interrupted_demo_set(data_dir: Path) -> bool:
 def _describe_run(run_dir: Path) -> str:
     """A few words on a previous demo run (head, quick or full), from its config.yaml."""
     try:
-        values = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        values = read_yaml(run_dir / "config.yaml") or {}
         head = values["head"]["name"]
         steps = values["train"].get("max_steps") or 0
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
+    except (OSError, DataFileError, KeyError, TypeError):
         return "a run whose config.yaml cannot be read"
     kind = f"quick, {steps} steps" if steps else f"{values['train'].get('epochs')} epochs"
     return f"head {head}, {kind}"

@@ -14,11 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tvr.analysis.figures import FigureFiles, new_figure, write_figure
+from tvr.utils.data_files import DataFileError, read_jsonl, read_yaml
 from tvr.utils.errors import UserError
-from tvr.utils.io import atomic_write_json, read_jsonl
+from tvr.utils.io import atomic_write_json
 
 TRAIN_LOG = "train_log.jsonl"
 VAL_LOG = "val_log.jsonl"
@@ -87,8 +86,8 @@ class RunLog:
 def _read(path: Path) -> list[dict[str, Any]]:
     try:
         records = read_jsonl(path)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RunFolderError(f"{path}: {exc}") from None
+    except DataFileError as exc:
+        raise RunFolderError(str(exc)) from None
     bad = [k for k, r in enumerate(records) if not isinstance(r, dict) or not isinstance(r.get("step"), int)]
     if bad:
         raise RunFolderError(f"{path}: record {bad[0] + 1} has no integer 'step'; expected a tvr training log")
@@ -98,8 +97,8 @@ def _read(path: Path) -> list[dict[str, Any]]:
 def _recorded(run_dir: Path, section: str, key: str) -> Any:
     """``section.key`` of the run's config.yaml, None when it cannot be read."""
     try:
-        return yaml.safe_load((run_dir / "config.yaml").read_text())[section][key]
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return read_yaml(run_dir / "config.yaml")[section][key]
+    except (OSError, DataFileError, KeyError, TypeError):
         return None
 
 

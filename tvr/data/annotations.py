@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
 import pickle
 import zipfile
 from collections import OrderedDict
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tvr.config import DataConfig
+from tvr.utils.data_files import DataFileError, parse_json
 from tvr.utils.errors import UserError, first_line
 from tvr.utils.pickle_scan import PickleRefusedError, scan_pickle
 
@@ -163,11 +163,11 @@ def _decode(data: bytes, where: Path | str, expected: str) -> str:
     return text
 
 
-def _parse_json(text: str, where: Path | str, expected: str) -> Any:
+def _parse_json(text: str, where: Path | str, expected: str, line: int | None = None) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _fail(where, f"not valid JSON ({exc.msg}, column {exc.colno}); expected {expected}", exc.lineno) from exc
+        return parse_json(text, where, line=line)
+    except DataFileError as exc:
+        raise _fail(where, f"{exc.problem}; expected {expected}", exc.line) from None
 
 
 def _read_json(path: Path, expected: str) -> Any:
@@ -181,10 +181,7 @@ def _read_jsonl(path: Path, expected: str) -> list[tuple[int, dict]]:
         line = line.strip()
         if not line:
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise _fail(path, f"not valid JSON ({exc.msg}, column {exc.colno}); expected {expected}", number) from exc
+        obj = _parse_json(line, path, expected, number)
         if not isinstance(obj, dict):
             raise _fail(path, f"expected a JSON object per line ({expected}), got {type(obj).__name__}", number)
         rows.append((number, obj))

@@ -10,12 +10,12 @@ the measures on which two splits differ by more than a tolerance.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from tvr.config import DataConfig
+from tvr.utils.data_files import read_json
 
 #: the shares compared between validation and test, and what each counts
 SHARES: dict[str, str] = {
@@ -36,9 +36,9 @@ def split_composition(cfg: DataConfig, split: str) -> dict[str, Any] | None:
     meta_path = folder / "synth_meta.json"
     if not meta_path.is_file():
         return None
-    meta = {v["video_id"]: v for v in json.loads(meta_path.read_text())["videos"]}
+    meta = {v["video_id"]: v for v in read_json(meta_path)["videos"]}
     captions: dict[str, list[str]] = {}
-    for sentence in json.loads((folder / "MSRVTT_data.json").read_text())["sentences"]:
+    for sentence in read_json(folder / "MSRVTT_data.json")["sentences"]:
         captions.setdefault(sentence["video_id"], []).append(sentence["caption"])
     loaded = load_split(cfg, split)
     gallery = set(loaded.videos)

@@ -14,7 +14,6 @@ This module holds the format and the reader; encoding a cache is a pipeline job 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,8 @@ import torch
 from torch import Tensor
 
 from tvr.config import Config, ask_backbone
-from tvr.utils.errors import UserError
+from tvr.utils.data_files import read_json
+from tvr.utils.errors import UserError, reason
 from tvr.utils.pickle_scan import PickleRefusedError
 from tvr.utils.torch_files import TorchFileError, load_torch_file
 
@@ -150,9 +150,11 @@ def read_manifest(cache_dir: str | Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not a tvr feature cache (run `tvr features --config ... --out {cache_dir}`)")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = read_json(path)
     except (ValueError, OSError) as exc:
-        raise FeatureCacheError(f"{path}: damaged ({exc}); rebuild the cache (tvr features ... --overwrite)") from None
+        raise FeatureCacheError(
+            f"{path}: damaged ({reason(exc)}); rebuild the cache (tvr features ... --overwrite)"
+        ) from None
     if (
         not isinstance(manifest, dict)
         or not isinstance(manifest.get("splits"), dict)

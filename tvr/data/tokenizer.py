@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from tvr.config import Config, ConfigError, ask_backbone
+from tvr.utils.data_files import DataFileError, parse_json, read_json
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_text
 
@@ -37,6 +38,8 @@ END_OF_WORD = "</w>"
 #: merges CLIP uses: 49,408 = 2·256 byte tokens + 48,894 merges + 2 special tokens
 CLIP_NUM_MERGES = 48894
 MERGES_HEADER = "#version: 0.2"
+#: the folder of a job's work folder (run folder, feature cache) a tokenizer built from a BPE merges file goes to
+TOKENIZER_FOLDER = "tokenizer"
 
 # CLIP's pre-tokenisation regex (special tokens, English contractions, letter runs, single digits, other runs).
 _WORD_PATTERN = r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
@@ -319,28 +322,40 @@ class _PythonBPE:
         return out
 
 
+def parse_vocab_and_merges(
+    vocab_text: str, merges_text: str, folder: Path
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """vocab + merges from the texts of ``folder``'s ``vocab.json`` and ``merges.txt``."""
+    vocab_file, merges_file = folder / "vocab.json", folder / "merges.txt"
+    try:
+        vocab = parse_json(vocab_text, vocab_file)
+    except DataFileError as exc:
+        raise TokenizerError(f"{vocab_file}{f' line {exc.line}' if exc.line else ''}: {exc.problem}") from None
+    if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
+        raise TokenizerError(f"{vocab_file}: expected a JSON object mapping token strings to integer ids")
+    merges: list[tuple[str, str]] = []
+    for k, line in enumerate(merges_text.split("\n"), start=1):
+        if (k == 1 and line.startswith("#version")) or not line.strip():
+            continue
+        merges.append(_parse_merge(line, merges_file, k))
+    return vocab, merges
+
+
 def _read_tokenizer_dir(path: Path) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """vocab + merges from ``vocab.json``/``merges.txt``, or from an HF ``tokenizer.json`` (BPE model)."""
     vocab_file, merges_file, tok_file = path / "vocab.json", path / "merges.txt", path / "tokenizer.json"
     if vocab_file.is_file() and merges_file.is_file():
-        try:
-            vocab = json.loads(vocab_file.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise TokenizerError(f"{vocab_file} line {exc.lineno}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
-            raise TokenizerError(f"{vocab_file}: expected a JSON object mapping token strings to integer ids")
-        merges: list[tuple[str, str]] = []
-        for k, line in enumerate(merges_file.read_text(encoding="utf-8").split("\n"), start=1):
-            if (k == 1 and line.startswith("#version")) or not line.strip():
-                continue
-            merges.append(_parse_merge(line, merges_file, k))
-        return vocab, merges
+        return parse_vocab_and_merges(
+            vocab_file.read_text(encoding="utf-8"), merges_file.read_text(encoding="utf-8"), path
+        )
     if tok_file.is_file():
         try:
-            model = json.loads(tok_file.read_text(encoding="utf-8"))["model"]
+            model = read_json(tok_file)["model"]
             vocab = dict(model["vocab"])
             raw = model["merges"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        except DataFileError as exc:
+            raise TokenizerError(str(exc)) from None
+        except (KeyError, TypeError) as exc:
             raise TokenizerError(
                 f"{tok_file}: expected an HF tokenizer.json with model.vocab and model.merges"
             ) from exc
@@ -408,12 +423,24 @@ class ClipTokenizer:
         vocab, merges = _read_tokenizer_dir(Path(path))
         return cls(vocab, merges, backend=backend)
 
+    @classmethod
+    def from_texts(cls, files: dict[str, str], folder: Path, backend: str = "auto") -> ClipTokenizer:
+        """:meth:`from_dir` of files already read: ``files`` maps ``vocab.json`` and ``merges.txt`` to their text
+        (``folder`` names them in messages)."""
+        vocab, merges = parse_vocab_and_merges(files["vocab.json"], files["merges.txt"], folder)
+        return cls(vocab, merges, backend=backend)
+
+    def files(self) -> dict[str, str]:
+        """The text of ``vocab.json`` and ``merges.txt``, in the order they are written (merges first: a reader that
+        sees vocab.json assumes merges.txt is already complete)."""
+        merges = "\n".join([MERGES_HEADER, *(f"{a} {b}" for a, b in self.merges)]) + "\n"
+        return {"merges.txt": merges, "vocab.json": json.dumps(self.vocab, ensure_ascii=False)}
+
     def save(self, out_dir: str | os.PathLike) -> Path:
         """Write ``vocab.json`` + ``merges.txt`` atomically."""
         out = Path(out_dir)
-        text = "\n".join([MERGES_HEADER, *(f"{a} {b}" for a, b in self.merges)]) + "\n"
-        atomic_write_text(out / "merges.txt", text)
-        atomic_write_text(out / "vocab.json", json.dumps(self.vocab, ensure_ascii=False))
+        for name, text in self.files().items():
+            atomic_write_text(out / name, text)
         return out
 
     def encode(self, text: str) -> list[int]:
@@ -547,7 +574,7 @@ def _clip_bpe(source: str, work_dir: Path) -> ClipTokenizer:
     """CLIP's BPE from a folder with vocab.json + merges.txt, or rebuilt from CLIP's ``bpe_simple_vocab_16e6.txt.gz``
     into ``work_dir/tokenizer``."""
     if source.endswith(".gz") or source.endswith(".txt"):
-        target = work_dir / "tokenizer"
+        target = work_dir / TOKENIZER_FOLDER
         if not (target / "vocab.json").is_file():
             build_clip_tokenizer_files(source, target)
         return ClipTokenizer.from_dir(target)
@@ -562,7 +589,7 @@ def _clip_bpe(source: str, work_dir: Path) -> ClipTokenizer:
 
 def _tiny_clip_bpe(source: str, work_dir: Path) -> ClipTokenizer:
     """The tiny random CLIP's small BPE, built locally into ``work_dir/tokenizer`` (no download)."""
-    target = work_dir / "tokenizer"
+    target = work_dir / TOKENIZER_FOLDER
     if not (target / "vocab.json").is_file():
         build_tiny_tokenizer_files(target)
     return ClipTokenizer.from_dir(target)

@@ -21,7 +21,6 @@ optional format, or the name of a table or figure this module renders.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable
@@ -29,10 +28,21 @@ from pathlib import Path
 from typing import Any
 
 from tvr.eval import bench_report as report
-from tvr.utils.errors import UserError
-from tvr.utils.io import atomic_write_text
+from tvr.eval.bench_records import read_bench_record
+from tvr.utils.data_files import DataFileError, read_data_bytes, read_json
+from tvr.utils.errors import UserError, reason
+from tvr.utils.io import atomic_write_text, inside
 
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}|]+?)\s*(?:\|\s*([^{}]*?)\s*)?\}\}")
+#: Python's format specification: [[fill]align][sign][z][#][0][width][grouping][.precision][type]
+FORMAT_SPEC = re.compile(
+    r"(?:.?[<>=^])?[-+ ]?z?#?0?(?P<width>\d*)[,_]?(?:\.(?P<precision>\d+))?[bcdeEfFgGnosxX%]?", re.S
+)
+#: the widest field and the most decimals a placeholder may ask for (a width of 2e9 allocated 2 GB)
+MAX_WIDTH = 100
+MAX_PRECISION = 20
+#: the largest template read
+MAX_TEMPLATE_BYTES = 4 << 20
 
 
 class TemplateError(UserError):
@@ -52,16 +62,40 @@ def lookup(sources: dict[str, Any], path: str) -> Any:
     return node
 
 
+def _bounded_spec(spec: str, where: str) -> str:
+    """``spec`` when it is a format specification asking for at most :data:`MAX_WIDTH` characters and
+    :data:`MAX_PRECISION` decimals; :class:`TemplateError` otherwise."""
+    shown = spec if len(spec) <= 40 else spec[:37] + "..."
+    if spec.startswith("%"):
+        if not spec[1:].isdigit() and spec != "%":
+            raise TemplateError(f"{where}: format {shown!r}: expected %N, N the decimals of a percentage")
+        precision = int(spec[1:] or 0)
+        width = 0
+    else:
+        match = FORMAT_SPEC.fullmatch(spec)
+        if match is None:
+            raise TemplateError(f"{where}: format {shown!r} is not a Python format specification")
+        width, precision = int(match["width"] or 0), int(match["precision"] or 0)
+    if width > MAX_WIDTH:
+        raise TemplateError(f"{where}: format {shown!r} asks for {width:,} characters; at most {MAX_WIDTH}")
+    if precision > MAX_PRECISION:
+        raise TemplateError(f"{where}: format {shown!r} asks for {precision:,} decimals; at most {MAX_PRECISION}")
+    return spec
+
+
 def format_value(value: Any, spec: str, where: str) -> str:
-    """``value`` by ``spec``: ``p``, ``%N`` or a Python format specification."""
+    """``value`` by ``spec``: ``p``, ``%N`` or a Python format specification (width and decimals bounded)."""
+    if spec != "p":
+        _bounded_spec(spec, where)
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
     try:
         if spec == "p":
             return report.p_text(float(value))
         if spec.startswith("%"):
             return f"{100.0 * float(value):.{int(spec[1:] or 0)}f} %"
         return format(value, spec)
-    except (TypeError, ValueError) as exc:
-        raise TemplateError(f"{where}: format {spec!r} does not apply to {value!r} ({exc})") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TemplateError(f"{where}: format {spec!r} does not apply to {shown} ({exc})") from None
 
 
 def all_hypotheses(sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -146,7 +180,7 @@ def _renderers(
 ) -> dict[str, Callable[[], str]]:  # fmt: skip
     def figure(name: str, draw: Callable[[Path], Any]) -> Callable[[], str]:
         def render() -> str:
-            draw(figures / name)
+            draw(inside(figures, name, "a figure's file name"))  # a sweep's dial names its figure
             return f"{link}/{name}" if link else name
 
         return render
@@ -203,16 +237,6 @@ def fill_template(
     return PLACEHOLDER.sub(replace, template)
 
 
-def read_record(path: Path, what: str) -> dict[str, Any]:
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: cannot read {what} ({exc})") from None
-    if not isinstance(record, dict) or "results_sha256" not in record:
-        raise UserError(f"{path}: not a {what} written by tvr bench (no results_sha256)")
-    return record
-
-
 def write_report(
     results_path: Path,
     template_path: Path,
@@ -224,20 +248,29 @@ def write_report(
     """``tvr bench report``: fill ``template_path`` from a bench's results.json, its sweeps' sweep.json and any
     ``extra_paths`` (name → JSON file) into ``out_path``, the figures into ``figures`` (relative to ``out_path``'s
     folder)."""
-    results = read_record(results_path, "bench results.json")
+    results = read_bench_record(results_path, "results")
     sweeps: dict[str, dict[str, Any]] = {}
     for path in sweep_paths:
-        record = read_record(path, "sweep.json")
-        if "dial" not in record:
-            raise UserError(f"{path}: not a sweep.json (no dial)")
+        record = read_bench_record(path, "sweep")
+        if record["dial"] in sweeps:
+            raise UserError(f"{path}: a second sweep of {record['dial']}; give one sweep.json per dial")
         sweeps[record["dial"]] = record
     extra = {}
     for name, path in (extra_paths or {}).items():
         try:
-            extra[name] = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{path}: cannot read the JSON named {name!r} ({exc})") from None
-    text = fill_template(template_path.read_text(), results, sweeps, out_path.parent / figures, figures, extra)
+            extra[name] = read_json(path)
+        except (OSError, DataFileError) as exc:
+            raise UserError(f"{path}: cannot read the JSON named {name!r} ({reason(exc)})") from None
+    try:
+        template = read_data_bytes(template_path, MAX_TEMPLATE_BYTES).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{template_path}: not UTF-8 text ({exc.reason} at byte {exc.start}); expected a markdown template"
+        ) from None
+    try:
+        text = fill_template(template, results, sweeps, out_path.parent / figures, figures, extra)
+    except TemplateError as exc:
+        raise TemplateError(f"{template_path}: {exc}") from None
     return atomic_write_text(out_path, text)
 
 

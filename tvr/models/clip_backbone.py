@@ -18,10 +18,8 @@ Real tokens are unaffected by padding either way (causality hides the padding, w
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import socket
 from pathlib import Path
 
 import torch
@@ -33,9 +31,11 @@ from tvr.models.backbones.base import check_token_batch
 from tvr.models.backbones.clip.config import TinyClipConfig
 from tvr.models.clip_files import EOT_ID, SOT_ID, save_clip_atomic
 from tvr.models.convert_openai import load_openai_clip
+from tvr.models.hub import hub_unreachable, offline_requested
 from tvr.types import TextFeatures, VideoFeatures
+from tvr.utils.data_files import DataFileError, read_json
 from tvr.utils.pickle_scan import PickleRefusedError
-from tvr.utils.torch_files import TorchFileError, check_model_folder
+from tvr.utils.torch_files import TorchFileError, check_model_folder, weights_only_refusal
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -91,11 +91,15 @@ def load_clip_model(spec: str) -> CLIPModel:
             raise FileNotFoundError(f"model.clip: {path} is a folder but has no config.json (not a HF CLIP folder)")
         try:
             check_model_folder(path)  # transformers torch.loads a pytorch_model.bin itself: scanned first
-        except (PickleRefusedError, TorchFileError) as exc:
+            read_json(path / "config.json")  # and reads config.json with a recursive parser: bounded first
+        except (PickleRefusedError, TorchFileError, DataFileError) as exc:
             raise ConfigError(f"model.clip: {exc}") from None
         try:
             return CLIPModel.from_pretrained(str(path), dtype=torch.float32)
         except Exception as exc:  # noqa: BLE001 - a broken config.json or truncated weights raise many types
+            refusal = weights_only_refusal(str(exc))  # transformers torch.loads pytorch_model.bin (weights only)
+            if refusal is not None:
+                raise ConfigError(f"model.clip: {path}: its weights were {refusal}") from None
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ConfigError(
                 f"model.clip: {path}: not a loadable HF CLIP folder ({type(exc).__name__}: {first}); a damaged "
@@ -112,31 +116,6 @@ def load_clip_model(spec: str) -> CLIPModel:
     return _load_hub_model(spec)
 
 
-def _offline_requested() -> bool:
-    return any(
-        os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
-def hub_unreachable(timeout: float = 3.0) -> str | None:
-    """Why the Hugging Face hub cannot be reached from here (no name resolution, no route, …), or None when a
-    connection opens (or a proxy is configured, which this check cannot see through)."""
-    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return None
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    url = urlparse(constants.ENDPOINT)
-    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError as exc:
-        return f"{host}: {exc.strerror or exc}"
-    return None
-
-
 def _load_hub_model(spec: str) -> CLIPModel:
     """A hub model from the local cache without touching the network; online only when the hub answers. Offline,
     this fails in seconds with what to do, instead of retrying for a minute."""
@@ -147,7 +126,7 @@ def _load_hub_model(spec: str) -> CLIPModel:
     try:
         return CLIPModel.from_pretrained(spec, dtype=torch.float32, local_files_only=True)
     except OSError as cached_miss:
-        if _offline_requested():
+        if offline_requested():
             raise ConfigError(
                 f"model.clip: hub model {spec!r} is not in the local Hugging Face cache and offline mode "
                 f"is on (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE): {advice}"
@@ -187,9 +166,9 @@ def backbone_image_size(model_cfg: ModelConfig) -> tuple[int, str] | None:
     if config_file is None or not config_file.is_file():
         return None
     try:
-        size = json.loads(config_file.read_text(encoding="utf-8"))["vision_config"]["image_size"]
-    except (ValueError, KeyError, TypeError, OSError):
-        return None  # a damaged config.json is reported when the model loads
+        size = read_json(config_file)["vision_config"]["image_size"]
+    except (DataFileError, KeyError, TypeError, OSError):
+        return None  # a damaged config.json is reported when the model loads (load_clip_model reads it first)
     return (
         (int(size), f"model.clip = {spec!r} (its config.json vision_config.image_size)")
         if isinstance(size, int)

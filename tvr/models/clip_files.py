@@ -10,7 +10,7 @@ from pathlib import Path
 
 from transformers import CLIPModel
 
-from tvr.utils.io import create_temporary_dir, default_file_mode, is_temporary_name
+from tvr.utils.io import create_temporary_dir, default_file_mode, is_temporary_name, write_error
 
 #: OpenAI CLIP's start/end-of-text ids; EOT is the largest id, so argmax(input_ids) finds it (spec §1.1)
 SOT_ID = 49406
@@ -29,7 +29,9 @@ def save_clip_atomic(
     ``out_dir`` is moved aside first and deleted only after the new folder is in place. ``extra(folder)`` may write
     more files into the temporary folder before the rename (a backbone's own tensors, the tokenizer files). Files
     get the umask's mode (safetensors alone would write the weights 0600). Temporaries of an earlier, killed save
-    to the same ``out_dir`` are removed first (a folder moved aside by a save killed mid-swap is put back).
+    to the same ``out_dir`` are removed first (a folder moved aside by a save killed mid-swap is put back). A write
+    that fails for the file system (a full disk) raises an OSError naming ``out_dir``, whatever the library that
+    wrote called it.
     """
     out_dir = Path(out_dir)
     _sweep_killed_saves(out_dir)
@@ -50,10 +52,14 @@ def save_clip_atomic(
             old = create_temporary_dir(out_dir)
             os.replace(out_dir, old / _ASIDE)
         os.replace(tmp, out_dir)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and (old / _ASIDE).exists() and not out_dir.exists():
             os.replace(old / _ASIDE, out_dir)
+        # a full disk reads as one, naming the folder (safetensors reports it as its own error type)
+        failure = write_error(exc, out_dir) if isinstance(exc, Exception) else None
+        if failure is not None:
+            raise failure from exc
         raise
     finally:
         if old is not None:

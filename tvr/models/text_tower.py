@@ -37,7 +37,7 @@ from tvr.data.sentence_tokenizer import (  # noqa: F401 (DEFAULT_TEXT_MODEL, Sen
 from tvr.models.backbones.base import check_token_batch
 from tvr.models.backbones.two_tower.config import TinyTwoTowerConfig
 from tvr.utils.pickle_scan import PickleRefusedError
-from tvr.utils.torch_files import TorchFileError, check_model_folder
+from tvr.utils.torch_files import TorchFileError, check_model_folder, weights_only_refusal
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +90,14 @@ def load_sentence_model(spec: str, tiny: TinyTwoTowerConfig):
             check_model_folder(source)  # sentence-transformers torch.loads a pytorch_model.bin itself
         except (PickleRefusedError, TorchFileError) as exc:
             raise ConfigError(f"model.two_tower.text_model: {exc}") from None
-        with hf_offline():
-            return SentenceTransformer(source, device="cpu", local_files_only=True)
+        try:
+            with hf_offline():
+                return SentenceTransformer(source, device="cpu", local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - sentence-transformers torch.loads its weights (weights only)
+            refusal = weights_only_refusal(str(exc))
+            if refusal is None:
+                raise
+            raise ConfigError(f"model.two_tower.text_model: {source}: its weights were {refusal}") from None
     try:
         return SentenceTransformer(source, device="cpu")
     except OSError as exc:

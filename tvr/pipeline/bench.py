@@ -65,8 +65,10 @@ from typing import Any
 import yaml
 
 from tvr.config import PRESET_DIR, Config, ConfigError, config_from_dict, config_to_dict, load_config
+from tvr.eval.bench_records import results_digest, sealed
 from tvr.eval.bench_report import setting_text
-from tvr.utils.io import atomic_write_json, atomic_write_text, remove_stale_temporaries
+from tvr.utils.data_files import DataFileError, read_json, read_yaml
+from tvr.utils.io import UnsafeNameError, atomic_write_json, atomic_write_text, remove_stale_temporaries, safe_name
 
 log = logging.getLogger(__name__)
 
@@ -183,9 +185,10 @@ def _method(entry: Any, where: str) -> BenchMethod:
     unknown = sorted(set(entry) - set(_METHOD_KEYS))
     if unknown:
         raise BenchConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {list(_METHOD_KEYS)}")
-    name = entry.get("name")
-    if not isinstance(name, str) or not name or "/" in name:
-        raise BenchConfigError(f"{where}.name: expected a label without '/', got {name!r}")
+    try:
+        name = safe_name(entry.get("name"), f"{where}.name")  # it names the method's run folders
+    except UnsafeNameError as exc:
+        raise BenchConfigError(str(exc)) from None
     preset, head = entry.get("preset", ""), entry.get("head")
     if not preset and head is None:
         raise BenchConfigError(f"{where}: give the method a head ({{name: ..., options: ...}}) or a preset name")
@@ -209,9 +212,9 @@ def load_bench_config(name_or_path: str | os.PathLike) -> BenchConfig:
     """Read and check a bench config (every method's run config is checked too, before anything runs)."""
     path = resolve_bench_config(name_or_path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise BenchConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raw = read_yaml(path) or {}
+    except DataFileError as exc:
+        raise BenchConfigError(str(exc)) from None
     where = str(path)
     if not isinstance(raw, dict):
         raise BenchConfigError(f"{where}: top level must be a mapping")
@@ -276,6 +279,10 @@ def load_bench_config(name_or_path: str | os.PathLike) -> BenchConfig:
             raise BenchConfigError(
                 f"{where}.transfer[{k}]: unknown key(s) {unknown}; valid keys: {list(_TRANSFER_KEYS)}"
             )
+        try:
+            safe_name(entry["name"], f"{where}.transfer[{k}].name")  # it names the set's folders and files
+        except UnsafeNameError as exc:
+            raise BenchConfigError(str(exc)) from None
     hypotheses_raw = raw.get("hypotheses") or []
     if not isinstance(hypotheses_raw, list):
         raise BenchConfigError(f"{where}.hypotheses: expected a list of {{{', '.join(_HYPOTHESIS_KEYS)}}} mappings")
@@ -406,7 +413,7 @@ def data_digest(folder: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(folder.glob("MSRVTT_*")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    meta = json.loads((folder / "synth_meta.json").read_text())
+    meta = read_json(folder / "synth_meta.json")
     digest.update(json.dumps([v.get("frames_sha256", "") for v in meta["videos"]]).encode())
     return digest.hexdigest()
 
@@ -430,7 +437,7 @@ def prepare_data(
     meta_path = folder / "synth_meta.json"
     done = (folder / "README.md").is_file() and meta_path.is_file()  # README.md is the generator's last file
     if done:
-        changes = flat_changes({"synth": json.loads(meta_path.read_text())["config"]}, {"synth": asdict(cfg)})
+        changes = flat_changes({"synth": read_json(meta_path)["config"]}, {"synth": asdict(cfg)})
         if changes and not rerun_changed:
             raise BenchConfigError(
                 f"{folder} holds a synthetic set made with other dials ({'; '.join(changes)}); rerun with "
@@ -447,7 +454,7 @@ def prepare_data(
         for clip in (folder / "videos").glob("video*.mp4"):  # a killed render of other dials may have left more
             if clip.name not in wanted:
                 clip.unlink()
-    dials = json.loads(meta_path.read_text())["dials"]
+    dials = read_json(meta_path)["dials"]
     for photo in dials.get("photos", {}).values():
         photo.pop("file", None)  # where this machine keeps it; the photograph is its SHA-256
     return {"dials": dials, "digest": data_digest(folder)}
@@ -546,10 +553,10 @@ def recorded_identity(run_dir: Path) -> dict[str, Any] | None:
     recorded gives its result's config (and no digest)."""
     path = run_dir / RUN_IDENTITY
     if path.is_file():
-        return json.loads(path.read_text())
+        return read_json(path)
     result = run_dir / RUN_RESULT
     if result.is_file():
-        config = json.loads(result.read_text()).get("config", {})
+        config = read_json(result).get("config", {})
         return {"config": portable(config, run_dir.parents[2]), "data_digest": None}
     if (run_dir / "last.pt").is_file():
         return {"config": None, "data_digest": None}
@@ -568,7 +575,7 @@ def run_one(cfg: Config, run_dir: Path, identity: dict[str, Any] | None = None) 
 
     result_path = run_dir / RUN_RESULT
     if result_path.is_file():
-        return json.loads(result_path.read_text())
+        return read_json(result_path)
     if identity is not None and not (run_dir / RUN_IDENTITY).is_file():
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run_dir / RUN_IDENTITY, identity)
@@ -715,7 +722,7 @@ def _execute(
                 reply = json.loads(answer)
                 if not reply["ok"]:
                     raise BenchRunError(f"{run.method} seed {run.seed} failed: {reply['error']} (log: {logs})")
-                finished(run, json.loads((run.run_dir / RUN_RESULT).read_text()))
+                finished(run, read_json(run.run_dir / RUN_RESULT))
                 give(proc)
     finally:
         for proc in workers:
@@ -829,7 +836,7 @@ def evaluate_transfer(
                     record = {"seed": result["seed"], "split": split, **{k: v for k, v in metrics.items()
                               if k != "info"}, "info": info}  # fmt: skip
                     atomic_write_json(path, to_jsonable(record))
-                per_method.setdefault(method.name, []).append(json.loads(path.read_text()))
+                per_method.setdefault(method.name, []).append(read_json(path))
         report[name] = {
             "split": split,
             "data": entry["data"],
@@ -899,22 +906,6 @@ class Clock:
         }
 
 
-def results_digest(results: dict[str, Any]) -> str:
-    """SHA-256 of a results record without its ``provenance`` (top level and per run): equal for every run of the
-    same config, however often it was interrupted and wherever its folder lies."""
-    view = {k: v for k, v in results.items() if k not in ("provenance", "results_sha256")}
-    if "runs" in view:
-        view["runs"] = [{k: v for k, v in run.items() if k != "provenance"} for run in view["runs"]]
-    return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()
-
-
-def sealed(record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` as plain JSON types (what the file will hold) with its ``results_sha256``."""
-    record = json.loads(json.dumps(record))
-    record["results_sha256"] = results_digest(record)
-    return record
-
-
 def composition_text(composition: dict[str, Any]) -> str:
     """``validation 45 videos: full captions 100 %, twins 70 %, false negatives 12 %; test …``."""
 
@@ -975,7 +966,6 @@ def run_bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     for leftover in remove_stale_temporaries(out_dir):
         log.info("removed a leftover temporary of an interrupted bench: %s", leftover)
-    atomic_write_text(out_dir / "bench_config.yaml", yaml.safe_dump(bench.raw, sort_keys=False))
     session, load_start = Clock(), os.getloadavg()
     timings: dict[str, Any] = {}
 
@@ -1003,6 +993,8 @@ def run_bench(
             run_dir = out_dir / "runs" / method.name / f"seed{seed}"
             plan.append(_PlannedRun(method.name, seed, cfg, run_dir, run_identity(cfg, out_dir, data["digest"])))
     _check_changed_runs(plan, rerun_changed, say)  # before any feature is encoded or any run trained
+    # the config the folder's runs are made with: written once nothing can refuse it any more
+    atomic_write_text(out_dir / "bench_config.yaml", yaml.safe_dump(bench.raw, sort_keys=False))
 
     phase = Clock()
     for key, cache_cfg in cache_cfgs.items():
@@ -1031,7 +1023,7 @@ def run_bench(
     timings["runs"] = phase.lap()
     runs: dict[str, list[dict[str, Any]]] = {m.name: [] for m in bench.methods}
     for run in plan:
-        runs[run.method].append({**json.loads((run.run_dir / RUN_RESULT).read_text()), "method": run.method})
+        runs[run.method].append({**read_json(run.run_dir / RUN_RESULT), "method": run.method})
 
     summary, differences = summarize(runs, bench.baseline)
     transfer = evaluate_transfer(bench, runs, out_dir, progress, say) if bench.transfer else {}

@@ -25,12 +25,14 @@ from tvr.data.feature_cache import (
     check_cache_settings,
     read_manifest,
 )
-from tvr.data.tokenizer import build_tokenizer
+from tvr.data.tokenizer import TOKENIZER_FOLDER, build_tokenizer
 from tvr.models.build import build_backbone, check_data_fits_backbone, check_image_size
 from tvr.models.heads.registry import resolve_head_config
 from tvr.models.preprocess import resolve_preprocess
+from tvr.pipeline.run_folder import StartUndo
 from tvr.train.utils import seed_everything
 from tvr.utils.device import resolve_device
+from tvr.utils.errors import first_line
 from tvr.utils.io import atomic_torch_save, atomic_write_json, remove_stale_temporaries
 from tvr.utils.lock import folder_lock
 from tvr.utils.parallel import loader_workers
@@ -68,8 +70,19 @@ def build_feature_cache(
     check_image_size(cfg)
     check_data_fits_backbone(cfg)
     out_dir = Path(out_dir)
-    with folder_lock(out_dir, "feature cache"):
-        return _build(cfg, out_dir, splits, shard_size, dtype, progress, overwrite)
+    # a start that fails before its first shard (a missing annotation folder, a backbone that does not build) leaves
+    # the folder as it found it, so the corrected rerun is not refused as "started with other settings"
+    undo = StartUndo(
+        out_dir,
+        created_folder=not out_dir.exists(),
+        files=(MANIFEST,),
+        folders=(TOKENIZER_FOLDER, *SPLITS, *EXTRA_SPLITS),
+        rewritten=(MANIFEST,),
+        work="its first feature shard",
+    )
+    # entered before the lock, so it runs after the lock is released (and its file gone)
+    with undo, folder_lock(out_dir, "feature cache"):
+        return _build(cfg, out_dir, splits, shard_size, dtype, progress, overwrite, undo)
 
 
 def _shard_files(out_dir: Path) -> list[Path]:
@@ -83,16 +96,24 @@ def _earlier_shard(path: Path) -> dict | None:
     try:
         return load_torch_file(path, mmap=True)
     except Exception as exc:  # noqa: BLE001 - a damaged shard is encoded again
-        log.warning("feature shard %s is unreadable (%s); encoding it again", path, exc)
+        why = getattr(exc, "detail", None) or getattr(exc, "reason", None) or first_line(exc)  # without the path
+        log.warning("feature shard %s is unreadable (%s); encoding it again", path, why)
         return None
 
 
 @torch.no_grad()
 def _build(
-    cfg: Config, out_dir: Path, splits: list[str], shard_size: int, dtype: torch.dtype, progress: bool, overwrite: bool
+    cfg: Config,
+    out_dir: Path,
+    splits: list[str],
+    shard_size: int,
+    dtype: torch.dtype,
+    progress: bool,
+    overwrite: bool,
+    undo: StartUndo,
 ) -> dict:
     manifest_path = out_dir / MANIFEST
-    manifest = _open_manifest(cfg, out_dir, splits, cache_settings(cfg, shard_size, dtype), overwrite)
+    manifest = _open_manifest(cfg, out_dir, splits, cache_settings(cfg, shard_size, dtype), overwrite, undo)
     encoder = _ShardEncoder.build(cfg, out_dir, dtype)
     manifest["embed_dim"] = encoder.backbone.embed_dim
     manifest["frame_dim"] = encoder.frame_dim
@@ -114,6 +135,7 @@ def _build(
             if shard is None:
                 end = start + shard_size
                 shard = encoder.video_shard(data.videos[start:end], data.video_spans[start:end])
+                undo.keep()  # features are being written: from here on a failure is resumed, not undone
                 atomic_torch_save(shard, path)
             entry["video_shards"].append(name)
             entry["skipped"].extend(shard["skipped"])
@@ -121,7 +143,9 @@ def _build(
         for name, start in _shards(split, "texts", len(data.texts), shard_size, progress):
             path = out_dir / name
             if not path.is_file():
-                atomic_torch_save(encoder.text_shard(data.texts[start : start + shard_size]), path)
+                shard = encoder.text_shard(data.texts[start : start + shard_size])
+                undo.keep()
+                atomic_torch_save(shard, path)
             entry["text_shards"].append(name)
         entry["complete"] = True
         atomic_write_json(manifest_path, manifest)
@@ -129,15 +153,19 @@ def _build(
     return manifest
 
 
-def _open_manifest(cfg: Config, out_dir: Path, splits: list[str], settings: dict, overwrite: bool) -> dict:
+def _open_manifest(
+    cfg: Config, out_dir: Path, splits: list[str], settings: dict, overwrite: bool, undo: StartUndo
+) -> dict:
     """The cache's manifest, written back with ``splits`` marked incomplete: a new one, or the one an earlier run
-    with the same ``settings`` left (``overwrite`` removes it and its shards first)."""
+    with the same ``settings`` left (``overwrite`` removes it and its shards first). ``undo`` records the folder
+    as this start found it (after ``overwrite``), before anything of this start is written."""
     manifest_path = out_dir / MANIFEST
     if overwrite:
         for path in [manifest_path, *_shard_files(out_dir)]:
             path.unlink(missing_ok=True)
     for folder in [out_dir, *(out_dir / split for split in SPLITS + EXTRA_SPLITS)]:
         remove_stale_temporaries(folder)  # writes of a killed run
+    undo.record()
     if manifest_path.is_file():
         manifest = read_manifest(out_dir)
         check_cache_settings(out_dir, manifest, settings)

@@ -19,6 +19,7 @@ from tvr.data.check import SMALL_VAL, probe_files
 from tvr.data.datasets import VideoResolver, frame_cache_reader
 from tvr.data.video import VideoDecodeError
 from tvr.models.build import check_data_fits_backbone, check_image_size
+from tvr.utils.distributed import is_main_process
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,9 @@ def preflight(
         warnings.append(
             f"{len(problems)} validation video(s) cannot be read and will be left out: " + "; ".join(problems[:3])
         )
-    for message in warnings:
-        log.warning(message)
+    if is_main_process():  # every rank of a torchrun job checks; one says it (each used to, N times over)
+        for message in warnings:
+            log.warning(message)
     return Preflight(splits, warnings)
 
 

@@ -26,9 +26,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import yaml
-
 from tvr.config import Config, ConfigError, UntrustedCodeError, config_from_dict, config_to_dict, save_config
+from tvr.train.tensorboard import TENSORBOARD_FOLDER
+from tvr.utils.data_files import DataFileError, read_yaml
+from tvr.utils.errors import reason
 from tvr.utils.io import atomic_write_bytes, atomic_write_text, remove_stale_temporaries
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ RUN_FILES = (
     "skipped_videos.json",
     "skipped_videos_cache.json",
 )
-RUN_FOLDERS = ("test_last", "test_best", "tokenizer")
+RUN_FOLDERS = ("test_last", "test_best", "tokenizer", TENSORBOARD_FOLDER)
 #: settings a resume may change: how the run executes and how often it logs, validates and checkpoints, and where
 #: the same videos / frame cache now lie. Every ``eval.*`` setting may change too (validation only).
 RESUME_MAY_CHANGE = (
@@ -110,32 +111,42 @@ def check_run_folder(out_dir: Path, resume: bool | str, overwrite: bool) -> bool
 
 
 class StartUndo:
-    """Puts a run folder back as a start found it when the start fails before training begins.
+    """Puts a job's folder back as a start found it when the start fails before its work begins (a run folder
+    before training; a feature cache before its first shard, :mod:`tvr.pipeline.features`).
 
-    ``record()`` (under the folder's lock, after ``--overwrite`` removed what it removes) notes which of the run's
-    files and folders exist and keeps the bytes of the few small files a start rewrites before training; when the
+    ``record()`` (under the folder's lock, after ``--overwrite`` removed what it removes) notes which of the job's
+    files and folders exist and keeps the bytes of the few small files a start rewrites before its work; when the
     block exits with an exception and ``keep()`` was not called, the files written since are removed, the rewritten
     ones restored, and a folder the start created is removed when nothing else is in it. Files that are not the
-    run's (:data:`RUN_FILES`, :data:`RUN_FOLDERS`) are never touched.
+    job's (by default a run's: :data:`RUN_FILES`, :data:`RUN_FOLDERS`) are never touched.
     """
 
-    #: the files a start rewrites before its first training step (the record, the splits read)
+    #: the files a training start rewrites before its first step (the record, the splits read)
     REWRITTEN = (CONFIG, CONFIG_CHANGES, "splits.json", "skipped_videos_cache.json")
 
-    def __init__(self, out_dir: Path, created_folder: bool) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        created_folder: bool,
+        files: tuple[str, ...] = RUN_FILES,
+        folders: tuple[str, ...] = RUN_FOLDERS,
+        rewritten: tuple[str, ...] = REWRITTEN,
+        work: str = "training",
+    ) -> None:
         self.out_dir = out_dir
         self.created_folder = created_folder
+        self.files, self.folders, self.rewritten, self.work = files, folders, rewritten, work
         self.kept = False
         self._existed: set[str] | None = None
         self._saved: dict[str, bytes] = {}
 
     def record(self) -> None:
-        names = (*RUN_FILES, *RUN_FOLDERS)
+        names = (*self.files, *self.folders)
         self._existed = {name for name in names if (self.out_dir / name).exists()}
-        self._saved = {n: (self.out_dir / n).read_bytes() for n in self.REWRITTEN if (self.out_dir / n).is_file()}
+        self._saved = {n: (self.out_dir / n).read_bytes() for n in self.rewritten if (self.out_dir / n).is_file()}
 
     def keep(self) -> None:
-        """Training has begun: from here on the folder is the run's."""
+        """The work has begun: from here on the folder is the job's."""
         self.kept = True
 
     def __enter__(self) -> StartUndo:
@@ -148,12 +159,14 @@ class StartUndo:
             return
         undone = self.undo()
         if undone:
-            log.info("the start failed before training: put %s back as it was (%s)", self.out_dir, ", ".join(undone))
+            log.info(
+                "the start failed before %s: put %s back as it was (%s)", self.work, self.out_dir, ", ".join(undone)
+            )
 
     def undo(self) -> list[str]:
         undone = []
         if self._existed is not None:
-            for name in RUN_FILES:
+            for name in self.files:
                 path = self.out_dir / name
                 if name in self._saved:
                     if not path.is_file() or path.read_bytes() != self._saved[name]:
@@ -162,7 +175,7 @@ class StartUndo:
                 elif name not in self._existed and (path.is_file() or path.is_symlink()):
                     path.unlink()
                     undone.append(f"{name} removed")
-            for name in RUN_FOLDERS:
+            for name in self.folders:
                 path = self.out_dir / name
                 if name not in self._existed and path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path)
@@ -215,14 +228,14 @@ def _recorded_config(out_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        recorded = config_from_dict(yaml.safe_load(path.read_text()) or {}, where=str(path))
+        recorded = config_from_dict(read_yaml(path) or {}, where=str(path))
         resolve_head_config(recorded.head)  # head.options as the head's dataclass, as in the run's own config
     except UntrustedCodeError:  # the record is fine: it needs --trust-code, as the run did
         raise
-    except (yaml.YAMLError, ConfigError, UnicodeDecodeError) as exc:
+    except (DataFileError, ConfigError) as exc:
         raise RunFolderError(
-            f"{path}: unreadable ({exc}); it records what the run in {out_dir} ran with, so the resume cannot be "
-            "checked against it: restore it, or start over with --overwrite"
+            f"{path}: unreadable ({reason(exc)}); it records what the run in {out_dir} ran with, so the resume cannot "
+            "be checked against it: restore it, or start over with --overwrite"
         ) from None
     return _flat(config_to_dict(recorded))
 
@@ -241,8 +254,8 @@ def resume_changes(cfg: Config, out_dir: Path) -> dict[str, tuple[Any, Any]]:
         more = f"; … ({len(refused)} in all)" if len(refused) > 8 else ""
         raise RunFolderError(
             f"--resume: the run in {out_dir} was trained with other settings ({shown}{more}); a resume continues "
-            f"the run as it was recorded: resume with --config {out_dir / CONFIG}, or start a new run (another "
-            "--out, or --overwrite)"
+            f"the run as it was recorded: resume without --config (it reads {out_dir / CONFIG}), or start a new "
+            "run (another --out, or --overwrite)"
         )
     return changed
 

@@ -43,6 +43,7 @@ from tvr.search.defaults import (
     STATE_DTYPES,
 )
 from tvr.search.encoders import EncoderMismatchError, SearchEncoder, embed_video
+from tvr.search.indexed_folders import record_indexed_folder
 from tvr.search.layout import FORMAT, MANIFEST, REPORT, SETTINGS, VERSION, read_settings
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, read_meta, write_shard
 from tvr.search.stores import parse_target
@@ -50,7 +51,7 @@ from tvr.search.stores.base import StoreWriter, same_entry
 from tvr.search.stores.faiss import FolderWriter
 from tvr.search.windows import DEFAULT_STRIDE, DEFAULT_WINDOW, FrameSpec, check_window, decode_windows
 from tvr.types import Sliceable
-from tvr.utils.errors import UserError
+from tvr.utils.errors import Interrupted, UserError
 from tvr.utils.io import atomic_write_json, is_temporary_name, remove_stale_temporaries
 from tvr.utils.lock import folder_lock
 from tvr.utils.parallel import parallel_map
@@ -61,6 +62,33 @@ if TYPE_CHECKING:
 
 class IndexSettingsError(UserError, ValueError):
     """An existing index was built with other settings, or the arguments are invalid."""
+
+
+class IndexInterrupted(Interrupted):
+    """Ctrl-C during ``tvr index``, saying what is kept: ``before`` videos embedded by earlier runs, ``embedded`` by
+    this one (written to shards), of ``todo`` this run had to embed."""
+
+    def __init__(self, index: Path, embedded: int, todo: int, before: int = 0) -> None:
+        super().__init__()
+        self.index, self.embedded, self.todo, self.before = Path(index), embedded, todo, before
+
+    def __str__(self) -> str:
+        kept, total = self.before + self.embedded, self.before + self.todo
+        if kept >= total:
+            return (
+                f"every video ({total}) is embedded and kept in {self.index}, but the index is unfinished (stopped "
+                "while finishing it): run the same command again to finish it (nothing is embedded again)"
+            )
+        earlier = f", {self.before} by earlier runs" if self.before else ""
+        return (
+            f"{kept} of {total} videos are embedded and kept in {self.index} ({self.embedded} by this run{earlier}); "
+            f"the index is unfinished: run the same command again to embed the other {total - kept} and finish it "
+            "(what is kept is not embedded again)"
+        )
+
+
+class NoVideosError(UserError):
+    """The folder (or list file) holds no video file: nothing to index (the command line warns and exits with 1)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +164,27 @@ def read_source(path: str | os.PathLike) -> Source:
                 )
             rels.add(target.relative_to(root).as_posix())
         return Source(root, "list", tuple(sorted(rels)))
-    raise FileNotFoundError(f"no such folder or list file: {path}")
+    raise IndexSettingsError(f"{path}: no such folder or list file; expected a folder of videos or a list file")
+
+
+def check_source(source_path: str | os.PathLike, out: str | os.PathLike) -> Source:
+    """What ``tvr index`` checks before any model loads: the videos exist (a folder with at least one video file,
+    or a list file), ``out`` is a folder or nothing yet and not the indexed folder itself."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise IndexSettingsError(f"--out {out}: is a file; expected a folder (existing or new) for the index")
+    source = read_source(source_path)
+    if out.resolve() == source.root:
+        raise IndexSettingsError(f"--out {out} is the indexed folder itself; choose another folder")
+    if not source.videos:
+        looked = ", ".join(VIDEO_EXTENSIONS)
+        where = f"the list file {source_path}" if source.kind == "list" else f"{source.root} (and its sub-folders)"
+        raise NoVideosError(
+            f"no video files in {where}: nothing to index (looked for {looked}"
+            + (f"; {len(source.skipped)} link(s) outside the folder skipped" if source.skipped else "")
+            + ")"
+        )
+    return source
 
 
 def file_stamp(path: Path) -> tuple[int, int]:
@@ -252,33 +300,37 @@ class _ShardBuffer:
     def __init__(self, index: Path, rank: int, options: IndexOptions, store_state: bool) -> None:
         self.folder = index / SHARDS
         self.rank, self.options, self.store_state = rank, options, store_state
-        self.entries: list[dict[str, Any]] = []
-        self.embs: list[torch.Tensor] = []
-        self.states: list[Any] = []
+        #: (entry, embedding, state) of each finished video, added in one step (a Ctrl-C between two appends
+        #: cannot leave the three out of step: the shard written on the way out holds whole videos)
+        self.pending: list[tuple[dict[str, Any], torch.Tensor, Any]] = []
         self.rows = 0
         self.last_flush = time.monotonic()
         self.written = 0
+        #: videos in the shards this buffer wrote
+        self.videos_written = 0
 
     def add(self, entry: dict[str, Any], emb: torch.Tensor, state: Any) -> None:
         entry = {**entry, "rows": [self.rows, self.rows + int(emb.shape[0])]}
-        self.entries.append(entry)
-        self.embs.append(emb)
-        if self.store_state:
-            self.states.append(state)
+        self.pending.append((entry, emb, state if self.store_state else None))
         self.rows += int(emb.shape[0])
         if self.rows >= self.options.shard_windows or time.monotonic() - self.last_flush >= self.options.flush_seconds:
             self.flush()
 
     def flush(self) -> None:
-        if not self.entries:
+        if not self.pending:
             return
         name = f"{time.time_ns():020d}-r{self.rank:03d}-{secrets.token_hex(3)}"
-        state = type(self.states[0]).cat(self.states) if self.store_state else _NoState()
-        write_shard(
-            self.folder, name, torch.cat(self.embs), state, self.entries, half=self.options.state_dtype == "float16"
-        )
+        entries, embs, states = (list(column) for column in zip(*self.pending, strict=True))
+        rows = 0
+        for entry in entries:  # rows from the pending list itself (an interrupted add may have counted one more)
+            count = entry["rows"][1] - entry["rows"][0]
+            entry["rows"] = [rows, rows + count]
+            rows += count
+        state = type(states[0]).cat(states) if self.store_state else _NoState()
+        write_shard(self.folder, name, torch.cat(embs), state, entries, half=self.options.state_dtype == "float16")
         self.written += 1
-        self.entries, self.embs, self.states, self.rows = [], [], [], 0
+        self.videos_written += len(entries)
+        self.pending, self.rows = [], 0
         self.last_flush = time.monotonic()
 
 
@@ -306,28 +358,36 @@ def embed_videos(
     windows = 0
     decode_seconds = encode_seconds = 0.0
     start = time.perf_counter()
-    for result in _progress_items(items, _decode_task, options.workers, options.progress):
-        decode_seconds += result["seconds"]
-        if not result["ok"]:
-            bad.append({"video": result["video"], "error": result["error"]})
-            continue
-        decoded = result["decoded"]
-        t0 = time.perf_counter()
-        try:
-            emb, state = embed_video(encoder, decoded)
-        except Exception as exc:  # noqa: BLE001 - a file the model cannot take is reported, never fatal
-            bad.append({"video": result["video"], "error": f"{type(exc).__name__}: {exc}"})
-            continue
-        encode_seconds += time.perf_counter() - t0
-        windows += int(emb.shape[0])
-        entry = {
-            "video": result["video"],
-            "size": result["size"],
-            "mtime_ns": result["mtime_ns"],
-            "duration": decoded.duration,
-            "windows": [list(w) for w in decoded.windows],
-        }
-        buffer.add(entry, emb, state)
+    results = None
+    try:
+        results = _progress_items(items, _decode_task, options.workers, options.progress)
+        for result in results:
+            decode_seconds += result["seconds"]
+            if not result["ok"]:
+                bad.append({"video": result["video"], "error": result["error"]})
+                continue
+            decoded = result["decoded"]
+            t0 = time.perf_counter()
+            try:
+                emb, state = embed_video(encoder, decoded)
+            except Exception as exc:  # noqa: BLE001 - a file the model cannot take is reported, never fatal
+                bad.append({"video": result["video"], "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            encode_seconds += time.perf_counter() - t0
+            windows += int(emb.shape[0])
+            entry = {
+                "video": result["video"],
+                "size": result["size"],
+                "mtime_ns": result["mtime_ns"],
+                "duration": decoded.duration,
+                "windows": [list(w) for w in decoded.windows],
+            }
+            buffer.add(entry, emb, state)
+    except KeyboardInterrupt:
+        if results is not None:
+            results.close()  # the decoding workers stop (they ignore Ctrl-C themselves: no tracebacks)
+        buffer.flush()  # the videos embedded since the last shard are kept too
+        raise IndexInterrupted(index, buffer.videos_written, len(todo)) from None
     buffer.flush()
     return {
         "embedded": len(todo) - len(bad),
@@ -437,17 +497,19 @@ def work_folder(target: Path | QdrantAddress, state: str | os.PathLike | None) -
     return Path(state)
 
 
-def check_target(out: str | os.PathLike, state: str | os.PathLike | None = None) -> None:
+def check_target(out: str | os.PathLike, state: str | os.PathLike | None = None) -> Path:
     """Refuse, in a line, an ``--out`` that is neither a folder nor a Qdrant address, a Qdrant server's collection
-    without ``--state``, and a server that does not answer: what a job can tell before it loads a model."""
+    without ``--state``, and a server that does not answer: what a job can tell before it loads a model. Returns the
+    job's folder (:func:`work_folder`)."""
     target = parse_target(out)
-    work_folder(target, state)
+    folder = work_folder(target, state)
     if not isinstance(target, Path) and target.kind == "remote":
         engine = target.engine()
         try:
             engine.vector_size()
         finally:
             engine.close()
+    return folder
 
 
 def report_file(out: str | os.PathLike, state: str | os.PathLike | None = None) -> Path:
@@ -485,12 +547,20 @@ def _build(
         done = current_entries(index, source)
         todo = [rel for rel in source.videos if rel not in done]
         mine = todo[rank::world_size]
-        part = embed_videos(index, source, mine, encoder, options, rank)
+        try:
+            part = embed_videos(index, source, mine, encoder, options, rank)
+        except IndexInterrupted as exc:
+            exc.before = len(done)
+            raise
         parts = all_gather_object(part) if world_size > 1 else [part]
         barrier()
         report: dict[str, Any] = {}
         if rank == 0:
-            manifest = finalise(index, source, settings, writer)
+            try:
+                manifest = finalise(index, source, settings, writer)
+            except KeyboardInterrupt:
+                raise IndexInterrupted(index, len(todo), len(todo), len(done)) from None
+            record_indexed_folder(index, source.root)  # tvr serve's default media folder (indexed_folders)
             bad = sorted([*source.skipped, *(b for p in parts for b in p["bad"])], key=lambda b: b["video"])
             seconds = time.perf_counter() - start
             windows = sum(p["windows"] for p in parts)

@@ -12,7 +12,6 @@ manifest's rows at the embeddings' width.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import posixpath
@@ -24,8 +23,9 @@ import numpy as np
 
 from tvr.search.defaults import ANN_KINDS, HNSW_STORAGES
 from tvr.search.store import IndexFormatError
+from tvr.utils.data_files import read_json
 from tvr.utils.errors import UserError, first_line, reason
-from tvr.utils.io import check_regular_file, json_kind, read_regular_bytes, why_not_regular_file
+from tvr.utils.io import check_regular_file, json_kind, why_not_regular_file
 
 #: rows checked per pass over the tables (bounds the temporary arrays of the range checks)
 CHUNK = 1 << 20
@@ -36,7 +36,7 @@ BUILT_ANN_KINDS = tuple(kind for kind in ANN_KINDS if kind != "auto")
 def read_index_json(path: Path, hint: str) -> Any:
     """A JSON file of the index (a regular file only); ``hint`` says what to do when it is damaged."""
     try:
-        return json.loads(read_regular_bytes(path))
+        return read_json(path)
     except FileNotFoundError:
         raise
     except (OSError, ValueError) as exc:

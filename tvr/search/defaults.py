@@ -19,3 +19,6 @@ SHARD_WINDOWS = 4096
 #: results returned, and windows scored exactly by a head whose score is not indexable
 DEFAULT_K = 10
 DEFAULT_RERANK = 100
+#: the preset names ``tvr index --model`` takes (their hub ids and sizes: ``tvr.models.dual_encoder.PRESETS``, which
+#: ``tests/test_dual_encoder_search.py`` checks against this list)
+DUAL_ENCODER_PRESETS = ("clip-b32", "clip-b16", "clip-l14", "siglip-base", "siglip2-base", "siglip-multilingual")

@@ -90,9 +90,16 @@ class SearchEncoder:
         features at one length do not depend on the other queries encoded with it on one thread (the search index
         encodes on one; ``tests/test_search.py`` checks it), so queries grouped by length get the answers they get
         alone."""
+        fits = self.padded_lengths()
+        if len(fits) == 1:  # a model fed one length only (SigLIP): nothing to count
+            return fits * len(texts)
         _, mask = self.token_ids(texts, self.max_words)
-        fits = padded_lengths(self.max_words)
         return [next(n for n in fits if n >= count) for count in mask.sum(dim=1).tolist()]
+
+    def padded_lengths(self) -> list[int]:
+        """Every length this encoder pads queries to (:func:`padded_lengths` of ``max_words``; a model trained on
+        one padded length only says so)."""
+        return padded_lengths(self.max_words)
 
     def window_features(self, crops: Tensor, mask: Tensor) -> VideoFeatures:
         """``VideoFeatures`` (after any temporal module) of windows: ``crops`` uint8 [n, F, S, S, 3] as
@@ -203,6 +210,12 @@ class ModelEncoder(SearchEncoder):
         batch = {"video": _pixels(crops, mask, self.norm).to(self.device), "video_mask": mask.long().to(self.device)}
         return self.model.video_features(batch)
 
+    def head_config(self) -> dict[str, Any]:
+        """The head's config as plain values (the query export rebuilds the head from it)."""
+        from tvr.config import config_to_dict
+
+        return config_to_dict(self.cfg)["head"]
+
 
 class CheckpointEncoder(ModelEncoder):
     """A tvr checkpoint (``tvr train`` / ``tvr import-checkpoint``): model, head and frame settings from the file."""
@@ -260,8 +273,130 @@ class ConfigEncoder(ModelEncoder):
         }
 
 
+class PretrainedEncoder(SearchEncoder):
+    """A pretrained CLIP- or SigLIP-family dual encoder used zero-shot (:mod:`tvr.models.dual_encoder`): a window's
+    embedding is the mean of its frames' ``get_image_features``, each normalised first, normalised again (CLIP4Clip's
+    parameter-free mean pooling: every frame weighs the same whatever its feature's length, and the window is a unit
+    vector, so its score with a query is their cosine); a query's is its ``get_text_features``, normalised. Both
+    families score a pair by that cosine times a positive scale (plus SigLIP's bias, before its sigmoid): monotone in
+    the cosine, so the ranking is the cosine's.
+
+    The stamp's id hashes what decides the embeddings (the model's config and weights, its tokenizer's files, how
+    text and frames are fed; the index records the frame sampling beside it), never where the files are: the same
+    model moved to another folder, or taken from the hub cache, opens the same index."""
+
+    #: frames sampled per window: CLIP4Clip's 1 frame a second, at most 12 (a 10 s window reads 10)
+    MAX_FRAMES = 12
+    FRAME_RATE = 1.0
+
+    def __init__(self, model: str, device: str | torch.device = "cpu", batch_size: int = 32) -> None:
+        from tvr.config import HeadConfig
+        from tvr.data.sentence_tokenizer import SentenceTokenizer
+        from tvr.data.transforms import PixelNorm
+        from tvr.models.dual_encoder import load_dual_encoder, resolve_source
+        from tvr.models.heads.registry import build_head
+
+        self.source = resolve_source(model)
+        dual = load_dual_encoder(self.source)
+        self.sha256 = dual.content_sha256()  # before the tokenizer is first called (calls set its padding state)
+        self.device = torch.device(device)
+        self.model = dual.to(self.device)
+        self.batch_size = batch_size
+        self.spec = FrameSpec(self.MAX_FRAMES, self.FRAME_RATE, dual.image.size, "clip4clip", dual.image.resize)
+        self.norm = PixelNorm(dual.image.mean, dual.image.std)
+        self._tokenizer = SentenceTokenizer(dual.tokenizer)
+        self._head_config = HeadConfig(name="clip4clip", options={"video_pool": "mean"})
+        scale = float(dual.model.logit_scale.detach().float().item()) if hasattr(dual.model, "logit_scale") else 0.0
+        self.head = build_head(self._head_config, dual.embed_dim, scale).eval()
+
+    @property
+    def max_words(self) -> int:
+        return self.model.text.max_length
+
+    def padded_lengths(self) -> list[int]:
+        return [self.max_words] if self.model.text.fixed_length else padded_lengths(self.max_words)
+
+    def stamp(self) -> dict[str, Any]:
+        return {
+            "encoder": "pretrained",
+            "id": self.sha256,
+            "source": self.source.location,
+            "name": self.source.name,
+            "family": self.model.family,
+            "dim": self.model.embed_dim,
+            "head": self.head.name,
+        }
+
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def head_config(self) -> dict[str, Any]:
+        from tvr.config import config_to_dict
+
+        return config_to_dict(self._head_config)
+
+    def token_ids(self, texts: list[str], length: int) -> tuple[Tensor, Tensor]:
+        return self._tokenizer(texts, length)
+
+    def text_features(self, texts: list[str], length: int | None = None) -> Any:
+        ids, mask = self.token_ids(texts, length or self.max_words)
+        return self.model.text_features({"text_ids": ids.to(self.device), "text_mask": mask.to(self.device)})
+
+    def window_features(self, crops: Tensor, mask: Tensor) -> VideoFeatures:
+        """Each real frame through ``get_image_features``; padding slots stay zero (masked out)."""
+        real = mask.bool()
+        frames = torch.zeros(*mask.shape, self.model.embed_dim)
+        frames[real] = self.frame_features(crops[real])
+        return VideoFeatures(frames.to(self.device), mask.long().to(self.device))
+
+    @torch.no_grad()
+    def frame_features(self, frames: np.ndarray | Tensor) -> Tensor:
+        """``get_image_features`` of uint8 frames [n, S, S, 3], on the CPU, float32 [n, D], ``batch_size`` frames
+        a pass. A frame's features depend on that frame alone, so the windows of a video, which overlap, share
+        their frames' features (:func:`embed_video`)."""
+        frames = torch.as_tensor(frames)
+        parts = [torch.zeros(0, self.model.embed_dim)]
+        for a in range(0, frames.shape[0], self.batch_size):
+            chunk = frames[a : a + self.batch_size]
+            pixels = _pixels(chunk[:, None], torch.ones(chunk.shape[0], 1), self.norm)[:, 0]
+            parts.append(self.model.encode_frames(pixels.to(self.device)).to("cpu", torch.float32))
+        return torch.cat(parts)
+
+
 #: the encoder of ``tvr index`` without --checkpoint / --config: real pretrained towers, installed offline
 DEFAULT_CONFIG = "two_tower/zero_shot"
+
+
+def check_encoder_arguments(
+    checkpoint: str | os.PathLike | None = None,
+    config: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    model: str | None = None,
+) -> tuple[str | os.PathLike | None, str | None]:
+    """Check what names the model before anything loads (one line for a bad one): one of ``checkpoint``, ``model``
+    and ``config``; ``overrides`` only with ``config``; the checkpoint file, the model's folder, file or hub id, the
+    config. Returns ``(checkpoint, model)``, a tvr checkpoint given as ``model`` moved to ``checkpoint``."""
+    if model is not None and is_tvr_checkpoint(model):
+        checkpoint, model = model, None
+    given = [flag for flag, value in (("--checkpoint", checkpoint), ("--model", model), ("--config", config)) if value]
+    if len(given) > 1:
+        raise UserError(f"give one of --model, --checkpoint and --config, not {' and '.join(given)}")
+    if overrides and config is None:
+        raise UserError(
+            f"--set {overrides[0]}: --set changes the settings of a --config (e.g. --config two_tower/zero_shot "
+            "--set model.two_tower.image_model=lite0); a checkpoint or a --model carries its own"
+        )
+    if checkpoint is not None and not Path(checkpoint).is_file():
+        raise UserError(f"--checkpoint {checkpoint}: {'is a folder' if Path(checkpoint).is_dir() else 'no such file'}")
+    if model is not None:
+        from tvr.models.dual_encoder import check_source, resolve_source
+
+        check_source(resolve_source(model))
+    if config is not None:
+        from tvr.config import load_config
+
+        load_config(config, list(overrides))
+    return checkpoint, model
 
 
 def load_encoder(
@@ -269,17 +404,34 @@ def load_encoder(
     config: str | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     device: str = "cpu",
+    model: str | None = None,
 ) -> SearchEncoder:
-    """The encoder ``tvr index`` uses: a tvr checkpoint, or the model a config (a preset name or YAML file, with
-    ``--set`` overrides) builds; neither: :data:`DEFAULT_CONFIG`."""
+    """The encoder ``tvr index`` uses: a tvr checkpoint, a pretrained dual encoder (``model``: a preset, hub id,
+    folder or OpenAI ``.pt``; a tvr checkpoint given there is one too), or the model a config (a preset name or YAML
+    file, with ``--set`` overrides) builds; none of them: :data:`DEFAULT_CONFIG`."""
+    checkpoint, model = check_encoder_arguments(checkpoint, config, overrides, model)
     if checkpoint is not None:
-        if config is not None or overrides:
-            raise UserError("--checkpoint carries its own config: give either --checkpoint or --config/--set")
         return CheckpointEncoder(checkpoint, device=device)
+    if model is not None:
+        return PretrainedEncoder(model, device=device)
     from tvr.config import load_config
 
     name = config or DEFAULT_CONFIG
     return ConfigEncoder(load_config(name, list(overrides)), name=str(name), device=device)
+
+
+def is_tvr_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a file holding a tvr training checkpoint (an OpenAI CLIP ``.pt`` is not one)."""
+    from tvr.models.checkpoint import CheckpointError, read_checkpoint
+    from tvr.models.torchscript_reader import is_torchscript_archive
+
+    if not Path(path).is_file() or is_torchscript_archive(path):
+        return False
+    try:
+        read_checkpoint(path, mmap=True)
+    except CheckpointError:
+        return False
+    return True
 
 
 @torch.no_grad()
@@ -287,8 +439,13 @@ def embed_video(encoder: SearchEncoder, decoded) -> tuple[torch.Tensor, Any]:
     """(shortlist embedding [W, E] float32, rerank state) of a decoded video's windows."""
     slots = decoded.slots
     mask = torch.from_numpy((slots >= 0).astype(np.int64))
-    crops = torch.from_numpy(decoded.frames[np.clip(slots, 0, None)])
-    features = encoder.encode_windows(crops, mask)
+    if isinstance(encoder, PretrainedEncoder):  # frames encoded one by one: each decoded frame once, not per window
+        unique = encoder.frame_features(decoded.frames)
+        frames = unique[torch.from_numpy(np.clip(slots, 0, None))] * mask[..., None].float()
+        features = VideoFeatures(frames, mask)
+    else:
+        crops = torch.from_numpy(decoded.frames[np.clip(slots, 0, None)])
+        features = encoder.encode_windows(crops, mask)
     head = encoder.head
     state = head.encode_videos(features)
     emb = head.shortlist_videos(state).float().cpu()

@@ -13,11 +13,13 @@ From the ranks: R@k (percent of queries ranked at k or better), MdR and MnR — 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
+import io
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from tvr.search.index import MAX_K, MAX_QUERY_CHARS, Hit, SearchIndex
 from tvr.utils.errors import UserError
+from tvr.utils.io import NotRegularFileError, open_regular
 
 #: default recall cut-offs
 DEFAULT_KS = (1, 5, 10)
@@ -54,32 +57,69 @@ def _video_numbers(index: SearchIndex) -> dict[str, int]:
 
 
 def _seconds(text: str, field: str) -> float:
+    shown = text if len(text) <= 40 else text[:37] + "..."
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{field} = {text!r}: expected seconds (a number)") from None
+        raise ValueError(f"{field} = {shown!r}: expected seconds (a number)") from None
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{field} = {text!r}: expected a finite number of seconds >= 0")
+        raise ValueError(f"{field} = {shown!r}: expected a finite number of seconds >= 0")
     return value
+
+
+#: the largest queries file read (a million labelled queries take about 100 MB)
+MAX_QUERIES_BYTES = 1 << 30
+
+
+@contextlib.contextmanager
+def _csv_fields_up_to(limit: int) -> Iterator[None]:
+    """The csv module's field size limit (process-wide; 131,072 characters by default) raised to ``limit`` inside
+    the block: a longer query is then a row refused by its length, with its line, not a ``_csv.Error``."""
+    previous = csv.field_size_limit()
+    csv.field_size_limit(max(previous, limit))
+    try:
+        yield
+    finally:
+        csv.field_size_limit(previous)
 
 
 def read_queries(path: str | os.PathLike, videos: dict[str, int]) -> tuple[list[LabelledQuery], list[str]]:
     """(queries, problems) of a queries file, ``videos`` mapping the index's video paths to their numbers. A
-    problem is one line naming the file, the row's line and what was wrong with it; the row is left out."""
+    problem is one line naming the file, the row's line and what was wrong with it; the row is left out.
+
+    The file is read by the csv module as it was written (opened with ``newline=""``): a quoted query keeps its
+    line breaks, and U+0085 or U+2028 inside a query are characters of the query, never the end of a row. A row's
+    line is the line it starts on."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise QueriesFileError(f"{path}: not a UTF-8 text file; expected a CSV with the columns query,video") from None
-    reader = csv.reader(text.splitlines())
+        handle = open_regular(path)
+    except NotRegularFileError as exc:
+        raise QueriesFileError(f"{path}: {exc.strerror}; expected a CSV with the columns query,video") from None
+    size = os.fstat(handle.fileno()).st_size
+    if size > MAX_QUERIES_BYTES:
+        handle.close()
+        raise QueriesFileError(f"{path}: {size:,} bytes, more than the {MAX_QUERIES_BYTES:,} a queries file may hold")
+    text = io.TextIOWrapper(io.BufferedReader(handle), encoding="utf-8-sig", newline="")
+    try:
+        with text, _csv_fields_up_to(size + 1):
+            return _read_rows(path, csv.reader(text), videos)
+    except UnicodeDecodeError as exc:
+        raise QueriesFileError(f"{path}: not a UTF-8 text file ({exc.reason}); expected a CSV with the columns "
+                               "query,video") from None  # fmt: skip
+    except csv.Error as exc:
+        raise QueriesFileError(f"{path}: not valid CSV ({exc}); expected the columns query,video") from None
+
+
+def _read_rows(path: Path, reader: Any, videos: dict[str, int]) -> tuple[list[LabelledQuery], list[str]]:
     header = next(reader, None)
     if header is None:
         raise QueriesFileError(f"{path}: empty; expected a CSV whose header names the columns query,video")
     columns = [c.strip().lower() for c in header]
     missing = [c for c in ("query", "video") if c not in columns]
     if missing:
+        shown = header if len(repr(header)) <= 200 else f"{repr(header)[:197]}..."
         raise QueriesFileError(
-            f"{path}: the header {header!r} has no {' or '.join(missing)} column; expected query,video[,start,end]"
+            f"{path}: the header {shown!r} has no {' or '.join(missing)} column; expected query,video[,start,end]"
         )
     timed = ("start" in columns) + ("end" in columns)
     if timed == 1:
@@ -87,20 +127,27 @@ def read_queries(path: str | os.PathLike, videos: dict[str, int]) -> tuple[list[
     at = {name: columns.index(name) for name in ("query", "video", "start", "end") if name in columns}
     queries: list[LabelledQuery] = []
     problems: list[str] = []
-    for line, row in enumerate(reader, start=2):
+    while True:
+        line = reader.line_num + 1  # where the next row starts (a quoted field may span lines)
+        row = next(reader, None)
+        if row is None:
+            break
         if not any(cell.strip() for cell in row):
             continue
         try:
             if len(row) != len(columns):
-                raise ValueError(f"{len(row)} fields, the header has {len(columns)}")
+                spans = reader.line_num - line
+                hint = f" (the row runs on for {spans} more lines: an unclosed quote?)" if spans > 1 else ""
+                raise ValueError(f"{len(row)} fields, the header has {len(columns)}{hint}")
             query, video = row[at["query"]].strip(), row[at["video"]].strip()
             if not query:
                 raise ValueError("the query is empty")
             if len(query) > MAX_QUERY_CHARS:
-                raise ValueError(f"the query has {len(query)} characters, at most {MAX_QUERY_CHARS} are accepted")
+                raise ValueError(f"the query has {len(query):,} characters, at most {MAX_QUERY_CHARS} are accepted")
             key = video.removeprefix("./")
             if key not in videos:
-                raise ValueError(f"video {video!r} is not in the index")
+                shown = video if len(video) <= 200 else video[:197] + "..."
+                raise ValueError(f"video {shown!r} is not in the index")
             start = end = None
             if timed:
                 start, end = _seconds(row[at["start"]].strip(), "start"), _seconds(row[at["end"]].strip(), "end")

@@ -21,6 +21,7 @@ import numpy as np
 from tvr.search.defaults import DEFAULT_K, DEFAULT_RERANK
 from tvr.search.filters import WindowFilter, window_filter
 from tvr.search.layout import SETTINGS, read_settings
+from tvr.search.stamps import describe_stamp
 from tvr.search.store import IndexFormatError, ShardReader, gather_state, state_class
 from tvr.search.stores import parse_target
 from tvr.search.stores.base import ShortlistStore
@@ -117,12 +118,26 @@ def exact_scores(
 
 
 def encoder_for(
-    stamp: dict[str, Any], checkpoint: str | os.PathLike | None = None, device: str = "cpu"
+    stamp: dict[str, Any], checkpoint: str | os.PathLike | None = None, device: str = "cpu", model: str | None = None
 ) -> SearchEncoder:
-    """The encoder an index's model stamp names (``checkpoint`` points to a moved checkpoint file)."""
-    from tvr.search.encoders import CheckpointEncoder, ConfigEncoder
+    """The encoder an index's model stamp names (``checkpoint`` points to a moved checkpoint file, ``model`` to a
+    pretrained model's folder elsewhere)."""
+    from tvr.search.encoders import CheckpointEncoder, ConfigEncoder, PretrainedEncoder
 
     kind = stamp.get("encoder")
+    if model is not None and kind != "pretrained":
+        raise IndexFormatError(f"the index was built with {describe_stamp(stamp)}, not with a --model: drop --model")
+    if kind == "pretrained":
+        if checkpoint is not None:
+            raise IndexFormatError("the index was built with a pretrained model, not a checkpoint: drop --checkpoint")
+        where = model if model is not None else str(stamp.get("source", ""))
+        try:
+            return PretrainedEncoder(where, device=device)
+        except UserError as exc:
+            raise UserError(
+                f"the index was built with {describe_stamp(stamp)}, which does not load from {where} ({exc}); if "
+                "it moved, pass its new location with --model"
+            ) from None
     if kind == "checkpoint":
         path = checkpoint if checkpoint is not None else stamp.get("path")
         if not path or not Path(path).is_file():
@@ -165,27 +180,33 @@ class SearchIndex:
         nprobe: int | None = None,
         ef_search: int | None = None,
         without_torch: bool = False,
+        model: str | None = None,
         state: str | os.PathLike | None = None,
     ) -> None:
         target = parse_target(path)
         self.store = _open_store(target, nprobe, ef_search, state)
         try:
-            self._load(encoder, checkpoint, device, without_torch)
+            self._load(encoder, checkpoint, device, without_torch, model)
         except BaseException:
             self.store.close()
             raise
 
     def _load(
-        self, encoder: SearchEncoder | None, checkpoint: str | os.PathLike | None, device: str, without_torch: bool
+        self,
+        encoder: SearchEncoder | None,
+        checkpoint: str | os.PathLike | None,
+        device: str,
+        without_torch: bool,
+        model: str | None,
     ) -> None:
         store = self.store
-        #: where the index is, as given (a folder, or a Qdrant address); ``path``: its folder (None for a server's
-        #: collection)
+        #: where the index is, as given (a folder, or a Qdrant address); ``path``: the folder it keeps its files in
+        #: (the index folder; a Qdrant index's state folder)
         self.location = store.location
-        self.path = getattr(store, "path", None) or getattr(getattr(store, "address", None), "folder", None)
+        self.path = getattr(store, "path", None) or getattr(store, "state_root", None)
         self.manifest = store.manifest
         settings = self.settings = store.settings
-        self._checkpoint, self._device = checkpoint, device
+        self._checkpoint, self._device, self._model = checkpoint, device, model
         if encoder is None and checkpoint is None and device == "cpu" and without_torch:
             from tvr.search.numpy_query import load_numpy_query_encoder
 
@@ -195,7 +216,7 @@ class SearchIndex:
 
             encoder = load_query_encoder(settings["model"])  # the text side alone, when it was exported
         if encoder is None:
-            encoder = encoder_for(settings["model"], checkpoint, device)
+            encoder = encoder_for(settings["model"], checkpoint, device, model)
             if checkpoint is None:  # the next cold start loads the text side alone
                 from tvr.search.query_encoder import export_query_encoder
 
@@ -222,6 +243,8 @@ class SearchIndex:
             self.state_cls = state_class(named.pop(), self.readers[0].fields)
         elif hasattr(store, "table_shard"):  # an index folder's shards are open anyway
             self.readers = store.readers
+        #: the width of the shortlist embeddings (0 for an index of no videos)
+        self.dim = store.dim
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
@@ -275,6 +298,24 @@ class SearchIndex:
         check_query(text)
         check_limits(k, rerank)
         return self._answer([Query(text, k, rerank, all_windows, window_filter(under, between))])[0]
+
+    def encode_queries(self, texts: list[str]) -> np.ndarray:
+        """The vectors the shortlist searches ``texts`` with: float32 [n, d], one row per text, each encoded as
+        :meth:`search` encodes it (padded to its length group; the numpy query side one text at a time)."""
+        texts = list(texts)
+        for text in texts:
+            check_query(text)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if self.head is None:
+            with self._lock:
+                rows = [self.encoder.query_vector(text).reshape(-1) for text in texts]
+            return np.stack(rows).astype(np.float32, copy=False)
+        vectors: list[np.ndarray] = [np.empty(0, np.float32)] * len(texts)
+        for members, _, rows in self._encoded_groups(texts):
+            for row, i in enumerate(members):
+                vectors[i] = rows[row]
+        return np.stack(vectors).astype(np.float32, copy=False)
 
     def search_many(
         self,
@@ -330,10 +371,11 @@ class SearchIndex:
             for rows in found
         ]
 
-    def _answer_with_torch(self, queries: list[Query], found: list[list[tuple[int, float, float, float]]]) -> None:
+    def _encoded_groups(self, texts: list[str]):
+        """Yield (positions, text state, shortlist vectors [m, d] float32) for each group of ``texts`` padded to one
+        length (one text-encoder pass each, :data:`tvr.search.encoders.QUERY_LENGTHS`)."""
         import torch
 
-        texts = [q.text for q in queries]
         # inference mode: a query is dozens of small tensor operations, each cheaper without autograd's bookkeeping
         from tvr.search.encoders import one_torch_thread
 
@@ -346,7 +388,14 @@ class SearchIndex:
             for length in sorted(set(lengths)):  # one text-encoder pass per padded length (encoders.QUERY_LENGTHS)
                 members = [i for i, n in enumerate(lengths) if n == length]
                 text_state = encoder.encode_texts([texts[i] for i in members], length)
-                vectors = head.shortlist_texts(text_state).float().cpu().numpy()
+                yield members, text_state, head.shortlist_texts(text_state).float().cpu().numpy()
+
+    def _answer_with_torch(self, queries: list[Query], found: list[list[tuple[int, float, float, float]]]) -> None:
+        import torch
+
+        texts = [q.text for q in queries]
+        for members, text_state, vectors in self._encoded_groups(texts):
+            with torch.inference_mode():
                 for row, i in enumerate(members):
                     found[i] = self._rank(text_state[row : row + 1], vectors[row : row + 1], queries[i])
 
@@ -385,7 +434,7 @@ class SearchIndex:
         """The whole model (a query encoder has only the text side): loaded on first use, checked against the
         index's stamp."""
         if not self.encoder.has_image_side:
-            full = encoder_for(self.settings["model"], self._checkpoint, self._device)
+            full = encoder_for(self.settings["model"], self._checkpoint, self._device, self._model)
             full.check_stamp(self.manifest["model"], f"the index {self.location}")
             self.encoder = full
             self.head = full.head.eval()
@@ -428,13 +477,15 @@ def open_index(
     nprobe: int | None = None,
     ef_search: int | None = None,
     without_torch: bool = False,
+    model: str | None = None,
     state: str | os.PathLike | None = None,
 ) -> SearchIndex:
     """Open the index at ``path`` — a folder, or a Qdrant collection's address (``qdrant://HOST:PORT/COLLECTION``,
     ``qdrant+local:PATH``, ``qdrant+edge:PATH``) — with the model it was built with (``checkpoint``: where that
     checkpoint is now; ``encoder``: an encoder already loaded). ``nprobe`` (IVF) / ``ef_search`` (HNSW): the
     shortlist's search effort instead of the index's. ``without_torch``, ``state``: see :class:`SearchIndex`.
-    Raises ``EncoderMismatchError`` for another model."""
+    ``model``: where the pretrained model an index was built with (``tvr index --model``) is now, if it moved
+    (checked against the index's stamp). Raises ``EncoderMismatchError`` for another model."""
     return SearchIndex(
         path,
         encoder,
@@ -443,6 +494,7 @@ def open_index(
         nprobe=nprobe,
         ef_search=ef_search,
         without_torch=without_torch,
+        model=model,
         state=state,
     )
 

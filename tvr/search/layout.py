@@ -4,13 +4,13 @@ opening an index imports nothing of the builder."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from tvr.search.store import IndexFormatError
+from tvr.utils.data_files import read_json
 from tvr.utils.errors import reason
-from tvr.utils.io import json_kind, read_regular_bytes
+from tvr.utils.io import json_kind
 
 FORMAT = "tvr-search-index"
 #: 2: the rerank state packed one record per window (``state.npy``), GARE's as standardised frames
@@ -26,7 +26,7 @@ TABLES = ("table_shard.npy", "table_row.npy", "table_video.npy", "table_times.np
 def read_settings(index: Path) -> dict[str, Any]:
     path = index / SETTINGS
     try:
-        settings = json.loads(read_regular_bytes(path))
+        settings = read_json(path)
     except FileNotFoundError:
         raise IndexFormatError(f"{index} is not a tvr search index (no {SETTINGS}); build one with tvr index") from None
     except (OSError, ValueError) as exc:

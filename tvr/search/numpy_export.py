@@ -9,26 +9,26 @@ export is then read back and compared with the model on probe texts; anything it
 
 from __future__ import annotations
 
+import io
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from tvr.search.export_files import ExportWriter, write_failed
 from tvr.search.numpy_query import (
     FORMAT,
-    META,
     TOKENIZER,
     TOLERANCE,
     VERSION,
     WEIGHTS,
     NumpyQueryEncoder,
+    current_numpy_export,
     numpy_export_folder,
 )
 from tvr.search.stamps import checkpoint_file_state, quick_queries_enabled
-from tvr.utils.io import atomic_write_json, create_temporary_dir
 
 log = logging.getLogger(__name__)
 
@@ -123,25 +123,46 @@ def largest_difference(encoder: Any, export: NumpyQueryEncoder, texts: list[str]
 
 def export_numpy_query(encoder: Any, probes: list[str]) -> Path | None:
     """Write the numpy query side of ``encoder`` (a model encoder on the CPU) to the cache when the model is one it
-    computes and it agrees with the model on ``probes`` (module docstring); returns the folder, or None."""
+    computes and it agrees with the model on ``probes`` (module docstring); returns the folder, or None. A write
+    that fails (a full disk) is one warning."""
     if not quick_queries_enabled() or not hasattr(encoder, "model") or not encoder.head.indexable:
         return None
     stamp = encoder.stamp()
     folder = numpy_export_folder(stamp)
-    if (folder / META).is_file():
-        return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    work = create_temporary_dir(folder)
     try:
-        try:
-            arrays, shape, tokenizer = _tower(encoder)
-            fusion_arrays, fusion = _fusion(encoder)
-        except NotExportableError as exc:
-            log.info("no numpy query side for this model: %s", exc)
-            return None
-        with open(work / WEIGHTS, "wb") as handle:
-            np.savez(handle, **arrays, **fusion_arrays)
-        (work / TOKENIZER).write_text(tokenizer, encoding="utf-8")
+        if current_numpy_export(stamp, folder) is not None:
+            return folder
+    except Exception:  # noqa: BLE001 - an export that cannot be used is written anew
+        pass
+    try:
+        arrays, shape, tokenizer = _tower(encoder)
+        fusion_arrays, fusion = _fusion(encoder)
+    except NotExportableError as exc:
+        log.info("no numpy query side for this model: %s", exc)
+        return None
+    try:
+        return _write(encoder, stamp, folder, {**arrays, **fusion_arrays}, shape, fusion, tokenizer, probes)
+    except Exception as exc:  # noqa: BLE001 - the torch query path is the fallback
+        write_failed(log, "numpy query side", folder, exc)
+        return None
+
+
+def _write(
+    encoder: Any,
+    stamp: dict[str, Any],
+    folder: Path,
+    arrays: dict[str, np.ndarray],
+    shape: dict[str, Any],
+    fusion: dict[str, Any],
+    tokenizer: str,
+    probes: list[str],
+) -> Path | None:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    with ExportWriter(folder) as writer:
+        writer.write(WEIGHTS, buffer.getvalue())
+        del buffer
+        writer.write(TOKENIZER, tokenizer)
         meta = {
             "format": FORMAT,
             "version": VERSION,
@@ -151,16 +172,10 @@ def export_numpy_query(encoder: Any, probes: list[str]) -> Path | None:
             "fusion": fusion,
             "checkpoint_file": checkpoint_file_state(stamp),
         }
-        atomic_write_json(work / META, meta)
-        worst = largest_difference(encoder, NumpyQueryEncoder(work), probes)
+        writer.write_meta(meta)
+        worst = largest_difference(encoder, NumpyQueryEncoder(writer.work), probes)
         if not worst <= TOLERANCE:
             log.info("the numpy query side differs from the model by %.3g (> %g): not used", worst, TOLERANCE)
             return None
-        atomic_write_json(work / META, {**meta, "largest_difference": worst})
-        if folder.exists():
-            shutil.rmtree(folder)
-        work.rename(folder)
-        return folder
-    finally:
-        if work.exists():
-            shutil.rmtree(work, ignore_errors=True)
+        writer.write_meta({**meta, "largest_difference": worst})
+        return writer.commit()

@@ -18,23 +18,42 @@ query vector differs from the model's by more than :data:`TOLERANCE` (the differ
 near 1e-7). Scores then differ from the model's by as little, so only windows whose scores are that close can
 swap places. It answers single text queries only; a server (micro-batched queries whose answers must equal serial
 ones bit for bit), an exact rerank and everything with video load the torch model.
+
+Nothing in it runs as code, but it decides the rankings, so it is read as the TorchScript export is
+(:mod:`tvr.search.export_files`): from a cache no other user can write, each file from the descriptor it was checked
+on (a FIFO refused, not waited on), at the size and SHA-256 ``meta.json`` recorded when tvr wrote it, and the
+weights only as an archive of stored (never deflated) float32 arrays whose shapes are the tower's that ``meta.json``
+describes. Anything else is one warning, and the query goes to the torch path.
 """
 
 from __future__ import annotations
 
-import json
+import io
+import logging
 import math
 import os
+import struct
+import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tvr.search.export_files import ExportFiles, bad_meta, check_fields, export_exists, is_count, is_number, not_used
 from tvr.search.stamps import check_stamp, checkpoint_file_state, numpy_queries_enabled
 from tvr.utils.io import cache_root
+from tvr.utils.private_files import UntrustedFileError
+
+log = logging.getLogger(__name__)
 
 FORMAT = "tvr-numpy-query"
-VERSION = 1
+#: 2: every file's size and SHA-256 recorded in meta.json, read through tvr.search.export_files
+VERSION = 2
+#: the largest weights.npz read (a BERT-large text tower is 1.3 GB)
+MAX_WEIGHTS_BYTES = 4 << 30
+#: the longest query, in tokens, an export may be made for
+MAX_WORDS = 4096
 #: the largest |difference| allowed between a coordinate of a numpy query vector and the model's (unit vectors)
 TOLERANCE = 1e-5
 WEIGHTS = "weights.npz"
@@ -118,10 +137,49 @@ class BertSentenceTower:
     """A sentence-transformers BERT (absolute positions, ``gelu``) with mean pooling: token ids [n, L] and mask →
     sentence embeddings [n, D], normalised when the model's last module is ``Normalize``."""
 
-    def __init__(self, weights: Any, layers: int, heads: int, eps: float, normalize: bool) -> None:
-        names = [name for name in weights.files if name.startswith("bert.")]
-        self.w = {name: np.asarray(weights[name], dtype=np.float32) for name in names}
+    def __init__(self, weights: Mapping[str, np.ndarray], layers: int, heads: int, eps: float, normalize: bool) -> None:
+        self.w = {
+            name: np.asarray(array, dtype=np.float32) for name, array in weights.items() if name.startswith("bert.")
+        }
         self.layers, self.heads, self.eps, self.normalize = int(layers), int(heads), float(eps), bool(normalize)
+
+    @staticmethod
+    def shape_problem(weights: Mapping[str, np.ndarray], layers: int, max_words: int) -> str | None:
+        """Why ``weights`` are not the arrays of a ``layers``-layer tower that reads ``max_words`` tokens (what
+        :meth:`__call__` indexes and multiplies), or None."""
+
+        def shape(name: str) -> tuple[int, ...] | None:
+            array = weights.get(f"bert.{name}")
+            return None if array is None else tuple(array.shape)
+
+        words, inner = shape("embeddings.word_embeddings.weight"), shape("encoder.layer.0.intermediate.dense.bias")
+        if words is None or len(words) != 2 or not inner or len(inner) != 1:
+            return "no word embeddings [vocabulary, width] or no first layer"
+        width = words[1]
+        positions, types = (
+            shape("embeddings.position_embeddings.weight"),
+            shape("embeddings.token_type_embeddings.weight"),
+        )
+        if positions is None or len(positions) != 2 or positions[1] != width or positions[0] < max_words:
+            return f"array bert.embeddings.position_embeddings.weight is {positions}, not [>= {max_words}, {width}]"
+        if types is None or len(types) != 2 or types[1] != width or types[0] < 1:
+            return f"array bert.embeddings.token_type_embeddings.weight is {types}, not [>= 1, {width}]"
+        want = {"embeddings.LayerNorm.weight": (width,), "embeddings.LayerNorm.bias": (width,)}
+        for i in range(layers):
+            at = f"encoder.layer.{i}"
+            for name, rows, columns in (
+                *((f"attention.self.{part}", width, width) for part in ("query", "key", "value")),
+                ("attention.output.dense", width, width),
+                ("intermediate.dense", width, inner[0]),
+                ("output.dense", inner[0], width),
+            ):
+                want[f"{at}.{name}.weight"], want[f"{at}.{name}.bias"] = (rows, columns), (columns,)
+            for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
+                want[f"{at}.{norm}.weight"] = want[f"{at}.{norm}.bias"] = (width,)
+        for name, expected in want.items():
+            if shape(name) != expected:
+                return f"array bert.{name} is {shape(name) or 'missing'}, not {list(expected)}"
+        return None
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
         # stored [in, out] (numpy_export.linear_layout): a product with a contiguous matrix, twice as fast as with
@@ -190,20 +248,22 @@ class NumpyQueryEncoder:
         from tokenizers import Tokenizer
 
         self.folder = Path(folder)
-        self.meta = json.loads((self.folder / META).read_text(encoding="utf-8"))
-        if self.meta.get("format") != FORMAT or self.meta.get("version") != VERSION:
-            raise ValueError(f"{self.folder}: not a {FORMAT} version {VERSION}")
-        self.max_words = int(self.meta["max_words"])
-        self.tokenizer = Tokenizer.from_file(str(self.folder / TOKENIZER))
+        with ExportFiles(self.folder, FORMAT, VERSION) as files:
+            self.meta = files.meta
+            _check_meta(self.meta, self.folder)
+            self.max_words = int(self.meta["max_words"])
+            tokenizer_text = files.read(TOKENIZER).decode("utf-8")
+            arrays = read_arrays(files.read(WEIGHTS, max_bytes=MAX_WEIGHTS_BYTES), self.folder / WEIGHTS)
+        try:
+            self.tokenizer = Tokenizer.from_str(tokenizer_text)
+        except Exception as exc:  # noqa: BLE001 - the tokenizers library raises its own exception type
+            raise UntrustedFileError(self.folder / TOKENIZER, f"not a tokenizer ({exc})") from None
         self.tokenizer.enable_truncation(max_length=self.max_words)
         self.tokenizer.no_padding()
-        tower = self.meta["tower"]
-        with np.load(self.folder / WEIGHTS, allow_pickle=False) as weights:
-            self.tower = BertSentenceTower(weights, tower["layers"], tower["heads"], tower["eps"], tower["normalize"])
-            fusion = self.meta["fusion"]
-            self.class_embeddings = (
-                np.asarray(weights["fusion.class_embeddings"], dtype=np.float32) if fusion["kind"] == "fused" else None
-            )
+        tower, fusion = self.meta["tower"], self.meta["fusion"]
+        _check_arrays(arrays, self.meta, self.tokenizer.get_vocab_size(with_added_tokens=True), self.folder)
+        self.tower = BertSentenceTower(arrays, tower["layers"], tower["heads"], tower["eps"], tower["normalize"])
+        self.class_embeddings = arrays["fusion.class_embeddings"] if fusion["kind"] == "fused" else None
         self.fusion = fusion
 
     def stamp(self) -> dict[str, Any]:
@@ -234,18 +294,138 @@ class NumpyQueryEncoder:
 
 def load_numpy_query_encoder(stamp: dict[str, Any]) -> NumpyQueryEncoder | None:
     """The numpy query side of the model ``stamp`` names, or None (none written, quick queries turned off, or a
-    checkpoint that changed since: the torch export or the full model then loads)."""
+    checkpoint that changed since: the torch export or the full model then loads). One that cannot be used (module
+    docstring) is one warning."""
     if not numpy_queries_enabled() or not stamp.get("id"):
         return None
     folder = numpy_export_folder(stamp)
-    if not (folder / META).is_file():
-        return None
     try:
-        encoder = NumpyQueryEncoder(folder)
-    except Exception:  # noqa: BLE001 - an unusable export is only slower: the torch path is the fallback
+        return current_numpy_export(stamp, folder)
+    except FileNotFoundError:
+        return None  # removed meanwhile (another process writing it anew)
+    except Exception as exc:  # noqa: BLE001 - an unusable export is only slower: the torch path is the fallback
+        not_used(log, "numpy query side", folder, exc)
         return None
+
+
+def current_numpy_export(stamp: dict[str, Any], folder: Path) -> NumpyQueryEncoder | None:
+    """The export in ``folder`` when it is the one of ``stamp``; None when there is none or it is another's (a
+    changed checkpoint); raises when it cannot be read."""
+    if not export_exists(folder):
+        return None
+    encoder = NumpyQueryEncoder(folder)
     if encoder.stamp().get("id") != stamp["id"] or (
         stamp.get("encoder") == "checkpoint" and encoder.meta.get("checkpoint_file") != checkpoint_file_state(stamp)
     ):
         return None
     return encoder
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+
+#: a zip member's local header: signature, then (at 26) the lengths of its name and extra field
+_LOCAL_HEADER = struct.Struct("<4s22xHH")
+
+
+def read_arrays(data: bytes, path: Path) -> dict[str, np.ndarray]:
+    """The float32 arrays of the ``np.savez`` archive ``data`` (the file ``path``), read only when every member is
+    stored (``np.savez`` never compresses, and a deflated member could inflate a few kB into gigabytes) and its
+    ``.npy`` header gives a C-order float32 array that fits in the bytes the member holds: the arrays take no more
+    memory than the file's size. Their integrity is the SHA-256 checked when the file was read (the zip's CRCs are
+    not computed again)."""
+    arrays = {}
+    view = memoryview(data)
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            members = archive.infolist()
+        for info in members:
+            name = info.filename
+            if info.compress_type != zipfile.ZIP_STORED or not name.endswith(".npy"):
+                raise UntrustedFileError(path, f"member {name} is not a stored .npy array (np.savez writes those)")
+            signature, name_length, extra_length = _LOCAL_HEADER.unpack_from(data, info.header_offset)
+            start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+            member = view[start : start + info.file_size]
+            if signature != b"PK\x03\x04" or len(member) != info.file_size:
+                raise UntrustedFileError(path, f"member {name} is cut short")
+            arrays[name.removesuffix(".npy")] = _npy_view(member, name, path)
+    except UntrustedFileError:
+        raise
+    except (zipfile.BadZipFile, struct.error, ValueError, EOFError) as exc:
+        raise UntrustedFileError(path, f"not an archive of arrays tvr wrote ({exc})") from None
+    return arrays
+
+
+def _npy_view(member: memoryview, name: str, path: Path) -> np.ndarray:
+    """The float32 array of one ``.npy`` member, a view of its bytes, once its header checks out."""
+    header = io.BytesIO(member[:16])
+    version = np.lib.format.read_magic(header)
+    if version not in ((1, 0), (2, 0)):
+        raise UntrustedFileError(path, f"member {name}: .npy format {version}, not 1.0 or 2.0")
+    prefix = 10 if version == (1, 0) else 12  # magic, version, and the header's length (2 or 4 bytes)
+    length = int.from_bytes(member[8:prefix], "little")
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    header = io.BytesIO(member[: prefix + length])
+    np.lib.format.read_magic(header)
+    shape, fortran, dtype = read_header(header)
+    count = math.prod(shape)
+    if dtype != np.dtype(np.float32) or fortran or prefix + length + 4 * count > len(member):
+        raise UntrustedFileError(path, f"member {name}: {dtype} {list(shape)}, not a C-order float32 array it holds")
+    # a copy, as np.load makes: aligned memory, so numpy multiplies with BLAS exactly as it did (a view of the bytes
+    # can be misaligned, and numpy's own loop rounds differently: rankings must not change)
+    return np.frombuffer(member, np.float32, count=count, offset=prefix + length).reshape(shape).copy()
+
+
+def _is_fusion(fusion: Any) -> bool:
+    if not isinstance(fusion, dict):
+        return False
+    if fusion.get("kind") == "fused":
+        return is_number(fusion.get("weight")) and is_number(fusion.get("temperature"), positive=True)
+    return fusion.get("kind") == "none"
+
+
+def _check_meta(meta: dict[str, Any], folder: Path) -> None:
+    """Refuse a ``meta.json`` whose fields are not what :class:`NumpyQueryEncoder` computes with."""
+    stamp, tower, fusion = meta.get("stamp"), meta.get("tower"), meta.get("fusion")
+    check_fields(
+        folder,
+        [
+            ("stamp", isinstance(stamp, dict) and isinstance(stamp.get("id"), str), "the model stamp"),
+            ("max_words", is_count(meta.get("max_words"), 1, MAX_WORDS), f"a count of tokens up to {MAX_WORDS}"),
+            (
+                "tower",
+                isinstance(tower, dict)
+                and is_count(tower.get("layers"), 1, 1024)
+                and is_count(tower.get("heads"), 1, 1 << 16)
+                and is_number(tower.get("eps"), positive=True)
+                and isinstance(tower.get("normalize"), bool),
+                "the tower's layers, heads, eps and normalize",
+            ),
+            ("fusion", _is_fusion(fusion), "none, or fused with a weight and a positive temperature"),
+        ],
+    )
+
+
+def _check_arrays(arrays: dict[str, np.ndarray], meta: dict[str, Any], vocabulary: int, folder: Path) -> None:
+    """Refuse weights that are not the tower (and class embeddings) ``meta.json`` describes, or a tokenizer whose
+    ids reach past the word embeddings."""
+    tower = meta["tower"]
+    parts = (name.split(".") for name in arrays if name.startswith("bert.encoder.layer."))
+    stored = {int(part[3]) if part[3].isdigit() else -1 for part in parts}
+    if stored != set(range(tower["layers"])):
+        raise bad_meta(folder, f"'tower.layers' is {tower['layers']}, but {WEIGHTS} holds {len(stored)} layers")
+    problem = BertSentenceTower.shape_problem(arrays, tower["layers"], meta["max_words"])
+    if problem is not None:
+        raise UntrustedFileError(folder / WEIGHTS, problem)
+    words, width = arrays["bert.embeddings.word_embeddings.weight"].shape
+    if width % tower["heads"]:
+        raise bad_meta(folder, f"'tower.heads' is {tower['heads']}, which does not divide the width {width}")
+    if vocabulary > words:
+        raise UntrustedFileError(folder / TOKENIZER, f"{vocabulary} tokens, more than the {words} word embeddings")
+    if meta["fusion"]["kind"] == "fused":
+        classes = arrays.get("fusion.class_embeddings")
+        if classes is None or classes.ndim != 2 or classes.shape[1] != width or not len(classes):
+            shape = None if classes is None else list(classes.shape)
+            raise UntrustedFileError(
+                folder / WEIGHTS, f"array fusion.class_embeddings is {shape}, not [classes, {width}]"
+            )

@@ -18,17 +18,22 @@ time and batched, short, long, truncated and non-ASCII): the same token ids, bit
 Anything else (a tokenizer of another kind, a model whose trace bakes in a batch size, a failed check) writes
 nothing, and that index keeps loading the full model. A checkpoint's export is used only while the checkpoint file
 still has the size and modification time it had when exported, so a changed checkpoint is refused as before.
-``text.pt`` is TorchScript, which loading compiles and runs: an export is read only when its folder and files belong
-to the user running tvr and nobody else can write them. ``TVR_QUICK_QUERIES=0`` turns the export and its use off.
+
+``text.pt`` is TorchScript, which loading compiles and runs, so an export is written and read as
+:mod:`tvr.search.export_files` describes: only in a cache no other user can write (every folder from ``/`` down),
+each file read from the descriptor it was checked on, at the size and SHA-256 ``meta.json`` recorded when tvr wrote
+it, and loaded from those bytes — the TorchScript torch compiles is the file tvr wrote and checked. torch's own
+writers serialise into memory (``torch.jit.save`` aborts the process when a disk fills up under it), so a full disk
+is one warning. Anything unusable is one warning, and the full model loads. ``TVR_QUICK_QUERIES=0`` turns the export
+and its use off.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
-import json
 import logging
 import os
-import shutil
 import threading
 import warnings
 from pathlib import Path
@@ -38,15 +43,27 @@ import torch
 from torch import Tensor, nn
 
 from tvr.search.encoders import SearchEncoder, padded_lengths
+from tvr.search.export_files import (
+    ExportFiles,
+    ExportWriter,
+    check_fields,
+    export_exists,
+    is_count,
+    is_number,
+    not_used,
+    write_failed,
+)
 from tvr.search.numpy_query import export_root  # one folder for both kinds of export
 from tvr.search.stamps import checkpoint_file_state, quick_queries_enabled
 from tvr.types import TextFeatures, VideoFeatures
-from tvr.utils.io import atomic_write_json, create_temporary_dir
 
 log = logging.getLogger(__name__)
 
 FORMAT = "tvr-query-encoder"
-VERSION = 1
+#: 2: every file's size and SHA-256 recorded in meta.json, read through tvr.search.export_files
+VERSION = 2
+#: the longest padded query an export may be made for (CLIP's context is 77 tokens)
+MAX_WORDS = 4096
 #: texts every export is checked on: plain, short, empty after cleaning, longer than any max_words, non-ASCII
 PROBE_TEXTS = (
     "a dog runs on the beach",
@@ -92,10 +109,10 @@ class _FastTokenizer:
     (pad to ``max_words`` on the right, truncate to it, no token type ids). Thread-safe, as that one is: calls take
     turns, since changing the padding length changes the backend's state."""
 
-    def __init__(self, path: Path, pad_id: int, pad_token: str) -> None:
+    def __init__(self, text: str, pad_id: int, pad_token: str) -> None:
         from tokenizers import Tokenizer
 
-        self.backend = Tokenizer.from_file(str(path))
+        self.backend = Tokenizer.from_str(text)
         self.pad_id, self.pad_token = pad_id, pad_token
         self._length: int | None = None
         self._lock = threading.Lock()
@@ -112,15 +129,60 @@ class _FastTokenizer:
         return ids, mask
 
 
-def _load_tokenizer(folder: Path, spec: dict[str, Any]) -> Any:
+def _load_tokenizer(files: ExportFiles, spec: dict[str, Any]) -> Any:
     if spec["kind"] == "clip-bpe":
         from tvr.data.tokenizer import ClipTokenizer
 
+        texts = {name: files.read(name).decode("utf-8") for name in ("vocab.json", "merges.txt")}
         # the Python BPE: exact (ClipTokenizer checks the two agree) and no transformers import
-        return ClipTokenizer.from_dir(folder, backend="python")
+        return ClipTokenizer.from_texts(texts, files.folder, backend="python")
     if spec["kind"] == "tokenizers":
-        return _FastTokenizer(folder / "tokenizer.json", int(spec["pad_id"]), str(spec["pad_token"]))
+        return _FastTokenizer(files.read("tokenizer.json").decode("utf-8"), int(spec["pad_id"]), str(spec["pad_token"]))
     raise ValueError(f"unknown tokenizer kind {spec['kind']!r}")
+
+
+def _is_tokenizer_spec(spec: Any) -> bool:
+    """What :func:`_save_tokenizer` records."""
+    if not isinstance(spec, dict):
+        return False
+    if spec.get("kind") == "tokenizers":
+        return is_count(spec.get("pad_id"), 0, 1 << 31) and isinstance(spec.get("pad_token"), str)
+    return spec.get("kind") == "clip-bpe"
+
+
+def _check_meta(meta: dict[str, Any], folder: Path) -> None:
+    """Refuse a ``meta.json`` whose fields are not what :class:`QueryEncoder` computes with."""
+    stamp, tokenizer, head, fields = meta.get("stamp"), meta.get("tokenizer"), meta.get("head"), meta.get("fields")
+    lengths = meta.get("query_lengths")
+    check_fields(
+        folder,
+        [
+            ("stamp", isinstance(stamp, dict) and isinstance(stamp.get("id"), str), "the model stamp"),
+            ("max_words", is_count(meta.get("max_words"), 1, MAX_WORDS), f"a count of words up to {MAX_WORDS}"),
+            (
+                "query_lengths",
+                isinstance(lengths, list) and all(is_count(n, 1, MAX_WORDS) for n in lengths),
+                "a list of lengths",
+            ),
+            (
+                "fields",
+                isinstance(fields, list)
+                and bool(fields)
+                and len(set(fields)) == len(fields)
+                and set(fields) <= set(_FEATURE_FIELDS),
+                f"distinct names among {list(_FEATURE_FIELDS)}",
+            ),
+            ("tokenizer", _is_tokenizer_spec(tokenizer), "a tokenizer tvr exports"),
+            (
+                "head",
+                isinstance(head, dict)
+                and isinstance(head.get("config"), dict)
+                and is_count(head.get("dim"), 1, 1 << 20)
+                and is_number(head.get("logit_scale_init")),
+                "the head's config, dim and logit scale",
+            ),
+        ],
+    )
 
 
 # ------------------------------------------------------------------------------------------ the encoder
@@ -148,24 +210,25 @@ class QueryEncoder(SearchEncoder):
     def __init__(self, folder: str | os.PathLike) -> None:
         from tvr.config import HeadConfig, build_section, check_head_import
         from tvr.models.heads.registry import build_head
-        from tvr.utils.torch_files import load_torch_file
+        from tvr.utils.torch_files import load_torch_bytes
 
         self.folder = Path(folder)
-        self.meta = json.loads((self.folder / "meta.json").read_text())
-        if self.meta.get("format") != FORMAT or self.meta.get("version") != VERSION:
-            raise ValueError(f"{self.folder}: not a {FORMAT} version {VERSION}")
-        self.device = torch.device("cpu")
-        self.max_words = int(self.meta["max_words"])
-        self.fields = tuple(self.meta["fields"])
-        self.tokenize = _load_tokenizer(self.folder, self.meta["tokenizer"])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript's; see export_query_encoder
-            self.text_path = torch.jit.load(str(self.folder / "text.pt"), map_location="cpu")
-        head_meta = self.meta["head"]
-        head_cfg = build_section(HeadConfig, head_meta["config"], "the exported head config")
-        check_head_import(head_cfg.name, "the exported head config's head.name")  # as for the full model
-        self.head = build_head(head_cfg, int(head_meta["dim"]), float(head_meta["logit_scale_init"]))
-        state = load_torch_file(self.folder / "head.pt")
+        with ExportFiles(self.folder, FORMAT, VERSION) as files:
+            self.meta = files.meta
+            _check_meta(self.meta, self.folder)
+            self.device = torch.device("cpu")
+            self.max_words = int(self.meta["max_words"])
+            self.fields = tuple(self.meta["fields"])
+            self.tokenize = _load_tokenizer(files, self.meta["tokenizer"])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript's; see export_query_encoder
+                # the bytes that were checked, never the file's name again (module docstring)
+                self.text_path = torch.jit.load(io.BytesIO(files.read("text.pt")), map_location="cpu")
+            head_meta = self.meta["head"]
+            head_cfg = build_section(HeadConfig, head_meta["config"], "the exported head config")
+            check_head_import(head_cfg.name, "the exported head config's head.name")  # as for the full model
+            self.head = build_head(head_cfg, int(head_meta["dim"]), float(head_meta["logit_scale_init"]))
+            state = load_torch_bytes(files.read("head.pt"), self.folder / "head.pt")
         self.head.load_state_dict(state)
         self.head.eval()
 
@@ -189,42 +252,32 @@ class QueryEncoder(SearchEncoder):
 
 def load_query_encoder(stamp: dict[str, Any]) -> QueryEncoder | None:
     """The export of the model ``stamp`` names, or None (none written, turned off, or a checkpoint that changed
-    since: the full model then loads, and is checked against the stamp as always)."""
+    since: the full model then loads, and is checked against the stamp as always). An export that cannot be used
+    (module docstring) is one warning."""
     if not quick_queries_enabled() or not stamp.get("id"):
         return None
     folder = export_folder(stamp)
-    if not (folder / "meta.json").is_file():
-        return None
-    if not _private(folder):
-        log.warning("not using the query encoder in %s: it is not private to this user; loading the full model", folder)
-        return None
     try:
-        encoder = QueryEncoder(folder)
+        return _current_export(stamp, folder)
+    except FileNotFoundError:
+        return None  # removed meanwhile (another process writing it anew)
     except Exception as exc:  # noqa: BLE001 - an unusable export is only slower: the full model is the fallback
-        log.warning("the query encoder in %s does not load (%s); loading the full model", folder, exc)
+        not_used(log, "query encoder", folder, exc)
         return None
+
+
+def _current_export(stamp: dict[str, Any], folder: Path) -> QueryEncoder | None:
+    """The export in ``folder`` when it is the one of ``stamp``; None when there is none or it is another's (a
+    changed checkpoint, another model, lengths it was not checked at); raises when it cannot be read."""
+    if not export_exists(folder):
+        return None
+    encoder = QueryEncoder(folder)
     meta = encoder.meta
     changed = stamp.get("encoder") == "checkpoint" and checkpoint_file_state(stamp) != meta.get("checkpoint_file")
     unchecked = meta.get("query_lengths") != padded_lengths(encoder.max_words)
     if encoder.stamp().get("id") != stamp["id"] or changed or unchecked:
         return None  # a changed checkpoint, or a length a search pads to that the export was not checked at
     return encoder
-
-
-def _private(folder: Path) -> bool:
-    """Whether ``folder``, the folder holding it and every file in it belong to this user and nobody else can write
-    them: ``text.pt`` is TorchScript, which ``torch.jit.load`` compiles and runs, so tvr runs only what it wrote
-    itself (as ssh trusts only a private ``~/.ssh``)."""
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    try:
-        paths = [folder.parent, folder, *folder.iterdir()]
-        for path in paths:
-            info = path.lstat()
-            if path.is_symlink() or (uid is not None and info.st_uid != uid) or info.st_mode & 0o022:
-                return False
-    except OSError:
-        return False
-    return True
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -244,6 +297,8 @@ def export_query_encoder(encoder: Any) -> Path | None:
     model it cannot export: that index keeps loading the full model."""
     if not quick_queries_enabled() or not hasattr(encoder, "model") or encoder.device.type != "cpu":
         return None
+    if encoder.padded_lengths() != padded_lengths(encoder.max_words):
+        return None  # a model fed one length only (SigLIP): an export pads queries to QUERY_LENGTHS
     stamp = encoder.stamp()
     folder = export_folder(stamp)
     try:
@@ -252,26 +307,33 @@ def export_query_encoder(encoder: Any) -> Path | None:
         export_numpy_query(encoder, list(PROBE_TEXTS))
     except Exception as exc:  # noqa: BLE001 - see the docstring
         log.info("the query side of this model was not exported to numpy: %s", exc)
-    if (folder / "meta.json").is_file() and load_query_encoder(stamp) is not None:
-        return folder
+    try:
+        if _current_export(stamp, folder) is not None:
+            return folder
+    except Exception:  # noqa: BLE001 - an export that cannot be used is written anew
+        pass
     try:
         return _write_export(encoder, stamp, folder)
     except Exception as exc:  # noqa: BLE001 - see the docstring
-        log.info("the text side of this model was not exported for quick queries: %s", exc)
+        write_failed(log, "query export", folder, exc)
         return None
 
 
-def _write_export(encoder: Any, stamp: dict[str, Any], folder: Path) -> Path | None:
-    from tvr.config import config_to_dict
+def _in_memory(save: Any) -> bytes:
+    """What ``save(file)`` writes, as bytes: torch's writers abort the process (SIGABRT, a C++ backtrace) when the
+    disk fills up under them, so they write to memory and the bytes are written by :class:`ExportWriter`."""
+    buffer = io.BytesIO()
+    save(buffer)
+    return buffer.getvalue()
 
-    max_words = int(encoder.cfg.data.max_words)
+
+def _write_export(encoder: Any, stamp: dict[str, Any], folder: Path) -> Path | None:
+    max_words = int(encoder.max_words)
     tokenizer = encoder.tokenizer()
     model = encoder.model
     head = encoder.head
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    work = create_temporary_dir(folder)
-    try:
-        spec = _save_tokenizer(tokenizer, work)
+    with ExportWriter(folder) as writer:
+        spec = _save_tokenizer(tokenizer, writer.work)
         if spec is None:
             log.info("tokenizer %s cannot be exported as data", type(tokenizer).__name__)
             return None
@@ -286,23 +348,28 @@ def _write_export(encoder: Any, stamp: dict[str, Any], folder: Path) -> Path | N
                 warnings.simplefilter("ignore")
                 traced = torch.jit.trace(path, (ids, mask), check_trace=False)
                 traced = torch.jit.freeze(traced, optimize_numerics=False)
-                torch.jit.save(traced, str(work / "text.pt"))
-        torch.save(head.state_dict(), work / "head.pt")
-        head_config = config_to_dict(encoder.cfg)["head"]
-        meta = {
-            "format": FORMAT,
-            "version": VERSION,
-            "stamp": stamp,
-            "torch": torch.__version__,
-            "max_words": max_words,
-            "query_lengths": padded_lengths(max_words),
-            "fields": list(fields),
-            "tokenizer": spec,
-            "head": {"config": head_config, "dim": int(head.dim), "logit_scale_init": float(head.logit_scale.item())},
-            "checkpoint_file": checkpoint_file_state(stamp),
-        }
-        atomic_write_json(work / "meta.json", meta)
-        check = QueryEncoder(work)
+                writer.write("text.pt", _in_memory(lambda buffer: torch.jit.save(traced, buffer)))
+        writer.write("head.pt", _in_memory(lambda buffer: torch.save(head.state_dict(), buffer)))
+        head_config = encoder.head_config()
+        writer.write_meta(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "stamp": stamp,
+                "torch": torch.__version__,
+                "max_words": max_words,
+                "query_lengths": padded_lengths(max_words),
+                "fields": list(fields),
+                "tokenizer": spec,
+                "head": {
+                    "config": head_config,
+                    "dim": int(head.dim),
+                    "logit_scale_init": float(head.logit_scale.item()),
+                },
+                "checkpoint_file": checkpoint_file_state(stamp),
+            }
+        )
+        check = QueryEncoder(writer.work)
         with torch.no_grad():
             ok = all(
                 torch.equal(a, b)
@@ -322,10 +389,4 @@ def _write_export(encoder: Any, stamp: dict[str, Any], folder: Path) -> Path | N
         if not ok:
             log.info("the exported text side differs from the model on the probe texts: not used")
             return None
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(work, folder)
-        return folder
-    finally:
-        if work.exists():
-            shutil.rmtree(work, ignore_errors=True)
+        return writer.commit()

@@ -5,10 +5,14 @@ Safe by construction:
 * the only files ever read for a request are the videos the manifest lists, addressed by their number in it
   (``/media/3``); no part of a request is ever turned into a path;
 * the index does not choose what is served: a video is looked up in the media folder the operator names
-  (``--media-root``; by default the folder the index records), and served only when it is a regular file inside
-  that folder (symbolic links followed, and refused when they lead out), of the size and modification time the
-  manifest recorded when it was indexed, and a container FFmpeg opens with a video stream — a tampered manifest
-  naming ``/`` and ``etc/passwd`` gets a 404;
+  (``--media-root``), by default the folder this user indexed into this index (:mod:`tvr.search.indexed_folders`:
+  a manifest edited to name ``/`` or any other folder is refused at start), and served only when it is a regular
+  file inside that folder (symbolic links followed only while they stay inside), of the size and modification time
+  the manifest recorded when it was indexed, and a container FFmpeg opens with a video stream;
+* what is checked is what is sent: a video is opened once, walking its path from the media folder's descriptor
+  without ever opening a name through a link (:func:`tvr.utils.open_inside.open_inside`), checked on that
+  descriptor, and sent (ranges included) or decoded for a thumbnail from it — replacing the file or a folder on its
+  way with a link after the check changes nothing that request sends;
 * an error while answering (a damaged index file read mid-query) is a JSON 500, never a plain-text one;
 * every input is bounded (query length, k, rerank, thumbnail time) and a bad one gets a 4xx JSON answer
   ``{"error": "...", ...}``, never a traceback;
@@ -34,11 +38,15 @@ import os
 import re
 import stat
 import threading
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+import anyio
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
@@ -51,8 +59,10 @@ from tvr.data.prepare import VIDEO_EXTENSIONS
 from tvr.search.batching import MicroBatcher
 from tvr.search.filters import FilterError, WindowFilter, window_filter
 from tvr.search.index import MAX_QUERY_CHARS, Hit, SearchIndex
+from tvr.search.indexed_folders import default_media_root
 from tvr.utils.errors import UserError
 from tvr.utils.json_values import plain_json
+from tvr.utils.open_inside import OutsideFolderError, open_folder, open_inside
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +75,12 @@ THUMB_WIDTH = 240
 THUMB_CACHE = 512
 
 
-def thumbnail_jpeg(path: Path, seconds: float, width: int = THUMB_WIDTH) -> bytes:
-    """One JPEG of the frame shown at ``seconds`` in ``path`` (the last frame when the time is past the end),
-    ``width`` pixels wide, encoded with FFmpeg's MJPEG encoder through PyAV."""
+def thumbnail_jpeg(video: Path | BinaryIO, seconds: float, width: int = THUMB_WIDTH) -> bytes:
+    """One JPEG of the frame shown at ``seconds`` in ``video`` (a path, or an open file; the last frame when the time
+    is past the end), ``width`` pixels wide, encoded with FFmpeg's MJPEG encoder through PyAV."""
     import av
 
-    with av.open(str(path)) as container:
+    with av.open(video if not isinstance(video, Path) else str(video)) as container:
         stream = container.streams.video[0]
         if seconds > 0 and stream.time_base is not None:
             container.seek(int(seconds / stream.time_base), stream=stream, backward=True, any_frame=False)
@@ -80,7 +90,7 @@ def thumbnail_jpeg(path: Path, seconds: float, width: int = THUMB_WIDTH) -> byte
             if frame.time is None or frame.time >= seconds:
                 break
         if chosen is None:
-            raise ValueError(f"{path}: no frame decodes")
+            raise ValueError("no frame decodes")
     height = max(2, int(round(chosen.height * width / max(1, chosen.width) / 2)) * 2)
     codec = av.CodecContext.create("mjpeg", "w")
     codec.width, codec.height = width, height
@@ -95,6 +105,10 @@ def thumbnail_jpeg(path: Path, seconds: float, width: int = THUMB_WIDTH) -> byte
 
 def page_html() -> str:
     return resources.files("tvr.search").joinpath("static/page.html").read_text(encoding="utf-8")
+
+
+def favicon_svg() -> bytes:
+    return resources.files("tvr.search").joinpath("static/favicon.svg").read_bytes()
 
 
 class HitOut(BaseModel):
@@ -117,15 +131,15 @@ VIDEO_DEMUXERS = frozenset(
 )
 
 
-def is_video_container(path: Path) -> bool:
-    """Whether ``path`` has a video file's suffix and FFmpeg opens it as one of :data:`VIDEO_DEMUXERS` with a video
-    stream."""
+def is_video_container(video: Path | BinaryIO, name: str | None = None) -> bool:
+    """Whether ``video`` (a path, or an open file named ``name``) has a video file's suffix and FFmpeg opens it as one
+    of :data:`VIDEO_DEMUXERS` with a video stream."""
     import av
 
-    if path.suffix.lower() not in VIDEO_EXTENSIONS:
+    if Path(name if name is not None else str(video)).suffix.lower() not in VIDEO_EXTENSIONS:
         return False
     try:
-        with av.open(str(path)) as container:
+        with av.open(video if not isinstance(video, Path) else str(video)) as container:
             return bool(set(container.format.name.split(",")) & VIDEO_DEMUXERS) and bool(container.streams.video)
     except Exception:  # noqa: BLE001 - any file FFmpeg cannot open is simply not a video
         return False
@@ -139,11 +153,13 @@ def create_app(
     query_workers: int | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``index`` (see the module docstring); videos are looked up in ``media_root``
-    (default: the folder the index records). Queries are micro-batched by ``query_workers`` workers (default: one per
-    core, :func:`~tvr.search.batching.default_workers`). ``micro_batch=False``: one query at a time, each waiting
-    for the one before (what ``benchmarks/search_serve.py`` compares against)."""
+    (default: the folder this user indexed into the index, else a :class:`~tvr.utils.errors.UserError` asking for
+    it). Queries are micro-batched by ``query_workers`` workers (default: one per core,
+    :func:`~tvr.search.batching.default_workers`). ``micro_batch=False``: one query at a time, each waiting for the
+    one before (what ``benchmarks/search_serve.py`` compares against)."""
     numbers = {entry["video"]: k for k, entry in enumerate(index.videos)}
-    file_of = _MediaFiles(index, Path(media_root if media_root is not None else index.root).resolve()).path
+    root = Path(media_root) if media_root is not None else default_media_root(index.path, index.root)
+    media_files = _MediaFiles(index, root)
     batcher = MicroBatcher(index, workers=query_workers) if micro_batch else None
     one_at_a_time = threading.Lock()
 
@@ -172,6 +188,12 @@ def create_app(
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> HTMLResponse:
         return HTMLResponse(page_html())
+
+    # the page links /favicon.svg; /favicon.ico is where a browser looks when a page names no icon
+    @app.get("/favicon.svg", include_in_schema=False)
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        return Response(favicon_svg(), media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
     @app.get("/api/search", response_model=list[HitOut], summary="Search the videos by text")
     async def search(
@@ -207,23 +229,33 @@ def create_app(
 
     @app.get("/media/{number}", summary="A video of the index (HTTP range requests supported)")
     def media(request: Request, number: int = PathParam(..., ge=0, le=10**9)) -> FileResponse:
-        path = file_of(number)
-        header = request.headers.get("range")
-        if header is not None:
-            check_range(header, path.stat().st_size)
-        return FileResponse(path, media_type=_media_type(path), filename=path.name, content_disposition_type="inline")
+        video = media_files.open(number)
+        try:
+            header = request.headers.get("range")
+            if header is not None:
+                check_range(header, video.stat.st_size)
+        except BaseException:
+            video.close()
+            raise
+        return _OpenFileResponse(
+            video, media_type=_media_type(video.name), filename=video.name, content_disposition_type="inline"
+        )
 
     @functools.lru_cache(maxsize=THUMB_CACHE)
-    def cached_thumbnail(number: int, seconds: float) -> bytes:
-        return thumbnail_jpeg(file_of(number), seconds)
+    def cached_thumbnail(number: int, seconds: float, version: tuple[int, ...]) -> bytes:
+        with media_files.open(number) as video:
+            if video.version != version:
+                raise HTTPException(404, f"video number {number} changed while its thumbnail was made")
+            return thumbnail_jpeg(video.handle, seconds)
 
     @app.get("/thumbnail/{number}", summary="A JPEG of the frame at time t (seconds) of a video of the index")
     def thumbnail(
         number: int = PathParam(..., ge=0, le=10**9), t: float = Query(0.0, ge=0.0, le=1e7, allow_inf_nan=False)
     ) -> Response:
-        file_of(number)
+        with media_files.open(number) as video:
+            version = video.version
         try:
-            data = cached_thumbnail(number, round(t, 1))
+            data = cached_thumbnail(number, round(t, 1), version)
         except HTTPException:
             raise
         except Exception as exc:  # noqa: BLE001 - an undecodable file is the client's 404, not a server error
@@ -232,6 +264,7 @@ def create_app(
 
     app.state.index = index
     app.state.batcher = batcher
+    app.state.media_root = media_files.root
     return app
 
 
@@ -267,36 +300,100 @@ def _answer_errors_as_json(app: FastAPI) -> None:
         return JSONResponse({"error": f"internal error ({type(exc).__name__}); see the server's log"}, status_code=500)
 
 
+@dataclass
+class _Video:
+    """An indexed video opened and checked (:meth:`_MediaFiles.open`): sent or decoded from ``handle`` only."""
+
+    handle: BinaryIO
+    stat: os.stat_result
+    name: str
+    #: (device, inode, size, mtime): which version of the file this is
+    version: tuple[int, ...]
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def __enter__(self) -> _Video:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class _MediaFiles:
     """The indexed videos as files the server may send: inside the media folder ``root``, unchanged since they
-    were indexed, and (checked once per version of a file) a video container FFmpeg opens."""
+    were indexed, and (checked once per version of a file) a video container FFmpeg opens. The folder is opened
+    once, when the app is made; every video is opened from that descriptor (module docstring)."""
 
     def __init__(self, index: SearchIndex, root: Path) -> None:
         self.index = index
-        self.root = root
-        self.verified: set[tuple[int, int, int, int, int]] = set()  # (number, device, inode, size, mtime)
+        try:
+            self.folder_fd: int | None
+            self.folder_fd, self.root = open_folder(root)
+            weakref.finalize(self, os.close, self.folder_fd)
+        except OSError as exc:  # searches still answer; every video is a 404 saying it is not available
+            log.warning("the media folder %s cannot be opened (%s): no video will be served", root, exc.strerror)
+            self.folder_fd, self.root = None, Path(root)
+        self.verified: set[tuple[int, ...]] = set()  # (number, device, inode, size, mtime)
 
-    def path(self, number: int) -> Path:
-        """The file of video ``number``, or an HTTP 404 saying why it cannot be sent."""
-        index, root = self.index, self.root
+    def open(self, number: int) -> _Video:
+        """Video ``number`` opened and checked, or an HTTP 404 saying why it cannot be sent."""
+        index = self.index
         if not 0 <= number < len(index):
             raise HTTPException(404, f"no video number {number} in this index (0 to {len(index) - 1})")
         entry = index.videos[number]
         try:
-            path = (root / entry["video"]).resolve(strict=True)
-            st = os.stat(path)
+            if self.folder_fd is None:
+                raise FileNotFoundError(self.root)
+            fd = open_inside(self.folder_fd, self.root, entry["video"])
+        except OutsideFolderError:
+            raise HTTPException(404, f"video number {number} is not a file inside the media folder") from None
         except OSError:
             raise HTTPException(404, f"video number {number} is no longer available") from None
-        if not path.is_relative_to(root) or not stat.S_ISREG(st.st_mode):
-            raise HTTPException(404, f"video number {number} is not a file inside the media folder")
-        if (st.st_size, st.st_mtime_ns) != (entry["size"], entry["mtime_ns"]):
-            raise HTTPException(404, f"video number {number} changed since it was indexed (run tvr index again)")
-        key = (number, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if key not in self.verified:
-            if not is_video_container(path):
-                raise HTTPException(404, f"video number {number} is not a video file")
-            self.verified.add(key)
-        return path
+        handle = os.fdopen(fd, "rb")
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise HTTPException(404, f"video number {number} is not a file inside the media folder")
+            if (st.st_size, st.st_mtime_ns) != (entry["size"], entry["mtime_ns"]):
+                raise HTTPException(404, f"video number {number} changed since it was indexed (run tvr index again)")
+            name = Path(entry["video"]).name
+            version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if (number, *version) not in self.verified:
+                if not is_video_container(handle, name):
+                    raise HTTPException(404, f"video number {number} is not a video file")
+                self.verified.add((number, *version))
+            handle.seek(0)
+        except BaseException:
+            handle.close()
+            raise
+        return _Video(handle, st, name, version)
+
+
+#: what an :class:`_OpenFileResponse` gives Starlette as its path: no such file exists, so a Starlette that opened
+#: the file by name instead of through :meth:`_OpenFileResponse._open_file` would fail, never send another file
+_NO_PATH = "/nonexistent/tvr-serve-sends-from-an-open-descriptor"
+
+
+class _OpenFileResponse(FileResponse):
+    """Starlette's FileResponse (HTTP ranges, HEAD, If-Range, ETag, Last-Modified) sent from a video opened and
+    checked beforehand (:class:`_Video`), never reopened by name; the file is closed when the response ends."""
+
+    def __init__(self, video: _Video, **kwargs: Any) -> None:
+        super().__init__(_NO_PATH, stat_result=video.stat, **kwargs)
+        self.video = video
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # the ASGI "pathsend" extension would have the server open the path by name: not offered
+        extensions = {k: v for k, v in scope.get("extensions", {}).items() if k != "http.response.pathsend"}
+        try:
+            await super().__call__({**scope, "extensions": extensions}, receive, send)
+        finally:
+            self.video.close()
+
+    @contextlib.asynccontextmanager
+    async def _open_file(self) -> AsyncIterator[anyio.AsyncFile[bytes]]:
+        yield anyio.wrap_file(self.video.handle)
 
 
 #: ranges accepted in one Range header (players ask for one)
@@ -332,7 +429,7 @@ def check_range(header: str, size: int) -> None:
         )
 
 
-def _media_type(path: Path) -> str:
+def _media_type(name: str) -> str:
     return {
         ".mp4": "video/mp4",
         ".m4v": "video/mp4",
@@ -341,7 +438,7 @@ def _media_type(path: Path) -> str:
         ".mov": "video/quicktime",
         ".avi": "video/x-msvideo",
         ".ogv": "video/ogg",
-    }.get(path.suffix.lower(), "application/octet-stream")
+    }.get(Path(name).suffix.lower(), "application/octet-stream")
 
 
 def jsonable(value: Any) -> Any:

@@ -1,8 +1,8 @@
 """A model's stamp: the identity an index records of the model that built it, and the check that refuses another.
 
-A stamp is a dict with ``encoder`` (its kind: ``checkpoint`` or ``config``), ``id`` (a content hash: two encoders
-with the same stamp embed identically) and descriptive fields. Kept apart from the encoders, which import torch, so
-that a query path without torch (:mod:`tvr.search.numpy_query`) checks stamps as the others do.
+A stamp is a dict with ``encoder`` (its kind: ``checkpoint``, ``config`` or ``pretrained``), ``id`` (a content hash:
+two encoders with the same stamp embed identically) and descriptive fields. Kept apart from the encoders, which
+import torch, so that a query path without torch (:mod:`tvr.search.numpy_query`) checks stamps as the others do.
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ def describe_stamp(stamp: dict[str, Any]) -> str:
         return (
             f"the model of config {stamp.get('name') or '?'} (weights sha256 {str(stamp.get('id', '?'))[:12]}…, "
             f"head {stamp.get('head', '?')})"
+        )
+    if kind == "pretrained":
+        return (
+            f"the pretrained model {stamp.get('name') or stamp.get('source') or '?'} ({stamp.get('family', '?')}, "
+            f"weights sha256 {str(stamp.get('id', '?'))[:12]}…)"
         )
     return f"encoder {kind} ({str(stamp.get('id', '?'))[:12]}…)"
 

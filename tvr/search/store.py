@@ -34,14 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tvr.utils.data_files import read_json
 from tvr.utils.errors import UserError, reason
 from tvr.utils.io import (
     atomic_write_json,
     check_regular_file,
     create_temporary_dir,
     fsync_path,
+    naming_path,
     open_regular,
-    read_regular_bytes,
 )
 
 SHARDS = "shards"
@@ -124,11 +125,14 @@ def write_shard(folder: Path, name: str, emb: Tensor, state: Any, videos: list[d
         for entry in os.scandir(tmp):
             fsync_path(entry.path)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        named = naming_path(exc, target, tmp)  # a full disk names the shard, not a file of its temporary folder
+        if named is exc:
+            raise
+        raise named from exc
     return target
 
 
@@ -138,7 +142,7 @@ def _row_bytes(info: dict[str, Any]) -> int:
 
 def read_meta(shard: Path) -> dict[str, Any]:
     try:
-        meta = json.loads(read_regular_bytes(shard / META))
+        meta = read_json(shard / META)
     except (OSError, ValueError) as exc:
         raise IndexFormatError(
             f"{shard / META}: unreadable shard description ({reason(exc)}); delete the shard folder to re-embed "

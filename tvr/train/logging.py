@@ -1,5 +1,6 @@
 """Training logs: ``train_log.jsonl`` / ``train_log.csv`` (one record per ``log_every`` steps), ``val_log.jsonl``
-(one record per validation), and a rich progress bar on interactive terminals.
+(one record per validation), their numbers as TensorBoard scalars in ``tensorboard/`` where TensorBoard is installed
+(:mod:`tvr.train.tensorboard`), and a rich progress bar on interactive terminals.
 
 Log lines are appended and flushed one at a time (a crash loses at most the line being written). On resume the
 logs are cut back to the checkpoint's step, so a resumed run's log equals an uninterrupted run's log.
@@ -15,7 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tvr.utils.io import atomic_write_text, read_jsonl
+from tvr.train.tensorboard import TensorBoardLog
+from tvr.utils.data_files import read_jsonl
+from tvr.utils.io import atomic_write_text, naming_errors
 
 __all__ = ["RunLogger", "TrainProgress", "flatten", "format_duration", "format_lrs", "read_jsonl"]
 
@@ -48,6 +51,7 @@ class RunLogger:
         self.train_csv = self.out_dir / TRAIN_CSV
         self.val_jsonl = self.out_dir / VAL_JSONL
         self._csv_columns: list[str] | None = None
+        self.tensorboard = TensorBoardLog(self.out_dir, enabled=enabled)
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self) -> None:
@@ -57,6 +61,7 @@ class RunLogger:
         for path in (self.train_jsonl, self.train_csv, self.val_jsonl):
             path.unlink(missing_ok=True)
         self._csv_columns = None
+        self.tensorboard.start()
 
     def truncate_after(self, step: int, eval_pending: bool = False) -> None:
         """Drop records newer than ``step`` (written after the checkpoint a run resumes from). ``eval_pending``: the
@@ -80,6 +85,12 @@ class RunLogger:
                 rows = [r for r in reader if r.get("step") and int(float(r["step"])) <= step]
             self._rewrite_csv(columns, rows)
         self._csv_columns = None
+        # the event files anew from the records kept: each step once, as in the JSONL
+        self.tensorboard.start(read_jsonl(self.train_jsonl) if self.train_jsonl.is_file() else [])
+
+    def close(self) -> None:
+        """The run (or this session of it) is over: finish the TensorBoard event file."""
+        self.tensorboard.close()
 
     # ------------------------------------------------------------------ records
     def _rewrite_csv(self, columns: list[str], rows: list[dict[str, Any]]) -> None:
@@ -92,7 +103,7 @@ class RunLogger:
 
     def _append_jsonl(self, path: Path, record: dict[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as handle:
+        with naming_errors(path), open(path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
             handle.flush()
 
@@ -110,7 +121,7 @@ class RunLogger:
             columns = list(columns or []) + [key for key in row if key not in (columns or [])]
             self._rewrite_csv(columns, old_rows)
             self._csv_columns = columns
-        with open(self.train_csv, "a", newline="") as handle:
+        with naming_errors(self.train_csv), open(self.train_csv, "a", newline="") as handle:
             csv.DictWriter(handle, fieldnames=columns).writerow(row)
             handle.flush()
 
@@ -119,12 +130,14 @@ class RunLogger:
             return
         self._append_jsonl(self.train_jsonl, {"kind": "train", **record})
         self._append_csv(flatten(record))
+        self.tensorboard.train(record)
 
     def eval(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         self._append_jsonl(self.val_jsonl, record)
         self._append_jsonl(self.train_jsonl, {"kind": "eval", **record})
+        self.tensorboard.eval(record)
 
 
 #: suffix of a parameter group that differs from its namesake only by having no weight decay (same rate)

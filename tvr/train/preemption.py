@@ -39,14 +39,20 @@ class PreemptedError(RestartableStopError):
 
     exit_code = PREEMPTED_EXIT_CODE
 
-    def __init__(self, signal_name: str, step: int, epoch: int, batch: int, checkpoint: Path) -> None:
+    def __init__(
+        self, signal_name: str, step: int, epoch: int, batch: int, checkpoint: Path, finished: bool = False
+    ) -> None:
         self.signal_name = signal_name
         self.step = step
         self.checkpoint = checkpoint
+        where = (
+            f"after its last step ({step}), before the test; {checkpoint} holds the finished training"
+            if finished
+            else f"after step {step} (epoch {epoch + 1}, batch {batch}); {checkpoint} holds it"
+        )
         super().__init__(
-            f"{signal_name}: training stopped after step {step} (epoch {epoch + 1}, batch {batch}); {checkpoint} "
-            "holds it, and a resume continues exactly from there (tvr train: the same command with --resume or "
-            "--resume auto)"
+            f"{signal_name}: training stopped {where}, and a resume continues exactly from there (tvr train: the "
+            "same command with --resume or --resume auto)"
         )
 
 

@@ -174,6 +174,12 @@ class Trainer:
 
         Raises :class:`~tvr.train.preemption.PreemptedError` after writing ``last.pt`` when a preemption signal
         arrives during training."""
+        try:
+            return self._fit(resume)
+        finally:
+            self.logger.close()  # the TensorBoard event file, however the session ends
+
+    def _fit(self, resume: bool | str | Path) -> dict[str, Any]:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if resume == "auto":
             resume = self.last_path.is_file()
@@ -214,6 +220,9 @@ class Trainer:
                     # a smoke run (max_steps) still ends with a validation and a resumable checkpoint
                     self.train_seconds = seconds_before + time.perf_counter() - session_start
                     self._checkpoint_then_evaluate()
+                # a notice that came during the last checkpoint or validation stops the job too, before the test
+                # split: last.pt holds the finished training, and a resume goes on to the test
+                self._stop_if_preempted(watch, seconds_before, session_start)
             self._write_skipped(merge=True)
         finally:
             # on any exit (including an exception) leave the skipped-video report of what this process saw
@@ -284,9 +293,9 @@ class Trainer:
         if self._pending_eval:
             self._last_eval_step = -1
         self.logger.truncate_after(self.global_step, eval_pending=self._pending_eval)
-        log.info(
-            "resumed from %s at epoch %d, batch %d, step %d", path, self.epoch, self.batch_in_epoch, self.global_step
-        )
+        if self.is_main:
+            position = (self.epoch, self.batch_in_epoch, self.global_step)
+            log.info("resumed from %s at epoch %d, batch %d, step %d", path, *position)
 
     # ------------------------------------------------------------------ the loop
     def _reached_max_steps(self) -> bool:
@@ -314,9 +323,9 @@ class Trainer:
             # no rank leaves before rank 0 has written last.pt: under torchrun the first rank to exit makes the agent
             # stop the others
             barrier()
-        if self.is_main:
-            log.warning("%s: stopping after step %d; %s holds the run", name, self.global_step, self.last_path)
-        raise PreemptedError(name, self.global_step, self.epoch, self.batch_in_epoch, self.last_path)
+        # the error says it (the command line prints it): a warning here printed the same notice twice
+        finished = self.epoch >= self.tc.epochs or self._reached_max_steps()
+        raise PreemptedError(name, self.global_step, self.epoch, self.batch_in_epoch, self.last_path, finished)
 
     def _consume(self, batch: Any, seconds_before: float, session_start: float) -> bool:
         """Train on one batch; returns False when the batch was skipped (no readable item on some rank)."""
@@ -475,7 +484,8 @@ class Trainer:
         if improved and self.is_main:
             save_checkpoint(self.best_path, self.model, state=self._state(), config=self.cfg)
         self.logger.eval(record)
-        log.info("step %d: %s = %.4f%s", self.global_step, self.select_metric, value, " (best)" if improved else "")
+        if self.is_main:
+            log.info("step %d: %s = %.4f%s", self.global_step, self.select_metric, value, " (best)" if improved else "")
 
     # ------------------------------------------------------------------ checkpoints
     def _sync_last_loss(self) -> None:

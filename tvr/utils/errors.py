@@ -17,6 +17,11 @@ class RestartableStopError(Exception):
     exit_code = 1
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a job that knows what it kept: the command line prints this message instead of the generic
+    one, and exits with 130."""
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's message without what some libraries append (torch: a C++ backtrace, a source line), at most
     300 characters; its type's name when it has no message (a ``MemoryError``)."""
@@ -26,7 +31,11 @@ def first_line(exc: BaseException) -> str:
 
 def reason(exc: BaseException) -> str:
     """Why an operation failed, for a message that names the file itself: an OSError's text without its errno and
-    file name (``No such file or directory``), any other exception's :func:`first_line`."""
+    file name (``No such file or directory``), a data file's ``problem`` without the file
+    (:class:`tvr.utils.data_files.DataFileError`), any other exception's :func:`first_line`."""
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
+    problem = getattr(exc, "problem", None)
+    if isinstance(exc, UserError) and isinstance(problem, str):
+        return problem
     return first_line(exc)

@@ -100,18 +100,65 @@ def fsync_path(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+#: a full disk, or a full quota: the machine's state, not a bug
+DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+#: how numpy reports a write the device took only part of (an OSError with no errno)
+_SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk (or the user's quota) is full."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL
+
+
+def naming_path(exc: BaseException, path: str | os.PathLike, *stand_ins: str | os.PathLike) -> BaseException:
+    """``exc``, or when it is an OSError that names no file (``write`` on a full disk raises ENOSPC with no name)
+    or names a temporary of ``path``, one of ``stand_ins`` (a folder written in its place) or a file inside one, the
+    same error naming ``path``: the file the user asked for, so a message can say which one could not be written,
+    and where. numpy's short write (an OSError with no errno) is the full disk it is."""
+    if not isinstance(exc, OSError) or isinstance(exc, UserError):
+        return exc
+    short = _SHORT_WRITE.fullmatch(str(exc)) if exc.errno is None else None
+    if short:  # np.save / tofile: a regular file takes fewer bytes than written only when the device is full
+        why = f"{os.strerror(errno.ENOSPC)} (wrote {int(short[2]):,} of {int(short[1]):,} bytes)"
+        return OSError(errno.ENOSPC, why, str(path))
+    named = None if exc.filename is None else Path(os.fsdecode(exc.filename))
+    target = Path(path)
+    stand_in = named is not None and (
+        (named.parent == target.parent and is_temporary_name(named.name, target.name))
+        or any(named == Path(p) or Path(p) in named.parents for p in stand_ins)
+    )
+    if exc.errno is None or not (named is None or stand_in):
+        return exc
+    return OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path))
+
+
+@contextlib.contextmanager
+def naming_errors(path: str | os.PathLike, *stand_ins: str | os.PathLike) -> Iterator[None]:
+    """Inside the block, an OSError is raised naming ``path`` (:func:`naming_path`)."""
+    try:
+        yield
+    except OSError as exc:
+        named = naming_path(exc, path, *stand_ins)
+        if named is exc:
+            raise
+        raise named from exc
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path (an empty file) beside ``path`` for a writer that needs a file name (an encoder, a
     library's ``save``); when the block ends normally it is fsynced and renamed over ``path``, when it raises the
     temporary is removed."""
     path = Path(path)
-    fd, tmp = create_temporary(path)
+    with naming_errors(path):
+        fd, tmp = create_temporary(path)
     os.close(fd)
     try:
-        yield tmp
-        fsync_path(tmp)
-        os.replace(tmp, path)
+        with naming_errors(path):
+            yield tmp
+            fsync_path(tmp)
+            os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -156,26 +203,6 @@ def json_kind(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a JSONL log (an append-only run log); a torn last line (crash while appending) is ignored,
-    a bad line elsewhere is an error naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    lines = path.read_text().splitlines()
-    for k, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if k == len(lines) - 1:
-                break
-            raise ValueError(f"{path}:{k + 1}: not valid JSON") from None
-    return records
-
-
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save`` through :func:`atomic_write`. A write that fails inside torch (a full disk) surfaces as torch's
     RuntimeError ("unexpected pos …") with the OSError as its context: that OSError is raised instead, naming
@@ -192,6 +219,25 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
             raise
 
     return atomic_write(path, save)
+
+
+#: how Rust libraries (safetensors, tokenizers) end the message of an OS error: "... (os error 28)"
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def write_error(exc: BaseException, path: str | os.PathLike) -> OSError | None:
+    """The failure of a library writing ``path`` (a file or a folder) as an OSError naming ``path``, when an OS error
+    is behind it: an OSError itself (Python's writes name no file), one in its cause or context (torch's
+    RuntimeError), or one a Rust library's message gives by number (safetensors' ``SafetensorError: … No space
+    left on device (os error 28)``); None for any other failure."""
+    for error in (exc, exc.__cause__, exc.__context__):
+        if isinstance(error, OSError) and error.errno is not None:
+            return OSError(error.errno, error.strerror, str(path))
+    match = _RUST_OS_ERROR.search(str(exc))
+    if match is not None:
+        number = int(match.group(1))
+        return OSError(number, os.strerror(number), str(path))
+    return None
 
 
 def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
@@ -243,7 +289,12 @@ def describe_file_start(path: str | os.PathLike) -> str:
     """What a file that a loader rejected looks like, from its first bytes (an empty file, a zip archive, a pickle,
     text, …), so an error can say more than the loader's internal code."""
     with open(path, "rb") as handle:
-        head = handle.read(64)
+        return describe_start(handle.read(64))
+
+
+def describe_start(head: bytes) -> str:
+    """:func:`describe_file_start` of a file whose first bytes are ``head``."""
+    head = head[:64]
     if not head:
         return "an empty file"
     if head.startswith(b"PK\x03\x04"):
@@ -268,7 +319,8 @@ class NotRegularFileError(UserError, OSError):
         return f"{self.filename}: {self.strerror}"
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words, when it is not a regular file ("a FIFO", "a folder", …)."""
     if stat.S_ISFIFO(mode):
         return "a FIFO"
     if stat.S_ISSOCK(mode):
@@ -291,7 +343,7 @@ def why_not_regular_file(path: str | os.PathLike) -> str | None:
         return f"cannot stat it ({exc.strerror})"
     if stat.S_ISREG(mode):
         return None
-    return f"{_kind(mode)}, not a regular file; only regular files are read"
+    return f"{file_kind(mode)}, not a regular file; only regular files are read"
 
 
 def check_regular_file(path: str | os.PathLike) -> Path:
@@ -312,7 +364,7 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise NotRegularFileError(path, f"{_kind(mode)}, not a regular file; only regular files are read")
+        raise NotRegularFileError(path, f"{file_kind(mode)}, not a regular file; only regular files are read")
     return os.fdopen(fd, "rb", buffering=0)
 
 
@@ -331,6 +383,33 @@ def file_sha256(path: str | os.PathLike, block: int = 1 << 22) -> str:
         while chunk := handle.read(block):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+#: a name from a file that tvr makes part of a path (a bench method, a transfer set, a sweep's dial): one plain
+#: file or folder name, so it can neither climb out of the folder it is put in (``..``, ``/``), nor hide (``.x``)
+_SAFE_NAME = re.compile(r"\w[\w.+=@-]{0,99}")
+
+
+class UnsafeNameError(UserError, ValueError):
+    """A name that tvr would put into a path is not a plain file or folder name."""
+
+
+def safe_name(name: Any, what: str) -> str:
+    """``name`` when it can stand as one file or folder name as it is: letters, digits and ``. _ - + = @``, starting
+    with a letter, digit or ``_``, at most 100 characters (so never ``..``, a path, a hidden name or a NUL);
+    :class:`UnsafeNameError` naming ``what`` otherwise."""
+    if isinstance(name, str) and _SAFE_NAME.fullmatch(name):
+        return name
+    shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:77] + "..."
+    raise UnsafeNameError(
+        f"{what} {shown}: expected a plain name (letters, digits and . _ - + = @, at most 100 characters, starting "
+        "with a letter or digit), as it names a file or folder"
+    )
+
+
+def inside(folder: str | os.PathLike, name: Any, what: str) -> Path:
+    """``folder / name`` for a ``name`` that :func:`safe_name` accepts: a path that stays inside ``folder``."""
+    return Path(folder) / safe_name(name, what)
 
 
 def cache_root() -> Path:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tvr.utils.data_files import DataFileError, parse_json
 from tvr.utils.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -91,9 +92,9 @@ def _read_holder(fd: int) -> dict:
     try:
         os.lseek(fd, 0, os.SEEK_SET)
         text = os.read(fd, 4096).decode("utf-8", errors="replace")
-        holder = json.loads(text) if text.strip() else {}
+        holder = parse_json(text, "the lock file") if text.strip() else {}
         return holder if isinstance(holder, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, DataFileError):
         return {}
 
 
@@ -103,6 +104,28 @@ def _describe(holder: dict) -> str:
     started = holder.get("started")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
     return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {when}: {holder.get('command', '?')}"
+
+
+def _busy(what: str, folder: Path, holder: dict) -> FolderBusyError:
+    return FolderBusyError(
+        f"{what} {folder} is in use by another tvr job ({_describe(holder)}); wait for it to finish or use another "
+        "folder"
+    )
+
+
+def check_unlocked(folder: str | os.PathLike, what: str = "folder") -> None:
+    """Raise :class:`FolderBusyError` naming the holder when another live process holds ``folder``'s lock; nothing
+    is created (a job checks this before its slow start, and takes the lock itself with :func:`folder_lock`)."""
+    folder = Path(folder)
+    path = folder / LOCK_NAME
+    if not path.exists() and not path.is_symlink():
+        return
+    fd = _open_lock_file(path, what, folder)
+    try:
+        if not _try_lock(fd):
+            raise _busy(what, folder, _read_holder(fd))
+    finally:
+        os.close(fd)  # closing the file releases a lock this check took
 
 
 @contextlib.contextmanager
@@ -117,10 +140,7 @@ def folder_lock(folder: str | os.PathLike, what: str = "folder") -> Iterator[Pat
         if not _try_lock(fd):
             holder = _read_holder(fd)
             os.close(fd)
-            raise FolderBusyError(
-                f"{what} {folder} is in use by another tvr job ({_describe(holder)}); wait for it to finish or "
-                "use another folder"
-            )
+            raise _busy(what, folder, holder)
         # a job that was releasing may have removed the file after we opened it: lock the file that is there now
         try:
             current = os.stat(path)

@@ -52,6 +52,14 @@ def loader_workers(requested: int) -> int:
     return cpus
 
 
+def _ignore_interrupts() -> None:
+    """A worker leaves Ctrl-C to the caller: the terminal sends SIGINT to the whole process group, and a worker that
+    raised KeyboardInterrupt would print its own traceback; the caller stops the pool and says what was kept."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def parallel_map(
     fn: Callable[[T], R], items: Sequence[T], workers: int = 0, description: str = "", progress: bool = True
 ) -> Iterator[R]:
@@ -66,7 +74,7 @@ def parallel_map(
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     processes = min(workers, len(items))
     chunk = max(1, min(16, len(items) // (processes * 8)))
-    with context.Pool(processes) as pool:
+    with context.Pool(processes, initializer=_ignore_interrupts) as pool:
         yield from progress_bar(
             pool.imap_unordered(fn, items, chunksize=chunk), description, enabled=progress, total=len(items)
         )

@@ -43,11 +43,14 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name}={raw!r}: expected an integer (set by torchrun)") from None
 
 
-def init_distributed(device: str = "auto", timeout_minutes: float | None = None) -> DistInfo:
+def init_distributed(
+    device: str = "auto", timeout_minutes: float | None = None, setting: str = "train.device"
+) -> DistInfo:
     """Join the torchrun process group when ``WORLD_SIZE > 1`` (NCCL on CUDA, gloo on CPU); otherwise a no-op.
 
     ``device`` is the ``train.device`` setting, resolved by :func:`tvr.utils.device.resolve_device` with this
-    process's ``LOCAL_RANK`` (so a bare ``cuda`` means this rank's GPU).
+    process's ``LOCAL_RANK`` (so a bare ``cuda`` means this rank's GPU); ``setting`` names it in messages (``tvr
+    index``: ``--device``).
 
     The timeout defaults to ``$TVR_DIST_TIMEOUT_MIN`` or 60 minutes, long enough for rank 0 to run a validation
     pass while the other ranks wait at their next collective. Calling it again returns the same information.
@@ -56,8 +59,8 @@ def init_distributed(device: str = "auto", timeout_minutes: float | None = None)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", rank if world_size > 1 else 0)
     if world_size <= 1 and not dist.is_initialized():
-        return DistInfo(0, 1, 0, resolve_device(device, 0))
-    dev = resolve_device(device, local_rank)
+        return DistInfo(0, 1, 0, resolve_device(device, 0, setting=setting))
+    dev = resolve_device(device, local_rank, setting=setting)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
@@ -75,7 +78,7 @@ def init_distributed(device: str = "auto", timeout_minutes: float | None = None)
 
 
 @contextlib.contextmanager
-def distributed_job(device: str = "auto") -> Iterator[DistInfo]:
+def distributed_job(device: str = "auto", setting: str = "train.device") -> Iterator[DistInfo]:
     """:func:`init_distributed` for the length of one job. A process group this call created is destroyed when the
     job returns (torch asks every process to do so before it exits); one that already existed is left to its owner,
     and a job that raises leaves the group to the exiting process.
@@ -86,7 +89,7 @@ def distributed_job(device: str = "auto") -> Iterator[DistInfo]:
     ``tests/test_distributed.py`` met). The garbage of the job is collected before the group is destroyed.
     """
     created = not (dist.is_available() and dist.is_initialized())
-    info = init_distributed(device)
+    info = init_distributed(device, setting=setting)
     yield info
     if created and dist.is_initialized():
         gc.collect()

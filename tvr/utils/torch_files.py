@@ -23,16 +23,19 @@ are cut to their first line (a C++ error carries its backtrace).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import mmap
 import os
+import re
 import tarfile
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from tvr.utils.errors import UserError, first_line
-from tvr.utils.io import describe_file_start
+from tvr.utils.io import describe_start
 from tvr.utils.pickle_scan import MAX_NESTING, PickleRefusedError, scan_pickle
 
 #: the pickle of a torch.save archive or a TorchScript module tree (a CLIP archive's is a few hundred kB)
@@ -121,37 +124,47 @@ def check_torch_file(path: str | os.PathLike) -> None:
     """Refuse a file that ``torch.load(weights_only=True)`` should not be given (see the module docstring)."""
     path = Path(path)
     with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        head = handle.read(512)
-        if head.startswith(b"PK\x03\x04"):  # how torch.load tells an archive (it never asks zipfile)
-            try:
-                archive = zipfile.ZipFile(handle)
-            except (zipfile.BadZipFile, OSError, ValueError) as exc:
-                raise TorchFileError(path, f"a damaged zip archive ({first_line(exc)})") from None
-            with archive:
-                names = archive.namelist()
-                root = archive_root(names)
-                if _is_torchscript(names, root):
-                    raise PickleRefusedError(
-                        str(path),
-                        "a TorchScript archive, not a torch.save file; tvr reads TorchScript only as OpenAI "
-                        "CLIP weights (model.clip: FILE.pt, tvr convert-openai), as data",
-                    )
-                if f"{root}data.pkl" not in names:
-                    raise TorchFileError(path, f"a zip archive without {root}data.pkl; expected a torch.save file")
-                check_archive_members(archive, str(path), size)
-                read_archive_pickle(archive, f"{root}data.pkl", str(path))
-            return
-        handle.seek(0)
-        if head[:1] != b"\x80":  # torch.save writes protocol 2 or later; anything else is not its file
-            if tarfile.is_tarfile(path):
-                raise TorchFileError(path, "a tar archive (torch 0.1's format), which tvr does not read")
-            raise TorchFileError(path, f"{describe_file_start(path)}; expected a torch.save file")
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            for number in range(_LEGACY_PICKLES):
-                scan_pickle(mapped, f"{path} (pickle {number + 1} of a torch.save file)")
-                if mapped.tell() >= size:
-                    break
+        _check_torch_stream(handle, os.fstat(handle.fileno()).st_size, path)
+
+
+def _check_torch_stream(handle: BinaryIO, size: int, path: str | os.PathLike) -> None:
+    """:func:`check_torch_file` on an open file (or bytes in memory) of ``size`` bytes; ``path`` names it."""
+    head = handle.read(512)
+    if head.startswith(b"PK\x03\x04"):  # how torch.load tells an archive (it never asks zipfile)
+        try:
+            archive = zipfile.ZipFile(handle)
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:
+            raise TorchFileError(path, f"a damaged zip archive ({first_line(exc)})") from None
+        with archive:
+            names = archive.namelist()
+            root = archive_root(names)
+            if _is_torchscript(names, root):
+                raise PickleRefusedError(
+                    str(path),
+                    "a TorchScript archive, not a torch.save file; tvr reads TorchScript only as OpenAI "
+                    "CLIP weights (model.clip: FILE.pt, tvr convert-openai), as data",
+                )
+            if f"{root}data.pkl" not in names:
+                raise TorchFileError(path, f"a zip archive without {root}data.pkl; expected a torch.save file")
+            check_archive_members(archive, str(path), size)
+            read_archive_pickle(archive, f"{root}data.pkl", str(path))
+        return
+    handle.seek(0)
+    if head[:1] != b"\x80":  # torch.save writes protocol 2 or later; anything else is not its file
+        if tarfile.is_tarfile(handle):
+            raise TorchFileError(path, "a tar archive (torch 0.1's format), which tvr does not read")
+        raise TorchFileError(path, f"{describe_start(head)}; expected a torch.save file")
+    handle.seek(0)
+    # a file on disk is scanned through a memory map (never read whole); bytes in memory as they are
+    with contextlib.ExitStack() as stack:
+        if isinstance(handle, io.BytesIO):
+            stream: Any = handle
+        else:
+            stream = stack.enter_context(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
+        for number in range(_LEGACY_PICKLES):
+            scan_pickle(stream, f"{path} (pickle {number + 1} of a torch.save file)")
+            if stream.tell() >= size:
+                break
 
 
 #: weight files another library (transformers, sentence-transformers) would give to torch.load in a model folder
@@ -191,22 +204,56 @@ def check_tensor_extents(obj: Any, what: str) -> None:
                 )
 
 
+#: what torch's weights-only unpickler names when it refuses a pickle: ``GLOBAL posix.system``
+_REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def weights_only_refusal(message: str) -> str | None:
+    """What ``torch.load(weights_only=True)`` refused in a file, in tvr's words, from torch's message; None when the
+    message is not such a refusal. Torch's own advice (load with ``weights_only=False``, allow-list the global) is
+    left out: tvr reads a checkpoint as data, and no file from elsewhere is worth running code for."""
+    if not message.startswith("Weights only load failed"):
+        return None
+    refused = _REFUSED_GLOBAL.search(message)
+    if refused:
+        return (
+            f"refused: its pickle names {refused.group(1)}, code (a function or class) where a checkpoint holds data "
+            "only; tvr reads tensors, numbers, strings and containers, and nothing else from a file"
+        )
+    return "refused: its pickle holds something other than tensors, numbers, strings and containers"
+
+
 def load_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
     """``torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)`` of a file that passed
-    :func:`check_torch_file`, its tensors checked by :func:`check_tensor_extents`. A file refused as unsafe raises
+    :func:`check_torch_file`, its tensors checked by :func:`check_tensor_extents`. A file refused as unsafe (by the
+    checks, or by the weights-only unpickler: a pickle naming a class or function) raises
     :class:`~tvr.utils.pickle_scan.PickleRefusedError` (its message names the file and the problem); one that is not
     a torch.save file or that torch cannot read, :class:`TorchFileError` (``detail``: the first line of torch's
     message, or what the file looks like)."""
+    check_torch_file(path)
+    return _load_checked(path, path, mmap)
+
+
+def load_torch_bytes(data: bytes, what: str | os.PathLike) -> Any:
+    """:func:`load_torch_file` of a file already read into memory (``what`` names it in messages): for a caller
+    that checked the file on the descriptor it read it from, and must load those very bytes."""
+    _check_torch_stream(io.BytesIO(data), len(data), what)
+    return _load_checked(io.BytesIO(data), what, False)
+
+
+def _load_checked(source: str | os.PathLike | BinaryIO, what: str | os.PathLike, mmap: bool) -> Any:
     import torch
 
-    check_torch_file(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns (with a source line) about files it then reads or refuses
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            obj = torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, UnpicklingError, EOFError, MemoryError, …
-        raise TorchFileError(path, first_line(exc)) from exc
-    check_tensor_extents(obj, str(path))
+        refusal = weights_only_refusal(str(exc))
+        if refusal is not None:  # a pickle that names code: hostile or foreign, not damaged
+            raise PickleRefusedError(str(what), refusal) from None
+        raise TorchFileError(what, first_line(exc)) from exc
+    check_tensor_extents(obj, str(what))
     return obj
 
 

@@ -75,6 +75,8 @@ class ShortlistStore(ABC):
     settings: dict[str, Any]
     #: the shards a candidate's ``shard`` numbers point into
     readers: list[ShardReader]
+    #: the width of the shortlist embeddings (0 for an index of no videos)
+    dim: int
 
     @property
     def rows(self) -> int:

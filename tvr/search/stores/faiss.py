@@ -49,6 +49,7 @@ class FolderStore(ShortlistStore):
         self.readers = [ShardReader(path / SHARDS / name) for name in self.manifest["shards"]]
         check_tables(path, tables, [reader.rows for reader in self.readers], len(videos))
         dims = {int(reader.emb.shape[1]) for reader in self.readers}
+        self.dim = min(dims) if dims else 0
         if len(dims) > 1:
             raise IndexFormatError(f"{path}: its shards hold embeddings of different widths {sorted(dims)}")
         self.ann = None

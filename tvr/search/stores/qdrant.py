@@ -238,6 +238,7 @@ class QdrantStore(ShortlistStore):
                 f"holds {VECTOR!r} vectors of size {size[0]} ({size[1] or 'no such vector'}); the index's model "
                 f"embeds {spec.get('dim')} (inner product): the collection was changed after tvr index wrote it",
             )
+        self.dim = int(spec["dim"]) if rows else 0
         self.ef_search = ef_search or int((spec or {}).get("ef_search") or ann.HNSW_EF_SEARCH)
         self.exact = (spec or {}).get("kind") == "flat"
         records = sorted(self.engine.scroll([("match", "kind", "video")]), key=lambda r: str(r.get("video")))

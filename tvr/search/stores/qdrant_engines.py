@@ -11,7 +11,6 @@ collection; the API key (``QDRANT_API_KEY``) is never part of a message.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tvr.utils.data_files import parse_json, read_json
 from tvr.utils.errors import UserError, first_line
 
 #: the named vector holding a window's shortlist embedding
@@ -316,7 +316,7 @@ def client_problem(exc: BaseException) -> str:
 
 def _response_reason(exc: Any) -> str:
     try:
-        body = json.loads(exc.content)
+        body = parse_json(exc.content, "the Qdrant server's answer")
         return str(body.get("status", {}).get("error", ""))[:300]
     except (ValueError, AttributeError, TypeError):
         return ""
@@ -370,7 +370,7 @@ class EdgeEngine(Engine):
         if self.shard is None:
             return None
         try:  # the shard's own description of itself (Edge has no call for it)
-            vectors = json.loads((self.folder / "edge_config.json").read_text())["vectors"]
+            vectors = read_json(self.folder / "edge_config.json", max_bytes=1 << 20)["vectors"]
         except (OSError, ValueError, KeyError, TypeError):
             return 0, ""
         params = vectors.get(VECTOR) if isinstance(vectors, dict) else None
