@@ -41,10 +41,14 @@ FILTERS = [{}, {"under": "sub"}, {"under": "sub/yellow.mp4"}, {"between": "1,3"}
 
 
 def refused(result, needle: str) -> None:  # noqa: ANN001
-    """The command stopped with exit code 2 and one line of error (besides the hint about ``--debug``) saying
-    ``needle``."""
+    """The command stopped with exit code 2 and one line of error (besides the hint about ``--debug``, and
+    transformers' progress bar while a ``--model`` loads) saying ``needle``."""
     assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip() and not line.startswith("(--debug")]
+    lines = [
+        line
+        for line in result.output.splitlines()
+        if line.strip() and not line.startswith(("(--debug", "Loading weights"))
+    ]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.output
 
 
@@ -478,6 +482,45 @@ def test_another_model_or_vector_size_or_foreign_collection_is_refused(search_se
         open_index(address("local", tmp_path / "nothing"))
 
 
+@pytest.mark.parametrize("kind", [LOCAL, EDGE])
+def test_a_pretrained_model_indexes_into_qdrant_and_another_is_refused(
+    kind: str, search_setup, dual_encoders, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tvr index --model`` (a tiny CLIP) into a collection: the collection carries the model's stamp and answers
+    as the folder index of the same model does; a SigLIP is refused in a line — adding to the same store, adding to a
+    copy of the collection alone (the collection itself says which model wrote it), and opening it."""
+    window = ["--window", "2", "--stride", "1", "-j", "1"]
+    target = address(kind, tmp_path / "store")
+    for out in (str(tmp_path / "idx"), target):
+        args = ["index", str(search_setup.videos), "--out", out, "--model", str(dual_encoders.clip), *window]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+    faiss, qdrant = open_index(tmp_path / "idx"), open_index(target)
+    try:
+        stamp = qdrant.manifest["model"]
+        assert stamp == faiss.manifest["model"] and (stamp["encoder"], stamp["family"]) == ("pretrained", "clip")
+        assert qdrant.rows == faiss.rows and qdrant.videos == faiss.videos
+        scores = window_scores(faiss)
+        for caption, _, _ in VIDEOS.values():
+            for where in FILTERS:
+                for k, all_windows in ((3, False), (4, True)):
+                    a = faiss.search(caption, k=k, all_windows=all_windows, **where)
+                    b = qdrant.search(caption, k=k, all_windows=all_windows, **where)
+                    assert_same_hits(a, b, scores, caption)
+    finally:
+        qdrant.close()
+    siglip = ["--model", str(dual_encoders.siglip), *window]
+    result = runner.invoke(app, ["index", str(search_setup.videos), "--out", target, *siglip])
+    refused(result, "was built with the pretrained model")
+    engine_folder = "qdrant" if kind == "local" else "edge"
+    shutil.copytree(tmp_path / "store" / engine_folder, tmp_path / "copy" / engine_folder)
+    result = runner.invoke(app, ["index", str(search_setup.videos), "--out", address(kind, tmp_path / "copy"), *siglip])
+    refused(result, "was built with the pretrained model")
+    monkeypatch.setenv("TVR_QUICK_QUERIES", "0")  # the model given, not the exported text side of the index's own
+    with pytest.raises(EncoderMismatchError, match="built with the pretrained model"):
+        open_index(target, model=str(dual_encoders.siglip))
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -518,9 +561,12 @@ def test_bad_addresses_and_unreachable_hosts_are_one_line(
 
 
 @needs_client
-def test_the_api_key_comes_from_the_environment_and_stays_out_of_messages(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_api_key_comes_from_the_environment_and_stays_out_of_messages(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """``QDRANT_API_KEY`` is sent as Qdrant's ``api-key`` header; a server that refuses it gets a line asking for
-    another, without the key."""
+    another, without the key — from Python and from the command line, in no log record either; no command takes a
+    key as an option."""
     seen: list[str | None] = []
 
     class Refusing(http.server.BaseHTTPRequestHandler):
@@ -541,14 +587,27 @@ def test_the_api_key_comes_from_the_environment_and_stays_out_of_messages(monkey
     thread.start()
     try:
         monkeypatch.setenv("QDRANT_API_KEY", "s3cret-key")
+        caplog.set_level("DEBUG")
         with pytest.raises(UserError) as info:
             open_index(f"qdrant://127.0.0.1:{server.server_port}/videos")
+        result = runner.invoke(app, ["search", f"qdrant://127.0.0.1:{server.server_port}/videos", "a red screen"])
+        refused(result, "set QDRANT_API_KEY to a key it accepts")
+        assert "s3cret" not in result.output and "s3cret" not in caplog.text
     finally:
         server.shutdown()
         server.server_close()
     message = str(info.value)
     assert "401" in message and "set QDRANT_API_KEY to a key it accepts" in message and "s3cret" not in message
     assert seen and set(seen) == {"s3cret-key"}
+    for command in ("index", "search", "serve", "eval-search"):
+        assert "api-key" not in runner.invoke(app, [command, "--help"]).output.lower()
+
+
+def _nested(depth: int) -> dict:
+    value: dict = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
 
 
 @needs_client
@@ -578,6 +637,7 @@ def test_a_tampered_collection_is_refused_in_a_line(search_setup, tmp_path: Path
         ("stride", MANIFEST_ID, {"stride": -2}, "'stride' is a number; expected a positive number"),
         ("store", MANIFEST_ID, {"store": {"format": "x"}}, "not one tvr index writes"),
         ("unfinished", MANIFEST_ID, {"store": {"format": "tvr-qdrant-store", "version": 1}}, "not finished"),
+        ("deep", MANIFEST_ID, {"model": _nested(150)}, "nested more than 100 levels deep"),
     ):
         with pytest.raises(IndexFormatError, match=match) as info:
             open_index(tampered(name, point, change))

@@ -56,6 +56,7 @@ from tvr.search.stores.qdrant_engines import (
     EdgeEngine,
     Engine,
 )
+from tvr.utils.data_files import MAX_DEPTH, json_depth_exceeds
 from tvr.utils.errors import UserError
 from tvr.utils.io import json_kind
 
@@ -169,6 +170,8 @@ def read_manifest(engine: Engine, address: QdrantAddress) -> dict[str, Any] | No
     manifest = engine.retrieve(MANIFEST_ID)
     if manifest is None:
         return None
+    if json_depth_exceeds(manifest, MAX_DEPTH):  # compared and copied as tvr's own settings later
+        raise _refuse(address, f"its manifest point's payload is nested more than {MAX_DEPTH} levels deep")
     store = manifest.get("store")
     if manifest.get("kind") != "manifest" or not isinstance(store, dict) or store.get("format") != STORE_FORMAT:
         raise _refuse(address, "its manifest point is not one tvr index writes; use another collection")
