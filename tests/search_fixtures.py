@@ -158,3 +158,18 @@ def cold_search(index: Path, query: str, k: int, cache: Path) -> tuple[Any, list
     code, loaded = json.loads(modules.read_text())
     assert code in (0, None)
     return done, json.loads(done.stdout), loaded
+
+
+def exhaustive_video_state(videos: Path, index: Any, encoder: Any, window: float = 4.0, stride: float = 2.0) -> tuple:
+    """Every window of the index's videos, decoded and encoded by ``encoder`` itself and turned into the head's video
+    state (what exact scores are checked against), and each window's (video, start, end)."""
+    from tvr.search.windows import decode_windows
+    from tvr.types import VideoFeatures
+
+    features, labels = [], []
+    for entry in index.videos:
+        decoded = decode_windows(videos / entry["video"], encoder.spec, window, stride)
+        slots = decoded.slots
+        features.append(encoder.encode_windows(decoded.frames[np.clip(slots, 0, None)], (slots >= 0).astype(np.int64)))
+        labels += [(entry["video"], s, e) for s, e in decoded.windows]
+    return encoder.head.encode_videos(VideoFeatures.cat(features)), labels

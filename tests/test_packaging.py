@@ -18,6 +18,7 @@ IMPORT_NAMES = {
     "scikit-learn": "sklearn",
     "pillow": "PIL",
     "faiss-cpu": "faiss",
+    "qdrant-edge-py": "qdrant_edge",
     "sentence-transformers": "sentence_transformers",
     "scikit-image": "skimage",
     "protobuf": "google",

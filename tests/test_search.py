@@ -5,6 +5,7 @@ model, exact GARE reranking against exhaustive scoring, the ANN kinds, and ranki
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from search_fixtures import VIDEOS, index_args, write_colour_video
+from search_fixtures import VIDEOS, exhaustive_video_state, index_args, write_colour_video
 from typer.testing import CliRunner
 
 from tvr.cli import app
@@ -30,6 +31,7 @@ from tvr.utils.errors import UserError
 from tvr.utils.io import is_temporary_name
 
 OPTIONS = IndexOptions(window=4.0, stride=2.0, workers=1, progress=False)
+HAS_QDRANT_CLIENT = importlib.util.find_spec("qdrant_client") is not None
 runner = CliRunner()
 
 
@@ -250,16 +252,44 @@ def test_bad_files_are_skipped_and_reported(search_setup, tmp_path: Path) -> Non
 # --------------------------------------------------------------------------------------------- resume / update
 
 
-def test_killed_build_resumes_to_the_identical_index(search_setup, tmp_path: Path) -> None:
+#: the stores the resume and update tests run on: the index folder, and a Qdrant collection (local mode)
+STORES = [
+    "folder",
+    pytest.param(
+        "qdrant+local", marks=pytest.mark.skipif(not HAS_QDRANT_CLIENT, reason="qdrant-client is not installed")
+    ),
+]
+
+
+def store_target(store: str, folder: Path) -> Path | str:
+    """``--out`` for ``store`` with its files in ``folder``."""
+    return folder if store == "folder" else f"{store}:{folder}"
+
+
+def assert_same_store(store: str, a: Path, b: Path) -> None:
+    """The indexes of ``store`` in folders ``a`` and ``b`` are the same index: for a folder, its files; for a Qdrant
+    collection, every point (payload and vector) and video record."""
+    if store == "folder":
+        assert_same_index(a, b)
+    else:
+        from test_search_qdrant import assert_same_collection
+
+        assert_same_collection(store_target(store, a), store_target(store, b))
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_killed_build_resumes_to_the_identical_index(store: str, search_setup, tmp_path: Path) -> None:
     """SIGKILL a real `tvr index` process after its first shard is written, resume it: the same index as an
-    uninterrupted run (manifest, row tables, embeddings, FAISS bytes); the finished shard is not redone."""
+    uninterrupted run (manifest, row tables, embeddings, FAISS bytes; or every point of the collection); the finished
+    shard is not redone."""
     videos = tmp_path / "videos"
     for copy in range(3):  # 15 videos, one shard each: enough work left to kill the run in the middle
         for name in VIDEOS:
             target = videos / f"c{copy}" / name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(search_setup.videos / name, target)
-    args = index_args(videos, tmp_path / "whole", search_setup.checkpoint, "--shard-windows", "1", "-j", "1")
+    whole = store_target(store, tmp_path / "whole")
+    args = index_args(videos, whole, search_setup.checkpoint, "--shard-windows", "1", "-j", "1")
     assert runner.invoke(app, args).exit_code == 0
 
     out = tmp_path / "killed"
@@ -268,7 +298,7 @@ def test_killed_build_resumes_to_the_identical_index(search_setup, tmp_path: Pat
         sys.executable,
         "-m",
         "tvr",
-        *index_args(videos, out, search_setup.checkpoint, "--shard-windows", "1", "-j", "1"),
+        *index_args(videos, store_target(store, out), search_setup.checkpoint, "--shard-windows", "1", "-j", "1"),
     ]
     proc = subprocess.Popen(
         command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -285,7 +315,7 @@ def test_killed_build_resumes_to_the_identical_index(search_setup, tmp_path: Pat
     proc.wait()
     assert killed_with is not None and proc.returncode == -signal.SIGKILL, "the run ended before it was killed"
     assert not (out / MANIFEST).exists()  # unfinished: a query says so
-    result = runner.invoke(app, ["search", str(out), "a red screen"])
+    result = runner.invoke(app, ["search", str(store_target(store, out)), "a red screen"])
     assert result.exit_code == 2 and "not finished" in result.output
 
     result = runner.invoke(app, [*command[3:]])
@@ -293,32 +323,36 @@ def test_killed_build_resumes_to_the_identical_index(search_setup, tmp_path: Pat
     report = json.loads((out / "report.json").read_text())
     assert report["reused"] >= killed_with and report["reused"] + report["embedded"] == 15
     assert not [p for p in out.rglob("*") if is_temporary_name(p.name)]
-    assert_same_index(tmp_path / "whole", out)
+    assert_same_store(store, tmp_path / "whole", out)
 
 
-def test_changed_folder_updates_only_what_changed(search_setup, tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", STORES)
+def test_changed_folder_updates_only_what_changed(store: str, search_setup, tmp_path: Path) -> None:
     videos = tmp_path / "videos"
     shutil.copytree(search_setup.videos, videos)
     out = tmp_path / "idx"
-    assert runner.invoke(app, index_args(videos, out, search_setup.checkpoint)).exit_code == 0
+    target = store_target(store, out)
+    assert runner.invoke(app, index_args(videos, target, search_setup.checkpoint)).exit_code == 0
     (videos / "blue.mp4").unlink()  # deleted
     write_colour_video(videos / "green.mp4", (30, 200, 40), 6.0)  # changed: now longer (more windows)
     shutil.copy(search_setup.videos / "red.mp4", videos / "new" / "red2.mp4") if (
         videos / "new"
     ).mkdir() is None else None  # added
-    result = runner.invoke(app, index_args(videos, out, search_setup.checkpoint))
+    result = runner.invoke(app, index_args(videos, target, search_setup.checkpoint))
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert report["embedded"] == 2 and report["reused"] == 3 and report["dropped"] == ["blue.mp4"]
-    names = [v["video"] for v in json.loads((out / MANIFEST).read_text())["videos"]]
+    index = open_index(target)
+    names = [v["video"] for v in index.videos]
     assert names == sorted(["green.mp4", "new/red2.mp4", "red.mp4", "sub/magenta.mp4", "sub/yellow.mp4"])
-    index = open_index(out)
     assert {h.video for h in index.search("a red screen", k=2)} == {"red.mp4", "new/red2.mp4"}
+    index.close()
     # nothing stale is left: the update equals a fresh build of the changed folder
-    assert runner.invoke(app, index_args(videos, tmp_path / "fresh", search_setup.checkpoint)).exit_code == 0
-    assert_same_index(tmp_path / "fresh", out)
+    fresh = store_target(store, tmp_path / "fresh")
+    assert runner.invoke(app, index_args(videos, fresh, search_setup.checkpoint)).exit_code == 0
+    assert_same_store(store, tmp_path / "fresh", out)
     # a re-run on an unchanged folder embeds nothing
-    assert runner.invoke(app, index_args(videos, out, search_setup.checkpoint)).exit_code == 0
+    assert runner.invoke(app, index_args(videos, target, search_setup.checkpoint)).exit_code == 0
     assert json.loads((out / "report.json").read_text())["embedded"] == 0
 
 
@@ -400,18 +434,7 @@ def test_gare_rerank_is_exhaustive_exact_scoring(search_setup, tmp_path: Path) -
     index = open_index(tmp_path / "idx", encoder=encoder)
     assert index.state_cls.__name__ == "GareRerankState" and len(index.readers) > 1
     # exhaustive: every window's features scored by the head itself
-    from tvr.search.encoders import embed_video  # noqa: F401  (the same path the index took)
-    from tvr.search.windows import decode_windows
-
-    features, labels = [], []
-    for entry in index.videos:
-        decoded = decode_windows(search_setup.videos / entry["video"], encoder.spec, 4.0, 2.0)
-        slots = decoded.slots
-        features.append(encoder.encode_windows(decoded.frames[np.clip(slots, 0, None)], (slots >= 0).astype(np.int64)))
-        labels += [(entry["video"], s, e) for s, e in decoded.windows]
-    from tvr.types import VideoFeatures
-
-    video_state = encoder.head.encode_videos(VideoFeatures.cat(features))
+    video_state, labels = exhaustive_video_state(search_setup.videos, index, encoder)
     for caption, _, _ in VIDEOS.values():
         exact = encoder.head.score(encoder.encode_texts([caption]), video_state)[0]
         order = torch.argsort(exact, descending=True, stable=True)

@@ -210,3 +210,26 @@ def test_the_page_fits_a_400_px_screen_and_has_an_icon(browser, server: str) -> 
         icon,
     )
     assert loaded is not None and loaded[0] > 0 and loaded[1] > 0
+
+
+def test_the_page_filters_by_folder_and_time(browser, server: str) -> None:
+    """The folder and time boxes: a deep link with ``under`` fills its box and shows only that folder's videos; a
+    span typed in the box restricts the next search, and the address carries it."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from selenium.webdriver.common.by import By
+
+    browser.get(server + "/?q=a%20red%20screen&k=5&under=sub")
+    assert _settled(browser) == "done"
+    assert sorted(_shown(browser)) == ["sub/magenta.mp4", "sub/yellow.mp4"]
+    assert browser.find_element(By.ID, "under").get_attribute("value") == "sub"
+    browser.find_element(By.ID, "under").clear()
+    browser.find_element(By.ID, "between").send_keys("4.5,20")  # only the 9-second video has windows past 4.5 s
+    browser.execute_script("document.body.dataset.state = 'typing'")
+    browser.find_element(By.ID, "go").click()
+    assert _settled(browser) == "done" and _shown(browser) == ["sub/yellow.mp4"]
+    assert parse_qs(urlsplit(browser.current_url).query) == {"q": ["a red screen"], "k": ["5"], "between": ["4.5,20"]}
+    browser.execute_script("document.body.dataset.state = 'typing'")
+    browser.find_element(By.ID, "between").send_keys("x")
+    browser.find_element(By.ID, "go").click()
+    assert _settled(browser) == "error" and "between" in browser.find_element(By.ID, "status").text

@@ -890,7 +890,19 @@ def prepare_frames_cmd(
 @app.command("index")
 def index_cmd(
     videos: Path = typer.Argument(..., help="Folder of videos (searched recursively) or a list file (a path a line)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Index folder; run again to resume or to update it."),
+    out: str = typer.Option(
+        ...,
+        "--out",
+        "-o",
+        help="Index folder, or a Qdrant collection: qdrant://HOST:PORT/COLLECTION (with --state), qdrant+local:PATH, "
+        "qdrant+edge:PATH; run again to resume or to update it.",
+    ),
+    state: Path | None = typer.Option(
+        None,
+        "--state",
+        file_okay=False,
+        help="With --out qdrant://...: the folder of the index's shards (rerank state), on storage query nodes see.",
+    ),
     model: str | None = typer.Option(
         None,
         "--model",
@@ -947,7 +959,15 @@ def index_cmd(
     )
     try:
         report = run_index(
-            videos, out, options, checkpoint=checkpoint, config=config, overrides=set_ or [], device=device, model=model
+            videos,
+            out,
+            options,
+            checkpoint=checkpoint,
+            config=config,
+            overrides=set_ or [],
+            device=device,
+            model=model,
+            state=state,
         )
     except NoVideosError as exc:
         say("warning", str(exc), "yellow")
@@ -958,13 +978,17 @@ def index_cmd(
         f"{out}: {report['indexed']} videos, {report['rows']} windows ({report['embedded']} embedded, "
         f"{report['reused']} unchanged, {len(report['dropped'])} dropped) in {report['seconds']} s"
         + (f", {report['ann']['kind']} shortlist" if report["ann"] else "")
+        + (" in Qdrant" if (report["ann"] or {}).get("engine") == "qdrant" else "")
     )
     for bad in report["bad"][:20]:
         console.print(f"  [yellow]skipped[/yellow] {bad['video']}: {bad['error']}", highlight=False)
     if len(report["bad"]) > 20:
         console.print(f"  … and {len(report['bad']) - 20} more")
     if report["bad"]:
-        console.print(f"[yellow]{len(report['bad'])} unreadable file(s) skipped[/yellow]; report: {out}/report.json")
+        from tvr.search.build import report_file
+
+        where = report_file(out, state)
+        console.print(f"[yellow]{len(report['bad'])} unreadable file(s) skipped[/yellow]; report: {where}")
 
 
 def quiet_libraries() -> None:
@@ -992,9 +1016,17 @@ def quiet_stderr(verbose: bool) -> None:
 
 
 def _check_search_arguments(
-    query: str | None, queries: Path | None, video: Path | None, captions: Path | None, k: int, rerank: int | None
+    query: str | None,
+    queries: Path | None,
+    video: Path | None,
+    captions: Path | None,
+    k: int,
+    rerank: int | None,
+    under: str | None = None,
+    between: str | None = None,
 ) -> None:
     """Every argument of ``tvr search`` checked before any model loads: one line naming the bad one."""
+    from tvr.search.filters import window_filter
     from tvr.search.index import check_limits, check_query
 
     given = [name for name, value in (("a query", query), ("--queries", queries), ("--video", video)) if value]
@@ -1010,6 +1042,8 @@ def _check_search_arguments(
     if query is not None:
         check_query(query)
     check_limits(k, rerank)
+    if window_filter(under, between) is not None and video is not None:
+        raise UserError("--under and --between restrict a text search; --video ranks captions for one clip")
     for flag, path in (("--queries", queries), ("--video", video), ("--captions", captions)):
         if path is not None and str(path) != "-" and not path.is_file():
             raise UserError(f"{flag} {path}: {'is a folder' if path.is_dir() else 'no such file'}; expected a file")
@@ -1030,7 +1064,9 @@ def _hit_rows(hits: list) -> list[dict[str, Any]]:
     return [h.to_dict() for h in hits]
 
 
-def _answer_queries(opened: Any, queries: Path, k: int, rerank: int | None, all_windows: bool) -> int:
+def _answer_queries(
+    opened: Any, queries: Path, k: int, rerank: int | None, all_windows: bool, under: str | None, between: str | None
+) -> int:
     """``--queries FILE`` (``-``: standard input): one query a line (blank lines skipped), answered in batches by one
     loaded model; one JSON line per query on stdout, ``{"query", "hits"}`` or ``{"query", "error"}``. Returns the
     number of queries refused."""
@@ -1045,7 +1081,9 @@ def _answer_queries(opened: Any, queries: Path, k: int, rerank: int | None, all_
     for start in range(0, len(texts), batch):
         chunk = texts[start : start + batch]
         for text, answer in zip(
-            chunk, opened.search_many(chunk, k=k, rerank=rerank, all_windows=all_windows), strict=True
+            chunk,
+            opened.search_many(chunk, k=k, rerank=rerank, all_windows=all_windows, under=under, between=between),
+            strict=True,
         ):
             if isinstance(answer, QueryError):
                 refused += 1
@@ -1057,9 +1095,13 @@ def _answer_queries(opened: Any, queries: Path, k: int, rerank: int | None, all_
     return refused
 
 
+INDEX_HELP = "An index made by tvr index: its folder, or its Qdrant address (qdrant://HOST:PORT/COLLECTION, ...)."
+STATE_HELP = "Where a Qdrant index's rerank state (its shards) is on this machine, if not where tvr index wrote it."
+
+
 @app.command("search")
 def search_cmd(
-    index: Path = typer.Argument(..., help="An index folder made by tvr index."),
+    index: str = typer.Argument(..., help=INDEX_HELP),
     query: str | None = typer.Argument(None, help="The text to search for."),
     k: int = typer.Option(search_defaults.DEFAULT_K, "-k", help="Results to return (1 to 1000)."),
     rerank: int | None = typer.Option(
@@ -1080,21 +1122,34 @@ def search_cmd(
     ef_search: int | None = typer.Option(
         None, "--ef-search", help="HNSW search beam (default: the index's; larger finds more of the exact top k)."
     ),
+    under: str | None = typer.Option(
+        None, "--under", help="Only the videos under this folder (or this video), as the index lists them."
+    ),
+    between: str | None = typer.Option(
+        None, "--between", help="Only the windows sharing time with START,END (seconds), e.g. 60,120."
+    ),
+    state: Path | None = typer.Option(None, "--state", file_okay=False, help=STATE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Info messages on stderr (default: warnings and errors)."),
 ) -> None:
     """Search an index by text (or rank captions for a clip with --video and --captions)."""
     import json
 
     quiet_stderr(verbose)
-    _check_search_arguments(query, queries, video, captions, k, rerank)
+    _check_search_arguments(query, queries, video, captions, k, rerank, under, between)
     from tvr.search import open_index
 
     # text queries without torch when the index's model has a numpy query side (tvr.search.numpy_query)
     opened = open_index(
-        index, checkpoint=checkpoint, nprobe=nprobe, ef_search=ef_search, without_torch=video is None, model=model
+        index,
+        checkpoint=checkpoint,
+        nprobe=nprobe,
+        ef_search=ef_search,
+        without_torch=video is None,
+        model=model,
+        state=state,
     )
     if queries is not None:
-        raise typer.Exit(1 if _answer_queries(opened, queries, k, rerank, all_windows) else 0)
+        raise typer.Exit(1 if _answer_queries(opened, queries, k, rerank, all_windows, under, between) else 0)
     if video is not None:
         from tvr.data.video import VideoDecodeError
 
@@ -1106,7 +1161,8 @@ def search_cmd(
         columns = ("rank", "score", "caption", "start", "end")
         title = f"captions for {video}"
     else:
-        rows = _hit_rows(opened.search(query, k=k, rerank=rerank, all_windows=all_windows))
+        hits = opened.search(query, k=k, rerank=rerank, all_windows=all_windows, under=under, between=between)
+        rows = _hit_rows(hits)
         columns = ("rank", "score", "video", "start", "end")
         title = f"{query!r} in {index}"
     if as_json:
@@ -1153,7 +1209,7 @@ def listening_socket(host: str, port: int) -> Any:
 
 @app.command("serve")
 def serve_cmd(
-    index: Path = typer.Argument(..., help="An index folder made by tvr index."),
+    index: str = typer.Argument(..., help=INDEX_HELP),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, "--port"),
     checkpoint: Path | None = typer.Option(
@@ -1173,6 +1229,7 @@ def serve_cmd(
         min=1,
         help="Micro-batches of queries encoded at the same time (default: one per core, at most 8).",
     ),
+    state: Path | None = typer.Option(None, "--state", file_okay=False, help=STATE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Info messages while loading (default: warnings, errors)."),
 ) -> None:
     """Serve a search page (/?q=...&k=... links to a search) and a JSON API (GET /api/search?q=...&k=...;
@@ -1185,7 +1242,7 @@ def serve_cmd(
     from tvr.search.server import create_app
 
     try:
-        opened = open_index(index, checkpoint=checkpoint, model=model)
+        opened = open_index(index, checkpoint=checkpoint, model=model, state=state)
         app_ = create_app(opened, media_root=media_root, query_workers=query_workers)
         bound = sock.getsockname()[1]  # --port 0: the port the system chose
         console.print(f"videos served from {app_.state.media_root}", highlight=False)
@@ -1202,7 +1259,7 @@ def serve_cmd(
 
 @app.command("eval-search")
 def eval_search_cmd(
-    index: Path = typer.Argument(..., help="An index folder made by tvr index."),
+    index: str = typer.Argument(..., help=INDEX_HELP),
     queries: Path = typer.Argument(
         ..., dir_okay=False, help="CSV with a header: query,video[,start,end] (video: a path as the index lists it)."
     ),
@@ -1217,6 +1274,7 @@ def eval_search_cmd(
     ),
     model: str | None = typer.Option(None, "--model", help="Where the index's --model folder is now (if it moved)."),
     ef_search: int | None = typer.Option(None, "--ef-search", help="HNSW search beam (default: the index's)."),
+    state: Path | None = typer.Option(None, "--state", file_okay=False, help=STATE_HELP),
 ) -> None:
     """Measure search on labelled clips: R@k, MdR, MnR and each query's rank, searched as tvr search does."""
     import json
@@ -1231,7 +1289,7 @@ def eval_search_cmd(
         raise UserError(f"--rerank {rerank}: expected an integer >= 0")
     if not queries.is_file():
         raise UserError(f"{queries}: no such file; expected a CSV with the columns query,video[,start,end]")
-    opened = open_index(index, checkpoint=checkpoint, ef_search=ef_search, model=model)
+    opened = open_index(index, checkpoint=checkpoint, ef_search=ef_search, model=model, state=state)
     report = evaluate_search(opened, queries, ks=cutoffs, rerank=rerank, skip_bad=skip_bad)
     if as_json:
         print(json.dumps(report, indent=2))

@@ -19,7 +19,9 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from typing import Any
 
+from tvr.search.filters import WindowFilter
 from tvr.search.index import Hit, Query, QueryError, SearchIndex
 
 #: seconds the worker waits after a batch's first query for others to join it
@@ -73,19 +75,27 @@ class MicroBatcher:
         """Batches that may run at once."""
         return len(self._workers)
 
-    def search(self, text: str, k: int = 10, *, rerank: int | None = None, all_windows: bool = False) -> list[Hit]:
-        """What ``index.search(text, k, ...)`` returns, computed in a batch with the queries that arrive with it."""
-        return self.submit(text, k, rerank=rerank, all_windows=all_windows).result()
+    def search(self, text: str, k: int = 10, **options: Any) -> list[Hit]:
+        """What ``index.search(text, k, ...)`` returns, computed in a batch with the queries that arrive with it
+        (``options``: :meth:`submit`'s)."""
+        return self.submit(text, k, **options).result()
 
     def submit(
-        self, text: str, k: int = 10, *, rerank: int | None = None, all_windows: bool = False
+        self,
+        text: str,
+        k: int = 10,
+        *,
+        rerank: int | None = None,
+        all_windows: bool = False,
+        where: WindowFilter | None = None,
     ) -> Future[list[Hit]]:
         """Hand a query in and return at once: the future's result is :meth:`search`'s answer (its exception the
-        query's :class:`QueryError`). An async caller awaits it (``asyncio.wrap_future``) without holding a thread."""
+        query's :class:`QueryError`). An async caller awaits it (``asyncio.wrap_future``) without holding a thread.
+        ``where``: the videos and times it may answer from (:mod:`tvr.search.filters`)."""
         if self._closed:
             raise RuntimeError("the micro-batcher is closed")
         done: Future = Future()
-        self._waiting.put((Query(text, k, rerank, all_windows), done))
+        self._waiting.put((Query(text, k, rerank, all_windows, where), done))
         return done
 
     def close(self) -> None:

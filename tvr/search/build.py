@@ -28,12 +28,9 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
-
-import tvr.search.ann as ann
 
 # video files are found as ``tvr prepare`` finds them (the same suffixes, hidden files skipped)
 from tvr.data.prepare import VIDEO_EXTENSIONS, find_videos
@@ -47,14 +44,20 @@ from tvr.search.defaults import (
 )
 from tvr.search.encoders import EncoderMismatchError, SearchEncoder, embed_video
 from tvr.search.indexed_folders import record_indexed_folder
-from tvr.search.layout import ANN_FILE, FORMAT, MANIFEST, REPORT, SETTINGS, VERSION, read_settings
+from tvr.search.layout import FORMAT, MANIFEST, REPORT, SETTINGS, VERSION, read_settings
 from tvr.search.store import SHARDS, IndexFormatError, ShardReader, read_meta, write_shard
+from tvr.search.stores import parse_target
+from tvr.search.stores.base import StoreWriter, same_entry
+from tvr.search.stores.faiss import FolderWriter
 from tvr.search.windows import DEFAULT_STRIDE, DEFAULT_WINDOW, FrameSpec, check_window, decode_windows
 from tvr.types import Sliceable
 from tvr.utils.errors import Interrupted, UserError
 from tvr.utils.io import atomic_write_json, is_temporary_name, remove_stale_temporaries
 from tvr.utils.lock import folder_lock
 from tvr.utils.parallel import parallel_map
+
+if TYPE_CHECKING:
+    from tvr.search.stores.qdrant import QdrantAddress
 
 
 class IndexSettingsError(UserError, ValueError):
@@ -239,8 +242,13 @@ def _check_settings(index: Path, wanted: dict[str, Any], encoder: SearchEncoder)
             raise IndexFormatError(f"{index} holds index files but no {SETTINGS}; use another --out")
         atomic_write_json(index / SETTINGS, wanted)
         return
-    saved = read_settings(index)
-    encoder.check_stamp(saved.get("model", {}), f"the index {index}")
+    compare_settings(read_settings(index), wanted, encoder, str(index))
+
+
+def compare_settings(saved: dict[str, Any], wanted: dict[str, Any], encoder: SearchEncoder, where: str) -> None:
+    """Refuse to add to an index (``saved``: its settings) with another model, other windows, frame settings, state
+    precision or another indexed folder than ``wanted``."""
+    encoder.check_stamp(saved.get("model", {}), f"the index {where}")
     differ = [
         f"{key}: {saved.get(key)!r} before, {wanted[key]!r} now"
         for key in ("frames", "window", "stride", "state_dtype", "head")
@@ -250,7 +258,7 @@ def _check_settings(index: Path, wanted: dict[str, Any], encoder: SearchEncoder)
         differ.append(f"indexed folder: {saved.get('source', {}).get('root')} before, {wanted['source']['root']} now")
     if differ:
         raise IndexSettingsError(
-            f"{index} was built with other settings ({'; '.join(differ)}); run again with the "
+            f"{where} was built with other settings ({'; '.join(differ)}); run again with the "
             "same ones to resume or update it, or build a new index with --out elsewhere"
         )
 
@@ -395,84 +403,47 @@ def embed_videos(
 # --------------------------------------------------------------------------------------------- finalising
 
 
-def finalise(index: Path, source: Source, options: IndexOptions, settings: dict[str, Any]) -> dict[str, Any]:
-    """Canonical row tables, the FAISS index, ``manifest.json``; shards holding nothing current are deleted."""
+def finalise(index: Path, source: Source, settings: dict[str, Any], writer: StoreWriter) -> dict[str, Any]:
+    """Bring the store ``writer`` writes in step with the shards of ``index``: videos it holds that are gone or
+    changed are deleted, current ones it lacks are added (in canonical order: videos sorted by path), the manifest
+    is committed last; then shards holding nothing current are deleted. Returns the manifest, with ``dropped``."""
     live = current_entries(index, source)
-    used: dict[Path, int] = {}
-    videos: list[dict[str, Any]] = []
-    shard_of: list[int] = []
-    local_rows: list[np.ndarray] = []
-    times: list[np.ndarray] = []
-    video_of: list[np.ndarray] = []
-    first = 0
-    for number, rel in enumerate(sorted(live)):
-        shard, entry = live[rel]
-        k = used.setdefault(shard, len(used))
-        a, b = entry["rows"]
-        videos.append(
-            {
-                "video": rel,
-                "size": entry["size"],
-                "mtime_ns": entry["mtime_ns"],
-                "duration": entry["duration"],
-                "first_row": first,
-                "windows": b - a,
-            }
-        )
-        shard_of.append(np.full(b - a, k, dtype=np.int32))
-        local_rows.append(np.arange(a, b, dtype=np.int64))
-        times.append(np.asarray(entry["windows"], dtype=np.float64).reshape(b - a, 2))
-        video_of.append(np.full(b - a, number, dtype=np.int32))
-        first += b - a
+    writer.begin()
+    current = {rel: {**entry, "shard": shard.name} for rel, (shard, entry) in live.items()}
+    used = {shard for shard, _ in live.values()}
     dropped: set[str] = set()
     for shard in _shards(index):
         dropped.update(e["video"] for e in read_meta(shard)["videos"] if e["video"] not in live)
+    stored = writer.stored()
+    for video in sorted(stored):
+        if not same_entry(stored[video], current.get(video, {})):
+            writer.delete(video)
+    readers: dict[Path, ShardReader] = {}
+    for rel in sorted(live):
+        shard = live[rel][0]
+        if not same_entry(stored.get(rel), current[rel]):
+            if shard not in readers:
+                readers[shard] = ShardReader(shard)
+            writer.add(current[rel], readers[shard])
+    manifest = writer.commit(settings)
+    for shard in _shards(index):
         if shard not in used:
             shutil.rmtree(shard, ignore_errors=True)
-    shard_list = sorted(used, key=used.get)
-    readers = [ShardReader(s) for s in shard_list]
-    rows = first
-    tables = {
-        "table_shard.npy": np.concatenate(shard_of) if shard_of else np.zeros(0, np.int32),
-        "table_row.npy": np.concatenate(local_rows) if local_rows else np.zeros(0, np.int64),
-        "table_video.npy": np.concatenate(video_of) if video_of else np.zeros(0, np.int32),
-        "table_times.npy": np.concatenate(times) if times else np.zeros((0, 2), np.float64),
-    }
-    ann_settings = None
-    if rows:
-        dim = int(readers[0].emb.shape[1])
-        ann_settings = ann.choose(options.ann_kind, rows, dim, options.ann_threshold, options.nlist)
-
-        def block(order: np.ndarray) -> np.ndarray:
-            return gather_rows(readers, tables["table_shard.npy"][order], tables["table_row.npy"][order])
-
-        training = block(ann.training_rows(rows, ann_settings)) if ann_settings.kind == "ivf" else None
-        blocks = (block(np.arange(a, min(rows, a + ann.ADD_BLOCK))) for a in range(0, rows, ann.ADD_BLOCK))
-        ann.save(ann.build(ann_settings, training, blocks), index / ANN_FILE)
-    elif (index / ANN_FILE).exists():
-        (index / ANN_FILE).unlink()
-    from tvr.utils.io import atomic_write
-
-    for name, array in tables.items():
-        atomic_write(index / name, lambda handle, a=array: np.save(handle, a, allow_pickle=False))
-    manifest = {
-        **settings,
-        "rows": rows,
-        "ann": ann_settings.to_dict() if ann_settings else None,
-        "shards": [s.name for s in shard_list],
-        "videos": videos,
-    }
-    atomic_write_json(index / MANIFEST, manifest)
     return {**manifest, "dropped": sorted(dropped)}
 
 
-def gather_rows(readers: list[ShardReader], shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Shortlist embeddings of the given (shard, row) pairs, in the given order: float32 [n, E]."""
-    out = np.empty((len(rows), readers[0].emb.shape[1]), dtype=np.float32)
-    for k in np.unique(shards):
-        sel = np.nonzero(shards == k)[0]
-        out[sel] = readers[int(k)].emb[rows[sel]]
-    return out
+def store_writer(
+    target: Path | QdrantAddress, index: Path, settings: dict[str, Any], options: IndexOptions
+) -> StoreWriter:
+    """The writer of the store ``target`` names (the index folder ``index`` itself, or a Qdrant collection whose
+    rerank state is in ``index``)."""
+    if isinstance(target, Path):
+        return FolderWriter(index, options.ann_kind, options.ann_threshold, options.nlist)
+    from tvr.search.stores.qdrant import QdrantWriter
+
+    if options.nlist:
+        raise IndexSettingsError("--nlist: a Qdrant collection has no IVF cells")
+    return QdrantWriter(target, index, settings, options.ann_kind, options.ann_threshold)
 
 
 # --------------------------------------------------------------------------------------------- the job
@@ -486,24 +457,68 @@ def build_index(
     *,
     rank: int = 0,
     world_size: int = 1,
+    state: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Build or update the index ``out`` of the videos at ``source_path`` (see the module docstring); returns the
-    report (also written to ``out/report.json``). Under torchrun (``world_size`` > 1, a process group joined) every
-    rank embeds its share of the videos into its own shards and rank 0 finalises."""
+    report (also written to ``report.json`` in the index's folder). ``out``: a folder, or a Qdrant address
+    (``qdrant://HOST:PORT/COLLECTION`` with ``state``, the folder of its shards; ``qdrant+local:PATH``,
+    ``qdrant+edge:PATH``: shards in PATH). Under torchrun (``world_size`` > 1, a process group joined) every rank
+    embeds its share of the videos into its own shards and rank 0 finalises."""
     options = options or IndexOptions()
     options.validate()
     start = time.perf_counter()
-    index = Path(out)
+    target = parse_target(out)
+    index = work_folder(target, state)
     source = read_source(source_path)
     if index.resolve() == source.root:
         raise IndexSettingsError(f"--out {index} is the indexed folder itself; choose another folder")
     settings = settings_for(encoder, source, options)
     # rank 0 holds the index folder's lock for the whole job: a second `tvr index` on it stops at once
     with folder_lock(index, "index") if rank == 0 else contextlib.nullcontext():
-        return _build(index, source, encoder, options, settings, rank, world_size, start)
+        return _build(target, index, source, encoder, options, settings, rank, world_size, start)
+
+
+def work_folder(target: Path | QdrantAddress, state: str | os.PathLike | None) -> Path:
+    """The folder a job keeps its shards (the embedded work and the rerank state), settings and report in: the index
+    folder itself, the local or Edge store's folder, or ``--state`` for a Qdrant server's collection."""
+    if isinstance(target, Path):
+        if state is not None:
+            raise IndexSettingsError(f"--state {state}: only an index in Qdrant keeps its rerank state apart")
+        return target
+    if target.kind != "remote":
+        if state is not None and Path(state).resolve() != target.folder.resolve():
+            raise IndexSettingsError(f"--state {state}: {target.text} keeps its rerank state in {target.folder}")
+        return target.folder
+    if state is None:
+        raise IndexSettingsError(
+            f"--out {target.text}: name the folder of the index's rerank state with --state DIR (its shards: on "
+            "storage every query node sees, docs/search.md)"
+        )
+    return Path(state)
+
+
+def check_target(out: str | os.PathLike, state: str | os.PathLike | None = None) -> Path:
+    """Refuse, in a line, an ``--out`` that is neither a folder nor a Qdrant address, a Qdrant server's collection
+    without ``--state``, and a server that does not answer: what a job can tell before it loads a model. Returns the
+    job's folder (:func:`work_folder`)."""
+    target = parse_target(out)
+    folder = work_folder(target, state)
+    if not isinstance(target, Path) and target.kind == "remote":
+        engine = target.engine()
+        try:
+            engine.vector_size()
+        finally:
+            engine.close()
+    return folder
+
+
+def report_file(out: str | os.PathLike, state: str | os.PathLike | None = None) -> Path:
+    """Where ``tvr index --out OUT [--state STATE]`` writes its ``report.json``."""
+    return work_folder(parse_target(out), state) / REPORT
 
 
 def _build(
+    target: Path | QdrantAddress,
     index: Path,
     source: Source,
     encoder: SearchEncoder,
@@ -515,56 +530,64 @@ def _build(
 ) -> dict[str, Any]:
     from tvr.utils.distributed import all_gather_object, barrier
 
-    if rank == 0:
-        index.mkdir(parents=True, exist_ok=True)
-        _check_settings(index, settings, encoder)
-        # nothing of this job is being written yet: every temporary is a leftover of a killed run
-        remove_stale_temporaries(index, recursive=True)
-        (index / MANIFEST).unlink(missing_ok=True)  # the index is unfinished until this run writes it again
-    barrier()
-    if rank != 0:
-        _check_settings(index, settings, encoder)
-    done = current_entries(index, source)
-    todo = [rel for rel in source.videos if rel not in done]
-    mine = todo[rank::world_size]
+    writer = None
     try:
-        part = embed_videos(index, source, mine, encoder, options, rank)
-    except IndexInterrupted as exc:
-        exc.before = len(done)
-        raise
-    parts = all_gather_object(part) if world_size > 1 else [part]
-    barrier()
-    report: dict[str, Any] = {}
-    if rank == 0:
+        if rank == 0:
+            index.mkdir(parents=True, exist_ok=True)
+            _check_settings(index, settings, encoder)
+            writer = store_writer(target, index, settings, options)
+            if not isinstance(target, Path):  # a collection of another model or settings is refused before any work
+                writer.check(lambda saved: compare_settings(saved, settings, encoder, target.text))
+            # nothing of this job is being written yet: every temporary is a leftover of a killed run
+            remove_stale_temporaries(index, recursive=True)
+            (index / MANIFEST).unlink(missing_ok=True)  # the index is unfinished until this run writes it again
+        barrier()
+        if rank != 0:
+            _check_settings(index, settings, encoder)
+        done = current_entries(index, source)
+        todo = [rel for rel in source.videos if rel not in done]
+        mine = todo[rank::world_size]
         try:
-            manifest = finalise(index, source, options, settings)
-        except KeyboardInterrupt:
-            raise IndexInterrupted(index, len(todo), len(todo), len(done)) from None
-        record_indexed_folder(index, source.root)  # tvr serve's default media folder (indexed_folders)
-        bad = sorted([*source.skipped, *(b for p in parts for b in p["bad"])], key=lambda b: b["video"])
-        seconds = time.perf_counter() - start
-        windows = sum(p["windows"] for p in parts)
-        report = {
-            "index": str(index),
-            "source": str(source.root),
-            "videos": len(source.videos),
-            "indexed": len(manifest["videos"]),
-            "embedded": sum(p["embedded"] for p in parts),
-            "reused": len(done),
-            "dropped": manifest["dropped"],
-            "bad": bad,
-            "windows_embedded": windows,
-            "rows": manifest["rows"],
-            "ann": manifest["ann"],
-            "processes": world_size,
-            "seconds": round(seconds, 3),
-            "windows_per_second": round(windows / seconds, 3) if seconds > 0 and windows else None,
-            "decode_seconds": round(sum(p["decode_seconds"] for p in parts), 3),
-            "encode_seconds": round(sum(p["encode_seconds"] for p in parts), 3),
-        }
-        atomic_write_json(index / REPORT, report)
-    barrier()
-    return report
+            part = embed_videos(index, source, mine, encoder, options, rank)
+        except IndexInterrupted as exc:
+            exc.before = len(done)
+            raise
+        parts = all_gather_object(part) if world_size > 1 else [part]
+        barrier()
+        report: dict[str, Any] = {}
+        if rank == 0:
+            try:
+                manifest = finalise(index, source, settings, writer)
+            except KeyboardInterrupt:
+                raise IndexInterrupted(index, len(todo), len(todo), len(done)) from None
+            record_indexed_folder(index, source.root)  # tvr serve's default media folder (indexed_folders)
+            bad = sorted([*source.skipped, *(b for p in parts for b in p["bad"])], key=lambda b: b["video"])
+            seconds = time.perf_counter() - start
+            windows = sum(p["windows"] for p in parts)
+            report = {
+                "index": str(index) if isinstance(target, Path) else target.text,
+                "source": str(source.root),
+                "videos": len(source.videos),
+                "indexed": len(manifest["videos"]),
+                "embedded": sum(p["embedded"] for p in parts),
+                "reused": len(done),
+                "dropped": manifest["dropped"],
+                "bad": bad,
+                "windows_embedded": windows,
+                "rows": manifest["rows"],
+                "ann": manifest["ann"],
+                "processes": world_size,
+                "seconds": round(seconds, 3),
+                "windows_per_second": round(windows / seconds, 3) if seconds > 0 and windows else None,
+                "decode_seconds": round(sum(p["decode_seconds"] for p in parts), 3),
+                "encode_seconds": round(sum(p["encode_seconds"] for p in parts), 3),
+            }
+            atomic_write_json(index / REPORT, report)
+        barrier()
+        return report
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 __all__ = [

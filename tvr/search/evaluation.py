@@ -248,7 +248,7 @@ def evaluate_search(
             }
         )
     return {
-        "index": str(index.path),
+        "index": index.location,
         "queries_file": str(queries_file),
         "unit": "window" if timed else "video",
         "candidates": candidates,

@@ -1,10 +1,11 @@
 """Querying an index: ``open_index(path).search(text, k)``, and ranking captions for a clip.
 
 A text query is encoded by the index's own model (refused if the model offered differs from the one the index was
-built with), shortlisted by FAISS on the head's shortlist embedding, and — for a head whose score is not a dot
-product — the top ``rerank`` windows are scored exactly with the rerank state stored at index time
-(``head.score_rerank``), read memory-mapped from the shards. Results are one per video (its best window) unless
-``all_windows``.
+built with), shortlisted on the head's shortlist embedding by the index's store (FAISS in an index folder, or a
+Qdrant collection: :mod:`tvr.search.stores`), optionally among the videos under a folder and the windows of a time
+span (:mod:`tvr.search.filters`), and — for a head whose score is not a dot product — the top ``rerank`` windows are
+scored exactly with the rerank state stored at index time (``head.score_rerank``), read from the shards. Results are
+one per video (its best window) unless ``all_windows``.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-import tvr.search.ann as ann
-from tvr.search.checks import check_manifest, check_tables, load_ann, load_tables, read_index_json
 from tvr.search.defaults import DEFAULT_K, DEFAULT_RERANK
-from tvr.search.layout import ANN_FILE, MANIFEST, SETTINGS, TABLES, read_settings
+from tvr.search.filters import WindowFilter, window_filter
+from tvr.search.layout import SETTINGS, read_settings
 from tvr.search.stamps import describe_stamp
-from tvr.search.store import SHARDS, IndexFormatError, ShardReader, gather_state, state_class
+from tvr.search.store import IndexFormatError, ShardReader, gather_state, state_class
+from tvr.search.stores import parse_target
+from tvr.search.stores.base import ShortlistStore
 from tvr.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -65,6 +67,8 @@ class Query:
     k: int = DEFAULT_K
     rerank: int | None = None
     all_windows: bool = False
+    #: the videos and times the results may come from (None: all)
+    where: WindowFilter | None = None
 
 
 class _Ranked:
@@ -156,13 +160,15 @@ def encoder_for(
 
 
 class SearchIndex:
-    """A finished index, memory-mapped, with the model that built it. Thread-safe: queries share one model, and
-    queries from several threads run at the same time (each on one torch thread: a machine's cores serve as many).
+    """A finished index with the model that built it: an index folder (FAISS over memory-mapped shards) or a Qdrant
+    collection (:mod:`tvr.search.stores`). Thread-safe: queries share one model, and queries from several threads
+    run at the same time (each on one torch thread: a machine's cores serve as many).
 
     ``without_torch``: answer text queries with the model's numpy query side when ``tvr index`` wrote one
     (:mod:`tvr.search.numpy_query`: no torch import; query vectors within 1e-5 of the model's, each query encoded
     alone), else as usual. For one-off queries from the shell; a server keeps the torch path, whose micro-batched
-    answers equal serial ones bit for bit."""
+    answers equal serial ones bit for bit. ``state``: where a Qdrant index's rerank state (its shards) is on this
+    machine, when not where ``tvr index`` wrote it."""
 
     def __init__(
         self,
@@ -175,18 +181,31 @@ class SearchIndex:
         ef_search: int | None = None,
         without_torch: bool = False,
         model: str | None = None,
+        state: str | os.PathLike | None = None,
     ) -> None:
-        self.path = Path(path)
-        settings = read_settings(self.path)
-        manifest_path = self.path / MANIFEST
-        if not manifest_path.is_file():
-            raise IndexFormatError(
-                f"{self.path}: the index is not finished (no {MANIFEST}): run tvr index again "
-                "with the same arguments to finish it"
-            )
-        self.manifest = read_index_json(manifest_path, "build the index again")
-        check_manifest(self.manifest, manifest_path)
-        self.settings = settings
+        target = parse_target(path)
+        self.store = _open_store(target, nprobe, ef_search, state)
+        try:
+            self._load(encoder, checkpoint, device, without_torch, model)
+        except BaseException:
+            self.store.close()
+            raise
+
+    def _load(
+        self,
+        encoder: SearchEncoder | None,
+        checkpoint: str | os.PathLike | None,
+        device: str,
+        without_torch: bool,
+        model: str | None,
+    ) -> None:
+        store = self.store
+        #: where the index is, as given (a folder, or a Qdrant address); ``path``: the folder it keeps its files in
+        #: (the index folder; a Qdrant index's state folder)
+        self.location = store.location
+        self.path = getattr(store, "path", None) or getattr(store, "state_root", None)
+        self.manifest = store.manifest
+        settings = self.settings = store.settings
         self._checkpoint, self._device, self._model = checkpoint, device, model
         if encoder is None and checkpoint is None and device == "cpu" and without_torch:
             from tvr.search.numpy_query import load_numpy_query_encoder
@@ -203,7 +222,7 @@ class SearchIndex:
 
                 export_query_encoder(encoder)
         self.encoder = encoder
-        self.encoder.check_stamp(self.manifest["model"], f"the index {self.path}")
+        self.encoder.check_stamp(self.manifest["model"], f"the index {self.location}")
         #: the method head (None for a numpy query side, whose head is indexable and needs no torch)
         self.head = None if self.encoder.head is None else self.encoder.head.eval()
         self.indexable = bool(self.head.indexable if self.head is not None else self.encoder.indexable)
@@ -212,32 +231,32 @@ class SearchIndex:
         self.rows = int(self.manifest["rows"])
         self.window = float(self.manifest["window"])
         self.stride = float(self.manifest["stride"])
-        tables = load_tables(self.path, TABLES, self.rows)
-        self.table_shard, self.table_row, self.table_video, self.table_times = tables
-        self.readers = [ShardReader(self.path / SHARDS / name) for name in self.manifest["shards"]]
-        check_tables(self.path, tables, [reader.rows for reader in self.readers], len(self.videos))
         self.state_cls = None
-        if self.readers and not self.indexable:
+        self.readers: list[ShardReader] = []
+        if self.rows and not self.indexable:
+            self.readers = store.readers
             named = {str(reader.meta.get("state_class")) for reader in self.readers}
             if len(named) != 1:
-                raise IndexFormatError(f"{self.path}: its shards store rerank states of several types {sorted(named)}")
+                raise IndexFormatError(
+                    f"{self.location}: its shards store rerank states of several types {sorted(named)}"
+                )
             self.state_cls = state_class(named.pop(), self.readers[0].fields)
-        dims = {int(reader.emb.shape[1]) for reader in self.readers}
+        elif hasattr(store, "table_shard"):  # an index folder's shards are open anyway
+            self.readers = store.readers
         #: the width of the shortlist embeddings (0 for an index of no videos)
-        self.dim = min(dims) if dims else 0
-        if len(dims) > 1:
-            raise IndexFormatError(f"{self.path}: its shards hold embeddings of different widths {sorted(dims)}")
-        if self.rows:
-            self.ann = load_ann(
-                self.path / ANN_FILE,
-                self.manifest["ann"],
-                self.rows,
-                dims.pop(),
-                lambda path: ann.load(path, self.manifest["ann"], nprobe=nprobe, ef_search=ef_search),
-            )
-        else:
-            self.ann = None
+        self.dim = store.dim
         self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        # an index folder's row tables and FAISS index (``table_shard``, ``table_row``, ``table_video``,
+        # ``table_times``, ``ann``), as before the store seam
+        if name.startswith("table_") or name == "ann":
+            return getattr(self.__dict__["store"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def close(self) -> None:
+        """Let go of the store (a Qdrant connection, or the local or Edge folder it holds)."""
+        self.store.close()
 
     # ------------------------------------------------------------------ helpers
     def __len__(self) -> int:
@@ -253,19 +272,32 @@ class SearchIndex:
 
     def rerank_state(self, rows: np.ndarray, dtype: torch.dtype | None = None) -> Any:
         """The stored rerank state of global ``rows`` (in that order; floating fields in ``dtype``, default as
-        stored)."""
+        stored) of an index folder."""
         return gather_state(self.readers, self.table_shard[rows], self.table_row[rows], self.state_cls, dtype)
+
+    def count(self, *, under: str | None = None, between: Any = None) -> int:
+        """How many windows a search with ``under`` / ``between`` chooses from (every window without them)."""
+        return self.store.count(window_filter(under, between))
 
     # ------------------------------------------------------------------ text → video
     def search(
-        self, text: str, k: int = DEFAULT_K, *, rerank: int | None = None, all_windows: bool = False
+        self,
+        text: str,
+        k: int = DEFAULT_K,
+        *,
+        rerank: int | None = None,
+        all_windows: bool = False,
+        under: str | None = None,
+        between: Any = None,
     ) -> list[Hit]:
         """The ``k`` best videos for ``text`` (each at its best window), or the ``k`` best windows with
         ``all_windows``. ``rerank``: windows scored exactly (default :data:`DEFAULT_RERANK` for a head whose score
-        is not a dot product; 0 = rank by the shortlist embedding alone)."""
+        is not a dot product; 0 = rank by the shortlist embedding alone). ``under``: only the videos under this
+        folder (a path as the index lists them); ``between``: only the windows sharing time with (start, end)
+        seconds (or ``"START,END"``) — :mod:`tvr.search.filters`."""
         check_query(text)
         check_limits(k, rerank)
-        return self._answer([Query(text, k, rerank, all_windows)])[0]
+        return self._answer([Query(text, k, rerank, all_windows, window_filter(under, between))])[0]
 
     def encode_queries(self, texts: list[str]) -> np.ndarray:
         """The vectors the shortlist searches ``texts`` with: float32 [n, d], one row per text, each encoded as
@@ -286,18 +318,26 @@ class SearchIndex:
         return np.stack(vectors).astype(np.float32, copy=False)
 
     def search_many(
-        self, texts: list[str], k: int = DEFAULT_K, *, rerank: int | None = None, all_windows: bool = False
+        self,
+        texts: list[str],
+        k: int = DEFAULT_K,
+        *,
+        rerank: int | None = None,
+        all_windows: bool = False,
+        under: str | None = None,
+        between: Any = None,
     ) -> list[list[Hit] | QueryError]:
         """:meth:`search` for many queries at once: the text encoder runs once on all of them (in batches of the
         encoder's ``batch_size``), then each query is shortlisted and reranked on its own, so every answer is the one
-        :meth:`search` gives. A bad query's answer is its :class:`QueryError`; ``k`` and ``rerank`` are checked
-        for all."""
+        :meth:`search` gives. A bad query's answer is its :class:`QueryError`; ``k``, ``rerank`` and the filter are
+        checked for all."""
         check_limits(k, rerank)
-        return self.answer([Query(text, k, rerank, all_windows) for text in texts])
+        where = window_filter(under, between)
+        return self.answer([Query(text, k, rerank, all_windows, where) for text in texts])
 
     def answer(self, queries: list[Query]) -> list[list[Hit] | QueryError]:
-        """Answer ``queries`` (each with its own k, rerank and all_windows) with one text-encoder pass over all of
-        them: what :meth:`search_many` and the server's micro-batches run. A bad query's answer is its
+        """Answer ``queries`` (each with its own k, rerank, all_windows and filter) with one text-encoder pass over
+        all of them: what :meth:`search_many` and the server's micro-batches run. A bad query's answer is its
         :class:`QueryError`."""
         answers: list[list[Hit] | QueryError] = []
         good: list[Query] = []
@@ -320,7 +360,7 @@ class SearchIndex:
             with self._lock:
                 for i, query in enumerate(queries):
                     vector = self.encoder.query_vector(query.text)
-                    found[i] = self._rank(None, vector, query.k, query.rerank, query.all_windows)
+                    found[i] = self._rank(None, vector, query)
         else:
             self._answer_with_torch(queries, found)
         return [
@@ -357,45 +397,37 @@ class SearchIndex:
         for members, text_state, vectors in self._encoded_groups(texts):
             with torch.inference_mode():
                 for row, i in enumerate(members):
-                    state, vector, q = text_state[row : row + 1], vectors[row : row + 1], queries[i]
-                    found[i] = self._rank(state, vector, q.k, q.rerank, q.all_windows)
+                    found[i] = self._rank(text_state[row : row + 1], vectors[row : row + 1], queries[i])
 
-    def _rank(
-        self, text_state: Any, query: np.ndarray, k: int, rerank: int | None, all_windows: bool
-    ) -> list[tuple[int, float, float, float]]:
-        """One encoded query's best ``k`` (video, start, end, score): shortlist, exact rerank, one per video."""
+    def _rank(self, text_state: Any, query: np.ndarray, q: Query) -> list[tuple[int, float, float, float]]:
+        """One encoded query's best ``k`` (video, start, end, score): shortlist (among the windows its filter keeps),
+        exact rerank, one per video."""
+        k, all_windows = q.k, q.all_windows
         exact = not self.indexable
-        rerank = DEFAULT_RERANK if rerank is None else rerank
+        rerank = DEFAULT_RERANK if q.rerank is None else q.rerank
         want = max(k, rerank if exact else 0)
         while True:
-            rows, scores = self._shortlist(query, min(want, self.rows))
+            found = self.store.shortlist(query, min(want, self.rows), q.where)
             if exact and rerank > 0:
-                rows = rows[: max(rerank, k)]
-                scores = exact_scores(
-                    self.head,
-                    text_state,
-                    self.readers,
-                    self.table_shard[rows],
-                    self.table_row[rows],
-                    self.state_cls,
-                )
-            order = np.lexsort((rows, -scores))
-            rows, scores = rows[order], scores[order]
+                found = found.first(max(rerank, k))
+                scores = exact_scores(self.head, text_state, self.readers, found.shard, found.row, self.state_cls)
+            else:
+                scores = found.score
+            order = np.lexsort((found.order, -scores))
+            found, scores = found.take(order), scores[order]
             if not all_windows:
-                _, first = np.unique(self.table_video[rows], return_index=True)
+                _, first = np.unique(found.video, return_index=True)
                 keep = np.sort(first)
-                rows, scores = rows[keep], scores[keep]
-            if len(rows) >= k or want >= self.rows:
+                found, scores = found.take(keep), scores[keep]
+            if len(found) >= k or found.exhausted or want >= self.rows:
                 break
             want = min(self.rows, want * 4)  # fewer than k videos among the shortlist: widen it
             if exact and rerank > 0:
                 rerank = want
-        return [(*self.window_of(int(row)), float(score)) for row, score in zip(rows[:k], scores[:k], strict=True)]
-
-    def _shortlist(self, query: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        scores, rows = ann.search(self.ann, query, n)
-        keep = rows[0] >= 0
-        return rows[0][keep].astype(np.int64), scores[0][keep].astype(np.float64)
+        return [
+            (int(video), float(times[0]), float(times[1]), float(score))
+            for video, times, score in zip(found.video[:k], found.times[:k], scores[:k], strict=True)
+        ]
 
     # ------------------------------------------------------------------ video → text
     def _full_encoder(self) -> SearchEncoder:
@@ -403,7 +435,7 @@ class SearchIndex:
         index's stamp."""
         if not self.encoder.has_image_side:
             full = encoder_for(self.settings["model"], self._checkpoint, self._device, self._model)
-            full.check_stamp(self.manifest["model"], f"the index {self.path}")
+            full.check_stamp(self.manifest["model"], f"the index {self.location}")
             self.encoder = full
             self.head = full.head.eval()
         return self.encoder
@@ -446,12 +478,14 @@ def open_index(
     ef_search: int | None = None,
     without_torch: bool = False,
     model: str | None = None,
+    state: str | os.PathLike | None = None,
 ) -> SearchIndex:
-    """Open the index at ``path`` with the model it was built with (``checkpoint``: where that checkpoint is now;
-    ``encoder``: an encoder already loaded). ``nprobe`` (IVF) / ``ef_search`` (HNSW): the shortlist's search effort
-    instead of the index's. ``without_torch``: see :class:`SearchIndex`. ``model``: where the pretrained model an
-    index was built with (``tvr index --model``) is now, if it moved (checked against the index's stamp). Raises
-    ``EncoderMismatchError`` for another model."""
+    """Open the index at ``path`` — a folder, or a Qdrant collection's address (``qdrant://HOST:PORT/COLLECTION``,
+    ``qdrant+local:PATH``, ``qdrant+edge:PATH``) — with the model it was built with (``checkpoint``: where that
+    checkpoint is now; ``encoder``: an encoder already loaded). ``nprobe`` (IVF) / ``ef_search`` (HNSW): the
+    shortlist's search effort instead of the index's. ``without_torch``, ``state``: see :class:`SearchIndex`.
+    ``model``: where the pretrained model an index was built with (``tvr index --model``) is now, if it moved
+    (checked against the index's stamp). Raises ``EncoderMismatchError`` for another model."""
     return SearchIndex(
         path,
         encoder,
@@ -461,7 +495,31 @@ def open_index(
         ef_search=ef_search,
         without_torch=without_torch,
         model=model,
+        state=state,
     )
+
+
+def _open_store(
+    target: Any, nprobe: int | None, ef_search: int | None, state: str | os.PathLike | None
+) -> ShortlistStore:
+    """The store ``target`` (a folder or a Qdrant address, :func:`~tvr.search.stores.parse_target`) names, opened
+    and checked, with its settings (``store.settings``)."""
+    if isinstance(target, Path):
+        if state is not None:
+            raise UserError(f"--state {state}: only a Qdrant index keeps its rerank state apart; {target} is a folder")
+        settings = read_settings(target)
+        from tvr.search.stores.faiss import FolderStore
+
+        store: ShortlistStore = FolderStore(target, nprobe=nprobe, ef_search=ef_search)
+        store.settings = settings
+        return store
+    from tvr.search.stores.qdrant import QdrantStore
+
+    if nprobe is not None:
+        raise UserError(f"nprobe={nprobe}: a Qdrant collection has no IVF cells to probe (use ef_search)")
+    store = QdrantStore(target, ef_search=ef_search, state=state)
+    store.settings = store.manifest
+    return store
 
 
 __all__ = ["CaptionHit", "Hit", "Query", "SearchIndex", "exact_scores", "open_index", "SETTINGS"]

@@ -57,6 +57,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tvr.data.prepare import VIDEO_EXTENSIONS
 from tvr.search.batching import MicroBatcher
+from tvr.search.filters import FilterError, WindowFilter, window_filter
 from tvr.search.index import MAX_QUERY_CHARS, Hit, SearchIndex
 from tvr.search.indexed_folders import default_media_root
 from tvr.utils.errors import UserError
@@ -69,6 +70,7 @@ log = logging.getLogger(__name__)
 API_MAX_K = 100
 API_MAX_RERANK = 1000
 API_MAX_QUERY = 500
+API_MAX_PATH = 1000
 THUMB_WIDTH = 240
 THUMB_CACHE = 512
 
@@ -161,9 +163,10 @@ def create_app(
     batcher = MicroBatcher(index, workers=query_workers) if micro_batch else None
     one_at_a_time = threading.Lock()
 
-    def search_alone(text: str, k: int, rerank: int | None, all_windows: bool) -> list[Hit]:
+    def search_alone(text: str, k: int, rerank: int | None, all_windows: bool, where: WindowFilter | None) -> list[Hit]:
+        under, between = (where.under, where.between) if where is not None else (None, None)
         with one_at_a_time:
-            return index.search(text, k, rerank=rerank, all_windows=all_windows)
+            return index.search(text, k, rerank=rerank, all_windows=all_windows, under=under, between=between)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -174,7 +177,7 @@ def create_app(
     app = FastAPI(
         title="tvr search",
         version="1",
-        description=f"Text search over the {len(index)} videos of {index.path} (tvr index).",
+        description=f"Text search over the {len(index)} videos of {index.location} (tvr index).",
         docs_url=None,
         redoc_url=None,
         lifespan=lifespan,
@@ -198,15 +201,28 @@ def create_app(
         k: int = Query(10, ge=1, le=API_MAX_K, description="Results to return."),
         all_windows: bool = Query(False, description="Return windows instead of one best window per video."),
         rerank: int | None = Query(None, ge=0, le=API_MAX_RERANK, description="Windows scored exactly."),
+        under: str | None = Query(
+            None,
+            max_length=API_MAX_PATH,
+            description="Only the videos under this folder (or this video), as the index lists them: holiday/2024.",
+        ),
+        between: str | None = Query(
+            None, max_length=64, description="Only the windows sharing time with START,END seconds: 60,120."
+        ),
     ) -> JSONResponse:
         if not q.strip():
             raise HTTPException(422, "q: the query is empty")
         text = q[:MAX_QUERY_CHARS]
+        try:
+            where = window_filter(under or None, between or None)
+        except FilterError as exc:
+            raise HTTPException(422, str(exc).removeprefix("--")) from None
         if batcher is not None:
             # the request waits for its batch without holding a worker thread (a batcher's thread does the work)
-            hits = await asyncio.wrap_future(batcher.submit(text, k, rerank=rerank, all_windows=all_windows))
+            done = batcher.submit(text, k, rerank=rerank, all_windows=all_windows, where=where)
+            hits = await asyncio.wrap_future(done)
         else:
-            hits = await run_in_threadpool(search_alone, text, k, rerank, all_windows)
+            hits = await run_in_threadpool(search_alone, text, k, rerank, all_windows, where)
         # the rows are built from typed hits, so they are sent as they are: response_model (HitOut) describes them
         # in the OpenAPI document without validating each answer again (a measurable share of a request's CPU)
         return JSONResponse([_hit_row(hit, numbers[hit.video]) for hit in hits])
