@@ -180,7 +180,8 @@ def test_library_warnings_stay_off_stderr(search_setup, dual_encoders, tmp_path:
     """Loading the tiny SigLIP makes transformers warn about its config and draw a "Loading weights" bar; `tvr
     index` keeps both off stderr, and `tvr --verbose index` shows them (so the check can fail)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TVR_NO_PROGRESS": "1"}
-    env.pop("TRANSFORMERS_VERBOSITY", None)
+    for variable in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS"):  # set by earlier in-process commands
+        env.pop(variable, None)
     args = ["index", str(search_setup.videos), "--model", str(dual_encoders.siglip), "-j", "1"]
     quiet = subprocess.run(
         [sys.executable, "-m", "tvr", *args, "--out", str(tmp_path / "a")], env=env, capture_output=True, text=True
