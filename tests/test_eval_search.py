@@ -140,6 +140,9 @@ def test_cli_table_json_and_cutoffs(built: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0 and "R10" in result.stdout and "sub/yellow.mp4" in result.stdout
     result = runner.invoke(app, ["eval-search", str(built), str(tmp_path / "missing.csv")])
     assert result.exit_code == 2 and "no such file" in result.output
+    os.mkfifo(tmp_path / "fifo.csv")
+    result = runner.invoke(app, ["eval-search", str(built), str(tmp_path / "fifo.csv")])
+    assert result.exit_code == 2 and "not a regular file" in result.output
 
 
 def test_a_query_is_read_as_written_line_breaks_and_all(tmp_path: Path) -> None:

@@ -143,3 +143,16 @@ def test_the_real_text_tower_agrees_on_the_real_queries(tmp_path: Path) -> None:
     folder = export_numpy_query(encoder, list(PROBE_TEXTS))
     assert folder is not None
     assert largest_difference(encoder, NumpyQueryEncoder(folder), texts) <= TOLERANCE
+
+
+def test_cold_search_through_the_model_prints_no_library_warning(
+    search_setup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no export in an empty cache `tvr search` loads the two-tower model; sentence-transformers' deprecation
+    notes and transformers' config notes (one of them printed twice before) stay off stderr."""
+    for variable in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS"):  # set by earlier in-process commands
+        monkeypatch.delenv(variable, raising=False)
+    build_index(search_setup.videos, tmp_path / "idx", _two_tower(False), OPTIONS)
+    (tmp_path / "home").mkdir(mode=0o700)
+    _, got, loaded = cold_search(tmp_path / "idx", "a magenta screen", 3, tmp_path / "home")  # asserts stderr empty
+    assert "sentence_transformers" in loaded and len(got) == 3

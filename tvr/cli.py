@@ -944,6 +944,7 @@ def index_cmd(
 ) -> None:
     """Index a folder of videos: timestamped windows, embedded by the model, shortlisted by FAISS, reranked exactly."""
     quiet_libraries()
+    hide_weight_loading_bars()
     from tvr.pipeline.search import run_index
     from tvr.search.build import IndexOptions, NoVideosError
 
@@ -999,7 +1000,13 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers sets up its logger
     for name in ("transformers", "sentence_transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    # transformers' own "Loading weights" bar only: the hub's download bars stay (a first download takes minutes)
+
+
+def hide_weight_loading_bars() -> None:
+    """transformers' own "Loading weights" bars off stderr (``tvr --verbose`` keeps them); the hub's download bars
+    stay: a first download takes minutes."""
+    if _VERBOSE["on"]:
+        return
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
@@ -1011,6 +1018,7 @@ def quiet_stderr(verbose: bool) -> None:
     if verbose or _VERBOSE["on"]:
         return
     logging.getLogger().setLevel(logging.WARNING)
+    quiet_libraries()
     # read by huggingface_hub when it is first imported: transformers' "Loading weights" bar goes through it
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
@@ -1279,6 +1287,8 @@ def eval_search_cmd(
     """Measure search on labelled clips: R@k, MdR, MnR and each query's rank, searched as tvr search does."""
     import json
 
+    quiet_libraries()
+
     from rich.table import Table
 
     from tvr.search import open_index
@@ -1288,7 +1298,8 @@ def eval_search_cmd(
     if rerank is not None and rerank < 0:
         raise UserError(f"--rerank {rerank}: expected an integer >= 0")
     if not queries.is_file():
-        raise UserError(f"{queries}: no such file; expected a CSV with the columns query,video[,start,end]")
+        found = "not a regular file" if queries.exists() else "no such file"
+        raise UserError(f"{queries}: {found}; expected a CSV with the columns query,video[,start,end]")
     opened = open_index(index, checkpoint=checkpoint, ef_search=ef_search, model=model, state=state)
     report = evaluate_search(opened, queries, ks=cutoffs, rerank=rerank, skip_bad=skip_bad)
     if as_json:
