@@ -122,6 +122,9 @@ _TOP_KEYS = (
 )  # fmt: skip
 _TRANSFER_KEYS = ("name", "data", "split")
 _HYPOTHESIS_KEYS = ("id", "method", "metric", "dial", "expect", "statement")
+#: how a hypothesis is decided: on its own one-sided p (the default, H1–H3's rule) or on its Holm-adjusted p over
+#: every pre-registered hypothesis of the results document (``holm``; docs/results.md decides it)
+HYPOTHESIS_DECISIONS = ("p", "holm")
 _METHOD_KEYS = ("name", "preset", "head", "set", "control")
 #: a method's ``control: "@<setting>"`` names the method's own runs scored at one of its head's baseline settings
 SELF_CONTROL = "@"
@@ -328,7 +331,7 @@ def _hypothesis(entry: Any, where: str, methods: list[str], baseline: str) -> di
     if not isinstance(entry, dict):
         raise BenchConfigError(f"{where}: expected a mapping with keys {list(_HYPOTHESIS_KEYS)}, got {entry!r}")
     missing = [k for k in _HYPOTHESIS_KEYS if k not in entry]
-    unknown = sorted(set(entry) - set(_HYPOTHESIS_KEYS))
+    unknown = sorted(set(entry) - set(_HYPOTHESIS_KEYS) - {"decision"})
     if missing or unknown:
         raise BenchConfigError(f"{where}: expected exactly the keys {list(_HYPOTHESIS_KEYS)}; missing {missing}, "
                                f"unknown {unknown}")  # fmt: skip
@@ -344,7 +347,11 @@ def _hypothesis(entry: Any, where: str, methods: list[str], baseline: str) -> di
     if entry["expect"] not in HYPOTHESIS_EXPECTATIONS:
         raise BenchConfigError(f"{where}.expect: expected one of {list(HYPOTHESIS_EXPECTATIONS)}, got "
                                f"{entry['expect']!r}")  # fmt: skip
-    return {k: entry[k] if k in ("dial", "expect") else str(entry[k]) for k in _HYPOTHESIS_KEYS}
+    decision = entry.get("decision", "p")
+    if decision not in HYPOTHESIS_DECISIONS:
+        raise BenchConfigError(f"{where}.decision: expected one of {list(HYPOTHESIS_DECISIONS)}, got {decision!r}")
+    out = {k: entry[k] if k in ("dial", "expect") else str(entry[k]) for k in _HYPOTHESIS_KEYS}
+    return {**out, "decision": decision} if "decision" in entry else out
 
 
 def synth_config(bench: BenchConfig):
