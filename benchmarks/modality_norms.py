@@ -1,20 +1,23 @@
-"""How differently scaled do the two modalities reach the heads, and which bridge equalises them? Measured before the
-bench's regime was chosen (docs/bench.md, "Regime").
+"""How differently scaled do the two modalities reach the heads, and does CLIP's ending of the towers equalise them?
+The measurement behind the bench's regime (docs/bench.md, "Regime"; docs/benchmarks.md, "Modality norms").
 
-Runs a small bench (the default bench's encoders, dials and recipe on fewer clips; 3 seeds) with CLIP4Clip and GARE
-under each projection kind of the two-tower bridge (``linear``: the old default; ``clip``: CLIP's ending, a
-LayerNorm over the tower's feature then a bias-free map), and reports:
+On a bench's feature cache (``--bench-dir``: a folder ``tvr bench`` prepared; nothing is encoded again), for the
+bench's first ``--seeds`` seeds:
 
-* the towers' own feature norms, read from the feature cache (the sentence embedding, every real token, every real
+* the towers' own feature norms on the validation split (the sentence embedding, every real token, every real
   frame) — what a projection starts from;
-* per regime and head, the norms of the features the head reads on the validation split (text feature, real frames
-  after the temporal module, per-video mean of the real frames) at initialisation and at the validation-selected
-  checkpoint, and their ratio (every bench run records these: ``feature_norms`` in results.json);
-* for GARE, at initialisation and at the chosen checkpoint: ‖Δ‖ / ‖t‖, the cosine of the gap query v̄_j − t_i with
-  v̄_j (1 = the query is the video alone), and the share of Δ's sum of squares that is a per-video offset (the mean
-  of Δ_ij over texts; 1 = no pair-specific part), on the first 64 validation captions × 64 videos.
+* per projection kind of the two-tower bridge (``linear``: the old regime; ``clip``: a LayerNorm over the tower's
+  feature then a bias-free map) and per head (CLIP4Clip, GARE), the models ``tvr train`` starts from (seeded, before
+  their first step): the norms of the features the head reads — the text feature, every real frame after the
+  temporal module, each video's mean over its real frames — and their ratio;
+* for GARE at initialisation: ‖Δ‖ / ‖t‖, the cosine of the gap query v̄_j − t_i with v̄_j (1: the query is the video
+  alone), and the share of Δ's sum of squares that is a per-video offset (the mean of Δ_ij over texts; 1: nothing
+  pair-specific), on the first 64 validation captions × 64 videos;
+* with ``--results NAME=results.json`` (finished benches), the same norms at every run's validation-selected
+  checkpoint, as the runs recorded them (``feature_norms``), per method and regime.
 
-    .venv/bin/python benchmarks/modality_norms.py --bench-dir /work/bench-runs/norms \
+    .venv/bin/python benchmarks/modality_norms.py --bench-dir /work/bench-runs/default \
+        [--results clip=bench/default/results.json --results linear=bench/gare_regime_linear/results.json] \
         --out benchmarks/results/modality_norms.json
 """
 
@@ -23,12 +26,13 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -36,38 +40,25 @@ if str(REPO) not in sys.path:
 
 from tvr.data.feature_cache import load_cached_split  # noqa: E402
 from tvr.eval.stats import t_interval  # noqa: E402
-from tvr.models.checkpoint import load_model  # noqa: E402
 from tvr.models.heads.gare.psi import gare_delta, video_mean  # noqa: E402
 from tvr.pipeline import SplitEvaluator  # noqa: E402
-from tvr.pipeline.bench import initial_model, load_bench_config, method_config, run_bench  # noqa: E402
+from tvr.pipeline.bench import (  # noqa: E402
+    BenchMethod,
+    initial_model,
+    load_bench_config,
+    method_config,
+    prepare_data,
+    validation_norms,
+)
 from tvr.utils.io import atomic_write_json  # noqa: E402
 
 REGIMES = ("linear", "clip")
+HEADS = {
+    "clip4clip": BenchMethod("clip4clip", {"name": "clip4clip", "logit_scale_init": 2.6592}),
+    "gare": BenchMethod("gare", {}, preset="gare/msrvtt"),
+}
 #: the captions × videos of the validation split GARE's increments are read on
 GARE_BLOCK = 64
-
-
-def bench_config(folder: Path, seeds: int) -> Path:
-    """The default bench's file with fewer clips and seeds, and CLIP4Clip and GARE under each projection kind."""
-    raw = yaml.safe_load((REPO / "tvr" / "configs" / "bench" / "default.yaml").read_text())
-    raw["name"] = "modality_norms"
-    raw["description"] = "feature norms of the two modalities under each two-tower projection kind"
-    raw["synth"].update({"num_videos": 600, "num_test": 150})
-    raw.pop("transfer", None)
-    raw["seeds"] = seeds
-    raw["methods"] = []
-    for regime in REGIMES:
-        overrides = {"model.two_tower.projection": regime}
-        raw["methods"] += [
-            {"name": f"clip4clip-{regime}", "head": {"name": "clip4clip", "logit_scale_init": 2.6592},
-             "set": overrides},
-            {"name": f"gare-{regime}", "preset": "gare/msrvtt", "head": {"logit_scale_init": 2.6592}, "set": overrides},
-        ]  # fmt: skip
-    raw["baseline"] = "clip4clip-linear"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "modality_norms.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
 
 
 def tower_norms(cache_dir: Path) -> dict[str, Any]:
@@ -82,7 +73,7 @@ def tower_norms(cache_dir: Path) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def gare_geometry(model, cfg) -> dict[str, float]:
+def gare_geometry(model, cfg) -> dict[str, float]:  # noqa: ANN001
     """‖Δ‖/‖t‖, cos(v̄ − t, v̄) and the per-video offset's share of Δ on a validation block."""
     device = torch.device("cpu")
     encoded = SplitEvaluator(cfg, "val").encode(model.to(device).eval(), device)
@@ -101,52 +92,87 @@ def gare_geometry(model, cfg) -> dict[str, float]:
     }
 
 
-def interval(values: list[float]) -> dict[str, float]:
+def interval(values: list[float]) -> dict[str, Any]:
     i = t_interval(values)
     return {"mean": i.mean, "low": i.low, "high": i.high, "values": values}
 
 
+def at_initialisation(bench, out_dir: Path, digest: str, seeds: list[int]) -> dict[str, Any]:  # noqa: ANN001
+    """Norms (and GARE's geometry) of the models training starts from, per head and projection kind."""
+    from tvr.config import config_to_dict, load_config
+    from tvr.pipeline.bench import feature_key
+
+    # the bench's own cache: it holds tower features, which no projection kind changes
+    cache = out_dir / "features" / feature_key(method_config(bench, bench.methods[0], 42, out_dir), digest)
+    rows: dict[str, Any] = {}
+    for regime in REGIMES:
+        for name, method in HEADS.items():
+            method = copy.deepcopy(method)
+            method.overrides = {"model.two_tower.projection": regime}
+            if method.preset:  # a preset contributes its head section, as a bench method's does
+                method.head = {**config_to_dict(load_config(method.preset).head), "logit_scale_init": 2.6592}
+            norms, geometry = [], []
+            for seed in seeds:
+                cfg = method_config(bench, method, seed, out_dir, str(cache))
+                model = initial_model(cfg).eval()
+                norms.append(validation_norms(cfg, model, torch.device("cpu")))
+                if name == "gare":
+                    geometry.append(gare_geometry(model, cfg))
+            entry = {key: interval([n[key]["mean"] for n in norms]) for key in ("text", "frame", "video_mean")}
+            entry["video_to_text"] = interval([n["video_to_text"] for n in norms])
+            if geometry:
+                entry["gare"] = {k: interval([g[k] for g in geometry]) for k in geometry[0]}
+            rows[f"{name}/{regime}"] = entry
+            print(f"{name}/{regime}: video/text {entry['video_to_text']['mean']:.2f}", flush=True)
+    return {"cache": str(cache), "rows": rows}
+
+
+def after_training(named: dict[str, Path]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, path in named.items():
+        results = json.loads(path.read_text())
+        regime = results["config"]["run"]["model"].get("two_tower", {}).get("projection")
+        methods: dict[str, Any] = {}
+        for method in dict.fromkeys(r["method"] for r in results["runs"]):
+            runs = [r for r in results["runs"] if r["method"] == method and "feature_norms" in r]
+            if not runs:
+                continue
+            methods[method] = {
+                when: {
+                    **{key: interval([r["feature_norms"][when][key]["mean"] for r in runs])
+                       for key in ("text", "frame", "video_mean")},
+                    "video_to_text": interval([r["feature_norms"][when]["video_to_text"] for r in runs]),
+                }
+                for when in ("init", "best")
+            }  # fmt: skip
+        out[name] = {"bench": results["name"], "projection": regime, "results_sha256": results["results_sha256"],
+                     "seeds": results["seeds"], "methods": methods}  # fmt: skip
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bench-dir", type=Path, required=True)
+    parser.add_argument("--bench-dir", type=Path, required=True, help="a folder tvr bench prepared (data, features)")
+    parser.add_argument("--config", default="default", help="the bench config that folder was prepared with")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--results", action="append", default=[], help="NAME=results.json of a finished bench")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    bench = load_bench_config(bench_config(args.bench_dir, args.seeds))
-    results = run_bench(bench, args.bench_dir, progress=False, echo=print,
-                       command=" ".join(["python", *sys.argv]))  # fmt: skip
-    cache = Path(results["runs"][0]["config"]["data"]["features_dir"].replace("$OUT", str(args.bench_dir)))
-    report: dict[str, Any] = {
-        "towers": tower_norms(cache),
-        "bench": {key: results[key] for key in ("results_sha256", "seeds", "epochs", "composition")},
-    }
-    per_method: dict[str, Any] = {}
-    for method in bench.methods:
-        runs = [r for r in results["runs"] if r["method"] == method.name]
-        entry: dict[str, Any] = {}
-        for when in ("init", "best"):
-            entry[when] = {
-                key: interval([r["feature_norms"][when][key]["mean"] for r in runs])
-                for key in ("text", "frame", "video_mean")
-            }
-            entry[when]["video_to_text"] = interval([r["feature_norms"][when]["video_to_text"] for r in runs])
-        if method.name.startswith("gare"):
-            geometry: dict[str, list[dict[str, float]]] = {"init": [], "best": []}
-            for r in runs:
-                cfg = method_config(bench, method, r["seed"], args.bench_dir, str(cache))
-                geometry["init"].append(gare_geometry(initial_model(cfg), cfg))
-                run_dir = args.bench_dir / "runs" / method.name / f"seed{r['seed']}"
-                geometry["best"].append(gare_geometry(load_model(run_dir / "best.pt")[0], cfg))
-            for when, rows in geometry.items():
-                entry[when]["gare"] = {k: interval([row[k] for row in rows]) for k in rows[0]}
-        entry["test_t2v_R1"] = interval([r["test"]["t2v"]["R1"] for r in runs])
-        entry["test_v2t_R1"] = interval([r["test"]["v2t"]["R1"] for r in runs])
-        per_method[method.name] = entry
-    report["methods"] = per_method
-    report["command"] = " ".join(["python", *sys.argv])
-    report["provenance"] = copy.deepcopy(results["provenance"])
+    started = time.process_time()
+    bench = load_bench_config(args.config)
+    data = prepare_data(bench, args.bench_dir, progress=False)  # reads the rendered set; renders nothing new
+    report: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "bench": bench.name,
+                              "data_digest": data["digest"], "seeds": bench.seeds[: args.seeds]}  # fmt: skip
+    init = at_initialisation(bench, args.bench_dir, data["digest"], bench.seeds[: args.seeds])
+    report["towers"] = tower_norms(Path(init["cache"]))
+    report["initialisation"] = init["rows"]
+    named = {name: Path(path) for name, _, path in (item.partition("=") for item in args.results)}
+    if named:
+        report["after_training"] = after_training(named)
+    report["provenance"] = {"cpu_seconds": round(time.process_time() - started, 1), "torch": torch.__version__,
+                            "machine": platform.platform()}  # fmt: skip
     atomic_write_json(args.out, report)
-    print(json.dumps({m: {w: e[w]["video_to_text"]["mean"] for w in ("init", "best")} for m, e in per_method.items()}))
+    print(json.dumps(report["towers"]))
 
 
 if __name__ == "__main__":
