@@ -330,28 +330,39 @@ def _step_settings(args: argparse.Namespace) -> list[tuple[str, str, bool]]:
     return settings
 
 
-def part_steps(args: argparse.Namespace) -> dict:
+def measured_rows(rows: list[dict], measure, hidden: str) -> list[dict]:  # noqa: ANN001
+    """Each row updated with ``measure(row)``, or with the failure it raised (the other rows still run); the device's
+    cache emptied between rows; every row printed as it ends (without its ``hidden`` list and traceback)."""
     import torch
 
-    from tvr.utils.process_group import DistInfo
-
-    rows = []
-    for preset, amp_dtype, checkpointing in _step_settings(args):
-        row: dict[str, Any] = {"preset": preset, "amp_dtype": amp_dtype, "gradient_checkpointing": checkpointing}
+    for row in rows:
         try:
-            cfg, base = full_size_config(preset, args.batch, amp_dtype, checkpointing)
-            row.update(clip=str(base.model.clip), backbone=cfg.model.backbone, head=cfg.head.name)
-            row.update(batch=args.batch, frames=cfg.data.max_frames, image_size=cfg.data.image_size)
-            with tempfile.TemporaryDirectory() as tmp:
-                batch = synthetic_batch(cfg, args.batch, Path(tmp))
-            row.update(train_steps(cfg, batch, DistInfo(0, 1, 0, _device())))
-        except Exception as exc:  # noqa: BLE001 - recorded; the other presets still run
+            row.update(measure(row))
+        except Exception as exc:  # noqa: BLE001 - recorded; the other rows still run
             row.update(_failure(exc))
         if not SMOKE["on"]:
             torch.cuda.empty_cache()
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("steps", "traceback")}), flush=True)
-    return {"rows": rows}
+        print(json.dumps({k: v for k, v in row.items() if k not in (hidden, "traceback")}), flush=True)
+    return rows
+
+
+def _batch_for(cfg, n: int) -> dict:  # noqa: ANN001
+    with tempfile.TemporaryDirectory() as tmp:
+        return synthetic_batch(cfg, n, Path(tmp))
+
+
+def part_steps(args: argparse.Namespace) -> dict:
+    from tvr.utils.process_group import DistInfo
+
+    def measure(row: dict) -> dict:
+        cfg, base = full_size_config(row["preset"], args.batch, row["amp_dtype"], row["gradient_checkpointing"])
+        row.update(clip=str(base.model.clip), backbone=cfg.model.backbone, head=cfg.head.name)
+        row.update(batch=args.batch, frames=cfg.data.max_frames, image_size=cfg.data.image_size)
+        return train_steps(cfg, _batch_for(cfg, args.batch), DistInfo(0, 1, 0, _device()))
+
+    rows = [{"preset": preset, "amp_dtype": amp_dtype, "gradient_checkpointing": checkpointing}
+            for preset, amp_dtype, checkpointing in _step_settings(args)]  # fmt: skip
+    return {"rows": measured_rows(rows, measure, "steps")}
 
 
 # --------------------------------------------------------------------------------------------- distributed
@@ -754,30 +765,25 @@ def learning_run(cfg, batch: dict, steps: int) -> dict:  # noqa: ANN001
 
 
 def part_learning(args: argparse.Namespace) -> dict:
-    import torch
-
     if args.learning_steps < 2 * LEARNING_WINDOW:
         raise ValueError(f"--learning-steps {args.learning_steps}: need at least {2 * LEARNING_WINDOW}")
-    rows = []
-    for preset in args.learning_presets.split(","):
-        row: dict[str, Any] = {"preset": preset, "steps": args.learning_steps, "batch": args.learning_batch}
-        try:
-            # constant learning rate, no warm-up, every parameter at the head's rate: random weights, one batch
-            constant = ("train.schedule=constant", "train.warmup=0.0", "train.backbone_lr_coef=1.0",
-                        f"train.lr={args.learning_lr}")  # fmt: skip
-            cfg, _ = full_size_config(preset, args.learning_batch, args.amp_dtypes.split(",")[0], False, constant)
-            row.update(head=cfg.head.name, lr=cfg.train.lr, amp_dtype=cfg.train.amp_dtype)
-            with tempfile.TemporaryDirectory() as tmp:
-                batch = synthetic_batch(cfg, args.learning_batch, Path(tmp))
-            row.update(learning_run(cfg, batch, args.learning_steps))
-        except Exception as exc:  # noqa: BLE001 - recorded; the other presets still run
-            row.update(_failure(exc))
-        if not SMOKE["on"]:
-            torch.cuda.empty_cache()
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("losses", "traceback")}), flush=True)
-    return {"rows": rows, "criterion": f"mean of the last {LEARNING_WINDOW} losses < 0.9 × mean of the first "
-            f"{LEARNING_WINDOW}"}  # fmt: skip
+    # constant learning rate, no warm-up, every parameter at the head's rate: random weights, one batch
+    constant = (
+        "train.schedule=constant",
+        "train.warmup=0.0",
+        "train.backbone_lr_coef=1.0",
+        f"train.lr={args.learning_lr}",
+    )
+
+    def measure(row: dict) -> dict:
+        cfg, _ = full_size_config(row["preset"], args.learning_batch, args.amp_dtypes.split(",")[0], False, constant)
+        row.update(head=cfg.head.name, lr=cfg.train.lr, amp_dtype=cfg.train.amp_dtype)
+        return learning_run(cfg, _batch_for(cfg, args.learning_batch), args.learning_steps)
+
+    rows = [{"preset": p, "steps": args.learning_steps, "batch": args.learning_batch}
+            for p in args.learning_presets.split(",")]  # fmt: skip
+    criterion = f"mean of the last {LEARNING_WINDOW} losses < 0.9 × mean of the first {LEARNING_WINDOW}"
+    return {"rows": measured_rows(rows, measure, "losses"), "criterion": criterion}
 
 
 # --------------------------------------------------------------------------------------------- agreement
