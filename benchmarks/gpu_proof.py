@@ -26,6 +26,20 @@ Parts (``--parts``, default all):
   the reference with gradient checkpointing for memory). First the float32 equivalence check of
   ``tests/test_distributed_heads.py`` over NCCL (every head and variant: loss and gradients of one process). With
   one device this part is recorded as not run (it needs two).
+* ``learning`` — one GPU: does training learn? For one preset per head (``--learning-presets``), the model at the
+  preset's dimensions with random weights trains ``--learning-steps`` (≥ 20) trainer steps (AMP in the first of
+  ``--amp-dtypes``) on one fixed synthetic batch of ``--learning-batch`` items at a constant learning rate
+  ``--learning-lr`` (1e-4, no warm-up, every parameter at it: random weights have nothing to protect, and the CLIP-ViP
+  presets' 1e-6 moves a random model too little in 20 steps): every loss, and ``learned`` — the mean of the last
+  five losses below 0.9 × the mean of the first five.
+* ``agreement`` — every test-time scorer (the ``scoring`` list: CLIP4Clip both poolings, GARE, TV-ProxyNet,
+  GraviAlign's cos_f, s_align and mixed) on the same weights and the same ``--agreement-size`` × ``--agreement-size``
+  inputs, on the GPU against the CPU in float32. Evaluation scores in float32 (no autocast), so the dtypes compared
+  are the two a GPU may run that in: float32 with TF32 off, and float32 with TF32 matrix products on (10-bit
+  mantissa inputs). Per dtype the largest |GPU − CPU| relative to the largest |CPU| score, and whether it is within
+  the stated tolerance (:data:`SCORE_TOLERANCE`).
+* ``steps`` rows also give ``clips_per_second``: the batch over the measured step's time (at ``--batch 128`` the
+  papers' global batch on one GPU).
 * ``scoring`` — every exact test-time scorer (CLIP4Clip mean and text-conditioned pooling, GARE, TV-ProxyNet,
   GraviAlign's cos_f, s_align and mixed) through the head's ``score`` on ``--texts`` × ``--videos`` at D = 512, in
   float32 (TF32 off), timed with the L2 cache flushed before each call, against a roofline that is a true lower
@@ -78,6 +92,13 @@ MAX_SCALER_STEPS = 24
 #: relative difference of loss / gradient norm between the ranks and one GPU that rounding in each AMP dtype
 #: explains (bf16 keeps 8 significant bits, fp16 11; the global batch is reduced in another order)
 TOLERANCE = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 1e-4}
+#: GPU against CPU scores on the same weights and inputs, relative to the largest |score|: float32 (TF32 off) differs
+#: only in summation order; TF32 rounds the matrix products' inputs to 11 significant bits (relative 5e-4 each,
+#: accumulated over D = 512 and GARE's several products)
+SCORE_TOLERANCE = {"float32": 1e-5, "tf32": 1e-2}
+#: one preset per head: the learning part, and the throughput steps of the prepared issue-49 run
+HEAD_PRESETS = "clip4clip/msrvtt,gare/msrvtt,proxy/msrvtt,gravialign/msrvtt"
+LEARNING_WINDOW = 5
 
 #: datasheet peaks (dense FP32 without tensor cores, TFLOP/s; memory bandwidth, TB/s) by device-name pattern, checked
 #: in order; where one name may stand for several variants the largest figures are taken, so the bound stays a bound
@@ -181,7 +202,7 @@ def environment(devices: int) -> dict:
 # --------------------------------------------------------------------------------------------- training steps
 
 
-def full_size_config(preset: str, batch: int, amp_dtype: str, checkpointing: bool):  # noqa: ANN201
+def full_size_config(preset: str, batch: int, amp_dtype: str, checkpointing: bool, extra: tuple[str, ...] = ()):  # noqa: ANN201
     from tvr.config import load_config
     from tvr.pipeline import resolve_config
 
@@ -201,7 +222,7 @@ def full_size_config(preset: str, batch: int, amp_dtype: str, checkpointing: boo
             overrides += ["data.image_size=32", "data.max_frames=2", "data.max_words=8"]
         overrides += [f"model.tiny.{k}={v}" for k, v in (SMOKE_VIT if SMOKE["on"] else VIT).items()]
         overrides.append(f"model.tiny.patch_size={patch}")
-    return resolve_config(load_config(preset, overrides)), base
+    return resolve_config(load_config(preset, [*overrides, *extra])), base
 
 
 class _OneBatch:
@@ -294,6 +315,7 @@ def train_steps(cfg, batch: dict, dist_info, no_dropout: bool = False) -> dict: 
         "loss_finite": all(math.isfinite(s["loss"]) for s in steps),
         "skipped_steps": sum(s["skipped"] for s in steps),
         "step_seconds": steps[-1]["seconds"],
+        "clips_per_second": round(len(batch["video"]) / steps[-1]["seconds"], 2),
         "peak_allocated_gib": peak,
         "steps": steps,
     }
@@ -308,28 +330,39 @@ def _step_settings(args: argparse.Namespace) -> list[tuple[str, str, bool]]:
     return settings
 
 
-def part_steps(args: argparse.Namespace) -> dict:
+def measured_rows(rows: list[dict], measure, hidden: str) -> list[dict]:  # noqa: ANN001
+    """Each row updated with ``measure(row)``, or with the failure it raised (the other rows still run); the device's
+    cache emptied between rows; every row printed as it ends (without its ``hidden`` list and traceback)."""
     import torch
 
-    from tvr.utils.process_group import DistInfo
-
-    rows = []
-    for preset, amp_dtype, checkpointing in _step_settings(args):
-        row: dict[str, Any] = {"preset": preset, "amp_dtype": amp_dtype, "gradient_checkpointing": checkpointing}
+    for row in rows:
         try:
-            cfg, base = full_size_config(preset, args.batch, amp_dtype, checkpointing)
-            row.update(clip=str(base.model.clip), backbone=cfg.model.backbone, head=cfg.head.name)
-            row.update(batch=args.batch, frames=cfg.data.max_frames, image_size=cfg.data.image_size)
-            with tempfile.TemporaryDirectory() as tmp:
-                batch = synthetic_batch(cfg, args.batch, Path(tmp))
-            row.update(train_steps(cfg, batch, DistInfo(0, 1, 0, _device())))
-        except Exception as exc:  # noqa: BLE001 - recorded; the other presets still run
+            row.update(measure(row))
+        except Exception as exc:  # noqa: BLE001 - recorded; the other rows still run
             row.update(_failure(exc))
         if not SMOKE["on"]:
             torch.cuda.empty_cache()
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("steps", "traceback")}), flush=True)
-    return {"rows": rows}
+        print(json.dumps({k: v for k, v in row.items() if k not in (hidden, "traceback")}), flush=True)
+    return rows
+
+
+def _batch_for(cfg, n: int) -> dict:  # noqa: ANN001
+    with tempfile.TemporaryDirectory() as tmp:
+        return synthetic_batch(cfg, n, Path(tmp))
+
+
+def part_steps(args: argparse.Namespace) -> dict:
+    from tvr.utils.process_group import DistInfo
+
+    def measure(row: dict) -> dict:
+        cfg, base = full_size_config(row["preset"], args.batch, row["amp_dtype"], row["gradient_checkpointing"])
+        row.update(clip=str(base.model.clip), backbone=cfg.model.backbone, head=cfg.head.name)
+        row.update(batch=args.batch, frames=cfg.data.max_frames, image_size=cfg.data.image_size)
+        return train_steps(cfg, _batch_for(cfg, args.batch), DistInfo(0, 1, 0, _device()))
+
+    rows = [{"preset": preset, "amp_dtype": amp_dtype, "gradient_checkpointing": checkpointing}
+            for preset, amp_dtype, checkpointing in _step_settings(args)]  # fmt: skip
+    return {"rows": measured_rows(rows, measure, "steps")}
 
 
 # --------------------------------------------------------------------------------------------- distributed
@@ -692,10 +725,123 @@ def part_scoring(args: argparse.Namespace) -> dict:
     return {"peaks": peaks, "tf32": False, "l2_flushed": flush is not None, "rows": rows}
 
 
+# --------------------------------------------------------------------------------------------- learning
+
+
+def learning_run(cfg, batch: dict, steps: int) -> dict:  # noqa: ANN001
+    """``steps`` trainer steps on one fixed batch from seeded weights: the losses and whether they fell."""
+    import torch
+
+    from tvr.models.build import build_model
+    from tvr.train.trainer import Trainer
+    from tvr.utils.process_group import DistInfo
+
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    losses: list[float] = []
+    skipped = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(model, cfg, _OneBatch(batch), Path(tmp) / "run", dist_info=DistInfo(0, 1, 0, _device()))
+        _sync()
+        start = time.perf_counter()
+        for _ in range(steps):
+            scale = trainer.scaler.get_scale() if trainer.scaler is not None else None
+            step_losses, _ = trainer._train_step(batch)
+            losses.append(float(step_losses["loss"]))
+            skipped += scale is not None and trainer.scaler.get_scale() < scale
+        _sync()
+        seconds = time.perf_counter() - start
+    first = sum(losses[:LEARNING_WINDOW]) / LEARNING_WINDOW
+    last = sum(losses[-LEARNING_WINDOW:]) / LEARNING_WINDOW
+    return {
+        "losses": [round(v, 5) for v in losses],
+        "first_mean": first,
+        "last_mean": last,
+        "relative_drop": 1.0 - last / first if first else None,
+        "learned": all(math.isfinite(v) for v in losses) and last < 0.9 * first,
+        "skipped_steps": skipped,
+        "seconds": round(seconds, 2),
+    }
+
+
+def part_learning(args: argparse.Namespace) -> dict:
+    if args.learning_steps < 2 * LEARNING_WINDOW:
+        raise ValueError(f"--learning-steps {args.learning_steps}: need at least {2 * LEARNING_WINDOW}")
+    # constant learning rate, no warm-up, every parameter at the head's rate: random weights, one batch
+    constant = (
+        "train.schedule=constant",
+        "train.warmup=0.0",
+        "train.backbone_lr_coef=1.0",
+        f"train.lr={args.learning_lr}",
+    )
+
+    def measure(row: dict) -> dict:
+        cfg, _ = full_size_config(row["preset"], args.learning_batch, args.amp_dtypes.split(",")[0], False, constant)
+        row.update(head=cfg.head.name, lr=cfg.train.lr, amp_dtype=cfg.train.amp_dtype)
+        return learning_run(cfg, _batch_for(cfg, args.learning_batch), args.learning_steps)
+
+    rows = [{"preset": p, "steps": args.learning_steps, "batch": args.learning_batch}
+            for p in args.learning_presets.split(",")]  # fmt: skip
+    criterion = f"mean of the last {LEARNING_WINDOW} losses < 0.9 × mean of the first {LEARNING_WINDOW}"
+    return {"rows": measured_rows(rows, measure, "losses"), "criterion": criterion}
+
+
+# --------------------------------------------------------------------------------------------- agreement
+
+
+def part_agreement(args: argparse.Namespace) -> dict:
+    """Every scorer's scores on the device against the CPU, same weights and inputs, per dtype."""
+    import copy
+
+    import torch
+
+    from tvr.config import HeadConfig
+    from tvr.models.heads.registry import build_head
+
+    n = args.agreement_size
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    device = _device()
+    text, video = _features(n, n, 512)
+    text, video = text.to("cpu"), video.to("cpu")
+    rows = []
+    for name, options, setting in SCORERS:
+        row: dict[str, Any] = {"head": name, "options": options, "texts": n, "videos": n, "dtypes": {}}
+        try:
+            torch.manual_seed(0)
+            head = build_head(HeadConfig(name=name, options=dict(options)), 512, 4.6).eval()
+            if setting:
+                head.set_inference_setting(setting)
+            with torch.no_grad():
+                reference = head.score(head.encode_texts(text), head.encode_videos(video)).float()
+                on_device = copy.deepcopy(head).to(device).eval()
+                t_state = on_device.encode_texts(text.to(device))
+                v_state = on_device.encode_videos(video.to(device))
+                scale = reference.abs().max().item() or 1.0
+                for dtype, tolerance in SCORE_TOLERANCE.items():
+                    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = dtype == "tf32"
+                    scores = on_device.score(t_state, v_state)
+                    difference = (scores.float().cpu() - reference).abs().max().item() / scale
+                    row["dtypes"][dtype] = {"max_relative_difference": difference, "tolerance": tolerance,
+                                            "within_tolerance": bool(difference <= tolerance)}  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - recorded; the other scorers still run
+            row.update(_failure(exc))
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    return {"device": str(device), "reference": "cpu float32", "tolerances": SCORE_TOLERANCE, "rows": rows}
+
+
 # --------------------------------------------------------------------------------------------- main
 
 
-PARTS = {"steps": part_steps, "distributed": part_distributed, "scoring": part_scoring}
+PARTS = {
+    "learning": part_learning,
+    "agreement": part_agreement,
+    "steps": part_steps,
+    "distributed": part_distributed,
+    "scoring": part_scoring,
+}
 
 
 def failures_of(record: dict) -> list[str]:
@@ -716,6 +862,14 @@ def failures_of(record: dict) -> list[str]:
                 found.append(f"{part}: {label}: measured below the roofline (a peak in the table is too low)")
             if row.get("loss_finite") is False:
                 found.append(f"{part}: {label}: a non-finite loss")
+            if row.get("learned") is False:
+                found.append(
+                    f"{part}: {label}: the loss did not fall ({row.get('first_mean')} → {row.get('last_mean')})"
+                )
+            for dtype, check in (row.get("dtypes") or {}).items():
+                if not check["within_tolerance"]:
+                    found.append(f"{part}: {label} {dtype}: GPU and CPU scores differ by "
+                                 f"{check['max_relative_difference']:.2g} > {check['tolerance']}")  # fmt: skip
     return found
 
 
@@ -731,6 +885,11 @@ def main() -> int:
     parser.add_argument("--videos", type=int, default=1000)
     parser.add_argument("--distributed-timeout", type=int, default=3600, help="seconds torchrun may take")
     parser.add_argument("--collective-timeout-min", type=float, default=5.0, help="TVR_DIST_TIMEOUT_MIN of the ranks")
+    parser.add_argument("--learning-presets", default=HEAD_PRESETS, help="one preset per head (the learning part)")
+    parser.add_argument("--learning-steps", type=int, default=20)
+    parser.add_argument("--learning-batch", type=int, default=16)
+    parser.add_argument("--learning-lr", type=float, default=1e-4)
+    parser.add_argument("--agreement-size", type=int, default=64, help="texts and videos scored on GPU and CPU")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--cpu-smoke", action="store_true", help="every part on the CPU at toy sizes")
     parser.add_argument("--worker-out", type=Path, default=None, help=argparse.SUPPRESS)  # a torchrun rank
@@ -741,6 +900,9 @@ def main() -> int:
         SMOKE["on"] = True
         args.presets, args.texts, args.videos = args.presets or SMOKE_PRESETS, min(args.texts, 64), min(args.videos, 64)
         args.batch = min(args.batch, 2)
+        args.learning_batch, args.agreement_size = min(args.learning_batch, 4), min(args.agreement_size, 16)
+        if args.learning_presets == HEAD_PRESETS:
+            args.learning_presets = SMOKE_PRESETS
         args.devices = args.devices or 2
     elif not torch.cuda.is_available():
         print("gpu_proof: no CUDA GPU is visible to torch (this script proves the GPU path; --cpu-smoke checks it)")

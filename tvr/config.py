@@ -182,7 +182,9 @@ TIE_MODES = ("optimistic", "reference")
 EVAL_SPLITS = ("val", "test", "test_multi", "train")
 METRIC_DIRECTIONS = ("t2v", "v2t", "t2v_dsl", "v2t_dsl")
 METRIC_NAMES = ("R1", "R5", "R10", "MdR", "MnR")
-SELECT_METRICS = tuple(f"{d}/{m}" for d in METRIC_DIRECTIONS for m in METRIC_NAMES)
+#: ``train.select_metric`` values: one direction's metric, or ``mean/<metric>``, the mean of t2v's and v2t's (a
+#: criterion that sees both directions; tvr.utils.metric_paths.BOTH_DIRECTIONS)
+SELECT_METRICS = tuple(f"{d}/{m}" for d in (*METRIC_DIRECTIONS, "mean") for m in METRIC_NAMES)
 #: ``train.preemption_signals`` values: the termination notices schedulers send (SLURM, LSF, Kubernetes, torchrun),
 #: those this system has; never a fault signal (SIGSEGV, …) or one that cannot be caught (SIGKILL)
 PREEMPTION_SIGNALS = tuple(

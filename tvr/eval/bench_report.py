@@ -109,6 +109,89 @@ def _comparison_table(results: dict[str, Any], cell) -> str:
     return "\n".join(lines)
 
 
+def control_label(method: str, control: str) -> str:
+    """``gare − gare-control``; a control that is the method's own runs at a setting: ``tv-proxynet at gamma=0``."""
+    return f"{method} at {control[1:]}" if control.startswith("@") else control
+
+
+def _control_comparison_table(results: dict[str, Any], cell) -> str:
+    controls = results.get("controls") or {}
+    if not controls:
+        return "(no method names a control)"
+    lines = _header()
+    lines[0] = lines[0].replace("| method |", "| method − its control |", 1)
+    for method, entry in controls.items():
+        row = [cell(entry["differences"][d][m]) for d in DIRECTIONS for m in METRICS]
+        lines.append(f"| {method} − {control_label(method, entry['control'])} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def control_differences_table(results: dict[str, Any]) -> str:
+    """Each method's paired per-seed difference from its own control: mean [95 % CI], bold where the Holm-adjusted
+    p (over the whole table: baseline and control comparisons together) is below 0.05."""
+    return _control_comparison_table(results, _difference)
+
+
+def control_holm_table(results: dict[str, Any]) -> str:
+    return _control_comparison_table(results, lambda c: p_text(c["p_holm"]))
+
+
+def control_mde_table(results: dict[str, Any]) -> str:
+    return _control_comparison_table(results, lambda c: _number(c["mde"]))
+
+
+def _by_method(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    by_method: dict[str, list[dict[str, Any]]] = {}
+    for run in results["runs"]:
+        by_method.setdefault(run["method"], []).append(run)
+    return by_method
+
+
+def norms_table(results: dict[str, Any]) -> str:
+    """Per method, the mean over seeds of the feature norms the head read on the validation split, at
+    initialisation and at the chosen checkpoint: text feature, per-video mean of the real frames, their ratio."""
+    lines = [
+        "| method | ‖t‖ init | ‖v̄‖ init | ‖v̄‖ / ‖t‖ init | ‖t‖ chosen | ‖v̄‖ chosen | ‖v̄‖ / ‖t‖ chosen |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for method, runs in _by_method(results).items():
+        norms = [r["feature_norms"] for r in runs if "feature_norms" in r]
+        if not norms:
+            continue
+        cells = []
+        for when in ("init", "best"):
+            mean = lambda values: sum(values) / len(values)  # noqa: E731
+            cells += [
+                f"{mean([n[when]['text']['mean'] for n in norms]):.2f}",
+                f"{mean([n[when]['video_mean']['mean'] for n in norms]):.2f}",
+                f"{mean([n[when]['video_to_text'] for n in norms]):.2f}",
+            ]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else "(no run recorded its feature norms)"
+
+
+def direction_selection_table(results: dict[str, Any]) -> str:
+    """Per method and seed: the epoch (and inference setting) validation chose by the bench's criterion, and what it
+    would have chosen by t2v alone and by v2t alone."""
+    select = results.get("select_metric", "t2v/R1")
+    metric = select.split("/")[-1]
+    views = list(dict.fromkeys((select, f"t2v/{metric}", f"v2t/{metric}")))
+    lines = ["| method | " + " | ".join(f"by {v}: epoch (setting) per seed" for v in views) + " |",
+             "|---|" + "---|" * len(views)]  # fmt: skip
+    for method, runs in _by_method(results).items():
+        if not all("selection_by_direction" in r for r in runs):
+            continue
+        cells = []
+        for view in views:
+            picks = [r["selection_by_direction"].get(view) for r in runs]
+            cells.append(", ".join(
+                "–" if p is None else str(p["epoch"]) + (f" ({setting_text(p['inference_setting'])})"
+                                                         if p["inference_setting"] else "") for p in picks
+            ))  # fmt: skip
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else "(no run recorded its per-direction choices)"
+
+
 def differences_table(results: dict[str, Any]) -> str:
     """Paired per-seed difference (method − baseline): mean [95 % CI], bold where Holm-adjusted p < 0.05."""
     return _comparison_table(results, _difference)
@@ -193,14 +276,32 @@ def render_markdown(results: dict[str, Any], figures: dict[str, str] | None = No
         "",
         mde_table(results),
         "",
-        "Selection (validation only):",
-        "",
-        *selection_lines(results),
-        "",
     ]
+    if results.get("controls"):
+        lines += [
+            "Paired per-seed difference from each method's own control (the same seeds; bold where the Holm-adjusted "
+            "p-value, over this table and the one above together, is below 0.05):",
+            "",
+            control_differences_table(results),
+            "",
+            "Their Holm-adjusted p-values:",
+            "",
+            control_holm_table(results),
+            "",
+            "Their minimum detectable differences:",
+            "",
+            control_mde_table(results),
+            "",
+        ]
+    lines += ["Selection (validation only):", "", *selection_lines(results), ""]
+    if any("selection_by_direction" in r for r in results["runs"]):
+        lines += ["What validation would have chosen by each direction alone:", "", direction_selection_table(results),
+                  ""]  # fmt: skip
+    if any("feature_norms" in r for r in results["runs"]):
+        lines += ["Feature norms the heads read (validation split, mean over seeds):", "", norms_table(results), ""]
     if figures:
         lines += [
-            f"![validation R@1 per epoch]({figures['val']})",
+            f"![validation R@1 per epoch, both directions]({figures['val']})",
             "",
             f"![test R@1 with 95 % intervals]({figures['test']})",
             "",
@@ -216,35 +317,37 @@ def _figure_bytes(fig) -> bytes:
     return buffer.getvalue()
 
 
-def plot_validation_curves(results: dict[str, Any], path: str | Path, direction: str = "t2v") -> Path:
-    """Validation R@1 against epoch, one line per method (mean over seeds) with its 95 % band."""
+def plot_validation_curves(results: dict[str, Any], path: str | Path, directions: tuple[str, ...] = DIRECTIONS) -> Path:
+    """Validation R@1 against epoch, one panel per direction, one line per method (mean over seeds) with its 95 %
+    band: a method that collapses in one direction shows it in that direction's panel."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    by_method: dict[str, dict[int, list[float]]] = {}
-    for run in results["runs"]:
-        for point in run["val_curve"]:
-            by_method.setdefault(run["method"], {}).setdefault(point["epoch"], []).append(point[direction]["R1"])
-    for method, per_epoch in by_method.items():
-        epochs = sorted(per_epoch)
-        intervals = [t_interval(per_epoch[e]) for e in epochs]
-        means = [i.mean for i in intervals]
-        line = ax.plot(epochs, means, marker="o", markersize=3, label=method)[0]
-        if all(not math.isnan(i.half_width) for i in intervals):
-            ax.fill_between(epochs, [i.low for i in intervals], [i.high for i in intervals], color=line.get_color(),
-                            alpha=0.15, linewidth=0)  # fmt: skip
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(f"validation {direction} R@1 (%)")
+    fig, axes = plt.subplots(1, len(directions), figsize=(6.4 * len(directions), 4.0), squeeze=False)
     seeds = len(results["seeds"])
-    ax.set_title(f"{results['name']}: validation {direction} R@1, mean and 95 % band over {seeds} seeds", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    for ax, direction in zip(axes[0], directions, strict=True):
+        by_method: dict[str, dict[int, list[float]]] = {}
+        for run in results["runs"]:
+            for point in run["val_curve"]:
+                by_method.setdefault(run["method"], {}).setdefault(point["epoch"], []).append(point[direction]["R1"])
+        for method, per_epoch in by_method.items():
+            epochs = sorted(per_epoch)
+            intervals = [t_interval(per_epoch[e]) for e in epochs]
+            means = [i.mean for i in intervals]
+            line = ax.plot(epochs, means, marker="o", markersize=3, label=method)[0]
+            if all(not math.isnan(i.half_width) for i in intervals):
+                ax.fill_between(epochs, [i.low for i in intervals], [i.high for i in intervals],
+                                color=line.get_color(), alpha=0.15, linewidth=0)  # fmt: skip
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(f"validation {direction} R@1 (%)")
+        ax.set_title(f"{results['name']}: validation {direction} R@1, mean and 95 % band over {seeds} seeds",
+                     fontsize=9)  # fmt: skip
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     data = _figure_bytes(fig)
     plt.close(fig)
     return atomic_write_bytes(path, data)
@@ -329,6 +432,8 @@ def hypotheses_table(hypotheses: list[dict[str, Any]]) -> str:
     for h in hypotheses:
         slope = f"{h['slope']:+.1f} [{h['slope_low']:+.1f}, {h['slope_high']:+.1f}]"
         verdict = "**yes**" if h["held"] else "no"
+        if h.get("decision") == "holm":  # its rule is the Holm-adjusted p over the whole family (docs/results.md)
+            verdict += " (by p alone; decided with Holm over all hypotheses in the results document)"
         lines.append(f"| {h['id']} | {h['statement']} | {slope} | {p_text(h['p_one_sided'])} | {verdict} |")
     return "\n".join(lines)
 
@@ -405,6 +510,12 @@ def plot_sweep(record: dict[str, Any], path: str | Path, key: str = "t2v/R1") ->
 
 __all__ = [
     "composition_lines",
+    "control_differences_table",
+    "control_holm_table",
+    "control_label",
+    "control_mde_table",
+    "direction_selection_table",
+    "norms_table",
     "differences_table",
     "holm_table",
     "hypotheses_table",

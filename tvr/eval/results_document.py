@@ -98,19 +98,38 @@ def format_value(value: Any, spec: str, where: str) -> str:
         raise TemplateError(f"{where}: format {spec!r} does not apply to {shown} ({exc})") from None
 
 
-def all_hypotheses(sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every sweep's hypotheses in dial order, each with ``p_holm``: Holm-adjusted over all of them."""
+#: a pre-registered hypothesis decided on its Holm-adjusted p over the whole family (``"decision": "holm"``);
+#: without it, on its own one-sided p (H1–H3's rule)
+HOLM_DECISION = "holm"
+
+
+def all_hypotheses(
+    sweeps: dict[str, dict[str, Any]], extra: dict[str, dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Every pre-registered hypothesis the records decide — the sweeps' (in dial order) and those of any further
+    record with a ``hypotheses`` list (a regime comparison, an old regime's sweep) — sorted by id, each with
+    ``p_holm``: Holm-adjusted over all of them, and ``held`` by its own rule (``decision: holm``: its adjusted p;
+    else its one-sided p, below :data:`tvr.eval.bench_report.ALPHA`)."""
     from tvr.eval.stats import holm
 
-    found = [{**h, "dial": dial} for dial in sorted(sweeps) for h in sweeps[dial]["hypotheses"]]
+    found = [{**h, "dial": h.get("dial", dial)} for dial in sorted(sweeps) for h in sweeps[dial]["hypotheses"]]
+    for record in (extra or {}).values():
+        if isinstance(record, dict) and isinstance(record.get("hypotheses"), list):
+            found += [{**h, "dial": h.get("dial", record.get("dial", ""))} for h in record["hypotheses"]
+                      if "p_one_sided" in h]  # fmt: skip
+    found.sort(key=lambda h: (len(str(h["id"])), str(h["id"])))
     for h, adjusted in zip(found, holm([h["p_one_sided"] for h in found]), strict=True):
         h["p_holm"] = adjusted
+        if h.get("decision") == HOLM_DECISION:
+            h["held"] = bool(adjusted < report.ALPHA)
     return found
 
 
 def derived_values(results: dict[str, Any]) -> dict[str, Any]:
     """Counts and sums the prose of a results document quotes that no single JSON field holds."""
     cells = [c for diff in results["differences"].values() for d in diff.values() for c in d.values()]
+    control_cells = [c for entry in (results.get("controls") or {}).values() for d in entry["differences"].values()
+                     for c in d.values()]  # fmt: skip
     timings = results.get("provenance", {}).get("timings", {})
     session = timings.get("this_session", {})
     composition = results.get("composition") or {}
@@ -123,6 +142,11 @@ def derived_values(results: dict[str, Any]) -> dict[str, Any]:
         "n_comparisons": len(cells),
         "n_significant_holm": sum(report.significant(c) for c in cells),
         "n_significant_raw": sum(c["p"] < report.ALPHA for c in cells),
+        # the own-control comparisons, and the whole table (baseline and control comparisons, one Holm family)
+        "n_control_comparisons": len(control_cells),
+        "n_control_significant_holm": sum(report.significant(c) for c in control_cells),
+        "n_comparisons_all": len(cells) + len(control_cells),
+        "n_significant_holm_all": sum(report.significant(c) for c in cells + control_cells),
         "max_mde_t2v_r1": max(r1, default=math.nan),
         "min_mde_t2v_r1": min(r1, default=math.nan),
         "n_photos": len((results.get("dials") or {}).get("photos", {})),
@@ -169,14 +193,23 @@ def all_hypotheses_table(hypotheses: list[dict[str, Any]]) -> str:
     ]
     for h in hypotheses:
         slope = f"{h['slope']:+.1f} [{h['slope_low']:+.1f}, {h['slope_high']:+.1f}]"
+        rule = " (Holm-adjusted p)" if h.get("decision") == HOLM_DECISION else ""
         lines.append(f"| {h['id']} | {h['dial']} | {h['statement']} | {slope} | {report.p_text(h['p_one_sided'])} | "
-                     f"{report.p_text(h['p_holm'])} | {'**yes**' if h['held'] else 'no'} |")  # fmt: skip
+                     f"{report.p_text(h['p_holm'])} | {'**yes**' if h['held'] else 'no'}{rule} |")  # fmt: skip
     return "\n".join(lines)
+
+
+def _is_bench(record: Any) -> bool:
+    return isinstance(record, dict) and all(k in record for k in ("runs", "summary", "differences", "seeds"))
+
+
+def _is_sweep(record: Any) -> bool:
+    return isinstance(record, dict) and all(k in record for k in ("curves", "points", "dial"))
 
 
 def _renderers(
     results: dict[str, Any], sweeps: dict[str, dict[str, Any]], hypotheses: list[dict[str, Any]], figures: Path,
-    link: str,
+    link: str, extra: dict[str, Any] | None = None,
 ) -> dict[str, Callable[[], str]]:  # fmt: skip
     def figure(name: str, draw: Callable[[Path], Any]) -> Callable[[], str]:
         def render() -> str:
@@ -185,23 +218,41 @@ def _renderers(
 
         return render
 
-    tables: dict[str, Callable[[], str]] = {
-        "table:default.results": lambda: report.results_table(results),
-        "table:default.differences": lambda: report.differences_table(results),
-        "table:default.holm": lambda: report.holm_table(results),
-        "table:default.mde": lambda: report.mde_table(results),
-        "table:default.composition": lambda: "\n".join(report.composition_lines(results)).strip(),
-        "table:default.selection": lambda: selection_table(results),
-        "table:default.transfer": lambda: "\n".join(report.transfer_lines(results)).strip(),
-        "table:hypotheses": lambda: all_hypotheses_table(hypotheses),
-        "figure:default.val": figure("val_r1.png", lambda p: report.plot_validation_curves(results, p)),
-        "figure:default.test": figure("test_r1.png", lambda p: report.plot_test_recall(results, p)),
-    }
+    def bench_tables(name: str, record: dict[str, Any], prefix: str) -> dict[str, Callable[[], str]]:
+        """The tables and figures of one bench record, as ``table:<name>.<table>`` / ``figure:<name>.<figure>``."""
+        return {
+            f"table:{name}.results": lambda: report.results_table(record),
+            f"table:{name}.differences": lambda: report.differences_table(record),
+            f"table:{name}.holm": lambda: report.holm_table(record),
+            f"table:{name}.mde": lambda: report.mde_table(record),
+            f"table:{name}.controls": lambda: report.control_differences_table(record),
+            f"table:{name}.controls_holm": lambda: report.control_holm_table(record),
+            f"table:{name}.controls_mde": lambda: report.control_mde_table(record),
+            f"table:{name}.composition": lambda: "\n".join(report.composition_lines(record)).strip(),
+            f"table:{name}.selection": lambda: selection_table(record),
+            f"table:{name}.direction_selection": lambda: report.direction_selection_table(record),
+            f"table:{name}.norms": lambda: report.norms_table(record),
+            f"table:{name}.transfer": lambda: "\n".join(report.transfer_lines(record)).strip(),
+            f"figure:{name}.val": figure(f"{prefix}val_r1.png", lambda p: report.plot_validation_curves(record, p)),
+            f"figure:{name}.test": figure(f"{prefix}test_r1.png", lambda p: report.plot_test_recall(record, p)),
+        }
+
+    def sweep_tables(name: str, record: dict[str, Any], figure_name: str) -> dict[str, Callable[[], str]]:
+        tables: dict[str, Callable[[], str]] = {
+            f"table:{name}.{method}": lambda m=method: report.sweep_table(record, m) for method in record["curves"]
+        }
+        tables[f"table:{name}.hypotheses"] = lambda: report.hypotheses_table(record["hypotheses"])
+        tables[f"figure:{name}"] = figure(figure_name, lambda p: report.plot_sweep(record, p))
+        return tables
+
+    tables = {**bench_tables("default", results, ""), "table:hypotheses": lambda: all_hypotheses_table(hypotheses)}
     for dial, record in sweeps.items():
-        for method in record["curves"]:
-            tables[f"table:sweep.{dial}.{method}"] = lambda r=record, m=method: report.sweep_table(r, m)
-        tables[f"table:sweep.{dial}.hypotheses"] = lambda r=record: report.hypotheses_table(r["hypotheses"])
-        tables[f"figure:sweep.{dial}"] = figure(f"sweep_{dial}.png", lambda p, r=record: report.plot_sweep(r, p))
+        tables.update(sweep_tables(f"sweep.{dial}", record, f"sweep_{dial}.png"))
+    for name, record in (extra or {}).items():  # further bench or sweep records named on the command line
+        if _is_bench(record):
+            tables.update(bench_tables(name, record, f"{name}_"))
+        elif _is_sweep(record):
+            tables.update(sweep_tables(name, record, f"{name}.png"))
     return tables
 
 
@@ -215,13 +266,16 @@ def fill_template(
 ) -> str:
     """``template`` with every placeholder replaced (module docstring); figures are written into ``figures`` and
     linked as ``link/<name>``; ``extra`` names further JSON records placeholders may read (``{{name.path}}``)."""
-    hypotheses = all_hypotheses(sweeps)
+    hypotheses = all_hypotheses(sweeps, extra)
     sources = {"default": results, "sweeps": sweeps, "hypotheses": hypotheses, "derived": derived_values(results)}
     for name, record in (extra or {}).items():
         if name in sources:
             raise TemplateError(f"an extra source may not be named {name!r} (reserved: {sorted(sources)})")
         sources[name] = record
-    renderers = _renderers(results, sweeps, hypotheses, figures, link)
+    renderers = _renderers(results, sweeps, hypotheses, figures, link, extra)
+    for name, record in (extra or {}).items():
+        if _is_bench(record):
+            sources[f"{name}_derived"] = derived_values(record)
 
     def replace(match: re.Match) -> str:
         key, spec = match.group(1), match.group(2)

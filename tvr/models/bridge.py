@@ -4,8 +4,8 @@ A bridge sits between the backbone and the temporal module (``RetrievalModel.bri
 features whether they come from the towers or from a ``tvr features`` cache — which therefore stores tower features
 and serves every bridge. Two kinds (``model.two_tower.bridge``):
 
-* :class:`ProjectionBridge`: learned maps text → D and image → D (linear, or a two-layer MLP); trains at the full
-  ``train.lr`` (it is not part of the pretrained backbone).
+* :class:`ProjectionBridge`: learned maps text → D and image → D (linear, a two-layer MLP, or CLIP's ending: a
+  LayerNorm and a bias-free map); trains at the full ``train.lr`` (it is not part of the pretrained backbone).
 * :class:`ConseBridge`: the training-free ConSE map (:mod:`tvr.models.conse`); text passes unchanged and each frame
   becomes the probability-weighted text embedding of its top-k ImageNet classes. No parameters; the classifier and
   the class embeddings are buffers saved with a checkpoint.
@@ -54,7 +54,19 @@ def segment_means(frames: Tensor, frame_mask: Tensor, num_segments: int) -> Tens
     return torch.bmm(segment_weights(frame_mask, num_segments).to(frames.dtype), frames)
 
 
+#: ``model.two_tower.projection`` kinds: a linear map, an MLP, or CLIP's ending (LayerNorm, then a bias-free map)
+PROJECTION_KINDS = ("linear", "mlp", "clip")
+
+
 class _Projection(nn.Module):
+    """One tower's map into the shared space.
+
+    ``clip`` ends the tower the way CLIP's towers end (``ln_final`` / ``ln_post``, then ``text_projection`` /
+    ``proj``): a LayerNorm over the tower's feature, then a map without bias initialised N(0, in_dim^-1/2), as CLIP
+    initialises its projections. Every vector reaches the map standardised, so its output has about √D norm at
+    init whatever scale the tower works at: the two modalities arrive at the heads at comparable scales (a linear
+    map instead carries each tower's own scale through; docs/bench.md, "Regime")."""
+
     def __init__(self, in_dim: int, out_dim: int, kind: str) -> None:
         super().__init__()
         if kind == "linear":
@@ -62,8 +74,12 @@ class _Projection(nn.Module):
         elif kind == "mlp":
             hidden = max(in_dim, out_dim)
             self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, out_dim))
+        elif kind == "clip":
+            projection = nn.Linear(in_dim, out_dim, bias=False)
+            nn.init.normal_(projection.weight, std=in_dim**-0.5)
+            self.net = nn.Sequential(nn.LayerNorm(in_dim), projection)
         else:
-            raise ValueError(f"projection kind {kind!r}: expected 'linear' or 'mlp'")
+            raise ValueError(f"projection kind {kind!r}: expected one of {list(PROJECTION_KINDS)}")
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)

@@ -124,7 +124,12 @@ _TOP_KEYS = (
 )  # fmt: skip
 _TRANSFER_KEYS = ("name", "data", "split")
 _HYPOTHESIS_KEYS = ("id", "method", "metric", "dial", "expect", "statement")
-_METHOD_KEYS = ("name", "preset", "head", "set")
+#: how a hypothesis is decided: on its own one-sided p (the default, H1–H3's rule) or on its Holm-adjusted p over
+#: every pre-registered hypothesis of the results document (``holm``; docs/results.md decides it)
+HYPOTHESIS_DECISIONS = ("p", "holm")
+_METHOD_KEYS = ("name", "preset", "head", "set", "control")
+#: a method's ``control: "@<setting>"`` names the method's own runs scored at one of its head's baseline settings
+SELF_CONTROL = "@"
 
 
 class BenchConfigError(ConfigError):
@@ -140,6 +145,10 @@ class BenchMethod:
     #: dotted overrides of the run config for this method only (``model.temporal: meanP``)
     overrides: dict[str, Any] = field(default_factory=dict)
     preset: str = ""
+    #: the method's own control, compared with it seed by seed beside the shared baseline: another method of the
+    #: bench (GARE's: CLIP4Clip with GARE's pooling and Δ ≡ 0) or ``@<setting>``, the method's own runs scored at
+    #: one of its head's baseline settings (TV-ProxyNet's ``@gamma=0``); "" = none
+    control: str = ""
 
 
 @dataclass
@@ -205,7 +214,10 @@ def _method(entry: Any, where: str) -> BenchMethod:
     overrides = entry.get("set", {}) or {}
     if not isinstance(overrides, dict):
         raise BenchConfigError(f"{where}.set: expected a mapping of dotted keys to values, got {overrides!r}")
-    return BenchMethod(name, merged, dict(overrides), preset)
+    control = entry.get("control", "") or ""
+    if not isinstance(control, str):
+        raise BenchConfigError(f"{where}.control: expected another method's name or @<setting>, got {control!r}")
+    return BenchMethod(name, merged, dict(overrides), preset, control)
 
 
 def load_bench_config(name_or_path: str | os.PathLike) -> BenchConfig:
@@ -297,9 +309,26 @@ def load_bench_config(name_or_path: str | os.PathLike) -> BenchConfig:
     )  # fmt: skip
     if synth is not None:
         synth_config(bench)  # fails now, naming the field, rather than after a long render
-    for method in methods:  # every run config resolves before anything runs
-        method_config(bench, method, seeds[0], Path("/nonexistent-bench-out"))
+    for k, method in enumerate(methods):  # every run config resolves before anything runs
+        cfg = method_config(bench, method, seeds[0], Path("/nonexistent-bench-out"))
+        _check_control(method, cfg, names, f"{where}.methods[{k}].control")
     return bench
+
+
+def _check_control(method: BenchMethod, cfg: Config, names: list[str], where: str) -> None:
+    """A control is another method of the bench, or one of the method's head's baseline settings."""
+    if not method.control:
+        return
+    if method.control.startswith(SELF_CONTROL):
+        from tvr.models.heads.registry import build_head
+
+        settings = build_head(copy.deepcopy(cfg.head), 8, 0.0).baseline_settings()
+        if method.control[len(SELF_CONTROL) :] not in settings:
+            raise BenchConfigError(f"{where}: {method.control!r} is not a baseline setting of the {cfg.head.name} "
+                                   f"head (it has {[SELF_CONTROL + s for s in settings]})")  # fmt: skip
+    elif method.control not in names or method.control == method.name:
+        raise BenchConfigError(f"{where}: {method.control!r} is not another method of the bench "
+                               f"{[n for n in names if n != method.name]}, nor @<baseline setting>")  # fmt: skip
 
 
 def _hypothesis(entry: Any, where: str, methods: list[str], baseline: str) -> dict[str, Any]:
@@ -309,7 +338,7 @@ def _hypothesis(entry: Any, where: str, methods: list[str], baseline: str) -> di
     if not isinstance(entry, dict):
         raise BenchConfigError(f"{where}: expected a mapping with keys {list(_HYPOTHESIS_KEYS)}, got {entry!r}")
     missing = [k for k in _HYPOTHESIS_KEYS if k not in entry]
-    unknown = sorted(set(entry) - set(_HYPOTHESIS_KEYS))
+    unknown = sorted(set(entry) - set(_HYPOTHESIS_KEYS) - {"decision"})
     if missing or unknown:
         raise BenchConfigError(f"{where}: expected exactly the keys {list(_HYPOTHESIS_KEYS)}; missing {missing}, "
                                f"unknown {unknown}")  # fmt: skip
@@ -325,7 +354,11 @@ def _hypothesis(entry: Any, where: str, methods: list[str], baseline: str) -> di
     if entry["expect"] not in HYPOTHESIS_EXPECTATIONS:
         raise BenchConfigError(f"{where}.expect: expected one of {list(HYPOTHESIS_EXPECTATIONS)}, got "
                                f"{entry['expect']!r}")  # fmt: skip
-    return {k: entry[k] if k in ("dial", "expect") else str(entry[k]) for k in _HYPOTHESIS_KEYS}
+    decision = entry.get("decision", "p")
+    if decision not in HYPOTHESIS_DECISIONS:
+        raise BenchConfigError(f"{where}.decision: expected one of {list(HYPOTHESIS_DECISIONS)}, got {decision!r}")
+    out = {k: entry[k] if k in ("dial", "expect") else str(entry[k]) for k in _HYPOTHESIS_KEYS}
+    return {**out, "decision": decision} if "decision" in entry else out
 
 
 def synth_config(bench: BenchConfig):
@@ -530,6 +563,59 @@ def _val_curve(run_dir: Path) -> list[dict[str, Any]]:
     return curve
 
 
+def direction_choices(run_dir: Path, select_metric: str) -> dict[str, dict[str, Any]]:
+    """What validation would choose by each direction alone, and by ``select_metric``: for ``t2v/<m>``, ``v2t/<m>``
+    and the select metric itself (``<m>`` its metric), the epoch, step and value of the best validation and the
+    inference setting chosen there, read from the run's validation log (each validation scored every candidate
+    setting in both directions). The entry of ``select_metric`` is the run's own choice; the others are recorded,
+    not used, so a choice that suits one direction and wrecks the other shows."""
+    from tvr.train.logging import VAL_JSONL, read_jsonl
+    from tvr.utils.metric_paths import higher_is_better, lookup_metric
+
+    metric = select_metric.split("/")[-1]
+    records = read_jsonl(run_dir / VAL_JSONL)
+    out: dict[str, dict[str, Any]] = {}
+    for view in dict.fromkeys((select_metric, f"t2v/{metric}", f"v2t/{metric}")):
+        better = higher_is_better(view)
+        best: dict[str, Any] | None = None
+        for record in records:
+            metrics = record["metrics"]
+            candidates = metrics.get("info", {}).get("inference_selection") or [
+                {"setting": metrics.get("info", {}).get("inference_setting"), **metrics}
+            ]
+            top = None  # the earliest candidate wins a tie, as validation's own choice does
+            for candidate in candidates:
+                value = lookup_metric(candidate, view)
+                if top is None or (value > top[0] if better else value < top[0]):
+                    top = (value, candidate["setting"])
+            assert top is not None
+            if best is None or (top[0] > best["value"] if better else top[0] < best["value"]):
+                best = {"epoch": record["epoch"], "step": record["step"], "value": top[0],
+                        "inference_setting": top[1] or None}  # fmt: skip
+        if best is not None:
+            out[view] = best
+    return out
+
+
+def initial_model(cfg: Config):
+    """The model ``tvr train`` starts from with this config: seeded with ``train.seed``, built as the trainer
+    builds it, before its first step."""
+    from tvr.models.build import build_model
+    from tvr.train.trainer import seed_everything
+
+    seed_everything(cfg.train.seed)
+    return build_model(cfg, cached=bool(cfg.data.features_dir))
+
+
+def validation_norms(cfg: Config, model, device) -> dict[str, Any]:
+    """The norms of the features the head reads, on the validation split (:mod:`tvr.eval.feature_norms`)."""
+    from tvr.eval.feature_norms import feature_norms
+    from tvr.pipeline import SplitEvaluator
+
+    encoded = SplitEvaluator(cfg, "val").encode(model, device)
+    return feature_norms(encoded.text, encoded.video)
+
+
 def portable(values: Any, out_dir: Path) -> Any:
     """``values`` with the bench folder's path written as :data:`OUT_MARK`, so a record does not depend on where
     the bench folder lies."""
@@ -588,6 +674,11 @@ def run_one(cfg: Config, run_dir: Path, identity: dict[str, Any] | None = None) 
         device = resolve_device(cfg.train.device)
         model = load_model_for_eval(cfg, best).to(device)
         test = SplitEvaluator(cfg, "test")(model, device)
+        # the scales the head read, at the start of training and at the chosen checkpoint (validation split)
+        norms = {
+            "init": validation_norms(cfg, initial_model(cfg).to(device).eval(), device),
+            "best": validation_norms(cfg, model, device),
+        }
     write_eval(run_dir / "test_best", test, {"checkpoint": str(best), "split": "test"})
     curve = _val_curve(run_dir)
     chosen = next((point for point in curve if point["step"] == summary["best_step"]), None)
@@ -600,6 +691,9 @@ def run_one(cfg: Config, run_dir: Path, identity: dict[str, Any] | None = None) 
         # the setting the head stored at its best validation, which the test evaluation used
         "inference_setting": test.get("info", {}).get("inference_setting"),
         "val_curve": curve,
+        # what validation would have chosen by each direction alone (the run used select_metric's entry)
+        "selection_by_direction": direction_choices(run_dir, cfg.train.select_metric),
+        "feature_norms": norms,
         "test": {k: v for k, v in test.items() if k != "info"},
         "config": identity["config"] if identity is not None else config_to_dict(cfg),
         "data_digest": identity["data_digest"] if identity is not None else None,
@@ -748,11 +842,32 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
+def _paired_cells(values_of, reference_of, runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per direction and metric: the paired difference ``values_of(run) − reference_of(run)`` over ``runs`` (each
+    function gives ``(direction, metric) → value`` of one seed) with its interval, two-sided paired t test's ``p``
+    and minimum detectable difference ``mde``."""
+    from tvr.eval.stats import minimum_detectable_difference, paired_difference, paired_t_test
+
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for d in DIRECTIONS:
+        out[d] = {}
+        for m in METRICS:
+            values = [values_of(r, d, m) for r in runs]
+            base = [reference_of(r, d, m) for r in runs]
+            interval = paired_difference(values, base)
+            out[d][m] = {
+                **interval.to_dict(),
+                "p": paired_t_test(values, base),
+                "mde": minimum_detectable_difference(interval.sd, interval.n),
+            }
+    return out
+
+
 def summarize(runs: dict[str, list[dict[str, Any]]], baseline: str) -> tuple[dict, dict]:
     """Per method: mean ± CI of every test metric over seeds; per non-baseline method: the paired difference from
     the baseline per seed (runs of both are matched by seed) with its interval, two-sided paired t-test ``p``, the
     Holm-adjusted ``p_holm`` over every cell of the table, and ``mde``, the minimum detectable difference."""
-    from tvr.eval.stats import holm, minimum_detectable_difference, paired_difference, paired_t_test, t_interval
+    from tvr.eval.stats import t_interval
 
     summary, differences = {}, {}
     base_by_seed = {r["seed"]: r for r in runs[baseline]}
@@ -763,22 +878,47 @@ def summarize(runs: dict[str, list[dict[str, Any]]], baseline: str) -> tuple[dic
         if method == baseline:
             continue
         paired = [r for r in results if r["seed"] in base_by_seed]
-        differences[method] = {}
-        for d in DIRECTIONS:
-            differences[method][d] = {}
-            for m in METRICS:
-                values = [r["test"][d][m] for r in paired]
-                base = [base_by_seed[r["seed"]]["test"][d][m] for r in paired]
-                interval = paired_difference(values, base)
-                differences[method][d][m] = {
-                    **interval.to_dict(),
-                    "p": paired_t_test(values, base),
-                    "mde": minimum_detectable_difference(interval.sd, interval.n),
-                }
-    cells = [differences[method][d][m] for method in differences for d in DIRECTIONS for m in METRICS]
+        differences[method] = _paired_cells(_test_value, lambda r, d, m: base_by_seed[r["seed"]]["test"][d][m], paired)
+    _holm_over([differences[method] for method in differences])
+    return summary, differences
+
+
+def _test_value(run: dict[str, Any], direction: str, metric: str) -> float:
+    return run["test"][direction][metric]
+
+
+def _holm_over(tables: list[dict[str, dict[str, dict[str, Any]]]]) -> None:
+    """Set every cell's ``p_holm``, Holm-adjusted over all cells of ``tables`` ({direction: {metric: cell}} each)."""
+    from tvr.eval.stats import holm
+
+    cells = [table[d][m] for table in tables for d in DIRECTIONS for m in METRICS]
     for cell, adjusted in zip(cells, holm([cell["p"] for cell in cells]), strict=True):
         cell["p_holm"] = adjusted
-    return summary, differences
+
+
+def compare_with_controls(
+    runs: dict[str, list[dict[str, Any]]], differences: dict[str, Any], controls: dict[str, str]
+) -> dict[str, Any]:
+    """Each method against its own control, paired by seed (``controls``: method → another method of the bench, or
+    ``@<setting>``: the method's own runs scored at that baseline setting of its head): ``{method: {"control": name,
+    "differences": {direction: {metric: cell}}}}``, cells as :func:`summarize`'s. The Holm adjustment is then
+    redone over the whole table: every cell of ``differences`` (against the shared baseline) and of these."""
+    by_seed = {method: {r["seed"]: r for r in results} for method, results in runs.items()}
+    out: dict[str, Any] = {}
+    for method, control in controls.items():
+        if not control:
+            continue
+        if control.startswith(SELF_CONTROL):
+            paired = runs[method]
+            setting = control[len(SELF_CONTROL) :]
+            reference = lambda r, d, m, s=setting: r["test"][f"{d}@{s}"][m]  # noqa: E731
+        else:
+            paired = [r for r in runs[method] if r["seed"] in by_seed[control]]
+            reference = lambda r, d, m, c=control: by_seed[c][r["seed"]]["test"][d][m]  # noqa: E731
+        out[method] = {"control": control, "differences": _paired_cells(_test_value, reference, paired)}
+    if out:
+        _holm_over([*differences.values(), *(entry["differences"] for entry in out.values())])
+    return out
 
 
 def transfer_config(cfg: Config, entry: dict[str, Any], features_dir: str = "") -> Config:
@@ -1026,6 +1166,7 @@ def run_bench(
         runs[run.method].append({**read_json(run.run_dir / RUN_RESULT), "method": run.method})
 
     summary, differences = summarize(runs, bench.baseline)
+    controls = compare_with_controls(runs, differences, {m.name: m.control for m in bench.methods})
     transfer = evaluate_transfer(bench, runs, out_dir, progress, say) if bench.transfer else {}
     all_runs = [r for m in bench.methods for r in runs[m.name]]
     timings["this_session"] = {**session.lap(), "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg())}
@@ -1038,13 +1179,23 @@ def run_bench(
         "name": bench.name,
         "description": bench.description,
         "config": bench.raw,
-        "methods": [{"name": m.name, "head": m.head, "set": m.overrides, "preset": m.preset} for m in bench.methods],
+        "methods": [
+            {
+                "name": m.name,
+                "head": m.head,
+                "set": m.overrides,
+                "preset": m.preset,
+                **({"control": m.control} if m.control else {}),
+            }
+            for m in bench.methods
+        ],  # fmt: skip
         "baseline": bench.baseline,
         "seeds": bench.seeds,
         "epochs": bench.epochs,
         "level": 0.95,
         "alpha": ALPHA,
         "power": 0.8,
+        "select_metric": first.train.select_metric,
         "selection": "Checkpoint: best validation "
         + first.train.select_metric
         + "; inference settings chosen on validation; test split evaluated once per run",
@@ -1054,6 +1205,7 @@ def run_bench(
         "runs": all_runs,
         "summary": summary,
         "differences": differences,
+        **({"controls": controls} if controls else {}),
         "transfer": transfer,
         "provenance": {
             "command": command or f"tvr bench --config {bench.source} --out {out_dir}",
@@ -1095,4 +1247,6 @@ __all__ = [
     "run_identity",
     "run_one",
     "summarize",
+    "compare_with_controls",
+    "direction_choices",
 ]

@@ -7,9 +7,16 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+#: ``mean/<metric>``: the mean of ``t2v/<metric>`` and ``v2t/<metric>``, a criterion that sees both directions
+BOTH_DIRECTIONS = "mean"
+
 
 def lookup_metric(metrics: Mapping[str, Any], path: str) -> float:
-    """``"t2v/R1"`` → ``float(metrics["t2v"]["R1"])``; a clear error lists the metrics that do exist."""
+    """``"t2v/R1"`` → ``float(metrics["t2v"]["R1"])``; ``"mean/R1"`` → the mean of t2v and v2t R1 (unless the
+    metrics hold a ``mean`` entry of their own); a clear error lists the metrics that do exist."""
+    first, _, rest = path.partition("/")
+    if first == BOTH_DIRECTIONS and rest and first not in metrics:
+        return (lookup_metric(metrics, f"t2v/{rest}") + lookup_metric(metrics, f"v2t/{rest}")) / 2.0
     node: Any = metrics
     for part in path.split("/"):
         if not isinstance(node, Mapping) or part not in node:

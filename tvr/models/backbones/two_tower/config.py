@@ -44,8 +44,9 @@ class TwoTowerConfig:
     bridge: str = choice("conse", *TWO_TOWER_BRIDGES)
     #: shared-space width D of the projection bridge (conse: the text model's width)
     embed_dim: int = bounded(512, ge=1)
-    #: projection bridge: linear | mlp (Linear-GELU-Linear, hidden width max(in, D))
-    projection: str = choice("linear", "linear", "mlp")
+    #: projection bridge: linear | mlp (Linear-GELU-Linear, hidden width max(in, D)) | clip (CLIP's ending: a
+    #: LayerNorm over the tower's feature, then a bias-free map; both modalities reach the heads at comparable scales)
+    projection: str = choice("linear", "linear", "mlp", "clip")
     #: keep the pretrained towers fixed (they train at train.lr × train.backbone_lr_coef when false; BatchNorm
     #: statistics stay frozen either way)
     freeze_text: bool = True
