@@ -78,12 +78,34 @@ class Difference(_Part):
     mde: float
 
 
+RECALLS = ("R1", "R5", "R10")
+
+
 class ByMetric(_Part, Generic[Cell]):
     R1: Cell
     R5: Cell
     R10: Cell
     MdR: Cell
     MnR: Cell
+
+    @model_validator(mode="after")
+    def _possible(self) -> ByMetric[Cell]:
+        """A forged record can carry a matching digest (the seal has no secret): numbers no retrieval can produce —
+        a recall outside 0-100, a rank below 1, a difference wider than the scale, NaN or infinity — are refused."""
+        for name in (*RECALLS, "MdR", "MnR"):
+            cell = getattr(self, name)
+            if not isinstance(cell, Interval | Difference):
+                continue
+            mean = cell.mean
+            if not math.isfinite(mean):
+                raise ValueError(f"{name}: mean {mean} is not a finite number")
+            if isinstance(cell, Interval) and name in RECALLS and not 0 <= mean <= 100:
+                raise ValueError(f"{name}: mean {mean} is not a recall (a percentage, 0 to 100)")
+            if isinstance(cell, Interval) and name not in RECALLS and mean < 1:
+                raise ValueError(f"{name}: mean {mean} is not a rank (1 or more)")
+            if isinstance(cell, Difference) and name in RECALLS and abs(mean) > 100:
+                raise ValueError(f"{name}: difference {mean} is wider than a recall's scale (-100 to 100)")
+        return self
 
 
 class ByDirection(_Part, Generic[Cell]):
@@ -92,7 +114,7 @@ class ByDirection(_Part, Generic[Cell]):
 
 
 class Recall(_Part):
-    R1: float
+    R1: float = Field(ge=0, le=100)
 
 
 class CurvePoint(_Part):
