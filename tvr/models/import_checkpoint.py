@@ -13,10 +13,10 @@ Two layouts are understood (both are plain ``torch.save(model.state_dict())`` fi
   are never used by the released model (spec §3.2), nor is the top-level ``weight_fc``: these are reported as
   *ignored*, not as unexpected.
 
-Where the tensors go: ``clip.*`` through the OpenAI → HF converter (:mod:`tvr.models.convert_openai`) to
+Where the tensors go: ``clip.*`` through the OpenAI → HF converter (:mod:`tvr.models.backbones.clip.convert_openai`) to
 ``backbone.clip.*``; ``clip.logit_scale`` also to ``head.logit_scale`` (both references scale logits by
 exp(clip.logit_scale)); the temporal blocks to ``temporal.blocks.<i>`` with the fused q/k/v split like CLIP's own
-layers; ψ to :class:`~tvr.models.heads.gare.psi.Psi` (``ln_in``, ``q_proj`` … ``out_proj``, ``ln_attn``, ``linear``,
+layers; ψ to :class:`~tvr.methods.gare.psi.Psi` (``ln_in``, ``q_proj`` … ``out_proj``, ``ln_attn``, ``linear``,
 ``ln_out``, ``delta_proj``). Every tensor is cast to float32 (GARE saves CLIP in fp16 on CUDA).
 
 The model comes from the config (``tvr.models.build.build_model``), so its architecture — CLIP size
@@ -38,7 +38,13 @@ import torch
 from torch import Tensor
 
 from tvr.config import Config
-from tvr.models.convert_openai import METADATA_KEYS, ConversionError, count_blocks, map_residual_block, map_state_dict
+from tvr.models.backbones.clip.convert_openai import (
+    METADATA_KEYS,
+    ConversionError,
+    count_blocks,
+    map_residual_block,
+    map_state_dict,
+)
 from tvr.models.model import RetrievalModel
 from tvr.utils.errors import UserError
 from tvr.utils.io import describe_file_start
