@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from tvr.config import ConfigError, ModelConfig
 from tvr.data.transforms import PixelNorm
+from tvr.models.backbones.base import NotExportableError, SentenceQuerySide
 from tvr.models.backbones.two_tower.bridge import ConseBridge, FusedConseBridge, ProjectionBridge
 from tvr.models.backbones.two_tower.config import TwoTowerConfig
 from tvr.models.backbones.two_tower.image_tower import EFFICIENTNET_LITE_NORM, ImageTower, build_image_tower
@@ -120,6 +121,41 @@ class TwoTowerBackbone(nn.Module):
         return False
 
     # ------------------------------------------------------------------ encoders
+    def sentence_query_side(self, bridge: nn.Module | None) -> SentenceQuerySide:
+        """The query side as the numpy query export reads it: a sentence-transformers BERT (Transformer + mean
+        Pooling, optionally Normalize) and a ConSE or fused ConSE bridge; NotExportableError says what else it is."""
+        modules = list(getattr(self.text_tower, "model", None) or [])
+        names = [type(module).__name__ for module in modules]
+        if names not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+            raise NotExportableError(f"text tower modules {names}, not Transformer + Pooling (+ Normalize)")
+        bert = modules[0].auto_model
+        if type(bert).__name__ != "BertModel" or bert.config.hidden_act != "gelu":
+            raise NotExportableError(
+                f"text model {type(bert).__name__} with {bert.config.hidden_act!r}, not a gelu BertModel"
+            )
+        if getattr(bert.config, "position_embedding_type", "absolute") != "absolute" or bert.config.is_decoder:
+            raise NotExportableError("text model with relative positions or a decoder")
+        pooling = modules[1].get_config_dict()
+        mean_only = pooling.get("pooling_mode") == "mean" or (
+            pooling.get("pooling_mode_mean_tokens") is True
+            and not any(
+                value for key, value in pooling.items() if key.startswith("pooling_mode_") and "mean" not in key
+            )
+        )
+        if not mean_only:
+            raise NotExportableError(f"pooling {pooling}, not mean pooling")
+        normalize = names[-1] == "Normalize"
+        if isinstance(bridge, FusedConseBridge):
+            fusion = {
+                "kind": "fused",
+                "weight": float(bridge.class_weight),
+                "temperature": float(bridge.class_temperature),
+            }
+            return SentenceQuerySide(bert, normalize, fusion, bridge.class_embeddings)
+        if isinstance(bridge, ConseBridge):
+            return SentenceQuerySide(bert, normalize, {"kind": "none"})
+        raise NotExportableError(f"bridge {type(bridge).__name__}, not ConSE or fused ConSE")
+
     def encode_text(self, input_ids: Tensor, attention_mask: Tensor) -> TextFeatures:
         """Token ids [N, L] (from :class:`~tvr.data.sentence_tokenizer.SentenceTokenizer`) → pooled [N, Wt] and
         per-token [N, L, Wt] text-tower features (float32)."""
