@@ -44,6 +44,7 @@ class GareHead(RetrievalHead):
 
     Options = GareOptions
     analysis_figures = ".figures"
+    release_keys = ".release_keys"
     indexable = False
     # direct path: a block holds a handful of n_t × n_v × D float tensors (64·256·512·4 B = 32 MiB each)
     default_text_chunk = 64
