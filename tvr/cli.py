@@ -657,7 +657,7 @@ app.add_typer(bench_app, name="bench")
 
 @app.command()
 def heads() -> None:
-    """List the method heads (registered in tvr.models.heads or by installed packages), their options (set under
+    """List the method heads (registered in tvr.methods or by installed packages), their options (set under
     head.options) with defaults, allowed values and what each does."""
     import dataclasses
 
