@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib
 import logging
 import math
 import os
@@ -79,6 +80,24 @@ def check_head_import(name: Any, where: str = "head.name", registered: str = "re
         "does that for a config, checkpoint or index only when told to trust it: run `tvr --trust-code ...` (or set "
         f"TVR_TRUST_CODE=1; in Python, tvr.config.trust_code()); {registered} need no trust"
     )
+
+
+def import_named(spec: str, where: str) -> Any:
+    """The object an import path ``package.module:Name`` (``Name`` may be dotted) names, for the field ``where``
+    (``head.name``, ``model.backbone``); ConfigError naming what is wrong. The caller checks trust first."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{where} = {spec!r}: an import path must look like 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{where} = {spec!r}: cannot import module {module_name!r} ({exc})") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{where} = {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
 
 
 #: what a backbone refused for want of trust says needs none

@@ -37,6 +37,7 @@ from tvr.config import (
     answer_backbone_question,
     build_section,
     check_head_import,
+    import_named,
     model_section_type,
 )
 from tvr.data.feature_cache import FeatureIdentity
@@ -88,20 +89,8 @@ def available_backbones() -> list[str]:
 def _import_path(spec: str) -> Backbone:
     """The backbone class ``package.module:Class`` names, registered under that path (code must be trusted: the
     import runs the module)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"model.backbone = {spec!r}: an import path must look like 'package.module:ClassName'")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"model.backbone = {spec!r}: cannot import module {module_name!r} ({exc})") from exc
-    obj: object = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"model.backbone = {spec!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    try:
-        _add(spec, _check_backbone_class(obj, f"model.backbone = {spec!r}"))
+        _add(spec, _check_backbone_class(import_named(spec, "model.backbone"), f"model.backbone = {spec!r}"))
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     return _BACKBONES[spec]

@@ -25,7 +25,7 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tvr.config import ConfigError, HeadConfig, build_section
+from tvr.config import ConfigError, HeadConfig, build_section, import_named
 from tvr.models.heads.base import RetrievalHead
 
 log = logging.getLogger(__name__)
@@ -95,20 +95,8 @@ def available_heads() -> list[str]:
 
 
 def _import_path(spec: str) -> type[RetrievalHead]:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"head.name = {spec!r}: an import path must look like 'package.module:ClassName'")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"head.name = {spec!r}: cannot import module {module_name!r} ({exc})") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"head.name = {spec!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    try:
-        return _check_head_class(obj, f"head.name = {spec!r}")
+        return _check_head_class(import_named(spec, "head.name"), f"head.name = {spec!r}")
     except TypeError as exc:
         raise ConfigError(str(exc)) from None
 
