@@ -3,7 +3,8 @@
 One ViT-B/32-sized HF ``CLIPEncoderLayer`` (width 768, 12 heads, quick-GELU MLP 3072; random weights) on N videos of
 T frames × L = 49 patches with M = 4 proxies. Contenders, alternated and repeated in one process, minimum kept:
 
-* ``factorised``: :func:`tvr.models.clipvip.proxy_guided_layer` (proxies over all tokens + N·T frame-local blocks).
+* ``factorised``: :func:`tvr.models.backbones.clipvip.modeling.proxy_guided_layer` (proxies over all tokens + N·T
+frame-local blocks).
 * ``dense_mask``: the same layer weights with one ``F.scaled_dot_product_attention`` over the whole sequence and a
   boolean (M + T·L)² mask — what the brief rules out.
 
@@ -96,7 +97,7 @@ def main() -> None:
 
     import torch
 
-    from tvr.models.clipvip import proxy_guided_layer
+    from tvr.models.backbones.clipvip.modeling import proxy_guided_layer
     from tvr.utils.io import atomic_write_json
 
     torch.set_num_threads(args.threads)

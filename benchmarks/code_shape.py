@@ -11,6 +11,11 @@ than by hand. Every figure comes from parsing the files (``ast``); no module of 
   lazy imports inside functions included; **upward** arrows are those the layering rules of
   ``tests/test_layering.py`` refuse (the rules are imported from there, so there is one copy of them).
 * **Cycles**: import cycles among modules (as the layering test looks for them) and among parts.
+* **Arrows back up inside folders**: in every folder of the package (``tvr``, ``tvr/models``,
+  ``tvr/models/backbones`` …), the arrows between its entries (modules and sub-folders, a folder counting as all it
+  holds) that lie on a cycle: a folder declares no order of its own, so an arrow on a cycle runs back up whatever
+  order is drawn (issue 50: ``tvr/models/backbones/<name>/`` and the loose modules of ``tvr/models`` imported each
+  other).
 * **Duplicates**: when the ``duplicates`` tool is on ``PATH``, its count of repeated-code pairs inside ``tvr/``.
 
     .venv/bin/python benchmarks/code_shape.py   # writes benchmarks/results/code_shape.json
@@ -97,6 +102,45 @@ def layering(rules) -> dict:
     }
 
 
+def folder_back_arrows(rules) -> list[str]:
+    """Every arrow between two entries of one folder that lies on a cycle among that folder's entries, as
+    ``folder: a -> b`` (the module docstring)."""
+    modules = rules.MODULES
+    graph = {name: {t for t in rules.tvr_imports(path) if t in modules and t != name} for name, path in modules.items()}
+    folders = sorted({".".join(name.split(".")[:depth]) for name in modules for depth in range(1, name.count(".") + 1)})
+    found = []
+    for folder in folders:
+        depth = folder.count(".") + 1
+
+        def entry(module: str, folder: str = folder, depth: int = depth) -> str | None:
+            inside = module.startswith(f"{folder}.")
+            return module.split(".")[depth] if inside else None
+
+        arrows: dict[str, set[str]] = {}
+        for source, targets in graph.items():
+            here = entry(source)
+            if here is not None:
+                arrows.setdefault(here, set()).update(t for t in map(entry, targets) if t is not None and t != here)
+        for source, targets in sorted(arrows.items()):
+            found.extend(
+                f"{folder}: {source} -> {target}" for target in sorted(targets) if _reaches(arrows, target, source)
+            )
+    return found
+
+
+def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        node = stack.pop()
+        if node == goal:
+            return True
+        if node not in seen:
+            seen.add(node)
+            stack.extend(graph.get(node, ()))
+    return False
+
+
 def duplicate_pairs(package: Path) -> int | None:
     """The ``duplicates`` tool's pair count for ``package`` (None when the tool is not installed)."""
     tool = shutil.which("duplicates")
@@ -145,6 +189,8 @@ def main() -> None:
         "long_functions": len(functions),
         "long_function_list": functions,
         **layering(rules),
+        "folder_back_arrows": len(back := folder_back_arrows(rules)),
+        "folder_back_arrow_list": back,
         "duplicate_pairs": duplicate_pairs(package),
         "command": "python benchmarks/code_shape.py"
         + ("" if args.max_lines == 80 else f" --max-lines {args.max_lines}"),

@@ -71,8 +71,8 @@ def score_every_mode(run: Path) -> dict:
     from tvr.data.annotations import load_split
     from tvr.data.tokenizer import build_tokenizer
     from tvr.eval.runner import encode_split_raw
+    from tvr.methods.gravialign.scoring import s_align_scores
     from tvr.models.checkpoint import load_model
-    from tvr.models.heads.gravialign.scoring import s_align_scores
 
     model, cfg = load_model(run / "last.pt")
     model.eval()

@@ -8,7 +8,7 @@ factorises into a matrix product, so both contenders do O(N_t·N_v·D) elementwi
   recomputed per pair);
 * ``pure``: ``gravialign.losses.sgi_align_pairwise``, the small pure function the losses use (chunks of up to 1 M
   elements, its own chunked backward; no threads of its own);
-* ``ours``: ``tvr.models.heads.gravialign.scoring.s_align_scores``, the head's test-time scorer (the process's pool
+* ``ours``: ``tvr.methods.gravialign.scoring.s_align_scores``, the head's test-time scorer (the process's pool
   of single-threaded workers, one per torch thread, on their own text stripes; cache-sized blocks in two reused
   buffers per worker, in-place ops, variances multiplied over groups of dimensions before one log per group).
 
@@ -73,7 +73,7 @@ def broadcast_scores(mu_v, lv_v, mu_t, lv_t, chunk: int = BROADCAST_CHUNK):  # n
     """The baseline: [chunk, N_v, D] broadcasts per chunk of texts, reduced straight from the formulas."""
     import torch
 
-    from tvr.models.heads.gravialign.losses import sgi_align_terms
+    from tvr.methods.gravialign.losses import sgi_align_terms
 
     rows = []
     for a in range(0, mu_t.shape[0], chunk):
@@ -83,13 +83,13 @@ def broadcast_scores(mu_v, lv_v, mu_t, lv_t, chunk: int = BROADCAST_CHUNK):  # n
 
 
 def ours_scores(mu_v, lv_v, mu_t, lv_t, **kwargs):  # noqa: ANN001, ANN003, ANN201
-    from tvr.models.heads.gravialign.scoring import s_align_scores
+    from tvr.methods.gravialign.scoring import s_align_scores
 
     return s_align_scores(mu_v, lv_v, mu_t, lv_t, **SGI, **kwargs)
 
 
 def pure_scores(mu_v, lv_v, mu_t, lv_t):  # noqa: ANN001, ANN201
-    from tvr.models.heads.gravialign.losses import sgi_align_pairwise
+    from tvr.methods.gravialign.losses import sgi_align_pairwise
 
     return sgi_align_pairwise(mu_v, lv_v, mu_t, lv_t, **SGI)
 
@@ -204,7 +204,7 @@ def time_block_steps(tc: int, vc: int, tensors: tuple, group: int, reps: int, in
 
 def scaled_tensors(args: argparse.Namespace):  # noqa: ANN201
     """μ and the variances pre-scaled by 2^−k as ``s_align_scores`` holds them, and the product group g."""
-    from tvr.models.heads.gravialign.scoring import sgi_product_group
+    from tvr.methods.gravialign.scoring import sgi_product_group
 
     mu_v, lv_v, mu_t, lv_t = inputs(args)
     g, k = sgi_product_group(lv_v, lv_t)
@@ -215,7 +215,7 @@ def where_the_time_goes(args: argparse.Namespace, reps: int) -> dict:
     """In one process: variants of ours, and each step of one default block scaled to every pair."""
     import torch
 
-    from tvr.models.heads.gravialign.scoring import SGI_BLOCK_ELEMENTS, SGI_TEXT_CHUNK
+    from tvr.methods.gravialign.scoring import SGI_BLOCK_ELEMENTS, SGI_TEXT_CHUNK
 
     mu_v, lv_v, mu_t, lv_t = inputs(args)
     variants = {}
@@ -300,7 +300,7 @@ def one_thread_floor(args: argparse.Namespace, reps: int) -> dict:
     and the whole call."""
     import torch
 
-    from tvr.models.heads.gravialign.scoring import SGI_BLOCK_ELEMENTS, SGI_TEXT_CHUNK
+    from tvr.methods.gravialign.scoring import SGI_BLOCK_ELEMENTS, SGI_TEXT_CHUNK
 
     mu_v, lv_v, mu_t, lv_t = inputs(args)
     tensors, g = scaled_tensors(args)
@@ -386,7 +386,7 @@ def main() -> None:
 
     import torch
 
-    from tvr.models.heads.gravialign.scoring import sgi_product_group
+    from tvr.methods.gravialign.scoring import sgi_product_group
     from tvr.utils.io import atomic_write_json
 
     command = "cd " + str(REPO) + " && .venv/bin/python benchmarks/gravialign_scoring.py " + " ".join(sys.argv[1:])
@@ -430,8 +430,8 @@ def main() -> None:
         "product_group": g,
         "scale_exponent": k,
         "broadcast": {"path": f"sgi_align_terms on [{BROADCAST_CHUNK}, N_v, D] broadcasts", **summary("broadcast")},
-        "pure": {"path": "tvr.models.heads.gravialign.losses.sgi_align_pairwise (defaults)", **summary("pure")},
-        "ours": {"path": "tvr.models.heads.gravialign.scoring.s_align_scores (defaults)", **summary("ours")},
+        "pure": {"path": "tvr.methods.gravialign.losses.sgi_align_pairwise (defaults)", **summary("pure")},
+        "ours": {"path": "tvr.methods.gravialign.scoring.s_align_scores (defaults)", **summary("ours")},
         "output_mib": round(args.n_texts * args.n_videos * 4 / 2**20, 2),
     }
     pairwise["speedup"] = round(pairwise["broadcast"]["seconds_min"] / pairwise["ours"]["seconds_min"], 2)

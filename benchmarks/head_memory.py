@@ -145,7 +145,7 @@ def simulated_shard(batch: int, world: int):  # noqa: ANN201
 
 def activation_bytes(shape: dict, batch: int, world: int, device: str, per_rank: bool) -> int:
     """Bytes the head's loss saves for backward on rank 0 of ``world`` (``per_rank``: its own rows only)."""
-    import tvr.models.heads.gravialign.head as gravialign
+    import tvr.methods.gravialign.head as gravialign
     from tvr.utils.distributed import RowShard
     from tvr.utils.memory import SavedTensorMeter
 

@@ -40,7 +40,7 @@ if str(REPO) not in sys.path:
 
 from tvr.data.feature_cache import load_cached_split  # noqa: E402
 from tvr.eval.stats import t_interval  # noqa: E402
-from tvr.models.heads.gare.psi import gare_delta, video_mean  # noqa: E402
+from tvr.methods.gare.psi import gare_delta, video_mean  # noqa: E402
 from tvr.pipeline import SplitEvaluator  # noqa: E402
 from tvr.pipeline.bench import (  # noqa: E402
     BenchMethod,

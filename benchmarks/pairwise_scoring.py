@@ -45,7 +45,7 @@ DEFAULT_OUT = REPO / "benchmarks" / "results" / "pairwise_scoring.json"
 def make_psi(dim: int, seed: int):  # noqa: ANN201 - torch imported lazily
     import torch
 
-    from tvr.models.heads.gare.psi import Psi
+    from tvr.methods.gare.psi import Psi
 
     torch.manual_seed(seed)
     psi = Psi(dim).eval()
@@ -75,9 +75,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     from gare_oracle import gare_reference_scores
 
-    from tvr.models.heads.gare.algebra import clear_cache
-    from tvr.models.heads.gare.psi import GareOptions
-    from tvr.models.heads.gare.scoring import gare_pairwise_scores
+    from tvr.methods.gare.algebra import clear_cache
+    from tvr.methods.gare.psi import GareOptions
+    from tvr.methods.gare.scoring import gare_pairwise_scores
     from tvr.types import TextFeatures, VideoFeatures
 
     psi = make_psi(args.dim, args.seed)

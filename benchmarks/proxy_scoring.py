@@ -57,7 +57,7 @@ GEMM_ROWS = 2048
 def make_generator(dim: int, num_proxies: int, dash: str, seed: int):  # noqa: ANN201 - torch imported lazily
     import torch
 
-    from tvr.models.heads.proxy import ProxyGenerator
+    from tvr.methods.proxy import ProxyGenerator
 
     torch.manual_seed(seed)
     gen = ProxyGenerator(dim, ffn_dim=dim, dash=dash, num_proxies=num_proxies).eval()
@@ -86,7 +86,7 @@ def worker(args: argparse.Namespace) -> None:
     """One timed call in this (fresh) process; prints a JSON line."""
     import torch
 
-    from tvr.models.heads.proxy import proxy_pairwise_scores
+    from tvr.methods.proxy import proxy_pairwise_scores
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -157,7 +157,7 @@ def profile_breakdown(args: argparse.Namespace, n_texts: int, n_videos: int) -> 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from tvr.models.heads.proxy import proxy_pairwise_scores
+    from tvr.methods.proxy import proxy_pairwise_scores
 
     gen = make_generator(args.dim, args.proxies, "theta", args.seed)
     text, video, proxies = make_features(n_texts, n_videos, args.dim, args.proxies, args.seed)
@@ -176,8 +176,8 @@ def rerank_part(args: argparse.Namespace) -> dict:
     import torch.nn.functional as F
     from rerank_recall import gt_recalls, make_eval_set
 
+    from tvr.methods.proxy import ProxyHead, ProxyOptions
     from tvr.models.heads.common import top_k_by_dot
-    from tvr.models.heads.proxy import ProxyHead, ProxyOptions
     from tvr.types import TextFeatures, VideoFeatures
 
     n_t, n_v = args.rerank_texts, args.rerank_videos

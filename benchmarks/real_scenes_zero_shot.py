@@ -44,9 +44,9 @@ from tvr.data.datasets import VideoResolver  # noqa: E402
 from tvr.data.tokenizer import build_tokenizer  # noqa: E402
 from tvr.data.video import load_clip  # noqa: E402
 from tvr.eval.runner import EncodedSplit, evaluate_encoded  # noqa: E402
+from tvr.models.backbones.two_tower.modeling import build_two_tower_bridge  # noqa: E402
 from tvr.models.build import build_model  # noqa: E402
 from tvr.models.preprocess import backbone_norm  # noqa: E402
-from tvr.models.two_tower import build_two_tower_bridge  # noqa: E402
 from tvr.pipeline import resolve_config  # noqa: E402
 from tvr.types import TextFeatures, VideoFeatures  # noqa: E402
 from tvr.utils.io import atomic_write_json  # noqa: E402

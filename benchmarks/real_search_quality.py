@@ -20,14 +20,16 @@ What a configuration varies (the encoder's frames → ImageNet classes → ConSE
   probabilities;
 * class-space scoring fused with the embedding score: the query mapped onto the 1000 class texts
   (softmax(cos / τ)) compared with the clip's mean class distribution, s = (1 − w)·cos_emb + w·cos_class;
-* hubness correction with a fixed bank of generic sentences (``tvr/models/data/query_bank_v1.txt``, shipped with
+* hubness correction with a fixed bank of generic sentences (``tvr/models/backbones/two_tower/data/query_bank_v1.txt``,
+shipped with
   tvr; computed once, never from the queries): every clip's score is lowered by β × its mean similarity to its κ
   nearest bank sentences (a per-clip bias: the ranking of one query is what QB-norm's inverted softmax changes);
 * the ensemble of several image towers (``tower=lite0+lite1``: each frame's class probabilities averaged over the
   towers before ConSE), and the fused score per frame, pooled by its mean or its maximum over the window's frames
   (``frame_score``) instead of one fused vector per clip.
 
-Class-space fusion and the bank are scored with the library's own functions (``tvr.models.class_fusion``: the
+Class-space fusion and the bank are scored with the library's own functions
+(``tvr.models.backbones.two_tower.class_fusion``: the
 vectors ``model.two_tower.conse_class_weight`` / ``conse_bank_weight`` make), so a row of this table is what
 ``tvr index`` + ``tvr eval-search`` give with those settings.
 
@@ -60,11 +62,16 @@ if str(REPO) not in sys.path:
 from tvr.config import load_config  # noqa: E402
 from tvr.data.transforms import center_crop, normalize, resize_short_side, square_resize, to_tensor_frames  # noqa: E402
 from tvr.data.video import decode_frames, probe_video  # noqa: E402
-from tvr.models.class_fusion import fuse_text, fuse_video  # noqa: E402
-from tvr.models.conse import class_prompts, conse_combine, imagenet_class_names, pool_class_embeddings  # noqa: E402
-from tvr.models.image_tower import EFFICIENTNET_LITE_NORM  # noqa: E402
-from tvr.models.text_tower import embed_sentences  # noqa: E402
-from tvr.models.two_tower import bank_embeddings  # noqa: E402
+from tvr.models.backbones.two_tower.class_fusion import fuse_text, fuse_video  # noqa: E402
+from tvr.models.backbones.two_tower.conse import (  # noqa: E402
+    class_prompts,
+    conse_combine,
+    imagenet_class_names,
+    pool_class_embeddings,
+)
+from tvr.models.backbones.two_tower.image_tower import EFFICIENTNET_LITE_NORM  # noqa: E402
+from tvr.models.backbones.two_tower.modeling import bank_embeddings  # noqa: E402
+from tvr.models.backbones.two_tower.text_tower import embed_sentences  # noqa: E402
 from tvr.search.encoders import ConfigEncoder  # noqa: E402
 from tvr.search.evaluation import metrics_from_ranks, ranks_from_scores  # noqa: E402
 from tvr.search.windows import DEFAULT_STRIDE, DEFAULT_WINDOW, FrameSpec, plan_windows, window_indices  # noqa: E402
@@ -338,7 +345,8 @@ def score_matrix(s: Setting, queries: torch.Tensor, clips: Clips, text: TextSide
         return torch.stack(columns, dim=1)
     if not (s.class_weight or s.bank_beta):
         return queries @ clips.emb.T
-    # the fused vectors of tvr.models.class_fusion, as the index stores them (a cosine head: unit vectors)
+    # the fused vectors of tvr.models.backbones.two_tower.class_fusion, as the index stores them (a cosine head: unit
+    # vectors)
     t = F.normalize(fuse_text(queries, classes, s.class_weight, s.class_tau), dim=-1)
     v = F.normalize(fuse_video(clips.emb, clips.dist, bank, s.bank_beta, s.bank_kappa), dim=-1)
     return t @ v.T

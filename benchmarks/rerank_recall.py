@@ -37,9 +37,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.pairwise_scoring import make_psi  # noqa: E402
+from tvr.methods.gare import GareHead  # noqa: E402
+from tvr.methods.gare.algebra import clear_cache  # noqa: E402
 from tvr.models.heads.common import rerank_to_dense  # noqa: E402
-from tvr.models.heads.gare import GareHead  # noqa: E402
-from tvr.models.heads.gare.algebra import clear_cache  # noqa: E402
 from tvr.types import TextFeatures, VideoFeatures  # noqa: E402
 from tvr.utils.io import atomic_write_json  # noqa: E402
 

@@ -198,7 +198,7 @@ def scale_psi(head, synth: Synthetic, gallery: np.ndarray, frames: int, ratio: f
     """Scale ψ's output layer so that ‖Δ_ij‖ ≈ ratio·‖t_i‖ on average: ψ keeps its random reference
     initialisation otherwise. A trained GARE's increments are small corrections (its trust-region term bounds them);
     a random ψ's are not, and would make the exact score unrelated to any shortlist."""
-    from tvr.models.heads.gare.psi import gare_delta
+    from tvr.methods.gare.psi import gare_delta
 
     v = torch.from_numpy(np.asarray(gallery[:64]))
     video = head.encode_videos(VideoFeatures(frames_for(v, frames, seed=5), torch.ones(64, frames)))

@@ -1,7 +1,7 @@
 """Reference-style GARE scoring: ψ run on every (text, video) pair, block by block, as the released code does
 (16 × 16 blocks, spec §3.7). The oracle the factorised scorer is tested and benchmarked against
 (``benchmarks/pairwise_scoring.py`` imports it from here); it is built on the library's one per-pair block,
-:func:`tvr.models.heads.gare.psi.gare_block`, run in the input's dtype with ψ in eval mode."""
+:func:`tvr.methods.gare.psi.gare_block`, run in the input's dtype with ψ in eval mode."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from tvr.models.heads.gare.psi import GareOptions, gare_block
+from tvr.methods.gare.psi import GareOptions, gare_block
 from tvr.types import TextFeatures, VideoFeatures
 
 

@@ -19,22 +19,22 @@ from tvr.analysis.pairs import sample_negatives, sample_pair_batches
 from tvr.analysis.summaries import describe, spearman
 from tvr.eval.protocol import evaluate
 from tvr.losses import symmetric_infonce
-from tvr.models.heads.clip4clip import Clip4ClipHead
-from tvr.models.heads.gare import GareHead, GareOptions
-from tvr.models.heads.gare.figures.geometry import delta_geometry, gare_scores_without_delta, hard_negative_alignment
-from tvr.models.heads.gare.figures.gradients import gare_batch_gradients, gare_gradient_tension
-from tvr.models.heads.gare.psi import gare_block, gare_delta, gare_pair_features, pooled_video
-from tvr.models.heads.gravialign import GraviAlignHead, GraviAlignOptions
-from tvr.models.heads.gravialign.figures import (
+from tvr.methods.clip4clip import Clip4ClipHead
+from tvr.methods.gare import GareHead, GareOptions
+from tvr.methods.gare.figures.geometry import delta_geometry, gare_scores_without_delta, hard_negative_alignment
+from tvr.methods.gare.figures.gradients import gare_batch_gradients, gare_gradient_tension
+from tvr.methods.gare.psi import gare_block, gare_delta, gare_pair_features, pooled_video
+from tvr.methods.gravialign import GraviAlignHead, GraviAlignOptions
+from tvr.methods.gravialign.figures import (
     caption_lengths,
     mean_variance,
     mode_comparison,
     sgi_term_distributions,
     uncertainty_vs_ambiguity,
 )
-from tvr.models.heads.gravialign.losses import sgi_align_terms
-from tvr.models.heads.proxy import ProxyHead, ProxyOptions
-from tvr.models.heads.proxy.figures import embed_2d, gamma_sweep, proxy_queries, proxy_query_correlation
+from tvr.methods.gravialign.losses import sgi_align_terms
+from tvr.methods.proxy import ProxyHead, ProxyOptions
+from tvr.methods.proxy.figures import embed_2d, gamma_sweep, proxy_queries, proxy_query_correlation
 from tvr.types import TextFeatures, VideoFeatures
 
 D = 16

@@ -116,6 +116,53 @@ def test_a_backbone_outside_the_package_trains_evaluates_indexes_and_searches(tm
         assert Path(hits[0]["video"]).name == f"{colour}.mp4", hits
 
 
+def test_a_backbone_named_by_import_path_trains_from_the_shell_with_trusted_code(tmp_path: Path) -> None:
+    """``tvr --trust-code train --set model.backbone=pkg.module:Class`` in a fresh process (nothing imported the
+    module before): the backbone is imported by its path, as a head is; without ``--trust-code`` it is refused (exit
+    2, one line naming the field), and the checkpoint it writes records the path."""
+    import os
+    import subprocess
+    import sys
+
+    from search_fixtures import write_caption_set, write_videos
+
+    clips = write_caption_set(tmp_path / "work", write_videos(tmp_path / "videos"))
+    path = "toy_backbones:ToyBag"
+    args = ["train", "--config", str(PRESET), "--set", f"model.backbone={path}", "--set", "train.max_steps=2"]
+    args += ["--set", f"data.annotations={tmp_path / 'work'}", "--set", f"data.video_dir={clips}"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent), "TVR_TRUST_CODE": ""}
+
+    def tvr(*extra: str, out: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "tvr", *extra, *args, "--out", str(tmp_path / out)]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+    refused = tvr(out="refused")
+    assert refused.returncode == 2, refused.stderr
+    assert f"model.backbone = '{path}' is an import path" in refused.stderr
+    assert not (tmp_path / "refused" / "last.pt").exists()
+    trusted = tvr("--trust-code", out="run")
+    assert trusted.returncode == 0, trusted.stderr
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["model"]["backbone"] == path and saved["model"]["options"]["embed_dim"] == 16
+    assert (tmp_path / "run" / "last.pt").is_file()
+
+
+def test_a_backbone_import_path_must_name_a_backbone_class() -> None:
+    from tvr.config import trusting_code
+
+    try:
+        with trusting_code():
+            with pytest.raises(ConfigError, match="expected a Backbone subclass"):
+                registry.backbone_spec("toy_backbones:ToyBagModule")
+            with pytest.raises(ConfigError, match="has no attribute 'Nothing'"):
+                registry.backbone_spec("toy_backbones:Nothing")
+            assert registry.backbone_spec("toy_backbones:ToyBag").name == "toy_backbones:ToyBag"
+        with pytest.raises(ConfigError, match="is an import path"):  # once imported, still only with trust
+            registry.backbone_spec("toy_backbones:ToyBag")
+    finally:
+        registry._BACKBONES.pop("toy_backbones:ToyBag", None)
+
+
 # --------------------------------------------------------------------------------------------- the seam holds
 
 

@@ -19,8 +19,8 @@ from tvr.eval.bench_report import control_differences_table, direction_selection
 from tvr.eval.feature_norms import feature_norms
 from tvr.eval.results_document import all_hypotheses, fill_template
 from tvr.eval.stats import holm, paired_difference, paired_t_test, t_interval, t_test_p
+from tvr.models.backbones.two_tower.bridge import PROJECTION_KINDS, ProjectionBridge
 from tvr.models.backbones.two_tower.config import TwoTowerConfig
-from tvr.models.bridge import PROJECTION_KINDS, ProjectionBridge
 from tvr.pipeline.bench import (
     BENCH_PRESET_DIR,
     BenchConfigError,

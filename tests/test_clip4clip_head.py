@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import tvr.models.heads.clip4clip.head as c4c_mod
+import tvr.methods.clip4clip.head as c4c_mod
+from tvr.methods.clip4clip import Clip4ClipHead, Clip4ClipOptions, Clip4ClipTextState, Clip4ClipVideoState
 from tvr.models.heads.base import LN_100, RetrievalHead
-from tvr.models.heads.clip4clip import Clip4ClipHead, Clip4ClipOptions, Clip4ClipTextState, Clip4ClipVideoState
 from tvr.types import TextFeatures, VideoFeatures
 
 D, F_SLOTS = 16, 5

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from tvr.config import ModelConfig
 from tvr.models.backbones.clip.config import TinyClipConfig
-from tvr.models.clip_backbone import ClipBackbone, tiny_clip_config
+from tvr.models.backbones.clip.modeling import ClipBackbone, tiny_clip_config
 from tvr.types import TextFeatures
 
 VOCAB = 100

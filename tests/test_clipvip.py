@@ -16,10 +16,9 @@ from torch import Tensor
 
 from tvr.config import ModelConfig, config_from_dict, load_config
 from tvr.models.backbones.clip.config import TinyClipConfig
+from tvr.models.backbones.clip.modeling import ClipBackbone
 from tvr.models.backbones.clipvip.config import ClipVipConfig
-from tvr.models.build import build_backbone, build_model
-from tvr.models.clip_backbone import ClipBackbone
-from tvr.models.clipvip import (
+from tvr.models.backbones.clipvip.modeling import (
     CKPT_ADDED_CLS,
     CKPT_PREFIX,
     CKPT_TEMPORAL,
@@ -29,6 +28,7 @@ from tvr.models.clipvip import (
     interpolate_temporal,
     proxy_guided_layer,
 )
+from tvr.models.build import build_backbone, build_model
 from tvr.utils.errors import UserError
 
 TINY = TinyClipConfig(

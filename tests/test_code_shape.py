@@ -62,3 +62,18 @@ def test_the_package_has_no_upward_arrow_and_no_cycle(tmp_path: Path) -> None:
     assert shape["rooms"] >= 10 and shape["arrows"] > shape["rooms"]
     assert shape["upward_arrows"] == [] and shape["module_cycles"] == [] and shape["part_cycles"] == []
     assert shape["long_functions"] == len(shape["long_function_list"])
+    assert shape["folder_back_arrows"] == 0, shape["folder_back_arrow_list"]
+
+
+def test_arrows_back_up_inside_a_folder_are_those_on_a_cycle_of_its_entries() -> None:
+    # inside tvr.m: the folder b and the module a import each other (both arrows on the cycle), c is only imported
+    imports = {
+        "tvr.m.a": {"tvr.m.b.x", "tvr.m.c"},
+        "tvr.m.b.x": {"tvr.m.b.y"},
+        "tvr.m.b.y": {"tvr.m.a"},
+        "tvr.m.c": set(),
+    }
+    rules = SimpleNamespace(MODULES={name: name for name in imports}, tvr_imports=lambda name: imports[name])
+    assert _script().folder_back_arrows(rules) == ["tvr.m: a -> b", "tvr.m: b -> a"]
+    imports["tvr.m.b.y"] = {"tvr.m.c"}
+    assert _script().folder_back_arrows(rules) == []

@@ -12,14 +12,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tvr.config import ModelConfig
-from tvr.models.clip_backbone import ClipBackbone
-from tvr.models.convert_openai import (
+from tvr.models.backbones.clip.convert_openai import (
     ConversionError,
     convert_openai_checkpoint,
     convert_state_dict,
     load_openai_clip,
     load_openai_state_dict,
 )
+from tvr.models.backbones.clip.modeling import ClipBackbone
 
 WIDTH, LAYERS, PATCH, IMAGE, CONTEXT, VOCAB, EMBED = 64, 2, 8, 32, 77, 49408, 48
 
@@ -227,7 +227,7 @@ def test_a_state_dict_describing_a_larger_model_than_it_holds_is_refused_before_
     names must not get a model of that size allocated (it is checked against a skeleton on the meta device)."""
     from transformers import CLIPModel
 
-    import tvr.models.convert_openai as convert
+    import tvr.models.backbones.clip.convert_openai as convert
 
     built: list[str] = []
 

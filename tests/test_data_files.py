@@ -204,8 +204,8 @@ def _hf_config(made: dict[str, Path], work: Path) -> tuple[list[str], Path]:
 
     from tvr.data.tokenizer import build_tiny_tokenizer_files
     from tvr.models.backbones.clip.config import TinyClipConfig
-    from tvr.models.clip_backbone import tiny_clip_config
-    from tvr.models.clip_files import save_clip_atomic
+    from tvr.models.backbones.clip.files import save_clip_atomic
+    from tvr.models.backbones.clip.modeling import tiny_clip_config
 
     tiny = yaml.safe_load(made["config"].read_text())["model"]["tiny"]
     folder = save_clip_atomic(CLIPModel(tiny_clip_config(TinyClipConfig(**tiny))), work / "hf")

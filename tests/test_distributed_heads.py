@@ -133,7 +133,7 @@ def _watch_pairwise(head: nn.Module, name: str, options: dict[str, Any]) -> tupl
         head.score_block = scored
         return seen, lambda: delattr(head, "score_block")
     if name == "gravialign":
-        import tvr.models.heads.gravialign.head as module
+        import tvr.methods.gravialign.head as module
 
         originals = {f: getattr(module, f) for f in ("sgi_align_pairwise", "s_align_scores")}
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import tvr.models.heads.gare.head as gare_module
+import tvr.methods.gare.head as gare_module
 from tvr.config import Config, HeadConfig, load_config
 from tvr.losses import symmetric_infonce
+from tvr.methods.gare import GareHead, GareOptions, Psi, gare_block
+from tvr.methods.gare.losses import gare_direction, gare_kl, gare_radius
 from tvr.models.heads.base import LN_100
-from tvr.models.heads.gare import GareHead, GareOptions, Psi, gare_block
-from tvr.models.heads.gare.losses import gare_direction, gare_kl, gare_radius
 from tvr.models.heads.registry import resolve_head_config
 from tvr.types import TextFeatures, VideoFeatures
 
@@ -91,7 +91,7 @@ VARIANTS = [
 
 
 def test_psi_shapes_and_reexport() -> None:
-    from tvr.models.heads.gare.psi import Psi as PsiOriginal
+    from tvr.methods.gare.psi import Psi as PsiOriginal
 
     assert Psi is PsiOriginal
     psi = Psi(D).eval()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tvr.losses import symmetric_infonce
-from tvr.models.heads.gare.losses import gare_direction, gare_kl, gare_radius
+from tvr.methods.gare.losses import gare_direction, gare_kl, gare_radius
 
 # ----------------------------------------------------------------------------- independent references (loops)
 

@@ -8,8 +8,8 @@ import torch
 from gare_release_oracle import ReleaseConfig, ReleaseWeights, release_kl, release_loss, release_similarity
 
 from tvr.config import load_config
-from tvr.models.heads.gare import GareHead, GareOptions
-from tvr.models.heads.gare.losses import gare_kl
+from tvr.methods.gare import GareHead, GareOptions
+from tvr.methods.gare.losses import gare_kl
 from tvr.models.heads.registry import resolve_head_config
 from tvr.types import TextFeatures, VideoFeatures
 

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from gare_oracle import gare_reference_scores
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tvr.models.heads.gare import GareHead
-from tvr.models.heads.gare.psi import GareOptions, Psi
-from tvr.models.heads.gare.scoring import fast_path_support, gare_pair_scores, gare_pairwise_scores
+from tvr.methods.gare import GareHead
+from tvr.methods.gare.psi import GareOptions, Psi
+from tvr.methods.gare.scoring import fast_path_support, gare_pair_scores, gare_pairwise_scores
 from tvr.types import TextFeatures, VideoFeatures
 
 D, FR, L = 32, 6, 5

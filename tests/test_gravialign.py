@@ -15,16 +15,16 @@ import torch.nn.functional as F
 
 from tvr.config import Config, ConfigError, load_config
 from tvr.losses import symmetric_infonce
-from tvr.models.heads.base import LN_100, top_k_by_dot
-from tvr.models.heads.gravialign import MODES, GraviAlignHead, GraviAlignOptions, pooled_video, soft_clamp
-from tvr.models.heads.gravialign.losses import (
+from tvr.methods.gravialign import MODES, GraviAlignHead, GraviAlignOptions, pooled_video, soft_clamp
+from tvr.methods.gravialign.losses import (
     sgi_align,
     sgi_align_nce,
     sgi_align_pairwise,
     sgi_align_terms,
     sgi_quality,
 )
-from tvr.models.heads.gravialign.scoring import s_align_scores, scoring_pool, sgi_product_group
+from tvr.methods.gravialign.scoring import s_align_scores, scoring_pool, sgi_product_group
+from tvr.models.heads.base import LN_100, top_k_by_dot
 from tvr.models.heads.registry import head_options, resolve_head_config
 from tvr.models.model import RetrievalModel
 from tvr.types import TextFeatures, VideoFeatures
@@ -467,7 +467,7 @@ def test_pairwise_gradient_equals_the_broadcast_gradient(per_dim_mean: bool, a_d
 
 
 def test_the_chunked_moments_pass_gradcheck() -> None:
-    from tvr.models.heads.gravialign.losses import sgi_pair_moments
+    from tvr.methods.gravialign.losses import sgi_pair_moments
 
     g = torch.Generator().manual_seed(11)
     mu_v = torch.randn(5, 3, dtype=torch.float64, generator=g)
@@ -1157,7 +1157,7 @@ def test_a_collapse_of_the_features_is_reported_once(caplog: pytest.LogCaptureFi
     h.train()
     parts = h.loss(*collapsed)
     assert abs(float(parts["infonce"]) - math.log(batch)) < 1e-5 and float(parts["term_A"]) > 500.0
-    with caplog.at_level("WARNING", logger="tvr.models.heads.gravialign"):
+    with caplog.at_level("WARNING", logger="tvr.methods.gravialign"):
         for _ in range(80):
             h.loss(*collapsed)
     warnings = [r for r in caplog.records if "collapsed" in r.getMessage()]
@@ -1166,7 +1166,7 @@ def test_a_collapse_of_the_features_is_reported_once(caplog: pytest.LogCaptureFi
     healthy = head()
     healthy.train()
     caplog.clear()
-    with caplog.at_level("WARNING", logger="tvr.models.heads.gravialign"):
+    with caplog.at_level("WARNING", logger="tvr.methods.gravialign"):
         for _ in range(80):
             healthy.loss(*features(batch, batch))
         h2 = head()

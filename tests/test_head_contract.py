@@ -310,12 +310,12 @@ def test_register_head_decorator(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_heads_are_found_in_the_package_and_in_entry_points(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A new module in tvr/models/heads registers without any list to edit; installed packages join through the
+    """A new module in tvr/methods registers without any list to edit; installed packages join through the
     ``tvr.heads`` entry-point group; a broken plug-in is reported, not fatal."""
     import importlib.metadata
     import sys
 
-    import tvr.models.heads as heads_pkg
+    import tvr.methods as methods_pkg
 
     plugin_dir = tmp_path / "extra_heads"
     plugin_dir.mkdir()
@@ -325,17 +325,17 @@ def test_heads_are_found_in_the_package_and_in_entry_points(monkeypatch: pytest.
         "@register_head('dropin')\n"
         "class DropIn(BilinearHead):\n    pass\n"
     )
-    monkeypatch.setattr(heads_pkg, "__path__", [*heads_pkg.__path__, str(plugin_dir)])
+    monkeypatch.setattr(methods_pkg, "__path__", [*methods_pkg.__path__, str(plugin_dir)])
     monkeypatch.setattr(registry, "_HEADS", dict(registry._HEADS))
     monkeypatch.setattr(registry, "_DISCOVERED", False)
-    monkeypatch.delitem(sys.modules, "tvr.models.heads.dropin", raising=False)
+    monkeypatch.delitem(sys.modules, "tvr.methods.dropin", raising=False)
 
     good = importlib.metadata.EntryPoint("plugged", "toy_heads:BilinearHead", registry.ENTRY_POINT_GROUP)
     broken = importlib.metadata.EntryPoint("broken", "no_such_module_xyz:Head", registry.ENTRY_POINT_GROUP)
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [good, broken])
     names = registry.available_heads()
     assert {"dropin", "plugged", "clip4clip", "gare"} <= set(names) and "broken" not in names
-    monkeypatch.delitem(sys.modules, "tvr.models.heads.dropin", raising=False)
+    monkeypatch.delitem(sys.modules, "tvr.methods.dropin", raising=False)
 
 
 # --------------------------------------------------------------------------------------------- through the CLI

@@ -1,17 +1,19 @@
 """The package's import graph: layers point one way and no tvr module imports itself back (static, from the AST).
 
 Layers, top to bottom (docs/architecture.md): ``tvr.cli``/``tvr.__main__`` → ``tvr.demo`` → ``tvr.pipeline`` →
-``tvr.train``, ``tvr.eval``, ``tvr.search``, ``tvr.analysis`` → ``tvr.models`` → ``tvr.data`` → ``tvr.losses``,
-``tvr.config``, ``tvr.types``, ``tvr.utils``. A module may import from any layer below its own, with two limits:
-in the train/eval/search/analysis layer train and eval never import each other (search and analysis may use eval),
-and the CLI never imports ``tvr.train``: a job that trains, or writes a training checkpoint, is a pipeline job,
-so the CLI and Python callers run the same code. Every import counts, including the ones inside functions (a lazy
-import is still a dependency).
+``tvr.methods`` → ``tvr.train``, ``tvr.eval``, ``tvr.search``, ``tvr.analysis`` → ``tvr.models`` → ``tvr.data`` →
+``tvr.losses``, ``tvr.config``, ``tvr.types``, ``tvr.utils``. A module may import from any layer below its own, with
+two limits: in the train/eval/search/analysis layer train and eval never import each other (search and analysis may
+use eval), and the CLI never imports ``tvr.train``: a job that trains, or writes a training checkpoint, is a pipeline
+job, so the CLI and Python callers run the same code. Every import counts, including the ones inside functions (a
+lazy import is still a dependency).
 
-A method's folder ``tvr/models/heads/<method>/`` spans two layers: its ``figures`` module (or package) is analysis
-code (``tvr analyze`` imports it through the head's ``analysis_figures``; it may use ``tvr.analysis`` and
-``tvr.eval``, and nothing in ``tvr.models`` may import it), and its ``losses`` module is held to the rule of
-``tvr.losses``: pure tensor functions, importing nothing of tvr but ``tvr.losses``, ``tvr.types`` and ``tvr.utils``.
+A method's folder ``tvr/methods/<method>/`` sits above analysis and evaluation, so its ``figures`` module (or
+package) may use ``tvr.analysis`` and ``tvr.eval`` like any module of its layer; nothing below imports a method
+(the head registry finds the folders by name). Inside the folder two rules hold: only ``figures`` uses
+``tvr.analysis`` (a head is built in every job and never loads plotting code), and its ``losses`` module is held to
+the rule of ``tvr.losses``: pure tensor functions, importing nothing of tvr but ``tvr.losses``, ``tvr.types`` and
+``tvr.utils``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ LAYERS: list[set[str]] = [
     {"cli", "__main__"},
     {"demo"},
     {"pipeline"},
+    {"methods"},
     {"train", "eval", "search", "analysis"},
     {"models"},
     {"data"},
@@ -88,21 +91,19 @@ def tvr_imports(path: Path) -> set[str]:
     return found
 
 
-#: where a method's folder keeps its figures (analysis layer) and its losses (pure) — ``tvr.models.heads.<method>.*``
-HEADS = ("tvr", "models", "heads")
+#: where the methods' folders are — ``tvr.methods.<method>.*``
+METHODS = ("tvr", "methods")
 #: what a method's losses module may import from tvr (besides its own module)
 PURE_LOSS_IMPORTS = {"tvr.losses", "tvr.types", "tvr.utils"}
 
 
 def method_module(module: str, name: str) -> bool:
-    """True for ``tvr.models.heads.<method>.<name>`` and anything below it."""
+    """True for ``tvr.methods.<method>.<name>`` and anything below it."""
     parts = module.split(".")
-    return len(parts) >= 5 and tuple(parts[:3]) == HEADS and parts[4] == name
+    return len(parts) >= 4 and tuple(parts[:2]) == METHODS and parts[3] == name
 
 
 def part_of(module: str) -> str:
-    if method_module(module, "figures"):
-        return "analysis"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -164,7 +165,7 @@ METHOD_LOSSES = sorted(m for m in MODULES if method_module(m, "losses"))
 
 
 def test_every_method_keeps_its_losses_in_its_folder() -> None:
-    assert {m.split(".")[3] for m in METHOD_LOSSES} >= {"gare", "gravialign", "proxy"}
+    assert {m.split(".")[2] for m in METHOD_LOSSES} >= {"gare", "gravialign", "proxy"}
 
 
 @pytest.mark.parametrize("module", METHOD_LOSSES)
@@ -175,3 +176,19 @@ def test_method_losses_are_pure(module: str) -> None:
         if not any(t == ok or t.startswith(f"{ok}.") for ok in PURE_LOSS_IMPORTS)
     )
     assert not bad, f"{module} must be pure tensor functions (torch, tvr.losses/types/utils only), imports {bad}"
+
+
+#: every module of a method's folder but its figures
+METHOD_MODULES = sorted(
+    m for m in MODULES if m.startswith("tvr.methods.") and m.count(".") >= 2 and not method_module(m, "figures")
+)
+
+
+def test_method_modules_are_found() -> None:
+    assert {m.split(".")[2] for m in METHOD_MODULES} >= {"clip4clip", "gare", "gravialign", "proxy"}
+
+
+@pytest.mark.parametrize("module", METHOD_MODULES)
+def test_only_a_methods_figures_use_analysis(module: str) -> None:
+    bad = sorted(t for t in tvr_imports(MODULES[module]) if t == "tvr.analysis" or t.startswith("tvr.analysis."))
+    assert not bad, f"{module} imports {bad}; only the method's figures may use tvr.analysis (a head loads no plots)"

@@ -262,8 +262,8 @@ def test_a_backbone_of_another_image_size_stops_at_preflight(tmp_path: Path) -> 
     from transformers import CLIPModel
 
     from tvr.models.backbones.clip.config import TinyClipConfig
-    from tvr.models.clip_backbone import tiny_clip_config
-    from tvr.models.clip_files import save_clip_atomic
+    from tvr.models.backbones.clip.files import save_clip_atomic
+    from tvr.models.backbones.clip.modeling import tiny_clip_config
 
     folder = save_clip_atomic(CLIPModel(tiny_clip_config(TinyClipConfig(**values["model"]["tiny"]))), tmp_path / "hf")
     values["model"]["clip"] = str(folder)
@@ -279,8 +279,8 @@ def test_a_damaged_clip_folder_or_clipvip_checkpoint_is_one_line(tmp_path: Path)
     from transformers import CLIPModel
 
     from tvr.models.backbones.clip.config import TinyClipConfig
-    from tvr.models.clip_backbone import tiny_clip_config
-    from tvr.models.clip_files import save_clip_atomic
+    from tvr.models.backbones.clip.files import save_clip_atomic
+    from tvr.models.backbones.clip.modeling import tiny_clip_config
 
     values = make_msrvtt(tmp_path / "data")
     config = tmp_path / "tiny.yaml"
@@ -313,7 +313,7 @@ def test_a_damaged_clip_folder_or_clipvip_checkpoint_is_one_line(tmp_path: Path)
 
 
 def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch) -> None:
-    import tvr.models.clip_backbone as clip_backbone
+    import tvr.models.backbones.clip.modeling as clip_backbone
     import tvr.models.hub as hub
 
     calls: list[dict] = []

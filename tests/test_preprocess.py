@@ -47,7 +47,7 @@ def test_the_backbone_fills_what_the_config_leaves_unset() -> None:
     assert (vip.data.image_size, vip.data.sampling) == (48, "clipvip")
     assert backbone_preprocess(vip.model) == Preprocess(48, "clipvip", CLIP_NORM)
 
-    from tvr.models.image_tower import EFFICIENTNET_LITE_NORM
+    from tvr.models.backbones.two_tower.image_tower import EFFICIENTNET_LITE_NORM
 
     towers = resolve_config(
         config(

@@ -13,11 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import tvr.models.heads.proxy.scoring as proxy_module
+import tvr.methods.proxy.scoring as proxy_module
 from tvr.config import ConfigError, HeadConfig, load_config
-from tvr.models.heads.base import LN_100
-from tvr.models.heads.clip4clip import Clip4ClipHead
-from tvr.models.heads.proxy import (
+from tvr.methods.clip4clip import Clip4ClipHead
+from tvr.methods.proxy import (
     ProxyGenerator,
     ProxyHead,
     ProxyOptions,
@@ -25,7 +24,8 @@ from tvr.models.heads.proxy import (
     proxy_pairwise_scores,
     proxy_scores,
 )
-from tvr.models.heads.proxy.losses import text_proxy_loss
+from tvr.methods.proxy.losses import text_proxy_loss
+from tvr.models.heads.base import LN_100
 from tvr.models.heads.registry import build_head, head_options, resolve_head_config
 from tvr.pipeline import resolve_config
 from tvr.types import TextFeatures, VideoFeatures

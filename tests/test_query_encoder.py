@@ -138,7 +138,7 @@ def test_cold_search_is_quiet_and_imports_only_the_text_side(built: Path, tmp_pa
     shutil.copytree(export, tmp_path / "home" / "query-encoders" / export.name)
     _, answer, loaded = cold_search(built, "a magenta screen", 2, tmp_path / "home")
     assert answer[0]["video"] == "sub/magenta.mp4"
-    heavy = {"transformers", "sentence_transformers", "sklearn", "av", "fastapi", "tvr.models.clip_backbone"}
+    heavy = {"transformers", "sentence_transformers", "sklearn", "av", "fastapi", "tvr.models.backbones.clip.modeling"}
     assert not heavy & set(loaded), heavy & set(loaded)
     assert "tvr.search.query_encoder" in loaded
 

@@ -11,10 +11,10 @@ import torch
 from test_head_contract import HEADS, MIXTURE, TOY, build, features
 
 from tvr.config import HeadConfig
+from tvr.methods.gare.scoring import GareRerankState
+from tvr.methods.proxy import ProxyRerankState
 from tvr.models.heads import registry
 from tvr.models.heads.base import LN_100
-from tvr.models.heads.gare.scoring import GareRerankState
-from tvr.models.heads.proxy import ProxyRerankState
 from tvr.search.store import ShardReader, write_shard
 from tvr.types import VideoFeatures
 

@@ -239,3 +239,22 @@ def test_a_state_class_with_other_fields_is_refused_when_the_index_opens(tmp_pat
             store.state_class(f"{module}:OtherState", readers[0].fields)
     finally:
         del globals()["OtherState"]
+
+
+@pytest.mark.parametrize(
+    ("written", "cls_path"),
+    [
+        ("tvr.models.heads.gare.scoring:GareRerankState", "tvr.methods.gare.scoring:GareRerankState"),
+        ("tvr.models.heads.proxy.scoring:ProxyRerankState", "tvr.methods.proxy.scoring:ProxyRerankState"),
+        ("tvr.models.heads.gravialign.head:GraviState", "tvr.methods.gravialign.head:GraviState"),
+        ("tvr.models.heads.clip4clip.head:Clip4ClipVideoState", "tvr.methods.clip4clip.head:Clip4ClipVideoState"),
+    ],
+)
+def test_an_index_written_before_the_methods_moved_names_its_state_at_the_old_path(written: str, cls_path: str) -> None:
+    """Indexes written before issue 50 name a built-in method's rerank state under ``tvr.models.heads``; they open."""
+    import importlib
+
+    module_name, _, qualname = cls_path.partition(":")
+    expected = getattr(importlib.import_module(module_name), qualname)
+    assert store.state_class(written) is expected
+    assert store.current_module_name("tvr.models.heads.registry") == "tvr.models.heads.registry"

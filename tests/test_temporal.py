@@ -10,7 +10,7 @@ from torch import Tensor
 
 from tvr.config import ModelConfig
 from tvr.models.backbones.clip.config import TinyClipConfig
-from tvr.models.clip_backbone import ClipBackbone
+from tvr.models.backbones.clip.modeling import ClipBackbone
 from tvr.models.temporal import PassThrough, SeqTransformer, build_temporal
 
 

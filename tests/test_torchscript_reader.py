@@ -18,8 +18,12 @@ from torch import Tensor, nn
 from typer.testing import CliRunner
 
 from tvr.cli import app
-from tvr.models.convert_openai import ConversionError, load_openai_state_dict
-from tvr.models.torchscript_reader import TorchScriptArchiveError, _rebuild_tensor, read_torchscript_state_dict
+from tvr.models.backbones.clip.convert_openai import ConversionError, load_openai_state_dict
+from tvr.models.backbones.clip.torchscript_reader import (
+    TorchScriptArchiveError,
+    _rebuild_tensor,
+    read_torchscript_state_dict,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

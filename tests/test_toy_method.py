@@ -52,7 +52,7 @@ def test_a_method_folder_outside_tvr_trains_evaluates_and_draws_its_figure(tmp_p
 
 def test_a_head_without_figures_gets_the_shared_ones_only() -> None:
     from tvr.analysis.checkpoint import method_figures
-    from tvr.models.heads.clip4clip import Clip4ClipHead
+    from tvr.methods.clip4clip import Clip4ClipHead
 
     assert Clip4ClipHead.analysis_figures is None
     assert method_figures(_Context(Clip4ClipHead(8))) == []

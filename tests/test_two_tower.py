@@ -28,11 +28,21 @@ from tvr.data.sentence_tokenizer import SentenceTokenizer
 from tvr.data.tokenizer import build_tokenizer
 from tvr.data.transforms import CLIP_NORM, clip_preprocess
 from tvr.data.video import decode_frames, load_clip, probe_video
+from tvr.models.backbones.two_tower.bridge import (
+    ConseBridge,
+    FusedConseBridge,
+    ProjectionBridge,
+    segment_means,
+    segment_weights,
+)
 from tvr.models.backbones.two_tower.config import TwoTowerConfig
-from tvr.models.bridge import ConseBridge, FusedConseBridge, ProjectionBridge, segment_means, segment_weights
-from tvr.models.build import build_model
-from tvr.models.conse import class_prompts, conse_combine, imagenet_class_names, pool_class_embeddings
-from tvr.models.image_tower import (
+from tvr.models.backbones.two_tower.conse import (
+    class_prompts,
+    conse_combine,
+    imagenet_class_names,
+    pool_class_embeddings,
+)
+from tvr.models.backbones.two_tower.image_tower import (
     EFFICIENTNET_LITE_NORM,
     LITE0_SHA256,
     LITE1_SHA256,
@@ -43,6 +53,7 @@ from tvr.models.image_tower import (
     shipped_lite0_weights,
     shipped_weights,
 )
+from tvr.models.build import build_model
 from tvr.models.preprocess import backbone_norm
 from tvr.pipeline import SplitEvaluator, resolve_config
 from tvr.types import TextFeatures, VideoFeatures
@@ -176,7 +187,7 @@ def test_fused_conse_is_the_fused_score_as_one_dot_product(pooling: str) -> None
     """The fused bridge's text and clip vectors: their dot product is (1 − w)·cos(e_t, e_v) + w·cos(q_t, p̄_v) − β·b_v
     computed here from its parts in float64, every vector of a side has the same length (so CLIP4Clip's cosine ranks
     by the fused score), and derived proxies are the fused vectors of the temporal segments."""
-    from tvr.models.heads.clip4clip import Clip4ClipHead
+    from tvr.methods.clip4clip import Clip4ClipHead
 
     torch.manual_seed(0)
     w, tau_c, beta, kappa, top_k, tau = 0.4, 0.05, 0.7, 3, 4, 2.0
@@ -570,8 +581,8 @@ def test_conse_zero_shot_on_real_clips_beats_chance(
     assert metrics["t2v"]["R1"] >= 25.0 and metrics["t2v"]["R5"] >= 50.0
     assert metrics["v2t"]["R1"] >= 20.0
     # the class embeddings were cached on disk when the model was built: they are read back, not recomputed
-    import tvr.models.text_tower as text_tower
-    from tvr.models.two_tower import conse_class_embeddings
+    import tvr.models.backbones.two_tower.text_tower as text_tower
+    from tvr.models.backbones.two_tower.modeling import conse_class_embeddings
 
     monkeypatch.setattr(text_tower, "embed_sentences", lambda *a, **k: pytest.fail("class embeddings recomputed"))
     torch.testing.assert_close(

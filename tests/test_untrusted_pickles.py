@@ -24,9 +24,9 @@ from typer.testing import CliRunner
 from tvr.cli import app
 from tvr.config import DataConfig
 from tvr.data.annotations import AnnotationError, clear_cache, load_split
+from tvr.models.backbones.clip.convert_openai import ConversionError, load_openai_state_dict
+from tvr.models.backbones.clip.torchscript_reader import TorchScriptArchiveError, read_torchscript_state_dict
 from tvr.models.checkpoint import CheckpointError, read_checkpoint
-from tvr.models.convert_openai import ConversionError, load_openai_state_dict
-from tvr.models.torchscript_reader import TorchScriptArchiveError, read_torchscript_state_dict
 from tvr.train.checkpoint import save_checkpoint
 from tvr.utils.pickle_scan import HANDLED, MAX_NESTING, PickleRefusedError, scan_pickle
 from tvr.utils.torch_files import INFLATION_FLOOR, TorchFileError, load_torch_file
@@ -271,7 +271,7 @@ def test_a_torchscript_archive_nested_thousands_of_modules_deep_is_refused_in_a_
 
 def test_a_memory_error_while_unpickling_names_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader that runs out of memory said "unreadable ()" (a MemoryError has no message)."""
-    import tvr.models.torchscript_reader as reader
+    import tvr.models.backbones.clip.torchscript_reader as reader
 
     path = tmp_path / "m.pt"
     with zipfile.ZipFile(path, "w") as archive:
@@ -378,7 +378,7 @@ def test_the_nested_pickle_is_a_one_line_refusal_not_a_crash(tmp_path: Path) -> 
         "from tvr.config import DataConfig\n"
         "from tvr.data.annotations import load_split\n"
         "from tvr.models.checkpoint import read_checkpoint\n"
-        "from tvr.models.clip_backbone import load_clip_model\n"
+        "from tvr.models.backbones.clip.modeling import load_clip_model\n"
         f"for load in (lambda: load_split(DataConfig(dataset='msvd', annotations={str(captions)!r}), 'train'),\n"
         f"             lambda: read_checkpoint({str(bad)!r}),\n"
         f"             lambda: load_clip_model({str(hf_folder)!r})):\n"
@@ -430,7 +430,7 @@ def test_every_pickle_reader_goes_through_the_scan() -> None:
         assert not names & {"pickle.load", "pickle.loads"}, rel
         if "pickle.Unpickler" in names:
             unpicklers[rel] = path.read_text(encoding="utf-8")
-    assert set(unpicklers) == {"tvr/data/annotations.py", "tvr/models/torchscript_reader.py"}
+    assert set(unpicklers) == {"tvr/data/annotations.py", "tvr/models/backbones/clip/torchscript_reader.py"}
     assert all("scan_pickle(" in text or "read_archive_pickle(" in text for text in unpicklers.values())
 
 

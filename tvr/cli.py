@@ -657,7 +657,7 @@ app.add_typer(bench_app, name="bench")
 
 @app.command()
 def heads() -> None:
-    """List the method heads (registered in tvr.models.heads or by installed packages), their options (set under
+    """List the method heads (registered in tvr.methods or by installed packages), their options (set under
     head.options) with defaults, allowed values and what each does."""
     import dataclasses
 
@@ -714,7 +714,7 @@ def convert_openai(
 ) -> None:
     """Convert an OpenAI CLIP checkpoint into a HF CLIPModel folder usable as model.clip. The file's tensors are
     read as data: nothing in it runs (docs/security.md)."""
-    from tvr.models.convert_openai import convert_openai_checkpoint
+    from tvr.models.backbones.clip.convert_openai import convert_openai_checkpoint
 
     out_folder(out, "OUT")
     convert_openai_checkpoint(checkpoint, out, overwrite=overwrite, bpe=bpe)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib
 import logging
 import math
 import os
@@ -35,11 +36,12 @@ class ConfigError(UserError, ValueError):
 
 
 # --------------------------------------------------------------------------------------------- trusting code
-# A head may be named by import path (``head.name: my_pkg.heads:MyHead``); resolving it imports that module, which runs
-# its code. A config, a checkpoint's config or an index's model stamp is a file, and a file is data: it may name an
-# import path only when the user says the code is trusted (``tvr --trust-code``, TVR_TRUST_CODE=1, or
-# :func:`trust_code` in Python). Registered heads (the package's own, ``tvr.heads`` entry points of installed
-# packages, classes registered by code already running) need no trust.
+# A head or a backbone may be named by import path (``head.name: my_pkg.heads:MyHead``, ``model.backbone:
+# my_pkg.backbones:MyBackbone``); resolving it imports that module, which runs its code. A config, a checkpoint's
+# config or an index's model stamp is a file, and a file is data: it may name an import path only when the user says
+# the code is trusted (``tvr --trust-code``, TVR_TRUST_CODE=1, or :func:`trust_code` in Python). Registered heads and
+# backbones (the package's own, ``tvr.heads`` / ``tvr.backbones`` entry points of installed packages, classes
+# registered by code already running) need no trust.
 _TRUST = {"code": os.environ.get("TVR_TRUST_CODE", "") not in ("", "0")}
 
 
@@ -67,16 +69,39 @@ class UntrustedCodeError(ConfigError):
     """A config, checkpoint or index names a head by import path, and the user has not said to trust code."""
 
 
-def check_head_import(name: Any, where: str = "head.name") -> None:
-    """Refuse a head named by import path unless code is trusted (see above); a plain name passes."""
+def check_head_import(name: Any, where: str = "head.name", registered: str = "registered heads (`tvr heads`)") -> None:
+    """Refuse a head (or, with ``registered`` naming them, a backbone) named by import path unless code is trusted
+    (see above); a plain name passes."""
     if not isinstance(name, str) or ":" not in name or code_trusted():
         return
     module = name.partition(":")[0]
     raise UntrustedCodeError(
         f"{where} = {name!r} is an import path: using it imports the module {module!r}, which runs its code, and tvr "
         "does that for a config, checkpoint or index only when told to trust it: run `tvr --trust-code ...` (or set "
-        "TVR_TRUST_CODE=1; in Python, tvr.config.trust_code()); registered heads (`tvr heads`) need no trust"
+        f"TVR_TRUST_CODE=1; in Python, tvr.config.trust_code()); {registered} need no trust"
     )
+
+
+def import_named(spec: str, where: str) -> Any:
+    """The object an import path ``package.module:Name`` (``Name`` may be dotted) names, for the field ``where``
+    (``head.name``, ``model.backbone``); ConfigError naming what is wrong. The caller checks trust first."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{where} = {spec!r}: an import path must look like 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{where} = {spec!r}: cannot import module {module_name!r} ({exc})") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{where} = {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+#: what a backbone refused for want of trust says needs none
+REGISTERED_BACKBONES = "registered backbones (`model.backbone` names: the package's folders and entry points)"
 
 
 #: ceilings of the sizes of randomly initialised models (``model.tiny``, ``model.two_tower.tiny``, the temporal
@@ -685,7 +710,9 @@ def config_from_dict(values: dict, where: str = "config") -> Config:
     for migrate in _MIGRATIONS:
         values = migrate(values)
     config = _build(Config, values, "" if where == "config" else where)
-    check_head_import(config.head.name, "head.name" if where == "config" else f"{where}.head.name")
+    prefix = "" if where == "config" else f"{where}."
+    check_head_import(config.head.name, f"{prefix}head.name")
+    check_head_import(config.model.backbone, f"{prefix}model.backbone", REGISTERED_BACKBONES)
     return config
 
 

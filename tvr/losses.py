@@ -1,5 +1,5 @@
 """The losses every method shares: CLIP's symmetric InfoNCE. A method's own losses live in its folder
-(``tvr/models/heads/<method>/losses.py``), pure tensor functions like this one.
+(``tvr/methods/<method>/losses.py``), pure tensor functions like this one.
 
 Layout convention: a logits / delta tensor has texts on rows (dim 0) and videos on columns (dim 1).
 """

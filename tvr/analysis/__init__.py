@@ -4,7 +4,7 @@
 * :func:`analyze_encoded` (``tvr analyze``, through ``tvr.pipeline.analyze``): a checkpoint's analyses on an
   encoded split (:mod:`.checkpoint`): the figures every head gets (:mod:`.similarity`), then the method's own, from
   the module its head names (``RetrievalHead.analysis_figures``; the built-in methods' are
-  ``tvr/models/heads/<method>/figures``), called with a :class:`FigureContext`. :mod:`.gradients` (per-pair
+  ``tvr/methods/<method>/figures``), called with a :class:`FigureContext`. :mod:`.gradients` (per-pair
   gradients), :mod:`.pairs`, :mod:`.summaries` and :mod:`.figures` are the helpers those modules share.
 
 See docs/analysis.md for every figure with a reading.

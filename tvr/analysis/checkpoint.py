@@ -3,7 +3,7 @@ method's own, with ``analysis.json`` listing what was written.
 
 Every head: the score distributions of positive and negative pairs and the rank histogram (:mod:`.similarity`).
 A method's own figures come from the module its head class names in ``analysis_figures`` (the built-in methods':
-``tvr/models/heads/<method>/figures``), called with a :class:`~tvr.analysis.context.FigureContext`; this module never
+``tvr/methods/<method>/figures``), called with a :class:`~tvr.analysis.context.FigureContext`; this module never
 asks which head it holds.
 
 Scores use the head's stored inference setting (the γ or mode chosen on validation and saved with the checkpoint)

@@ -2,7 +2,7 @@
 
 A head names the module of its own figures (``RetrievalHead.analysis_figures``); :mod:`.checkpoint` imports it and
 calls its ``write_figures(context: FigureContext) -> list[FigureFiles]``. The module sits in the analysis layer
-(``tvr/models/heads/<method>/figures``, or anywhere for an out-of-tree head), so a head never imports plotting code.
+(``tvr/methods/<method>/figures``, or anywhere for an out-of-tree head), so a head never imports plotting code.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The tokenizer of a sentence-transformers text model (the two-tower backbone's text tower), and finding that
 model's files: ``model.two_tower.text_model`` names ``tiny`` (a small local WordPiece vocabulary), a local folder,
 an installed package that ships one, or a hub id. Local folders load with ``local_files_only`` and HF's offline
-switches on, so nothing reaches the network. :mod:`tvr.models.text_tower` builds the model from the same files."""
+switches on, so nothing reaches the network. :mod:`tvr.models.backbones.two_tower.text_tower` builds the model from the
+same files."""
 
 from __future__ import annotations
 

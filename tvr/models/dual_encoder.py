@@ -2,7 +2,8 @@
 
 ``--model NAME_OR_DIR`` of ``tvr index`` names one: a preset (:data:`PRESETS`, e.g. ``clip-b32``), a hub id
 (``openai/clip-vit-base-patch32``, ``google/siglip-base-patch16-224``), a local folder saved with
-``save_pretrained``, or an OpenAI CLIP ``.pt`` (converted in memory by :mod:`tvr.models.convert_openai`, whose
+``save_pretrained``, or an OpenAI CLIP ``.pt`` (converted in memory by :mod:`tvr.models.backbones.clip.convert_openai`,
+whose
 tensors are read as data). What the folder's ``config.json`` says (``model_type``) decides the family, and the family
 decides how text and images are fed to the model, as each was trained:
 
@@ -376,7 +377,7 @@ def _load_openai(source: ModelSource) -> DualEncoder:
     from transformers import CLIPTokenizer
 
     from tvr.data.tokenizer import read_clip_merges, write_tokenizer_files
-    from tvr.models.convert_openai import load_openai_clip
+    from tvr.models.backbones.clip.convert_openai import load_openai_clip
 
     path = Path(source.location)
     bpe = _openai_bpe(path, source.name)

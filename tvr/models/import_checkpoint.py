@@ -1,22 +1,21 @@
 """Import checkpoints released by CLIP4Clip-family code into a tvr :class:`~tvr.models.model.RetrievalModel`.
 
 Two layouts are understood (both are plain ``torch.save(model.state_dict())`` files; a ``"state_dict"`` /
-``"model_state_dict"`` / ``"model"`` wrapper and DDP's ``module.`` prefix are removed first):
+``"model_state_dict"`` / ``"model"`` wrapper and DDP's ``module.`` prefix are removed first); a method's own part is
+mapped by the :class:`ReleaseKeys` its head class names in ``release_keys`` (GARE's ψ:
+:mod:`tvr.methods.gare.release_keys`), so this module knows no method:
 
 * **CLIP4Clip** (``pytorch_model.bin``, spec §1): ``clip.*`` — the OpenAI CLIP state dict (ViT); with
   ``sim_header=seqTransf`` also ``frame_position_embeddings.weight`` and ``transformerClip.resblocks.<i>.*`` (OpenAI
   residual blocks: fused ``attn.in_proj_*``, ``attn.out_proj``, ``ln_1``, ``mlp.c_fc``, ``mlp.c_proj``, ``ln_2``).
-* **GARE** (``best.pth``, spec §3): the same, plus ψ. The model holds ψ twice (``agent.psi`` and its alias
-  ``psi``), so both prefixes appear with equal tensors. ψ's keys: ``layers.0.layer_norm1`` (the LayerNorm shared by
-  query and context), ``layers.0.cross_attn.{q,k,v,out}_proj``, ``layers.0.layer_norm2``, ``layers.0.linear1``,
-  ``layers.0.layer_norm3``, ``mean_proj``; ``log_std_proj``, ``layers.0.linear2`` and ``layers.0.mlp.*`` exist but
-  are never used by the released model (spec §3.2), nor is the top-level ``weight_fc``: these are reported as
-  *ignored*, not as unexpected.
+* **GARE** (``best.pth``, spec §3): the same, plus ψ (twice, under ``agent.psi`` and its alias ``psi``); its keys,
+  and those the released model never uses (reported as *ignored*, not as unexpected), are listed in
+  :mod:`tvr.methods.gare.release_keys`.
 
-Where the tensors go: ``clip.*`` through the OpenAI → HF converter (:mod:`tvr.models.convert_openai`) to
+Where the tensors go: ``clip.*`` through the OpenAI → HF converter (:mod:`tvr.models.backbones.clip.convert_openai`) to
 ``backbone.clip.*``; ``clip.logit_scale`` also to ``head.logit_scale`` (both references scale logits by
 exp(clip.logit_scale)); the temporal blocks to ``temporal.blocks.<i>`` with the fused q/k/v split like CLIP's own
-layers; ψ to :class:`~tvr.models.heads.gare.psi.Psi` (``ln_in``, ``q_proj`` … ``out_proj``, ``ln_attn``, ``linear``,
+layers; ψ to :class:`~tvr.methods.gare.psi.Psi` (``ln_in``, ``q_proj`` … ``out_proj``, ``ln_attn``, ``linear``,
 ``ln_out``, ``delta_proj``). Every tensor is cast to float32 (GARE saves CLIP in fp16 on CUDA).
 
 The model comes from the config (``tvr.models.build.build_model``), so its architecture — CLIP size
@@ -29,6 +28,7 @@ this module does not depend on the training package.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import re
 from pathlib import Path
@@ -38,44 +38,71 @@ import torch
 from torch import Tensor
 
 from tvr.config import Config
-from tvr.models.convert_openai import METADATA_KEYS, ConversionError, count_blocks, map_residual_block, map_state_dict
+from tvr.models.backbones.clip.convert_openai import (
+    METADATA_KEYS,
+    ConversionError,
+    count_blocks,
+    map_residual_block,
+    map_state_dict,
+)
 from tvr.models.model import RetrievalModel
 from tvr.utils.errors import UserError
 from tvr.utils.io import describe_file_start
 from tvr.utils.pickle_scan import PickleRefusedError
 from tvr.utils.torch_files import TorchFileError, load_torch_file
 
-LAYOUTS = ("clip4clip", "gare")
-#: prefixes under which a GARE release stores ψ (``GARE.agent.psi`` and its alias ``GARE.psi``)
-PSI_PREFIXES = ("agent.psi.", "psi.")
-#: ψ source key (after the prefix) → tvr ``head.psi.`` key
-PSI_MAP = {
-    "layers.0.layer_norm1.weight": "ln_in.weight",
-    "layers.0.layer_norm1.bias": "ln_in.bias",
-    "layers.0.cross_attn.q_proj.weight": "q_proj.weight",
-    "layers.0.cross_attn.q_proj.bias": "q_proj.bias",
-    "layers.0.cross_attn.k_proj.weight": "k_proj.weight",
-    "layers.0.cross_attn.k_proj.bias": "k_proj.bias",
-    "layers.0.cross_attn.v_proj.weight": "v_proj.weight",
-    "layers.0.cross_attn.v_proj.bias": "v_proj.bias",
-    "layers.0.cross_attn.out_proj.weight": "out_proj.weight",
-    "layers.0.cross_attn.out_proj.bias": "out_proj.bias",
-    "layers.0.layer_norm2.weight": "ln_attn.weight",
-    "layers.0.layer_norm2.bias": "ln_attn.bias",
-    "layers.0.linear1.weight": "linear.weight",
-    "layers.0.linear1.bias": "linear.bias",
-    "layers.0.layer_norm3.weight": "ln_out.weight",
-    "layers.0.layer_norm3.bias": "ln_out.bias",
-    "mean_proj.weight": "delta_proj.weight",
-    "mean_proj.bias": "delta_proj.bias",
-}
-#: source keys that exist in the releases but take no part in the released model's computation (spec §3.2)
-_IGNORED = re.compile(r"^(weight_fc\.|(agent\.)?psi\.(log_std_proj\.|layers\.0\.linear2\.|layers\.0\.mlp\.))")
+#: the layout of a release that holds the CLIP and temporal weights alone; a method whose head declares
+#: ``release_keys`` adds its own layout (GARE: ``gare``, ψ)
+CLIP4CLIP = "clip4clip"
 _WRAPPERS = ("state_dict", "model_state_dict", "model")
 
 
 class CheckpointImportError(UserError, ValueError):
     """A release checkpoint cannot be read or does not fit the model the config describes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseKeys:
+    """How a method's part of its authors' released checkpoint maps onto its head (the module a head class names in
+    ``release_keys`` defines one as ``RELEASE_KEYS``). ``layout``: the release's name (``--layout``, the report);
+    ``part``: what the part is called in messages; ``prefixes``: where the release stores the part, in order of
+    preference (further ones are aliases that must hold equal tensors, reported as ignored); ``key_map``: source key
+    after the prefix → key under ``target``; ``ignored``: source keys the released model never uses;
+    ``missing_hint`` / ``unexpected_hint``: what a report says when the model's part is missing from the checkpoint /
+    the checkpoint's part has no place in the model."""
+
+    layout: str
+    part: str
+    prefixes: tuple[str, ...]
+    key_map: dict[str, str]
+    target: str
+    ignored: re.Pattern[str]
+    missing_hint: str
+    unexpected_hint: str
+
+
+def release_keys() -> list[ReleaseKeys]:
+    """The release key maps the registered heads declare (``RetrievalHead.release_keys``)."""
+    from tvr.models.heads.registry import available_heads, head_class
+
+    found = []
+    for name in available_heads():
+        cls = head_class(name)
+        module_name = cls.release_keys
+        if not module_name:
+            continue
+        module = importlib.import_module(module_name, cls.__module__.rpartition(".")[0] or None)
+        keys = getattr(module, "RELEASE_KEYS", None)
+        if not isinstance(keys, ReleaseKeys):
+            raise TypeError(f"{cls.__name__}.release_keys = {module_name!r}: {module.__name__} has no RELEASE_KEYS")
+        if keys not in found:
+            found.append(keys)
+    return found
+
+
+def layouts() -> tuple[str, ...]:
+    """Every release layout understood: CLIP4Clip's and the registered methods' own."""
+    return (CLIP4CLIP, *(keys.layout for keys in release_keys()))
 
 
 @dataclasses.dataclass
@@ -162,11 +189,13 @@ def load_release_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
 
 
 def detect_layout(state: dict[str, Tensor]) -> str:
-    """``gare`` when ψ's keys are present, ``clip4clip`` when only CLIP (+ temporal) keys are; else an error."""
-    if any(k.startswith(PSI_PREFIXES) for k in state):
-        return "gare"
+    """A method's layout when its part's keys are present (``gare``: ψ), ``clip4clip`` when only CLIP (+ temporal)
+    keys are; else an error."""
+    for keys in release_keys():
+        if any(k.startswith(keys.prefixes) for k in state):
+            return keys.layout
     if any(k.startswith("clip.") for k in state):
-        return "clip4clip"
+        return CLIP4CLIP
     raise CheckpointImportError(
         f"no 'clip.*' keys: not a CLIP4Clip/GARE release state dict (first keys: {sorted(state)[:5]})"
     )
@@ -175,9 +204,10 @@ def detect_layout(state: dict[str, Tensor]) -> str:
 # --------------------------------------------------------------------------------------------- mapping
 
 
-def _psi_source(state: dict[str, Tensor], report: ImportReport) -> str | None:
-    """The ψ prefix to read from; the other alias must hold the same tensors and is reported as ignored."""
-    present = [p for p in PSI_PREFIXES if any(k.startswith(p) for k in state)]
+def _part_source(state: dict[str, Tensor], keys: ReleaseKeys, report: ImportReport) -> str | None:
+    """The prefix to read a method's part from (GARE's ψ); another alias must hold the same tensors and is reported
+    as ignored."""
+    present = [p for p in keys.prefixes if any(k.startswith(p) for k in state)]
     if not present:
         return None
     chosen = present[0]
@@ -185,7 +215,9 @@ def _psi_source(state: dict[str, Tensor], report: ImportReport) -> str | None:
         for key in [k for k in state if k.startswith(other)]:
             twin = chosen + key[len(other) :]
             if twin in state and not torch.equal(state[twin], state[key]):
-                raise CheckpointImportError(f"{key} differs from {twin}; expected the same ψ under both names")
+                raise CheckpointImportError(
+                    f"{key} differs from {twin}; expected the same {keys.part} under both names"
+                )
             report.ignored.append(key)
     return chosen
 
@@ -198,8 +230,9 @@ def map_release_state_dict(
     Returns the float32 tensors to load (only keys the model has, with matching shapes) and the report.
     """
     layout = layout or detect_layout(state)
-    if layout not in LAYOUTS:
-        raise CheckpointImportError(f"layout {layout!r}: expected one of {LAYOUTS}")
+    methods = release_keys()
+    if layout not in (CLIP4CLIP, *(keys.layout for keys in methods)):
+        raise CheckpointImportError(f"layout {layout!r}: expected one of {layouts()}")
     report = ImportReport(source=source, layout=layout)
     used: set[str] = set()
     out: dict[str, Tensor] = {}
@@ -249,12 +282,13 @@ def map_release_state_dict(
         for dst, value in mapped.items():
             put(block_origins[dst], dst, value)
 
-    # GARE ψ
-    prefix = _psi_source(state, report)
-    if prefix is not None:
-        for src_key, dst_key in PSI_MAP.items():
-            if prefix + src_key in state:
-                put(prefix + src_key, "head.psi." + dst_key, take_from(prefix + src_key))
+    # the methods' own parts (GARE's ψ)
+    for keys in methods:
+        prefix = _part_source(state, keys, report)
+        if prefix is not None:
+            for src_key, dst_key in keys.key_map.items():
+                if prefix + src_key in state:
+                    put(prefix + src_key, keys.target + dst_key, take_from(prefix + src_key))
 
     # bookkeeping: what the model lacks, what the checkpoint had no place for
     for src, dst in pairs:
@@ -272,7 +306,7 @@ def map_release_state_dict(
     for key in sorted(state):
         if key in used or key in ignored:
             continue
-        if _IGNORED.match(key):
+        if any(keys.ignored.match(key) for keys in methods):
             report.ignored.append(key)
         else:
             report.unexpected.append(key)
@@ -301,10 +335,11 @@ def import_release_checkpoint(
     )
     if not report.complete and not partial:
         hints = []
-        if any(k.startswith("head.psi.") for k in report.missing):
-            hints.append("the config's head is gare but the checkpoint has no ψ (a CLIP4Clip release?)")
-        if any(k.startswith(PSI_PREFIXES) for k in report.unexpected):
-            hints.append("the checkpoint has ψ (GARE) but the config's head is not gare")
+        for keys in release_keys():
+            if any(k.startswith(keys.target) for k in report.missing):
+                hints.append(keys.missing_hint)
+            if any(k.startswith(keys.prefixes) for k in report.unexpected):
+                hints.append(keys.unexpected_hint)
         if any(k.startswith(("transformerClip.", "frame_position")) for k in report.unexpected):
             hints.append("the checkpoint has seqTransf blocks the model lacks: check model.temporal / temporal_layers")
         if any(k.startswith("temporal.") for k in report.missing):
@@ -325,11 +360,13 @@ def import_release_checkpoint(
 
 
 __all__ = [
-    "LAYOUTS",
+    "CLIP4CLIP",
     "CheckpointImportError",
+    "ReleaseKeys",
     "ImportReport",
     "detect_layout",
     "import_release_checkpoint",
+    "layouts",
     "load_release_state_dict",
     "map_release_state_dict",
 ]

@@ -2,7 +2,8 @@
 
 Batches are dicts. A *raw* batch carries tokens and pixels; a *cached* batch (``tvr features``) carries
 backbone outputs, so the backbone is skipped and only the bridge (if any), the temporal module and the head train.
-The bridge (two-tower backbone: learned projections or ConSE, :mod:`tvr.models.bridge`) maps backbone features into
+The bridge (two-tower backbone: learned projections or ConSE, :mod:`tvr.models.backbones.two_tower.bridge`) maps
+backbone features into
 the space the head compares in; it runs on raw and cached batches alike.
 
 Raw keys:    text_ids [B, L] long, text_mask [B, L], video [B, F, 3, S, S] float, video_mask [B, F]

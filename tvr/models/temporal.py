@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from tvr.config import ConfigError
 
 if TYPE_CHECKING:
-    from tvr.models.clip_backbone import ClipBackbone
+    from tvr.models.backbones.clip.modeling import ClipBackbone
 
 #: additive mask value for padded key frames, as in the reference (finite, so an all-padding row stays finite)
 MASK_VALUE = -1e6

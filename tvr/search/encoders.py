@@ -422,8 +422,8 @@ def load_encoder(
 
 def is_tvr_checkpoint(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a file holding a tvr training checkpoint (an OpenAI CLIP ``.pt`` is not one)."""
+    from tvr.models.backbones.clip.torchscript_reader import is_torchscript_archive
     from tvr.models.checkpoint import CheckpointError, read_checkpoint
-    from tvr.models.torchscript_reader import is_torchscript_archive
 
     if not Path(path).is_file() or is_torchscript_archive(path):
         return False

@@ -1,10 +1,12 @@
 """Writing a model's query side as numpy data (read by :mod:`tvr.search.numpy_query`), checked against the model.
 
-Only a model whose query side :mod:`tvr.search.numpy_query` computes is written: a two-tower backbone whose text
-tower is a sentence-transformers BERT (absolute positions, ``gelu``) followed by mean pooling and optionally
-``Normalize``, ConSE or fused ConSE as the bridge, and an indexable head. Whatever else the model holds, the written
-export is then read back and compared with the model on probe texts; anything it does not reproduce within
-:data:`~tvr.search.numpy_query.TOLERANCE` is not written, and that index keeps the torch query path.
+Only a model whose query side :mod:`tvr.search.numpy_query` computes is written: a backbone that answers its
+``sentence_query_side`` (a sentence-transformers BERT — absolute positions, ``gelu`` — followed by mean pooling and
+optionally ``Normalize``, with ConSE or fused ConSE as the bridge: the two-tower backbone's module answers it,
+:class:`~tvr.models.backbones.base.SentenceQuerySide`), an HF fast tokenizer, and an indexable head. Whatever
+else the model holds, the written export is then read back and compared with the model on probe texts; anything it
+does not reproduce within :data:`~tvr.search.numpy_query.TOLERANCE` is not written, and that index keeps the torch
+query path.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tvr.models.backbones.base import NotExportableError, SentenceQuerySide
 from tvr.search.export_files import ExportWriter, write_failed
 from tvr.search.numpy_query import (
     FORMAT,
@@ -33,44 +36,32 @@ from tvr.search.stamps import checkpoint_file_state, quick_queries_enabled
 log = logging.getLogger(__name__)
 
 
-class NotExportableError(Exception):
-    """The model's query side is not one :mod:`tvr.search.numpy_query` computes (the message says why)."""
-
-
-def _tower(encoder: Any) -> tuple[dict[str, np.ndarray], dict[str, Any], str]:
-    """The text tower's arrays (``bert.*``), its shape, and its tokenizer as ``tokenizer.json`` text."""
+def _query_side(encoder: Any) -> SentenceQuerySide:
+    """What the model's backbone answers for its query side (:class:`~tvr.models.backbones.base.SentenceQuerySide`);
+    NotExportableError when it has none."""
     backbone = getattr(encoder.model, "backbone", None)
-    tower = getattr(backbone, "text_tower", None)
-    modules = list(getattr(tower, "model", None) or [])
-    names = [type(module).__name__ for module in modules]
-    if names not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
-        raise NotExportableError(f"text tower modules {names}, not Transformer + Pooling (+ Normalize)")
-    bert = modules[0].auto_model
-    config = bert.config
-    if type(bert).__name__ != "BertModel" or config.hidden_act != "gelu":
-        raise NotExportableError(f"text model {type(bert).__name__} with {config.hidden_act!r}, not a gelu BertModel")
-    if getattr(config, "position_embedding_type", "absolute") != "absolute" or config.is_decoder:
-        raise NotExportableError("text model with relative positions or a decoder")
-    pooling = modules[1].get_config_dict()
-    mean_only = pooling.get("pooling_mode") == "mean" or (
-        pooling.get("pooling_mode_mean_tokens") is True
-        and not any(value for key, value in pooling.items() if key.startswith("pooling_mode_") and "mean" not in key)
-    )
-    if not mean_only:
-        raise NotExportableError(f"pooling {pooling}, not mean pooling")
-    hf = getattr(encoder.tokenizer(), "tokenizer", None)
+    answer = getattr(backbone, "sentence_query_side", None)
+    if answer is None:
+        raise NotExportableError(f"backbone {type(backbone).__name__} has no sentence query side")
+    return answer(getattr(encoder.model, "bridge", None))
+
+
+def _tower(side: SentenceQuerySide, tokenizer: Any) -> tuple[dict[str, np.ndarray], dict[str, Any], str]:
+    """The text tower's arrays (``bert.*``), its shape, and its tokenizer as ``tokenizer.json`` text."""
+    hf = getattr(tokenizer, "tokenizer", None)
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is None or hf.padding_side != "right":
         raise NotExportableError("its tokenizer is not an HF fast tokenizer")
+    config = side.bert.config
     arrays = {
         f"bert.{name}": linear_layout(name, value.detach().float().cpu().numpy())
-        for name, value in bert.state_dict().items()
+        for name, value in side.bert.state_dict().items()
     }
     shape = {
         "layers": int(config.num_hidden_layers),
         "heads": int(config.num_attention_heads),
         "eps": float(config.layer_norm_eps),
-        "normalize": names[-1] == "Normalize",
+        "normalize": side.normalize,
     }
     return arrays, shape, backend.to_str()
 
@@ -83,19 +74,10 @@ def linear_layout(name: str, value: np.ndarray) -> np.ndarray:
     return value
 
 
-def _fusion(encoder: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    bridge = getattr(encoder.model, "bridge", None)
-    kind = type(bridge).__name__
-    if kind == "ConseBridge":
-        return {}, {"kind": "none"}
-    if kind == "FusedConseBridge":
-        arrays = {"fusion.class_embeddings": bridge.class_embeddings.detach().float().cpu().numpy()}
-        return arrays, {
-            "kind": "fused",
-            "weight": float(bridge.class_weight),
-            "temperature": float(bridge.class_temperature),
-        }
-    raise NotExportableError(f"bridge {kind}, not ConSE or fused ConSE")
+def _fusion(side: SentenceQuerySide) -> dict[str, np.ndarray]:
+    if side.fusion["kind"] == "fused":
+        return {"fusion.class_embeddings": side.class_embeddings.detach().float().cpu().numpy()}
+    return {}
 
 
 def largest_difference(encoder: Any, export: NumpyQueryEncoder, texts: list[str]) -> float:
@@ -135,8 +117,9 @@ def export_numpy_query(encoder: Any, probes: list[str]) -> Path | None:
     except Exception:  # noqa: BLE001 - an export that cannot be used is written anew
         pass
     try:
-        arrays, shape, tokenizer = _tower(encoder)
-        fusion_arrays, fusion = _fusion(encoder)
+        side = _query_side(encoder)
+        arrays, shape, tokenizer = _tower(side, encoder.tokenizer())
+        fusion_arrays, fusion = _fusion(side), side.fusion
     except NotExportableError as exc:
         log.info("no numpy query side for this model: %s", exc)
         return None

@@ -2,7 +2,8 @@
 
 ``import torch`` alone takes longer than the 2 s a cold search may take on a small machine, so for the models whose
 query side is small enough to write out — a sentence-transformers BERT text tower (mean pooling, optionally
-normalised), ConSE's text side (the identity) or fused ConSE's (:mod:`tvr.models.class_fusion`), and an indexable
+normalised), ConSE's text side (the identity) or fused ConSE's (:mod:`tvr.models.backbones.two_tower.class_fusion`),
+and an indexable
 head whose shortlist vector is the normalised text vector (CLIP4Clip with mean pooling) — ``tvr index`` also writes
 the query side as data next to the TorchScript export (:mod:`tvr.search.query_encoder`), under the model's stamp id:
 
@@ -223,7 +224,8 @@ class BertSentenceTower:
 
 
 def fused_query(embedding: np.ndarray, class_embeddings: np.ndarray, weight: float, temperature: float) -> np.ndarray:
-    """Fused ConSE's text side (:func:`tvr.models.class_fusion.fuse_text`): [n, W] → [n, W + C + 2]."""
+    """Fused ConSE's text side (:func:`tvr.models.backbones.two_tower.class_fusion.fuse_text`): [n, W] → [n, W + C +
+    2]."""
     u = unit(embedding)
     cosines = u @ class_embeddings.T
     classes = unit(softmax(cosines / np.float32(temperature)))

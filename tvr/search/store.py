@@ -153,6 +153,22 @@ def read_meta(shard: Path) -> dict[str, Any]:
     return meta
 
 
+#: where the rerank-state classes of the built-in methods lived when an index named them (``meta.json`` records a
+#: state's ``module:qualname``): the methods' folders moved from ``tvr.models.heads`` to ``tvr.methods`` (issue 50),
+#: and an index written before still opens
+MOVED_MODULES = {
+    f"tvr.models.heads.{method}": f"tvr.methods.{method}" for method in ("clip4clip", "gare", "gravialign", "proxy")
+}
+
+
+def current_module_name(module_name: str) -> str:
+    """``module_name`` as it is named today (a module of :data:`MOVED_MODULES` at its new path)."""
+    for old, new in MOVED_MODULES.items():
+        if module_name == old or module_name.startswith(f"{old}."):
+            return new + module_name[len(old) :]
+    return module_name
+
+
 def state_class(name: str, fields: Any = None) -> type:
     """The rerank-state dataclass ``module:qualname``, among modules already imported only; with ``fields`` (a
     shard's field descriptions), its fields must be exactly those (another head's state is refused here, not when a
@@ -160,7 +176,7 @@ def state_class(name: str, fields: Any = None) -> type:
     from tvr.types import Sliceable
 
     module_name, _, qualname = str(name).partition(":")
-    module = sys.modules.get(module_name)
+    module = sys.modules.get(current_module_name(module_name))
     cls: Any = module
     for part in qualname.split("."):
         cls = getattr(cls, part, None) if cls is not None else None

@@ -10,7 +10,7 @@ the loader allocate or how deep it may nest. :func:`load_torch_file` is the one 
   megabyte is a bomb, not a checkpoint), the small records (``byteorder``, ``.format_version``, …) small, the
   ``byteorder`` one of ``little`` / ``big``, the pickle ``data.pkl`` at most :data:`MAX_PICKLE_BYTES` and passing
   :func:`tvr.utils.pickle_scan.scan_pickle`; a TorchScript archive is refused here (tvr reads those as data only,
-  through :mod:`tvr.models.torchscript_reader`);
+  through :mod:`tvr.models.backbones.clip.torchscript_reader`);
 * an older, unzipped ``torch.save`` file: its five pickles (magic number, protocol, system info, the object, the
   storage keys) scanned in place through a memory map; a tar archive (torch 0.1) is refused;
 * a model folder another library loads with ``torch.load`` (a HF CLIP folder's ``pytorch_model.bin``, a

@@ -36,12 +36,32 @@ class Preprocess:
     norm: PixelNorm = CLIP_NORM
 
 
+class NotExportableError(Exception):
+    """A backbone's query side is not one the numpy query export computes (the message says why)."""
+
+
+@dataclass(frozen=True)
+class SentenceQuerySide:
+    """A backbone's text side when it is a BERT sentence encoder with mean pooling, as its module's optional
+    ``sentence_query_side(bridge)`` answers it (the numpy query export, :mod:`tvr.search.numpy_export`, asks; a
+    module without the method has no such side). ``bert``: the HF ``BertModel`` (its config and weights);
+    ``normalize``: the pooled vector is scaled to unit length; ``fusion``: what the bridge does to a text vector —
+    ``{"kind": "none"}`` (unchanged) or ``{"kind": "fused", "weight": w, "temperature": τ}`` (class-space fusion,
+    with ``class_embeddings`` [C, W])."""
+
+    bert: Any
+    normalize: bool
+    fusion: dict[str, Any]
+    class_embeddings: Any = None
+
+
 class Backbone:
     """What tvr needs to know of one backbone; subclass it in the backbone's folder and register it.
 
     The module :meth:`build` returns is what :class:`~tvr.models.model.RetrievalModel` runs: ``encode_text(ids,
     mask) -> TextFeatures``, ``encode_video(pixels, frame_mask) -> VideoFeatures``, ``embed_dim``,
-    ``logit_scale_value``, ``maybe_half(device)`` and ``enable_gradient_checkpointing()``. Its weights are saved in
+    ``logit_scale_value``, ``maybe_half(device)`` and ``enable_gradient_checkpointing()`` (optional:
+    ``sentence_query_side(bridge) -> SentenceQuerySide``, raising :class:`NotExportableError`). Its weights are saved in
     and loaded from tvr's checkpoints with the rest of the model (``backbone.*``); :meth:`build` itself loads the
     pretrained weights the settings name.
     """

@@ -12,7 +12,9 @@ A backbone is a folder, ``tvr/models/backbones/<name>/``, whose ``backbone.py`` 
 The package's own folders are registered when this module is imported (so their settings sections load as their
 dataclasses from the first config on); entry points of the ``tvr.backbones`` group (how an installed package
 contributes a backbone: ``name = "package.module:BackboneClass"``) on the first lookup; code already running may
-call :func:`register_backbone` itself.
+call :func:`register_backbone` itself. A backbone anywhere else is used by import path, ``model.backbone:
+package.module:Class``, as a head is (the import runs the module's code, so a config, checkpoint or index may name
+one only when code is trusted: ``tvr --trust-code``).
 
 Resolving a run config (:func:`resolve_backbone_config`, part of every job's resolution) builds the backbone's
 sections and writes its frame size, sampling and pixel normalisation into ``data.*`` where the config leaves them
@@ -28,11 +30,14 @@ import importlib
 import pkgutil
 
 from tvr.config import (
+    REGISTERED_BACKBONES,
     Config,
     ConfigError,
     ModelConfig,
     answer_backbone_question,
     build_section,
+    check_head_import,
+    import_named,
     model_section_type,
 )
 from tvr.data.feature_cache import FeatureIdentity
@@ -81,8 +86,23 @@ def available_backbones() -> list[str]:
     return sorted(_BACKBONES)
 
 
+def _import_path(spec: str) -> Backbone:
+    """The backbone class ``package.module:Class`` names, registered under that path (code must be trusted: the
+    import runs the module)."""
+    try:
+        _add(spec, _check_backbone_class(import_named(spec, "model.backbone"), f"model.backbone = {spec!r}"))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    return _BACKBONES[spec]
+
+
 def backbone_spec(name: str) -> Backbone:
-    """The registered :class:`Backbone` called ``name`` (``model.backbone``); ConfigError naming the known ones."""
+    """The :class:`Backbone` of ``model.backbone``: a registered name, or an import path ``package.module:Class``
+    (with trusted code, as a head's); ConfigError naming the known ones."""
+    if isinstance(name, str) and ":" in name:
+        check_head_import(name, "model.backbone", REGISTERED_BACKBONES)  # each time: a file may not choose code
+        if name not in _BACKBONES:
+            return _import_path(name)
     if name not in _BACKBONES:
         _load_entry_points()
     if name not in _BACKBONES:

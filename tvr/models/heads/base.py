@@ -98,9 +98,13 @@ class RetrievalHead(nn.Module, ABC):
     demo_options: ClassVar[dict[str, Any]] = {}
     #: the module of the method's own ``tvr analyze`` figures, a ``write_figures(context)`` function
     #: (``tvr.analysis.context.FigureContext`` in, a list of ``FigureFiles`` out); a leading dot is relative to the head
-    #: class's package (``".figures"``: ``tvr/models/heads/<method>/figures``). It is analysis code, so only the
+    #: class's package (``".figures"``: ``tvr/methods/<method>/figures``). It is analysis code, so only the
     #: analysis layer imports it, never the head. None: the figures every head gets, nothing more
     analysis_figures: ClassVar[str | None] = None
+    #: the module whose ``RELEASE_KEYS`` (a :class:`tvr.models.import_checkpoint.ReleaseKeys`) maps the head's part
+    #: of its authors' released checkpoint onto ``head.*`` (``tvr import-checkpoint``); a leading dot is relative to
+    #: the head class's package (GARE: ``".release_keys"``, its ψ). None: the method has no release of its own
+    release_keys: ClassVar[str | None] = None
 
     def __init__(
         self,

@@ -7,10 +7,11 @@ A head module registers itself with the :func:`register_head` class decorator::
         Options = GareOptions
         ...
 
-Heads are found without a hand-kept list: the first lookup imports every module and sub-package of the
-``tvr.models.heads`` package — a method's folder ``tvr/models/heads/<method>/``, whose ``__init__`` imports its head —
-(except ``base``, ``common``, ``registry`` and ``_*`` modules, which hold no head) and every entry point
-of the ``tvr.heads`` group (how an installed package contributes heads). A head that is neither can still be used
+Heads are found without a hand-kept list: the first lookup imports every method folder of the ``tvr.methods``
+package, ``tvr/methods/<method>/``, whose ``__init__`` imports its head (``_*`` folders hold no head), and every entry
+point of the ``tvr.heads`` group (how an installed package contributes heads). The methods sit above this layer (their
+figures use analysis and evaluation), so they are found by name, as entry points are, never imported here by a
+statement. A head that is neither can still be used
 by its import path, ``head.name: my_pkg.heads:MyHead``; it needs no registration.
 """
 
@@ -24,7 +25,7 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tvr.config import ConfigError, HeadConfig, build_section
+from tvr.config import ConfigError, HeadConfig, build_section, import_named
 from tvr.models.heads.base import RetrievalHead
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,8 @@ H = TypeVar("H", bound=type[RetrievalHead])
 
 _HEADS: dict[str, type[RetrievalHead]] = {}
 _DISCOVERED = False
-#: modules of this package that hold no head
-_NOT_HEADS = frozenset({"base", "common", "registry"})
+#: the package whose folders are the built-in methods (imported by name on the first lookup)
+METHODS_PACKAGE = "tvr.methods"
 ENTRY_POINT_GROUP = "tvr.heads"
 
 
@@ -71,9 +72,9 @@ def _discover() -> None:
     if _DISCOVERED:
         return
     _DISCOVERED = True
-    package = importlib.import_module("tvr.models.heads")
+    package = importlib.import_module(METHODS_PACKAGE)
     for info in pkgutil.iter_modules(package.__path__):
-        if info.name in _NOT_HEADS or info.name.startswith("_"):
+        if info.name.startswith("_"):
             continue
         importlib.import_module(f"{package.__name__}.{info.name}")
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -94,20 +95,8 @@ def available_heads() -> list[str]:
 
 
 def _import_path(spec: str) -> type[RetrievalHead]:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"head.name = {spec!r}: an import path must look like 'package.module:ClassName'")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"head.name = {spec!r}: cannot import module {module_name!r} ({exc})") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"head.name = {spec!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    try:
-        return _check_head_class(obj, f"head.name = {spec!r}")
+        return _check_head_class(import_named(spec, "head.name"), f"head.name = {spec!r}")
     except TypeError as exc:
         raise ConfigError(str(exc)) from None
 

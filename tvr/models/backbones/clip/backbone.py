@@ -56,7 +56,7 @@ class Clip(Backbone):
         forward pass, after set-up (unknowable sizes, e.g. an OpenAI .pt file, are left to loading)."""
         if cfg.data.image_size is None:  # unset: resolving the config gives it the backbone's own size
             return
-        from tvr.models.clip_backbone import backbone_image_size
+        from tvr.models.backbones.clip.modeling import backbone_image_size
 
         known = backbone_image_size(cfg.model)
         if known is not None and known[0] != cfg.data.image_size:
@@ -68,7 +68,7 @@ class Clip(Backbone):
 
     def build(self, model_cfg: ModelConfig) -> nn.Module:
         # the module is imported when it is built: it pulls in transformers' CLIP modelling
-        from tvr.models.clip_backbone import ClipBackbone
+        from tvr.models.backbones.clip.modeling import ClipBackbone
 
         return ClipBackbone.from_config(model_cfg)
 

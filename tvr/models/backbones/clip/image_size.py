@@ -21,7 +21,8 @@ HUB_IMAGE_SIZES = {
 
 def clip_image_size(model_cfg: ModelConfig) -> int | None:
     """The input size of ``model.clip``'s vision tower, read from its description only: ``model.tiny.image_size``,
-    a HF folder's or the hub cache's ``config.json`` (:func:`tvr.models.clip_backbone.backbone_image_size`), an
+    a HF folder's or the hub cache's ``config.json`` (:func:`tvr.models.backbones.clip.modeling.backbone_image_size`),
+    an
     OpenAI checkpoint's positional embedding (patch × grid), or a known hub id. None when nothing describes it
     without a download (a path that does not exist yet, a hub model that is not cached, a damaged config.json that
     loading will report): the data pipeline then asks for ``data.image_size``."""
@@ -32,7 +33,7 @@ def clip_image_size(model_cfg: ModelConfig) -> int | None:
             return None
         stat = path.stat()
         return _openai_image_size(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-    from tvr.models.clip_backbone import backbone_image_size  # CLIP's module: only for a CLIP backbone
+    from tvr.models.backbones.clip.modeling import backbone_image_size  # CLIP's module: only for a CLIP backbone
 
     known = backbone_image_size(model_cfg)
     if known is not None:
@@ -42,6 +43,6 @@ def clip_image_size(model_cfg: ModelConfig) -> int | None:
 
 @functools.lru_cache(maxsize=8)
 def _openai_image_size(path: str, mtime_ns: int, size: int) -> int:
-    from tvr.models.convert_openai import infer_config, load_openai_state_dict
+    from tvr.models.backbones.clip.convert_openai import infer_config, load_openai_state_dict
 
     return int(infer_config(load_openai_state_dict(path)).vision_config.image_size)

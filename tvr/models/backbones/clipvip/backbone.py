@@ -42,6 +42,6 @@ class ClipVip(Clip):
                 f"model.temporal={model_cfg.temporal!r} with model.backbone=clipvip: CLIP-ViP pools the video "
                 f"itself into one slot, so there is no frame sequence to aggregate; set model.temporal=none"
             )
-        from tvr.models.clipvip import ClipVipBackbone
+        from tvr.models.backbones.clipvip.modeling import ClipVipBackbone
 
         return ClipVipBackbone.from_config(model_cfg)

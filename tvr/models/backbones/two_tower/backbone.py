@@ -32,12 +32,12 @@ class TwoTower(Backbone):
         return ("clip", "backbone", *(f"two_tower.{key}" for key in (*TOWER_SETTINGS, *(("tiny",) if tiny else ()))))
 
     def image_size(self, model_cfg: ModelConfig) -> int | None:
-        from tvr.models.image_tower import native_image_size
+        from tvr.models.backbones.two_tower.image_tower import native_image_size
 
         return native_image_size(model_cfg.two_tower)
 
     def pixel_norm(self, model_cfg: ModelConfig) -> PixelNorm:
-        from tvr.models.image_tower import EFFICIENTNET_LITE_NORM
+        from tvr.models.backbones.two_tower.image_tower import EFFICIENTNET_LITE_NORM
 
         return EFFICIENTNET_LITE_NORM
 
@@ -50,7 +50,7 @@ class TwoTower(Backbone):
 
     def check_data(self, cfg: Config) -> None:
         """The frame size is the image architecture's resolution (checked before any weights load)."""
-        from tvr.models.image_tower import native_image_size
+        from tvr.models.backbones.two_tower.image_tower import native_image_size
 
         size = native_image_size(cfg.model.two_tower)
         if cfg.data.image_size is not None and cfg.data.image_size != size:  # unset: resolution gives it the size
@@ -70,13 +70,13 @@ class TwoTower(Backbone):
             )
 
     def build(self, model_cfg: ModelConfig) -> nn.Module:
-        from tvr.models.two_tower import TwoTowerBackbone
+        from tvr.models.backbones.two_tower.modeling import TwoTowerBackbone
 
         return TwoTowerBackbone.from_config(model_cfg)
 
     def build_bridge(self, module: nn.Module, cfg: Config, num_proxies: int) -> nn.Module | None:
-        from tvr.models.text_tower import check_max_words
-        from tvr.models.two_tower import build_two_tower_bridge
+        from tvr.models.backbones.two_tower.modeling import build_two_tower_bridge
+        from tvr.models.backbones.two_tower.text_tower import check_max_words
 
         check_max_words(module.text_tower, cfg.data.max_words)
         return build_two_tower_bridge(module, cfg.model.two_tower, num_proxies)

@@ -66,7 +66,8 @@ class TwoTowerConfig:
     conse_pooling: str = choice("frame", "frame", "video")
     #: ConSE fusion, w: weight of the class-space score (the query's softmax over the class texts against the clip's
     #: mean class distribution) in (1 − w)·cos + w·class score; 0 with conse_bank_weight 0 = ConSE alone. Any
-    #: fusion gives one fused vector per clip (docs/methods/two_tower.md, tvr/models/class_fusion.py)
+    #: fusion gives one fused vector per clip (docs/methods/two_tower.md,
+    #: tvr/models/backbones/two_tower/class_fusion.py)
     conse_class_weight: float = bounded(0.0, ge=0.0, le=1.0)
     #: ConSE fusion: temperature τ_c of the query's softmax over its cosines with the 1000 class texts
     conse_class_temperature: float = bounded(0.05, gt=0.0)
@@ -75,7 +76,8 @@ class TwoTowerConfig:
     conse_bank_weight: float = bounded(0.0, ge=0.0)
     #: ConSE fusion, κ: how many nearest bank sentences that mean is over
     conse_bank_neighbours: int = bounded(3, ge=1)
-    #: ConSE fusion: the bank, "" = the one shipped with tvr (tvr/models/data/query_bank_v1.txt), or a text file of
+    #: ConSE fusion: the bank, "" = the one shipped with tvr (tvr/models/backbones/two_tower/data/query_bank_v1.txt),
+    #: or a text file of
     #: your own (one sentence a line, # comments); never the queries themselves
     conse_bank: str = ""
     tiny: TinyTwoTowerConfig = field(default_factory=TinyTwoTowerConfig)
