@@ -591,7 +591,7 @@ def _bench(
         raise UserError("tvr bench needs --config (a bench YAML or a shipped name) and --out (the bench folder)")
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: expected a positive number of runs at a time")
-    from tvr.pipeline.bench import load_bench_config, run_bench
+    from tvr.bench.runs import load_bench_config, run_bench
 
     out_folder(out)
     spec = load_bench_config(config)
@@ -600,17 +600,17 @@ def _bench(
     command = f"tvr bench --config {config} --out {out}" + (f" --sweep {sweep}" if sweep else "")
     command += f" --jobs {jobs}" if jobs > 1 else ""
     if sweep:
-        from tvr.pipeline.bench_sweep import parse_sweep, run_sweep
+        from tvr.bench.sweep import parse_sweep, run_sweep
 
         plan = parse_sweep(sweep, spec)  # an unknown dial or a bad value stops here, before any work
         swept = run_sweep(spec, plan, out, command=command, echo=echo, **options)
-        from tvr.eval.bench_report import sweep_lines
+        from tvr.bench.report import sweep_lines
 
         print("\n".join(sweep_lines(swept)))
         console.print(f"report: {out / 'sweep.md'}")
         return
     results = run_bench(spec, out, command=command, echo=echo, **options)
-    from tvr.eval.bench_report import differences_table, results_table
+    from tvr.bench.report import differences_table, results_table
 
     print(results_table(results))
     print()
@@ -640,7 +640,7 @@ def bench_report(
     """Write a results document from committed bench results: every table and every number in it is computed from
     the JSON files, so `tests/test_bench_report.py` can recompute the shipped docs/results.md."""
     out_file(out)
-    from tvr.eval.results_document import write_report
+    from tvr.bench.results_document import write_report
 
     extra: dict[str, Path] = {}
     for item in sources or []:
