@@ -6,18 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tvr.config import DataConfig
-from tvr.data.formats.base import DatasetFormat, SplitPart, paragraph_part, pick_file
+from tvr.data.formats.base import ParagraphFormat
 from tvr.data.formats.reading import (
-    AnnotationError,
     annotation_error,
     cached_parse,
     need_str_list,
     read_json,
 )
 from tvr.data.formats.registry import register_dataset_format
-
-ACTIVITYNET_FILES = {"train": ("train.json", "train.jsonl"), "test": ("val_1.json", "val1.jsonl")}
 
 
 def _activitynet_original(path: Path) -> list[tuple[str, list[str]]]:
@@ -39,16 +35,12 @@ def _activitynet_original(path: Path) -> list[tuple[str, list[str]]]:
     return cached_parse("activitynet-original", [path], parse)
 
 
-def _activitynet_part(folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
-    if split == "val":
-        return None  # val_1 is the test split; val is held out from train
-    if split not in ACTIVITYNET_FILES:
-        raise AnnotationError(f"ActivityNet has splits train / val / test, not {split!r}")
-    path = pick_file(folder, ACTIVITYNET_FILES[split], f"ActivityNet {split}")
-    return paragraph_part(path, "{clip_id, text[], timestamps[], num_frame} (CLIP-ViP layout)", _activitynet_original)
-
-
 @register_dataset_format("activitynet")
-class ActivityNet(DatasetFormat):
-    def read(self, folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
-        return _activitynet_part(folder, cfg, split)
+class ActivityNet(ParagraphFormat):
+    title = "ActivityNet"
+    #: per split: the original file, or CLIP-ViP's JSON lines (validation is held out of training)
+    files = {"train": ("train.json", "train.jsonl"), "test": ("val_1.json", "val1.jsonl")}
+    jsonl_fields = "{clip_id, text[], timestamps[], num_frame} (CLIP-ViP layout)"
+    held_out = ("val",)  # val_1 is the test split; val is held out from train
+
+    read_original = staticmethod(_activitynet_original)

@@ -11,7 +11,7 @@ Conventions shared by all formats:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -90,18 +90,6 @@ def jsonl_groups(path: Path, expected: str) -> list[tuple[str, list[str]]]:
     return cached_parse("jsonl-groups", [path], parse)
 
 
-def paragraph_part(
-    path: Path, jsonl_fields: str, read_original: Callable[[Path], list[tuple[str, list[str]]]]
-) -> SplitPart:
-    """A paragraph-protocol split (DiDeMo, ActivityNet) from ``path``: a CLIP-ViP JSON-lines file (one object of
-    ``jsonl_fields`` a line) or the dataset's original JSON, which ``read_original`` reads."""
-    if path.suffix == ".jsonl":
-        groups = jsonl_groups(path, f"JSON lines {jsonl_fields}")
-    else:
-        groups = read_original(path)
-    return groups_part(groups, "paragraph", [path.name])
-
-
 def pick_file(folder: Path, names: Sequence[str], what: str) -> Path:
     for name in names:
         if (folder / name).is_file():
@@ -134,3 +122,36 @@ class DatasetFormat:
         if val.protocol != "paragraph":
             val.protocol = evaluation_protocol(val)
         return val
+
+
+class ParagraphFormat(DatasetFormat):
+    """A format whose videos are each described by one paragraph (DiDeMo, ActivityNet: the ``paragraph`` protocol),
+    a split in one file: CLIP-ViP's JSON lines (``*.jsonl``, one object of :attr:`jsonl_fields` a line) or the
+    dataset's original JSON, which :meth:`read_original` reads."""
+
+    #: the dataset's name in messages
+    title: ClassVar[str] = ""
+    #: per split, the file names it may have (the first found is read)
+    files: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: what each line of the JSON-lines layout holds, for messages
+    jsonl_fields: ClassVar[str] = ""
+
+    #: splits the dataset has no file for, held out of training instead (ActivityNet: its val_1 is the test split)
+    held_out: ClassVar[tuple[str, ...]] = ()
+
+    def read_original(self, path: Path) -> list[tuple[str, list[str]]]:
+        """(video, sentences) per video of the dataset's original JSON file."""
+        raise NotImplementedError
+
+    def read(self, folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
+        if split in self.held_out:
+            return None
+        if split not in self.files:
+            names = [s for s in ("train", "val", "test") if s in self.files or s in self.held_out]
+            raise AnnotationError(f"{self.title} has splits {' / '.join(names)}, not {split!r}")
+        path = pick_file(folder, self.files[split], f"{self.title} {split}")
+        if path.suffix == ".jsonl":
+            groups = jsonl_groups(path, f"JSON lines {self.jsonl_fields}")
+        else:
+            groups = self.read_original(path)
+        return groups_part(groups, "paragraph", [path.name])

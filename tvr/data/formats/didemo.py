@@ -6,23 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tvr.config import DataConfig
-from tvr.data.formats.base import DatasetFormat, SplitPart, paragraph_part, pick_file
+from tvr.data.formats.base import ParagraphFormat
 from tvr.data.formats.reading import (
-    AnnotationError,
     annotation_error,
     cached_parse,
     need_str,
     read_json,
 )
 from tvr.data.formats.registry import register_dataset_format
-
-DIDEMO_FILES = {
-    "train": ("train_data.json", "train.jsonl"),
-    "val": ("val_data.json", "val.jsonl"),
-    "test": ("test_data.json", "test.jsonl"),
-}
-# ActivityNet Captions: original files, or CLIP-ViP JSON lines; val_1 is the test split
 
 
 def _didemo_original(path: Path) -> list[tuple[str, list[str]]]:
@@ -44,14 +35,15 @@ def _didemo_original(path: Path) -> list[tuple[str, list[str]]]:
     return cached_parse("didemo-original", [path], parse)
 
 
-def _didemo_part(folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
-    if split not in DIDEMO_FILES:
-        raise AnnotationError(f"DiDeMo has splits {list(DIDEMO_FILES)}, not {split!r}")
-    path = pick_file(folder, DIDEMO_FILES[split], f"DiDeMo {split}")
-    return paragraph_part(path, "{clip_id, text[], timestamps[]} (CLIP-ViP DiDeMo layout)", _didemo_original)
-
-
 @register_dataset_format("didemo")
-class DiDeMo(DatasetFormat):
-    def read(self, folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
-        return _didemo_part(folder, cfg, split)
+class DiDeMo(ParagraphFormat):
+    title = "DiDeMo"
+    #: per split: CLIP4Clip's original file, or CLIP-ViP's JSON lines
+    files = {
+        "train": ("train_data.json", "train.jsonl"),
+        "val": ("val_data.json", "val.jsonl"),
+        "test": ("test_data.json", "test.jsonl"),
+    }
+    jsonl_fields = "{clip_id, text[], timestamps[]} (CLIP-ViP DiDeMo layout)"
+
+    read_original = staticmethod(_didemo_original)
