@@ -87,16 +87,32 @@ def test_register_dataset_format_refuses_a_taken_name_and_a_non_format() -> None
         register_dataset_format("not_a_format")(dict)
 
 
-def test_no_module_outside_the_formats_compares_dataset_names() -> None:
+def _strings(node: ast.AST) -> set[str]:
+    return {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+
+
+def test_no_module_outside_the_formats_compares_dataset_names_or_keeps_a_table_of_them() -> None:
     names = set(builtin_dataset_formats())
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if (PACKAGE / "data" / "formats") in path.parents:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.Compare) or "dataset" not in ast.unparse(node):
-                continue
-            constants = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
-            if constants & names:
-                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}")
-    assert not found, f"dataset names compared outside tvr/data/formats/: {found}"
+            compares = isinstance(node, ast.Compare) and "dataset" in ast.unparse(node) and _strings(node) & names
+            table = isinstance(node, ast.Dict) and len(_strings(ast.Tuple(elts=node.keys)) & names) > 1
+            if compares or table:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not found, f"dataset names compared or tabled outside tvr/data/formats/: {found}"
+
+
+def test_each_format_declares_its_test_protocol() -> None:
+    from tvr.eval.protocol import default_protocol
+
+    assert {name: dataset_format(name).protocol for name in builtin_dataset_formats()} == {
+        "activitynet": "paragraph",
+        "didemo": "paragraph",
+        "generic": None,  # the files decide: one caption per video or several
+        "msrvtt": "one_to_one",
+        "msvd": "multi_caption",
+    }
+    assert default_protocol("msrvtt") == "one_to_one"

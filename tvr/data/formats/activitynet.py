@@ -37,6 +37,7 @@ def _activitynet_original(path: Path) -> list[tuple[str, list[str]]]:
 
 @register_dataset_format("activitynet")
 class ActivityNet(ParagraphFormat):
+    protocol = "paragraph"
     title = "ActivityNet"
     #: per split: the original file, or CLIP-ViP's JSON lines (validation is held out of training)
     files = {"train": ("train.json", "train.jsonl"), "test": ("val_1.json", "val1.jsonl")}

@@ -110,6 +110,8 @@ class DatasetFormat:
     settings: ClassVar[tuple[str, ...]] = ()
     #: split names beyond train / val / test that this format reads (MSR-VTT: ``test_multi``)
     extra_splits: ClassVar[tuple[str, ...]] = ()
+    #: the evaluation protocol of its test split (spec §6); None where the files decide (generic)
+    protocol: ClassVar[str | None] = None
 
     def read(self, folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
         """``split`` (train | val | test | one of :attr:`extra_splits`) from the annotation ``folder``; None for a

@@ -37,6 +37,7 @@ def _didemo_original(path: Path) -> list[tuple[str, list[str]]]:
 
 @register_dataset_format("didemo")
 class DiDeMo(ParagraphFormat):
+    protocol = "paragraph"
     title = "DiDeMo"
     #: per split: CLIP4Clip's original file, or CLIP-ViP's JSON lines
     files = {

@@ -203,6 +203,7 @@ def _msrvtt_part(folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
 
 @register_dataset_format("msrvtt")
 class MsrVtt(DatasetFormat):
+    protocol = "one_to_one"
     settings = ("train_split",)
     extra_splits = ("test_multi",)
 

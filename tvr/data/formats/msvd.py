@@ -129,5 +129,7 @@ def _msvd_part(folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
 
 @register_dataset_format("msvd")
 class Msvd(DatasetFormat):
+    protocol = "multi_caption"
+
     def read(self, folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
         return _msvd_part(folder, cfg, split)
