@@ -27,8 +27,8 @@ def load_entry_points(group: str, check: Callable[[Any, str], Any], kind: str) -
 class Registry:
     """Named classes of one kind (subclasses of ``base``), found without a hand-kept list: the first lookup imports
     every module and sub-package of ``package`` (except those in ``skip`` and ``_*`` ones, which hold none; each
-    registers its classes with :meth:`register`) and every entry point of ``group`` (how an installed package
-    contributes one). ``on_add(name, cls)`` runs for each class added (e.g. to name it)."""
+    registers its classes with :meth:`register`) and, where ``group`` is given, every entry point of that group (how
+    an installed package contributes one). ``on_add(name, cls)`` runs for each class added (e.g. to name it)."""
 
     def __init__(
         self,
@@ -36,7 +36,7 @@ class Registry:
         base: type,
         package: str,
         skip: frozenset[str],
-        group: str,
+        group: str | None,
         on_add: Callable[[str, type], None] | None = None,
     ) -> None:
         self.kind, self.base, self.package, self.skip, self.group = kind, base, package, skip, group
@@ -77,7 +77,7 @@ class Registry:
         for info in pkgutil.iter_modules(package.__path__):
             if info.name not in self.skip and not info.name.startswith("_"):
                 importlib.import_module(f"{self.package}.{info.name}")
-        for name, cls in load_entry_points(self.group, self.check, self.kind):
+        for name, cls in load_entry_points(self.group, self.check, self.kind) if self.group else ():
             if name not in self._classes:
                 self._add(name, cls)
 

@@ -7,9 +7,10 @@ A format module registers itself with the :func:`register_dataset_format` class 
         def read(self, folder, cfg, split): ...
 
 Formats are found without a hand-kept list, as heads are: the first lookup imports every module of the
-``tvr.data.formats`` package (except ``base``, ``reading``, ``registry`` and ``_*`` modules, which hold no format) and
-every entry point of the ``tvr.datasets`` group (how an installed package contributes one). Registering also lets
-``data.dataset`` name the format (:func:`tvr.config.register_dataset_name`).
+``tvr.data.formats`` package (except ``base``, ``reading``, ``registry`` and ``_*`` modules, which hold no format).
+Registering also lets ``data.dataset`` name the format (:func:`tvr.config.register_dataset_name`), so a format
+defined elsewhere is registered by importing its module before its config is loaded. (No entry-point group: a config
+is checked when it loads, before anything would look the group up.)
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from tvr.utils.plugins import Registry
 
 F = TypeVar("F", bound=type[DatasetFormat])
 
-ENTRY_POINT_GROUP = "tvr.datasets"
 PACKAGE = "tvr.data.formats"
 
 
@@ -34,9 +34,7 @@ def _named(name: str, cls: type[DatasetFormat]) -> None:
 
 
 #: modules of the package that hold no format: base, reading, registry
-_FORMATS = Registry(
-    "dataset", DatasetFormat, PACKAGE, frozenset({"base", "reading", "registry"}), ENTRY_POINT_GROUP, _named
-)
+_FORMATS = Registry("dataset", DatasetFormat, PACKAGE, frozenset({"base", "reading", "registry"}), None, _named)
 
 
 def register_dataset_format(name: str, *, overwrite: bool = False) -> Callable[[F], F]:
@@ -48,7 +46,7 @@ def register_dataset_format(name: str, *, overwrite: bool = False) -> Callable[[
 
 
 def available_dataset_formats() -> list[str]:
-    """Names of every registered dataset format (this package's modules, entry points, formats registered so far)."""
+    """Names of every registered dataset format (this package's modules and the formats registered so far)."""
     return _FORMATS.names()
 
 
