@@ -2,7 +2,7 @@
 seeds, measured on a finished bench.
 
 A bench's paired comparison of method and baseline detects (95 % two-sided, 80 % power) a true difference of
-``MDE = (t(0.975, n − 1) + t(0.80, n − 1)) · s_d / √n`` (tvr.eval.stats), where s_d is the spread over seeds of the
+``MDE = (t(0.975, n − 1) + t(0.80, n − 1)) · s_d / √n`` (tvr.bench.stats), where s_d is the spread over seeds of the
 per-seed differences. s_d has two parts: which queries two models happen to rank differently (it shrinks as the
 test gallery grows) and how much a model's quality moves with its seed (it does not). This script re-scores every
 run's validation-selected checkpoint of a finished bench on the first K test videos (the K × K corner of its score
@@ -29,9 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tvr.bench.stats import minimum_detectable_difference  # noqa: E402
 from tvr.eval.protocol import evaluate  # noqa: E402
 from tvr.eval.runner import score_matrices  # noqa: E402
-from tvr.eval.stats import minimum_detectable_difference  # noqa: E402
 from tvr.models.checkpoint import load_model  # noqa: E402
 from tvr.pipeline import SplitEvaluator  # noqa: E402
 from tvr.utils.io import atomic_write_json  # noqa: E402

@@ -25,9 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tvr.bench.runs import OUT_MARK, load_bench_config, prepare_data, run_one  # noqa: E402
 from tvr.config import config_from_dict  # noqa: E402
 from tvr.pipeline import resolve_config  # noqa: E402
-from tvr.pipeline.bench import OUT_MARK, load_bench_config, prepare_data, run_one  # noqa: E402
 from tvr.utils.io import atomic_write_json  # noqa: E402
 
 COMPARED = ("best_step", "best_epoch", "inference_setting", "val_curve", "test")

@@ -38,11 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tvr.data.feature_cache import load_cached_split  # noqa: E402
-from tvr.eval.stats import t_interval  # noqa: E402
-from tvr.methods.gare.psi import gare_delta, video_mean  # noqa: E402
-from tvr.pipeline import SplitEvaluator  # noqa: E402
-from tvr.pipeline.bench import (  # noqa: E402
+from tvr.bench.runs import (  # noqa: E402
     BenchMethod,
     initial_model,
     load_bench_config,
@@ -50,6 +46,10 @@ from tvr.pipeline.bench import (  # noqa: E402
     prepare_data,
     validation_norms,
 )
+from tvr.bench.stats import t_interval  # noqa: E402
+from tvr.data.feature_cache import load_cached_split  # noqa: E402
+from tvr.methods.gare.psi import gare_delta, video_mean  # noqa: E402
+from tvr.pipeline import SplitEvaluator  # noqa: E402
 from tvr.utils.io import atomic_write_json  # noqa: E402
 
 REGIMES = ("linear", "clip")
@@ -99,8 +99,8 @@ def interval(values: list[float]) -> dict[str, Any]:
 
 def at_initialisation(bench, out_dir: Path, digest: str, seeds: list[int]) -> dict[str, Any]:  # noqa: ANN001
     """Norms (and GARE's geometry) of the models training starts from, per head and projection kind."""
+    from tvr.bench.runs import feature_key
     from tvr.config import config_to_dict, load_config
-    from tvr.pipeline.bench import feature_key
 
     # the bench's own cache: it holds tower features, which no projection kind changes
     cache = out_dir / "features" / feature_key(method_config(bench, bench.methods[0], 42, out_dir), digest)

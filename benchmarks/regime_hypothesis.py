@@ -2,7 +2,7 @@
 in the old one? Decided from two finished benches on the same data and seeds.
 
 Per seed k: g(k) = test t2v R@1 of ``--method`` − that of its control, in each bench; the test is the one-sided paired
-t test of mean(g_clip(k) − g_linear(k)) > 0 over the seeds both benches finished (``tvr.eval.stats``). The JSON holds
+t test of mean(g_clip(k) − g_linear(k)) > 0 over the seeds both benches finished (``tvr.bench.stats``). The JSON holds
 the per-seed gains, the mean difference with its 95 % interval, the one-sided p, the minimum detectable difference at
 this many seeds, and the hypothesis in the form docs/results.md reads (``tvr bench report --source h4=...``), where it
 is decided by its Holm-adjusted p over every pre-registered hypothesis (``decision: holm``).
@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tvr.eval.stats import minimum_detectable_difference, t_interval, t_test_p  # noqa: E402
-from tvr.pipeline.bench import sealed  # noqa: E402
+from tvr.bench.runs import sealed  # noqa: E402
+from tvr.bench.stats import minimum_detectable_difference, t_interval, t_test_p  # noqa: E402
 from tvr.utils.io import atomic_write_json  # noqa: E402
 
 STATEMENT = "GARE's paired t2v R@1 gain over its own control is larger in the CLIP-like regime than in the old one"

@@ -19,19 +19,8 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from tvr.eval.bench_report import differences_table, holm_table, p_text, results_table
-from tvr.eval.stats import (
-    holm,
-    minimum_detectable_difference,
-    paired_difference,
-    paired_t_test,
-    slope,
-    slope_test,
-    t_interval,
-    t_quantile,
-    t_test_p,
-)
-from tvr.pipeline.bench import (
+from tvr.bench.report import differences_table, holm_table, p_text, results_table
+from tvr.bench.runs import (
     BENCH_PRESET_DIR,
     BenchConfigError,
     load_bench_config,
@@ -42,6 +31,17 @@ from tvr.pipeline.bench import (
     run_bench,
     run_one,
     summarize,
+)
+from tvr.bench.stats import (
+    holm,
+    minimum_detectable_difference,
+    paired_difference,
+    paired_t_test,
+    slope,
+    slope_test,
+    t_interval,
+    t_quantile,
+    t_test_p,
 )
 
 QUICK = BENCH_PRESET_DIR / "quick.yaml"
@@ -324,7 +324,7 @@ def test_render_killed_and_resumed_equals_a_fresh_one(tmp_path: Path) -> None:
     """A bench killed while it renders its data (a half-written clip's temporary may be left behind) renders again
     when resumed and ends with exactly the files of a render that was never interrupted, and no temporary."""
     bench_file = _write_bench(tmp_path)
-    script = ("import sys; from pathlib import Path; from tvr.pipeline.bench import load_bench_config, prepare_data; "
+    script = ("import sys; from pathlib import Path; from tvr.bench.runs import load_bench_config, prepare_data; "
               "prepare_data(load_bench_config(sys.argv[1]), Path(sys.argv[2]), progress=False)")  # fmt: skip
     out = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-c", script, str(bench_file), str(out)])
@@ -384,7 +384,7 @@ def test_validation_unlike_the_test_is_refused_unless_asked(tmp_path: Path) -> N
     with pytest.raises(BenchConfigError, match=r"validation is not built like the test \(full_caption_share"):
         run_bench(bench, tmp_path / "out", progress=False)
     assert not (tmp_path / "out" / "features").exists()
-    from tvr.pipeline.bench import validation_composition
+    from tvr.bench.runs import validation_composition
 
     cfg = method_config(bench, bench.methods[0], 0, tmp_path / "out")
     composition = validation_composition(cfg, allow_unlike=True)
@@ -416,7 +416,7 @@ def test_a_bad_sweep_is_one_line_before_any_work(tmp_path: Path, sweep: str, mes
 def test_a_sweep_decides_a_pre_registered_hypothesis(tmp_path: Path) -> None:
     """A sweep runs one bench per dial value and decides each pre-registered hypothesis on that dial by the
     per-seed slope test; the hypothesis's numbers are the slope test of the per-seed gains in the point benches."""
-    from tvr.pipeline.bench_sweep import parse_sweep, run_sweep
+    from tvr.bench.sweep import parse_sweep, run_sweep
 
     hypothesis = {"id": "H1", "method": "gravialign", "metric": "t2v/R1", "dial": "distractor_prob",
                   "expect": "increases", "statement": "GraviAlign gains more with distractors"}  # fmt: skip

@@ -14,14 +14,9 @@ import pytest
 import torch
 import yaml
 
-from tvr.config import ConfigError, load_config
-from tvr.eval.bench_report import control_differences_table, direction_selection_table, norms_table, render_markdown
-from tvr.eval.feature_norms import feature_norms
-from tvr.eval.results_document import all_hypotheses, fill_template
-from tvr.eval.stats import holm, paired_difference, paired_t_test, t_interval, t_test_p
-from tvr.models.backbones.two_tower.bridge import PROJECTION_KINDS, ProjectionBridge
-from tvr.models.backbones.two_tower.config import TwoTowerConfig
-from tvr.pipeline.bench import (
+from tvr.bench.report import control_differences_table, direction_selection_table, norms_table, render_markdown
+from tvr.bench.results_document import all_hypotheses, fill_template
+from tvr.bench.runs import (
     BENCH_PRESET_DIR,
     BenchConfigError,
     compare_with_controls,
@@ -33,6 +28,11 @@ from tvr.pipeline.bench import (
     run_one,
     summarize,
 )
+from tvr.bench.stats import holm, paired_difference, paired_t_test, t_interval, t_test_p
+from tvr.config import ConfigError, load_config
+from tvr.eval.feature_norms import feature_norms
+from tvr.models.backbones.two_tower.bridge import PROJECTION_KINDS, ProjectionBridge
+from tvr.models.backbones.two_tower.config import TwoTowerConfig
 from tvr.train.logging import VAL_JSONL
 from tvr.types import TextFeatures, VideoFeatures
 from tvr.utils.metric_paths import higher_is_better, lookup_metric
@@ -170,7 +170,7 @@ def test_a_run_records_its_choices_per_direction_and_its_feature_norms(quick_mea
         norms = result["feature_norms"][when]
         assert norms["text"]["n"] == norms["video_mean"]["n"] > 0 and norms["video_to_text"] > 0
     # the initial model is the one training started from: building it again gives the same norms
-    from tvr.pipeline.bench import initial_model, validation_norms
+    from tvr.bench.runs import initial_model, validation_norms
 
     device = torch.device("cpu")
     again = validation_norms(cfg, initial_model(cfg).eval(), device)

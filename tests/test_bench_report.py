@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tvr.eval.bench_records import BenchRecordError
-from tvr.eval.results_document import TemplateError, derived_values, fill_template, format_value, lookup, write_report
-from tvr.pipeline.bench import sealed, summarize
+from tvr.bench.records import BenchRecordError
+from tvr.bench.results_document import TemplateError, derived_values, fill_template, format_value, lookup, write_report
+from tvr.bench.runs import sealed, summarize
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

@@ -1,16 +1,24 @@
 """benchmarks/code_shape.py counts what issue 37 sets goals for: a function of 81 lines is long and one of 80 is not,
-arrows and floors come from the imports between parts, and the real package has no upward arrow and no cycle."""
+arrows and floors come from the imports between parts, and the real package has no upward arrow and no cycle. The
+package's shape holds: no more long functions and no more ``duplicates`` pairs than before issue 50."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "code_shape.py"
+PACKAGE = SCRIPT.parents[1] / "tvr"
+#: measured with benchmarks/code_shape.py on main at c016849, before issue 50: the most each may be from now on
+LONG_FUNCTIONS_BEFORE = 11
+DUPLICATE_PAIRS_BEFORE = 41
 
 
 def _script():
@@ -77,3 +85,17 @@ def test_arrows_back_up_inside_a_folder_are_those_on_a_cycle_of_its_entries() ->
     assert _script().folder_back_arrows(rules) == ["tvr.m: a -> b", "tvr.m: b -> a"]
     imports["tvr.m.b.y"] = {"tvr.m.c"}
     assert _script().folder_back_arrows(rules) == []
+
+
+def test_no_more_functions_over_80_lines_than_before() -> None:
+    found = _script().long_functions(PACKAGE, 80)
+    listed = ", ".join(f"{f['function']} ({f['where']}, {f['lines']})" for f in found)
+    assert len(found) <= LONG_FUNCTIONS_BEFORE, f"{len(found)} functions over 80 lines: {listed}"
+
+
+@pytest.mark.skipif(shutil.which("duplicates") is None, reason="the duplicates tool is not installed")
+def test_no_more_repeated_code_pairs_than_before() -> None:
+    pairs = _script().duplicate_pairs(PACKAGE)
+    assert pairs is not None and pairs <= DUPLICATE_PAIRS_BEFORE, (
+        f"`duplicates --repo tvr` finds {pairs} pairs, more than {DUPLICATE_PAIRS_BEFORE}: run it and share the code"
+    )

@@ -282,8 +282,8 @@ def test_an_override_or_a_lock_file_nested_deep_is_refused_or_ignored(made: dict
 
 #: calls that parse JSON / YAML outside the reader, and why each may: text that never came from a file
 PARSED_ELSEWHERE = {
-    "tvr/pipeline/bench.py": 3,  # the bench's messages to and from its own worker processes, over a pipe
-    "tvr/eval/bench_records.py": 1,  # sealed(): a record tvr built, round-tripped to plain JSON types
+    "tvr/bench/runs.py": 3,  # the bench's messages to and from its own worker processes, over a pipe
+    "tvr/bench/records.py": 1,  # sealed(): a record tvr built, round-tripped to plain JSON types
 }
 
 

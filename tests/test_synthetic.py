@@ -355,7 +355,7 @@ def test_validation_like_test_never_separates_a_group(dials: dict) -> None:
     """val_like_test: twins and videos sharing caption attributes never straddle train / validate / test, the split
     sizes are exact, and validation holds the test's shares of twins and false negatives (within the tolerance the
     bench enforces)."""
-    from tvr.data.composition import TOLERANCE
+    from tvr.bench.composition import TOLERANCE
 
     cfg = SynthConfig(val_like_test=True, **dials)
     specs = make_video_specs(cfg)

@@ -591,7 +591,7 @@ def _bench(
         raise UserError("tvr bench needs --config (a bench YAML or a shipped name) and --out (the bench folder)")
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: expected a positive number of runs at a time")
-    from tvr.pipeline.bench import load_bench_config, run_bench
+    from tvr.bench.runs import load_bench_config, run_bench
 
     out_folder(out)
     spec = load_bench_config(config)
@@ -600,17 +600,17 @@ def _bench(
     command = f"tvr bench --config {config} --out {out}" + (f" --sweep {sweep}" if sweep else "")
     command += f" --jobs {jobs}" if jobs > 1 else ""
     if sweep:
-        from tvr.pipeline.bench_sweep import parse_sweep, run_sweep
+        from tvr.bench.sweep import parse_sweep, run_sweep
 
         plan = parse_sweep(sweep, spec)  # an unknown dial or a bad value stops here, before any work
         swept = run_sweep(spec, plan, out, command=command, echo=echo, **options)
-        from tvr.eval.bench_report import sweep_lines
+        from tvr.bench.report import sweep_lines
 
         print("\n".join(sweep_lines(swept)))
         console.print(f"report: {out / 'sweep.md'}")
         return
     results = run_bench(spec, out, command=command, echo=echo, **options)
-    from tvr.eval.bench_report import differences_table, results_table
+    from tvr.bench.report import differences_table, results_table
 
     print(results_table(results))
     print()
@@ -640,7 +640,7 @@ def bench_report(
     """Write a results document from committed bench results: every table and every number in it is computed from
     the JSON files, so `tests/test_bench_report.py` can recompute the shipped docs/results.md."""
     out_file(out)
-    from tvr.eval.results_document import write_report
+    from tvr.bench.results_document import write_report
 
     extra: dict[str, Path] = {}
     for item in sources or []:
@@ -769,6 +769,118 @@ def import_checkpoint(
     console.print(f"wrote {escape(str(out))}", highlight=False)
 
 
+#: up to this many unusable videos the printed check-data table names every one
+CHECK_LIST_ALL = 20
+
+
+def render_check_report(report: dict[str, Any], console: Console, json_path: str | os.PathLike | None = None) -> None:
+    """Print a ``tvr check-data`` report as rich tables: splits, unusable videos by reason (with examples), video
+    statistics, and the error / warning lines. ``json_path``: where the full JSON report was written (None: it was
+    not, and the text says how to get it). Every text from the data is escaped: ``[...]`` prints as written, never as
+    markup."""
+    console.print(_check_splits_table(report))
+    _print_unusable_videos(report["videos"], console, json_path)
+    _print_video_statistics(report.get("video_stats") or {}, console)
+    for line in report["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True)
+    for line in report["errors"]:
+        console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
+    details = (
+        f"details in the JSON report {json_path}"
+        if json_path is not None
+        else "for every detail, rerun with --json FILE"
+    )
+    console.print(
+        "[green]OK: a run would not trip over this data[/green]"
+        if report["ok"]
+        else f"[red]NOT OK: fix the errors above ({escape(details)})[/red]",
+        soft_wrap=True,
+    )
+
+
+def _check_splits_table(report: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"{escape(report['dataset'])}: splits", title_justify="left")
+    for col in (
+        "split",
+        "status",
+        "protocol",
+        "texts",
+        "videos",
+        "usable videos",
+        "truncated captions",
+        "tokens (median / max)",
+    ):
+        table.add_column(col, justify="left" if col in ("split", "status", "protocol") else "right")
+    for name, entry in report["splits"].items():
+        if entry["status"] != "ok":
+            table.add_row(name, "[red]error[/red]", "", "", "", "", "", "")
+            continue
+        tokens = entry.get("caption_tokens")
+        table.add_row(
+            name,
+            "ok",
+            escape(entry["protocol"]),
+            str(entry["num_texts"]),
+            str(entry["num_videos"]),
+            str(entry.get("usable_videos", "")),
+            str(entry.get("truncated_captions", "–")),
+            f"{tokens['median']:g} / {tokens['max']:g}" if tokens else "–",
+        )
+    return table
+
+
+def _print_unusable_videos(videos: dict[str, Any], console: Console, json_path: str | os.PathLike | None) -> None:
+    from collections import defaultdict
+
+    from rich.table import Table
+
+    from tvr.data.check import EXAMPLES, excerpt
+
+    if not videos["problems"]:
+        console.print(f"all {videos['referenced']} referenced videos are usable")
+        return
+    full = (
+        f"every one is in the JSON report {json_path}"
+        if json_path is not None
+        else "pass --json FILE for the full report, every one listed"
+    )
+    bad = Table(title=f"unusable videos: {len(videos['problems'])} of {videos['referenced']}", title_justify="left")
+    bad.add_column("reason")
+    bad.add_column("count", justify="right")
+    bad.add_column("examples (id: detail)")
+    grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in videos["problems"]:
+        grouped[p["reason"]].append(p)
+    shown = len(videos["problems"]) if len(videos["problems"]) <= CHECK_LIST_ALL else EXAMPLES
+    for reason, items in grouped.items():
+        examples = "\n".join(escape(f"{p['id']}: {excerpt(p['detail'], 160)}") for p in items[:shown])
+        if len(items) > shown:
+            examples += f"\n… and {len(items) - shown} more ({escape(full)})"
+        bad.add_row(reason, str(len(items)), examples)
+    console.print(bad)
+
+
+def _print_video_statistics(stats: dict[str, Any], console: Console) -> None:
+    from rich.table import Table
+
+    rows = [(k, v) for k, v in stats.items() if isinstance(v, dict)]
+    if not rows:
+        return
+    table = Table(title="usable videos", title_justify="left")
+    for col in ("", "min", "p5", "median", "mean", "p95", "max"):
+        table.add_column(col, justify="left" if not col else "right")
+    for key, s in rows:
+        table.add_row(key, *(f"{s[c]:.4g}" for c in ("min", "p5", "median", "mean", "p95", "max")))
+    console.print(table)
+    if "padded_videos" in stats:
+        console.print(
+            f"{stats['padded_videos']} usable video(s) give fewer sampled frames than data.max_frames "
+            "(zero-padded, masked)"
+        )
+
+
 @app.command("check-data")
 def check_data(
     config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
@@ -782,7 +894,6 @@ def check_data(
 ) -> None:
     """Check every split, video and caption a run would read; exit 1 when a run would trip, naming each problem."""
     from tvr.data.check import check_data as run_check
-    from tvr.data.check import render_report
     from tvr.utils.io import atomic_write_json
 
     if json_path is not None:
@@ -791,7 +902,7 @@ def check_data(
     report = run_check(cfg, full=full, workers=workers, tokenizer=tokenizer, progress=True)
     if json_path is not None:
         atomic_write_json(json_path, report)
-    render_report(report, stdout_console(), json_path=json_path)
+    render_check_report(report, stdout_console(), json_path=json_path)
     raise typer.Exit(0 if report["ok"] else 1)
 
 

@@ -7,7 +7,7 @@ open the container, read the stream's frame rate / frame count / duration / size
 (``full=True`` decodes every frame and compares the count with the container's). It also measures caption lengths
 in CLIP BPE tokens against ``data.max_words`` and looks for duplicates and split overlaps.
 
-The result is a plain dict (the JSON report); :func:`render_report` turns it into rich tables. ``report["ok"]`` is
+The result is a plain dict (the JSON report); the command line prints it as tables (``tvr.cli``). ``report["ok"]`` is
 false when a run would trip or silently lose data: an unreadable split, a missing / outside / unreadable / empty /
 truncated video, a split left without usable videos, fewer training pairs than ``train.batch_size``, or a video in
 two splits. Caption truncation, duplicate captions and tiny validation splits are warnings.
@@ -21,10 +21,12 @@ import statistics
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tvr.config import Config
+from tvr.config import Config, DataConfig
+from tvr.data.annotations import SPLITS, AnnotationError, RetrievalSplit, load_split
 from tvr.utils.parallel import parallel_map
 
 #: why a video is unusable, in the order reports list them
@@ -41,8 +43,6 @@ REASONS = (
 )
 #: problem examples kept per reason in the printed table (the JSON report lists every one)
 EXAMPLES = 5
-#: up to this many unusable videos the printed table names every one
-LIST_ALL = 20
 #: a validation split with fewer usable videos than this gets a warning (R@1 moves in steps of 100/N points)
 SMALL_VAL = 100
 
@@ -219,12 +219,21 @@ def _tried(paths: Sequence[str]) -> str:
     return f"no file {first.name}{nor} in {first.parent}"
 
 
-def _excerpt(text: str, n: int = 80) -> str:
+def excerpt(text: str, n: int = 80) -> str:
+    """``text`` on one line, cut to ``n`` characters (an ellipsis marks a cut)."""
     text = " ".join(text.split())
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
 # --------------------------------------------------------------------------------------------- the check
+
+
+@dataclass
+class _Findings:
+    """What the check found so far: errors (a run would trip or lose data) and warnings, in the order found."""
+
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 def check_data(
@@ -235,14 +244,11 @@ def check_data(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Check the dataset of ``cfg`` (see the module docstring); returns the JSON-ready report."""
-    from tvr.data.annotations import SPLITS, AnnotationError, load_split
-    from tvr.data.datasets import VideoNotFoundError, VideoOutsideDirError, VideoResolver, check_pixel_settings
-    from tvr.data.video import VideoDecodeError, clip4clip_indices
+    from tvr.data.datasets import check_pixel_settings
 
     data = cfg.data
     check_pixel_settings(data, image_size=False)
-    errors: list[str] = []
-    warnings: list[str] = []
+    found = _Findings()
     report: dict[str, Any] = {
         "dataset": data.dataset,
         "annotations": data.annotations,
@@ -251,16 +257,42 @@ def check_data(
         "max_words": data.max_words,
         "full_decode": full,
     }
+    report["splits"], loaded = _read_splits(data, found)  # 1.
+    video_splits: dict[str, list[str]] = defaultdict(list)
+    for name, split in loaded.items():
+        for vid in split.videos:
+            video_splits[vid].append(name)
+    paths, problems = _resolve_videos(data, video_splits, found)  # 2.
+    info = _probe_videos(paths, video_splits, problems, full, workers, progress)  # 3.
+    report["videos"] = _video_summary(list(video_splits), paths, info, problems, found)
+    report["video_stats"] = _video_statistics(data, info)  # 4.
+    counter, token_source = caption_token_counter(cfg, tokenizer)  # 5.
+    report["tokenizer"] = token_source
+    if counter is None:
+        found.warnings.append(token_source)
+    for name, split in loaded.items():
+        entry = report["splits"][name]
+        _check_usable(cfg, name, split, entry, info, found)
+        _check_duplicate_captions(name, split, entry, found)
+        if counter is not None:
+            _check_caption_lengths(data.max_words, name, split, entry, counter, found)
+    report["videos_in_several_splits"] = _split_overlap(video_splits, found)  # 6.
+    report["errors"] = found.errors
+    report["warnings"] = found.warnings
+    report["ok"] = not found.errors
+    return report
 
-    # 1. splits -------------------------------------------------------------------------------------------
+
+def _read_splits(data: DataConfig, found: _Findings) -> tuple[dict[str, Any], dict[str, RetrievalSplit]]:
+    """1. Every split with the run's own readers: its entry in the report, and the splits that could be read."""
     splits: dict[str, Any] = {}
-    loaded = {}
+    loaded: dict[str, RetrievalSplit] = {}
     for name in SPLITS:
         try:
             split = load_split(data, name)
         except (AnnotationError, ValueError) as exc:
             splits[name] = {"status": "error", "error": str(exc)}
-            errors.append(f"{name} split: {exc}")
+            found.errors.append(f"{name} split: {exc}")
             continue
         loaded[name] = split
         splits[name] = {
@@ -270,54 +302,50 @@ def check_data(
             "num_texts": split.num_texts,
             "num_videos": split.num_videos,
         }
-    report["splits"] = splits
+    return splits, loaded
 
-    # 2. resolve every referenced video ---------------------------------------------------------------------
-    video_splits: dict[str, list[str]] = defaultdict(list)
-    for name, split in loaded.items():
-        for vid in split.videos:
-            video_splits[vid].append(name)
+
+def _problem(vid: str, splits: list[str], reason: str, detail: str, path: str | None) -> dict[str, Any]:
+    return {"id": vid, "splits": splits, "reason": reason, "detail": detail, "path": path}
+
+
+def _resolve_videos(
+    data: DataConfig, video_splits: dict[str, list[str]], found: _Findings
+) -> tuple[dict[str, Path], list[dict[str, Any]]]:
+    """2. Every referenced video through the run's own resolver: the files found, and the ids that name none."""
+    from tvr.data.datasets import VideoNotFoundError, VideoOutsideDirError, VideoResolver
+    from tvr.data.video import VideoDecodeError
+
     ids = list(video_splits)
-    problems: list[dict[str, Any]] = []
     paths: dict[str, Path] = {}
     folder = Path(data.video_dir).expanduser() if data.video_dir else None
     if folder is None or not folder.is_dir():
         what = "data.video_dir is empty" if folder is None else f"video folder not found: {folder}"
-        errors.append(f"{what} (data.video_dir); none of the {len(ids)} referenced videos can be read")
-        problems = [
-            {"id": v, "splits": video_splits[v], "reason": "missing", "detail": what, "path": None} for v in ids
-        ]
-    else:
-        resolver = VideoResolver.from_config(data)
-        for vid in ids:
-            try:
-                paths[vid] = resolver(vid)
-            except VideoOutsideDirError as exc:
-                problems.append(
-                    {
-                        "id": vid,
-                        "splits": video_splits[vid],
-                        "reason": exc.reason,
-                        "detail": exc.detail,
-                        "path": exc.path,
-                    }
-                )
-            except VideoNotFoundError as exc:
-                problems.append(
-                    {
-                        "id": vid,
-                        "splits": video_splits[vid],
-                        "reason": "missing",
-                        "detail": _tried(exc.tried),
-                        "path": None,
-                    }
-                )
-            except VideoDecodeError as exc:  # an id that cannot name a file (NUL byte, too long, symlink loop)
-                problems.append(
-                    {"id": vid, "splits": video_splits[vid], "reason": exc.reason, "detail": exc.detail, "path": None}
-                )
+        found.errors.append(f"{what} (data.video_dir); none of the {len(ids)} referenced videos can be read")
+        return paths, [_problem(v, video_splits[v], "missing", what, None) for v in ids]
+    problems: list[dict[str, Any]] = []
+    resolver = VideoResolver.from_config(data)
+    for vid in ids:
+        try:
+            paths[vid] = resolver(vid)
+        except VideoOutsideDirError as exc:
+            problems.append(_problem(vid, video_splits[vid], exc.reason, exc.detail, exc.path))
+        except VideoNotFoundError as exc:
+            problems.append(_problem(vid, video_splits[vid], "missing", _tried(exc.tried), None))
+        except VideoDecodeError as exc:  # an id that cannot name a file (NUL byte, too long, symlink loop)
+            problems.append(_problem(vid, video_splits[vid], exc.reason, exc.detail, None))
+    return paths, problems
 
-    # 3. probe the files that exist ------------------------------------------------------------------------
+
+def _probe_videos(
+    paths: dict[str, Path],
+    video_splits: dict[str, list[str]],
+    problems: list[dict[str, Any]],
+    full: bool,
+    workers: int,
+    progress: bool,
+) -> dict[str, dict[str, Any]]:
+    """3. Probe the files that exist: what each usable one holds (an unusable one joins ``problems``)."""
     probed_ids = list(paths)
     results = probe_files([str(paths[v]) for v in probed_ids], full=full, workers=workers, progress=progress)
     info: dict[str, dict[str, Any]] = {}
@@ -325,20 +353,23 @@ def check_data(
         if res["ok"]:
             info[vid] = res
         else:
-            problems.append(
-                {
-                    "id": vid,
-                    "splits": video_splits[vid],
-                    "reason": res["reason"],
-                    "detail": res["detail"],
-                    "path": str(paths[vid]),
-                }
-            )
+            problems.append(_problem(vid, video_splits[vid], res["reason"], res["detail"], str(paths[vid])))
+    return info
+
+
+def _video_summary(
+    ids: list[str],
+    paths: dict[str, Path],
+    info: dict[str, dict[str, Any]],
+    problems: list[dict[str, Any]],
+    found: _Findings,
+) -> dict[str, Any]:
+    """The report's ``videos``: counts and the unusable videos by reason; two ids naming one file is a warning."""
     order = {r: k for k, r in enumerate(REASONS)}
     position = {v: k for k, v in enumerate(ids)}
     problems.sort(key=lambda p: (order.get(p["reason"], len(REASONS)), position[p["id"]]))
     by_reason = Counter(p["reason"] for p in problems)
-    report["videos"] = {
+    videos = {
         "referenced": len(ids),
         "files_found": len(paths),
         "usable": len(info),
@@ -346,21 +377,24 @@ def check_data(
         "problems": problems,
     }
     if problems:
-        counts = ", ".join(f"{n} {r}" for r, n in report["videos"]["by_reason"].items())
-        errors.append(f"{len(problems)} of {len(ids)} videos are unusable ({counts}); a run skips them")
-
-    # duplicates among files: two ids that resolve to the same file
+        counts = ", ".join(f"{n} {r}" for r, n in videos["by_reason"].items())
+        found.errors.append(f"{len(problems)} of {len(ids)} videos are unusable ({counts}); a run skips them")
     by_file: dict[str, list[str]] = defaultdict(list)
     for vid, path in paths.items():
         by_file[str(path.resolve())].append(vid)
     same_file = {f: v for f, v in by_file.items() if len(v) > 1}
     if same_file:
-        warnings.append(
+        found.warnings.append(
             f"{len(same_file)} file(s) are referenced by more than one video id, e.g. {next(iter(same_file.values()))}"
         )
+    return videos
 
-    # 4. statistics of the usable videos -------------------------------------------------------------------
-    stats = {key: _stats([r[key] for r in info.values()]) for key in ("duration", "fps", "num_frames")}
+
+def _video_statistics(data: DataConfig, info: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """4. Duration, frame rate and frame count of the usable videos (and, under clip4clip, the frames sampled)."""
+    from tvr.data.video import clip4clip_indices
+
+    stats: dict[str, Any] = {key: _stats([r[key] for r in info.values()]) for key in ("duration", "fps", "num_frames")}
     if data.sampling == "clip4clip" and info:
         sampled = [
             len(clip4clip_indices(r["num_frames"], r["fps"], data.max_frames, data.frame_rate))
@@ -368,188 +402,103 @@ def check_data(
             if r["num_frames"] and r["fps"]
         ]
         stats["sampled_frames"] = _stats(sampled)
-        padded = sum(1 for n in sampled if n < data.max_frames)
-        stats["padded_videos"] = padded
-    report["video_stats"] = stats
+        stats["padded_videos"] = sum(1 for n in sampled if n < data.max_frames)
+    return stats
 
-    # 5. per-split usability, captions, duplicates ----------------------------------------------------------
-    counter, token_source = caption_token_counter(cfg, tokenizer)
-    report["tokenizer"] = token_source
-    if counter is None:
-        warnings.append(token_source)
-    for name, split in loaded.items():
-        entry = splits[name]
-        usable = [v for v in split.videos if v in info]
-        entry["usable_videos"] = len(usable)
-        usable_set = set(usable)
-        entry["usable_texts"] = sum(1 for v in split.text_video if split.videos[v] in usable_set)
-        if not usable:
-            errors.append(f"{name} split: none of its {split.num_videos} videos is usable")
-        elif name == "val" and len(usable) < SMALL_VAL:
-            warnings.append(
-                f"val split: only {len(usable)} usable video(s); R@1 moves in steps of "
-                f"{100 / len(usable):.1f} points and model selection is noisy"
-            )
-        if name == "train" and entry["usable_texts"] < cfg.train.batch_size:
-            errors.append(
-                f"train split: {entry['usable_texts']} usable pairs, fewer than train.batch_size={cfg.train.batch_size}"
-            )
-        pairs = Counter(zip(split.text_video, split.texts, strict=True))
-        dup_pairs = [(split.videos[v], t) for (v, t), n in pairs.items() if n > 1]
-        entry["duplicate_pairs"] = len(dup_pairs)
-        if dup_pairs:
-            warnings.append(
-                f"{name} split: {len(dup_pairs)} (video, caption) pairs appear more than once, e.g. "
-                f"{dup_pairs[0][0]!r}: {_excerpt(dup_pairs[0][1], 60)!r}"
-            )
-        if name != "train":
-            owners: dict[str, set[int]] = defaultdict(set)
-            for v, t in zip(split.text_video, split.texts, strict=True):
-                owners[" ".join(t.lower().split())].add(v)
-            shared = {t: vs for t, vs in owners.items() if len(vs) > 1}
-            entry["captions_on_several_videos"] = len(shared)
-            if shared:
-                text, vs = next(iter(shared.items()))
-                warnings.append(
-                    f"{name} split: {len(shared)} caption(s) belong to several videos, so their ground "
-                    f"truth is ambiguous, e.g. {_excerpt(text, 60)!r} on "
-                    f"{sorted(split.videos[v] for v in vs)[:3]}"
-                )
-        if counter is not None:
-            lengths, bounded = counter(split.texts)
-            if bounded:
-                from tvr.data.tokenizer import MAX_COUNTED_WORD_BYTES
 
-                first = bounded[0]
-                example = split.videos[split.text_video[first]]
-                warnings.append(
-                    f"{name} split: {len(bounded)} caption(s) hold a word longer than "
-                    f"{MAX_COUNTED_WORD_BYTES:,} bytes (e.g. on video {example!r}, "
-                    f"{len(split.texts[first]):,} characters): not tokenized, their token counts are "
-                    "lower bounds; a run truncates them to data.max_words"
-                )
-            entry["long_word_captions"] = len(bounded)
-            limit = data.max_words - 2  # SOT and EOT take two places
-            cut = [
-                (split.videos[v], t, n)
-                for v, t, n in zip(split.text_video, split.texts, lengths, strict=True)
-                if n > limit
-            ]
-            entry["caption_tokens"] = _stats(lengths)
-            entry["truncated_captions"] = len(cut)
-            entry["truncated_examples"] = [{"id": v, "tokens": n, "caption": _excerpt(t)} for v, t, n in cut[:EXAMPLES]]
-            if cut:
-                warnings.append(
-                    f"{name} split: {len(cut)} of {len(lengths)} captions exceed data.max_words="
-                    f"{data.max_words} ({limit} BPE tokens + SOT/EOT) and are truncated"
-                )
+def _check_usable(
+    cfg: Config,
+    name: str,
+    split: RetrievalSplit,
+    entry: dict[str, Any],
+    info: dict[str, dict[str, Any]],
+    found: _Findings,
+) -> None:
+    """5a. A split's usable videos and texts: none usable, a tiny validation split, fewer pairs than a batch."""
+    usable = [v for v in split.videos if v in info]
+    entry["usable_videos"] = len(usable)
+    usable_set = set(usable)
+    entry["usable_texts"] = sum(1 for v in split.text_video if split.videos[v] in usable_set)
+    if not usable:
+        found.errors.append(f"{name} split: none of its {split.num_videos} videos is usable")
+    elif name == "val" and len(usable) < SMALL_VAL:
+        found.warnings.append(
+            f"val split: only {len(usable)} usable video(s); R@1 moves in steps of "
+            f"{100 / len(usable):.1f} points and model selection is noisy"
+        )
+    if name == "train" and entry["usable_texts"] < cfg.train.batch_size:
+        found.errors.append(
+            f"train split: {entry['usable_texts']} usable pairs, fewer than train.batch_size={cfg.train.batch_size}"
+        )
 
-    # 6. a video in two splits -----------------------------------------------------------------------------
+
+def _check_duplicate_captions(name: str, split: RetrievalSplit, entry: dict[str, Any], found: _Findings) -> None:
+    """5b. A (video, caption) pair listed twice; outside training, a caption whose ground truth is several videos."""
+    pairs = Counter(zip(split.text_video, split.texts, strict=True))
+    dup_pairs = [(split.videos[v], t) for (v, t), n in pairs.items() if n > 1]
+    entry["duplicate_pairs"] = len(dup_pairs)
+    if dup_pairs:
+        found.warnings.append(
+            f"{name} split: {len(dup_pairs)} (video, caption) pairs appear more than once, e.g. "
+            f"{dup_pairs[0][0]!r}: {excerpt(dup_pairs[0][1], 60)!r}"
+        )
+    if name == "train":
+        return
+    owners: dict[str, set[int]] = defaultdict(set)
+    for v, t in zip(split.text_video, split.texts, strict=True):
+        owners[" ".join(t.lower().split())].add(v)
+    shared = {t: vs for t, vs in owners.items() if len(vs) > 1}
+    entry["captions_on_several_videos"] = len(shared)
+    if shared:
+        text, vs = next(iter(shared.items()))
+        found.warnings.append(
+            f"{name} split: {len(shared)} caption(s) belong to several videos, so their ground "
+            f"truth is ambiguous, e.g. {excerpt(text, 60)!r} on "
+            f"{sorted(split.videos[v] for v in vs)[:3]}"
+        )
+
+
+def _check_caption_lengths(
+    max_words: int,
+    name: str,
+    split: RetrievalSplit,
+    entry: dict[str, Any],
+    counter: Callable[[list[str]], tuple[list[int], list[int]]],
+    found: _Findings,
+) -> None:
+    """5c. Caption lengths in tokens against ``data.max_words``: the truncated ones, and words too long to count."""
+    from tvr.data.tokenizer import MAX_COUNTED_WORD_BYTES
+
+    lengths, bounded = counter(split.texts)
+    if bounded:
+        first = bounded[0]
+        example = split.videos[split.text_video[first]]
+        found.warnings.append(
+            f"{name} split: {len(bounded)} caption(s) hold a word longer than "
+            f"{MAX_COUNTED_WORD_BYTES:,} bytes (e.g. on video {example!r}, "
+            f"{len(split.texts[first]):,} characters): not tokenized, their token counts are "
+            "lower bounds; a run truncates them to data.max_words"
+        )
+    entry["long_word_captions"] = len(bounded)
+    limit = max_words - 2  # SOT and EOT take two places
+    cut = [(split.videos[v], t, n) for v, t, n in zip(split.text_video, split.texts, lengths, strict=True) if n > limit]
+    entry["caption_tokens"] = _stats(lengths)
+    entry["truncated_captions"] = len(cut)
+    entry["truncated_examples"] = [{"id": v, "tokens": n, "caption": excerpt(t)} for v, t, n in cut[:EXAMPLES]]
+    if cut:
+        found.warnings.append(
+            f"{name} split: {len(cut)} of {len(lengths)} captions exceed data.max_words="
+            f"{max_words} ({limit} BPE tokens + SOT/EOT) and are truncated"
+        )
+
+
+def _split_overlap(video_splits: dict[str, list[str]], found: _Findings) -> list[dict[str, Any]]:
+    """6. Videos in more than one split (evaluation would score videos the model trained on)."""
     overlap = {v: s for v, s in video_splits.items() if len(set(s)) > 1}
-    report["videos_in_several_splits"] = [{"id": v, "splits": s} for v, s in overlap.items()]
     if overlap:
         v, s = next(iter(overlap.items()))
-        errors.append(
+        found.errors.append(
             f"{len(overlap)} video(s) are in more than one split (e.g. {v!r} in {s}): evaluation would "
             "score videos the model trained on"
         )
-
-    report["errors"] = errors
-    report["warnings"] = warnings
-    report["ok"] = not errors
-    return report
-
-
-# --------------------------------------------------------------------------------------------- rendering
-
-
-def render_report(report: dict[str, Any], console: Any, json_path: str | os.PathLike | None = None) -> None:
-    """Print the report as rich tables: splits, unusable videos by reason (with examples), video statistics, and
-    the error / warning lines. ``json_path``: where the full JSON report was written (None: it was not, and the
-    text says how to get it). Every text from the data is escaped: ``[...]`` prints as written, never as markup."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    full = (
-        f"every one is in the JSON report {json_path}"
-        if json_path is not None
-        else "pass --json FILE for the full report, every one listed"
-    )
-
-    table = Table(title=f"{escape(report['dataset'])}: splits", title_justify="left")
-    for col in (
-        "split",
-        "status",
-        "protocol",
-        "texts",
-        "videos",
-        "usable videos",
-        "truncated captions",
-        "tokens (median / max)",
-    ):
-        table.add_column(col, justify="left" if col in ("split", "status", "protocol") else "right")
-    for name, entry in report["splits"].items():
-        if entry["status"] != "ok":
-            table.add_row(name, "[red]error[/red]", "", "", "", "", "", "")
-            continue
-        tokens = entry.get("caption_tokens")
-        table.add_row(
-            name,
-            "ok",
-            escape(entry["protocol"]),
-            str(entry["num_texts"]),
-            str(entry["num_videos"]),
-            str(entry.get("usable_videos", "")),
-            str(entry.get("truncated_captions", "–")),
-            f"{tokens['median']:g} / {tokens['max']:g}" if tokens else "–",
-        )
-    console.print(table)
-
-    videos = report["videos"]
-    if videos["problems"]:
-        bad = Table(title=f"unusable videos: {len(videos['problems'])} of {videos['referenced']}", title_justify="left")
-        bad.add_column("reason")
-        bad.add_column("count", justify="right")
-        bad.add_column("examples (id: detail)")
-        grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for p in videos["problems"]:
-            grouped[p["reason"]].append(p)
-        shown = len(videos["problems"]) if len(videos["problems"]) <= LIST_ALL else EXAMPLES
-        for reason, items in grouped.items():
-            examples = "\n".join(escape(f"{p['id']}: {_excerpt(p['detail'], 160)}") for p in items[:shown])
-            if len(items) > shown:
-                examples += f"\n… and {len(items) - shown} more ({escape(full)})"
-            bad.add_row(reason, str(len(items)), examples)
-        console.print(bad)
-    else:
-        console.print(f"all {videos['referenced']} referenced videos are usable")
-
-    stats = report.get("video_stats") or {}
-    rows = [(k, v) for k, v in stats.items() if isinstance(v, dict)]
-    if rows:
-        st = Table(title="usable videos", title_justify="left")
-        for col in ("", "min", "p5", "median", "mean", "p95", "max"):
-            st.add_column(col, justify="left" if not col else "right")
-        for key, s in rows:
-            st.add_row(key, *(f"{s[c]:.4g}" for c in ("min", "p5", "median", "mean", "p95", "max")))
-        console.print(st)
-        if "padded_videos" in stats:
-            console.print(
-                f"{stats['padded_videos']} usable video(s) give fewer sampled frames than data.max_frames "
-                "(zero-padded, masked)"
-            )
-    for line in report["warnings"]:
-        console.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True)
-    for line in report["errors"]:
-        console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
-    details = (
-        f"details in the JSON report {json_path}"
-        if json_path is not None
-        else "for every detail, rerun with --json FILE"
-    )
-    console.print(
-        "[green]OK: a run would not trip over this data[/green]"
-        if report["ok"]
-        else f"[red]NOT OK: fix the errors above ({escape(details)})[/red]",
-        soft_wrap=True,
-    )
+    return [{"id": v, "splits": s} for v, s in overlap.items()]

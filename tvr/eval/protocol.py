@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tvr.data.formats.registry import builtin_dataset_formats, dataset_format
 from tvr.eval.metrics import (
     TIE_MODES,
     as_index_tensor,
@@ -44,12 +45,9 @@ from tvr.eval.metrics import (
 from tvr.eval.postprocess import dual_softmax
 
 PROTOCOLS = ("one_to_one", "paragraph", "multi_caption")
-#: protocol of each built-in dataset (the generic format declares its own)
+#: protocol of each built-in dataset, as its format declares it (the generic format's files decide)
 DATASET_PROTOCOLS = {
-    "msrvtt": "one_to_one",
-    "didemo": "paragraph",
-    "activitynet": "paragraph",
-    "msvd": "multi_caption",
+    name: dataset_format(name).protocol for name in builtin_dataset_formats() if dataset_format(name).protocol
 }
 
 #: matrix elements reduced per chunk in :func:`group_max`

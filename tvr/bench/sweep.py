@@ -2,12 +2,12 @@
 
 A paper claims a mechanism ("GARE relieves the gradient conflict of false negatives"); a mechanism predicts how the
 gain should move when the data has more of what the mechanism is about. A sweep renders the bench's synthetic set
-once per value of one dial (:data:`tvr.pipeline.bench.SWEEP_DIALS`), runs the whole bench on each
+once per value of one dial (:data:`tvr.bench.runs.SWEEP_DIALS`), runs the whole bench on each
 (``OUT/<dial>=<value>/``: every bench guarantee holds per point — resumable, reproducible, validation like the test),
 and reports per method the paired gain over the baseline at each value and the trend: each seed's least-squares
 slope of gain on dial value is one replicate, and a one-sided t test over seeds asks whether the mean slope has the
-expected sign (:func:`tvr.eval.stats.slope_test`). A bench config's ``hypotheses`` (pre-registered in
-docs/bench.md before the sweep ran) are decided by that test at :data:`tvr.pipeline.bench.ALPHA`.
+expected sign (:func:`tvr.bench.stats.slope_test`). A bench config's ``hypotheses`` (pre-registered in
+docs/bench.md before the sweep ran) are decided by that test at :data:`tvr.bench.runs.ALPHA`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tvr.pipeline.bench import (
+from tvr.bench.runs import (
     ALPHA,
     DIRECTIONS,
     METRICS,
@@ -111,8 +111,8 @@ def _per_seed(results: dict[str, Any]) -> dict[str, dict[str, dict[str, dict[str
 
 def gain_curves(points: list[dict[str, Any]], baseline: str) -> dict[str, Any]:
     """Per non-baseline method and ``direction/metric``: the paired gain at each value (from each point's
-    differences) and the trend over values (:func:`tvr.eval.stats.slope_test` of the per-seed gains)."""
-    from tvr.eval.stats import slope_test
+    differences) and the trend over values (:func:`tvr.bench.stats.slope_test` of the per-seed gains)."""
+    from tvr.bench.stats import slope_test
 
     xs = [p["value"] for p in points]
     methods = [m for m in points[0]["per_seed"] if m != baseline]
@@ -138,7 +138,7 @@ def gain_curves(points: list[dict[str, Any]], baseline: str) -> dict[str, Any]:
 def decide(hypothesis: dict[str, Any], curves: dict[str, Any]) -> dict[str, Any]:
     """The pre-registered rule: the hypothesis holds when the mean per-seed slope of the method's paired gain on the
     dial has the expected sign with one-sided p < :data:`ALPHA` (t test over seeds)."""
-    from tvr.eval.stats import slope_test
+    from tvr.bench.stats import slope_test
 
     curve = curves[hypothesis["method"]][hypothesis["metric"]]
     trend = curve["trend"]
@@ -153,9 +153,9 @@ def decide(hypothesis: dict[str, Any], curves: dict[str, Any]) -> dict[str, Any]
 
 def run_sweep(bench: BenchConfig, sweep: Sweep, out_dir: str | Path, *, command: str = "", **options: Any) -> dict:
     """One bench per value into ``OUT/<dial>=<value>``, then ``OUT/sweep.json`` and ``OUT/sweep.md``. ``options``:
-    :func:`tvr.pipeline.bench.run_bench`'s (``progress``, ``echo``, ``jobs``, ``rerun_changed``,
+    :func:`tvr.bench.runs.run_bench`'s (``progress``, ``echo``, ``jobs``, ``rerun_changed``,
     ``allow_unlike_validation``), for every point."""
-    from tvr.eval.bench_report import plot_sweep, sweep_markdown
+    from tvr.bench.report import plot_sweep, sweep_markdown
 
     echo: ProgressFn | None = options.get("echo")
     say = echo or (lambda line: None)

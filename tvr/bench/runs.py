@@ -7,7 +7,7 @@ numbers an uninterrupted one gives):
    into ``OUT/data`` — losslessly, so every clip decodes to its rendered frames and a re-render is byte-identical,
    and with validation built like the test (whole twin / false-negative groups per split, one full caption per
    validation video) unless the config says otherwise — or reads the annotation folder its ``data:`` names. The
-   validation and test compositions (:mod:`tvr.data.composition`) are printed and recorded; a validation split
+   validation and test compositions (:mod:`tvr.bench.composition`) are printed and recorded; a validation split
    whose shares of full captions, twins or false negatives differ from the test's by more than the tolerance stops
    the bench unless ``allow_unlike_validation``.
 2. **Features**: encodes every video and caption once with the frozen backbone (``tvr features``) into
@@ -23,7 +23,7 @@ numbers an uninterrupted one gives):
    ``provenance`` the command, commit, machine, package versions and timings — everything else is a pure function
    of the config, and ``results_sha256`` is its digest), ``results.md`` (mean ± 95 % CI over seeds of t2v / v2t
    R@1/5/10/MdR/MnR; each method's paired per-seed difference from the baseline with its interval, Holm-adjusted
-   p-value and minimum detectable difference) and two plots (:mod:`tvr.eval.bench_report`).
+   p-value and minimum detectable difference) and two plots (:mod:`tvr.bench.report`).
 
 A bench config is a YAML file (or a shipped one by name: ``tvr/configs/bench/<name>.yaml``)::
 
@@ -64,9 +64,9 @@ from typing import Any
 
 import yaml
 
+from tvr.bench.records import results_digest, sealed
+from tvr.bench.report import setting_text
 from tvr.config import PRESET_DIR, Config, ConfigError, config_from_dict, config_to_dict, load_config
-from tvr.eval.bench_records import results_digest, sealed
-from tvr.eval.bench_report import setting_text
 from tvr.utils.data_files import DataFileError, read_json, read_yaml
 from tvr.utils.io import UnsafeNameError, atomic_write_json, atomic_write_text, remove_stale_temporaries, safe_name
 
@@ -494,10 +494,10 @@ def prepare_data(
 
 
 def validation_composition(cfg: Config, allow_unlike: bool = False) -> dict[str, Any]:
-    """The validation and test splits' compositions (:func:`tvr.data.composition.split_composition`), with the
+    """The validation and test splits' compositions (:func:`tvr.bench.composition.split_composition`), with the
     tolerance; stops the bench when they differ by more than it, unless ``allow_unlike``. Empty for data without
     ground truth (not a synthetic set)."""
-    from tvr.data.composition import TOLERANCE, composition_gaps, split_composition
+    from tvr.bench.composition import TOLERANCE, composition_gaps, split_composition
 
     val, test = split_composition(cfg.data, "val"), split_composition(cfg.data, "test")
     if val is None or test is None:
@@ -781,7 +781,7 @@ def _execute(
         for k in range(min(jobs, len(todo))):
             with open(logs / f"worker{k}.log", "ab") as log_file:
                 proc = subprocess.Popen(
-                    [sys.executable, "-c", "from tvr.pipeline.bench import run_worker; run_worker()"],
+                    [sys.executable, "-c", "from tvr.bench.runs import run_worker; run_worker()"],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, text=True,
                 )  # fmt: skip
             assert proc.stdin is not None and proc.stdout is not None
@@ -846,7 +846,7 @@ def _paired_cells(values_of, reference_of, runs: list[dict[str, Any]]) -> dict[s
     """Per direction and metric: the paired difference ``values_of(run) − reference_of(run)`` over ``runs`` (each
     function gives ``(direction, metric) → value`` of one seed) with its interval, two-sided paired t test's ``p``
     and minimum detectable difference ``mde``."""
-    from tvr.eval.stats import minimum_detectable_difference, paired_difference, paired_t_test
+    from tvr.bench.stats import minimum_detectable_difference, paired_difference, paired_t_test
 
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for d in DIRECTIONS:
@@ -867,7 +867,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], baseline: str) -> tuple[dic
     """Per method: mean ± CI of every test metric over seeds; per non-baseline method: the paired difference from
     the baseline per seed (runs of both are matched by seed) with its interval, two-sided paired t-test ``p``, the
     Holm-adjusted ``p_holm`` over every cell of the table, and ``mde``, the minimum detectable difference."""
-    from tvr.eval.stats import t_interval
+    from tvr.bench.stats import t_interval
 
     summary, differences = {}, {}
     base_by_seed = {r["seed"]: r for r in runs[baseline]}
@@ -889,7 +889,7 @@ def _test_value(run: dict[str, Any], direction: str, metric: str) -> float:
 
 def _holm_over(tables: list[dict[str, dict[str, dict[str, Any]]]]) -> None:
     """Set every cell's ``p_holm``, Holm-adjusted over all cells of ``tables`` ({direction: {metric: cell}} each)."""
-    from tvr.eval.stats import holm
+    from tvr.bench.stats import holm
 
     cells = [table[d][m] for table in tables for d in DIRECTIONS for m in METRICS]
     for cell, adjusted in zip(cells, holm([cell["p"] for cell in cells]), strict=True):
@@ -1003,7 +1003,7 @@ def _transfer_features(cfg: Config, out_dir: Path, name: str, key: str, split: s
 
 def summarize_metrics(per_method: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Mean ± CI over seeds of every metric, per method (no pairing)."""
-    from tvr.eval.stats import t_interval
+    from tvr.bench.stats import t_interval
 
     return {
         method: {d: {m: t_interval([r[d][m] for r in results]).to_dict() for m in METRICS} for d in DIRECTIONS}
@@ -1099,7 +1099,7 @@ def run_bench(
     """Run (or resume) ``bench`` into ``out_dir`` and write its report; returns the results dict. ``jobs``: runs at a
     time (more than 1: each in a worker process); ``rerun_changed``: run again what was made with another config;
     ``allow_unlike_validation``: go on when validation is not built like the test."""
-    from tvr.eval.bench_report import plot_test_recall, plot_validation_curves, render_markdown
+    from tvr.bench.report import plot_test_recall, plot_validation_curves, render_markdown
 
     say = echo or log.info
     out_dir = Path(out_dir)

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tvr.eval import bench_report as report
-from tvr.eval.bench_records import read_bench_record
+from tvr.bench import report
+from tvr.bench.records import read_bench_record
 from tvr.utils.data_files import DataFileError, read_data_bytes, read_json
 from tvr.utils.errors import UserError, reason
 from tvr.utils.io import atomic_write_text, inside
@@ -109,8 +109,8 @@ def all_hypotheses(
     """Every pre-registered hypothesis the records decide — the sweeps' (in dial order) and those of any further
     record with a ``hypotheses`` list (a regime comparison, an old regime's sweep) — sorted by id, each with
     ``p_holm``: Holm-adjusted over all of them, and ``held`` by its own rule (``decision: holm``: its adjusted p;
-    else its one-sided p, below :data:`tvr.eval.bench_report.ALPHA`)."""
-    from tvr.eval.stats import holm
+    else its one-sided p, below :data:`tvr.bench.report.ALPHA`)."""
+    from tvr.bench.stats import holm
 
     found = [{**h, "dial": h.get("dial", dial)} for dial in sorted(sweeps) for h in sweeps[dial]["hypotheses"]]
     for record in (extra or {}).values():

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tvr.eval.stats import t_interval
+from tvr.bench.stats import t_interval
 from tvr.utils.io import atomic_write_bytes
 
 METRICS = ("R1", "R5", "R10", "MdR", "MnR")

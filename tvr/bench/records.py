@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tvr.eval.bench_report import SWEEP_COLUMNS
+from tvr.bench.report import SWEEP_COLUMNS
 from tvr.utils.data_files import read_json
 from tvr.utils.errors import UserError
 from tvr.utils.io import UnsafeNameError, safe_name

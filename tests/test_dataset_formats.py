@@ -1,0 +1,129 @@
+"""Dataset formats are registered readers: tvr's five are found as modules of ``tvr.data.formats`` with no list, and a
+format defined here, outside ``tvr``, is read, held out, described and checked with no edit in ``tvr/``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tvr.config import ConfigError, DataConfig, load_config
+from tvr.data.annotations import AnnotationError, describe_split_source, load_split
+from tvr.data.formats.base import DatasetFormat, SplitPart, evaluation_protocol
+from tvr.data.formats.reading import annotation_error, read_text
+from tvr.data.formats.registry import (
+    available_dataset_formats,
+    builtin_dataset_formats,
+    dataset_format,
+    register_dataset_format,
+)
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tvr"
+TOY_FILE = "pairs.tsv"
+
+
+@register_dataset_format("toy_tsv")
+class ToyTsv(DatasetFormat):
+    """``pairs.tsv``: one ``split<TAB>video<TAB>caption`` a line; no val rows, so validation is held out."""
+
+    def read(self, folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
+        path = folder / TOY_FILE
+        pairs = []
+        for number, line in enumerate(read_text(path, "split<TAB>video<TAB>caption lines").splitlines(), start=1):
+            fields = line.split("\t")
+            if len(fields) != 3:
+                raise annotation_error(path, f"expected 3 tab-separated fields, found {len(fields)}", number)
+            if fields[0] == split:
+                pairs.append((fields[1], fields[2]))
+        if not pairs:
+            return None if split == "val" else SplitPart([], [], "one_to_one", [path.name])
+        part = SplitPart(pairs, list(dict.fromkeys(v for v, _ in pairs)), "multi_caption", [path.name])
+        part.protocol = evaluation_protocol(part)
+        return part
+
+
+def _toy_folder(tmp_path: Path) -> Path:
+    lines = [f"train\tv{k}\ta caption of video {k}\ntrain\tv{k}\tanother caption of {k}" for k in range(10)]
+    lines += [f"test\tt{k}\tthe test caption {k}" for k in range(3)]
+    (tmp_path / TOY_FILE).write_text("\n".join(lines) + "\n")
+    return tmp_path
+
+
+def test_the_built_in_formats_are_found_without_a_list() -> None:
+    assert builtin_dataset_formats() == ["activitynet", "didemo", "generic", "msrvtt", "msvd"]
+    assert {"toy_tsv", *builtin_dataset_formats()} <= set(available_dataset_formats())
+    assert dataset_format("msrvtt").settings == ("train_split",) and dataset_format("msrvtt").extra_splits
+    with pytest.raises(AnnotationError, match="data.dataset must be one of"):
+        dataset_format("kinetics")
+
+
+def test_a_format_outside_tvr_is_read_held_out_and_described(tmp_path: Path) -> None:
+    folder = _toy_folder(tmp_path)
+    cfg = load_config(None, ["data.dataset=toy_tsv", f"data.annotations={folder}", "data.val_fraction=0.2"]).data
+    train, val, test = (load_split(cfg, split) for split in ("train", "val", "test"))
+    assert (train.num_videos, val.num_videos) == (8, 2) and not set(train.videos) & set(val.videos)
+    assert val.protocol == "multi_caption" and val.num_texts == 4  # the default hold-out keeps every caption
+    assert (test.protocol, test.texts) == ("one_to_one", [f"the test caption {k}" for k in range(3)])
+    assert test.name == "toy_tsv/test"
+    described = describe_split_source(cfg)
+    assert described["dataset"] == "toy_tsv" and described["splits"]["val"]["source"] == "held_out_from_train"
+    with pytest.raises(AnnotationError, match="does not exist for toy_tsv"):
+        load_split(cfg, "test_multi")
+    (folder / TOY_FILE).write_text("train\tonly two\n")
+    with pytest.raises(AnnotationError, match=r"pairs.tsv line 1: expected 3 tab-separated fields"):
+        load_split(cfg, "train")
+
+
+def test_data_dataset_still_refuses_an_unregistered_name_when_the_config_loads() -> None:
+    with pytest.raises(ConfigError, match=r"data.dataset = 'kinetics': expected one of \['msrvtt', "):
+        load_config(None, ["data.dataset=kinetics"])
+
+
+def test_register_dataset_format_refuses_a_taken_name_and_a_non_format() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        register_dataset_format("msvd")(ToyTsv)
+    with pytest.raises(TypeError, match="DatasetFormat subclass"):
+        register_dataset_format("not_a_format")(dict)
+
+
+def _strings(node: ast.AST) -> set[str]:
+    return {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+
+
+def _nodes_outside_the_formats():
+    """(file, node) for every AST node of every tvr module outside tvr/data/formats/."""
+    formats = PACKAGE / "data" / "formats"
+    files = [path for path in sorted(PACKAGE.rglob("*.py")) if formats not in path.parents]
+    return [
+        (path.relative_to(PACKAGE.parent), node) for path in files for node in ast.walk(ast.parse(path.read_text()))
+    ]
+
+
+def test_no_module_outside_the_formats_compares_dataset_names_or_keeps_a_table_of_them() -> None:
+    names = set(builtin_dataset_formats())
+
+    def names_a_dataset(node: ast.AST) -> bool:
+        if isinstance(node, ast.Compare):  # data.dataset == "msrvtt"
+            return "dataset" in ast.unparse(node) and bool(_strings(node) & names)
+        return isinstance(node, ast.Dict) and len(_strings(ast.Tuple(elts=node.keys)) & names) > 1  # a table
+
+    found = [
+        f"{where}:{node.lineno}: {ast.unparse(node)[:80]}"
+        for where, node in _nodes_outside_the_formats()
+        if names_a_dataset(node)
+    ]
+    assert not found, f"dataset names compared or tabled outside tvr/data/formats/: {found}"
+
+
+def test_each_format_declares_its_test_protocol() -> None:
+    from tvr.eval.protocol import default_protocol
+
+    assert {name: dataset_format(name).protocol for name in builtin_dataset_formats()} == {
+        "activitynet": "paragraph",
+        "didemo": "paragraph",
+        "generic": None,  # the files decide: one caption per video or several
+        "msrvtt": "one_to_one",
+        "msvd": "multi_caption",
+    }
+    assert default_protocol("msrvtt") == "one_to_one"
