@@ -243,11 +243,12 @@ def synthetic_batch(cfg, n: int, work: Path) -> dict:  # noqa: ANN001
     import torch
 
     from tvr.data.tokenizer import build_tokenizer
+    from tvr.models.run_spec import resolve_run
 
     g = torch.Generator().manual_seed(0)
     words = cfg.data.max_words
     if cfg.model.backbone == "two_tower":
-        tokenizer = build_tokenizer(cfg, work)
+        tokenizer = build_tokenizer(resolve_run(cfg).tokenizer, work)
         ids, mask = tokenizer([f"a person does thing number {k} in a room" for k in range(n)], words)
     else:  # CLIP ids: start, words, end-of-text (the largest id) at a random length
         ids = torch.randint(1, EOT - 1, (n, words), generator=g)

@@ -73,10 +73,11 @@ def score_every_mode(run: Path) -> dict:
     from tvr.eval.runner import encode_split_raw
     from tvr.methods.gravialign.scoring import s_align_scores
     from tvr.models.checkpoint import load_model
+    from tvr.models.run_spec import resolve_run
 
     model, cfg = load_model(run / "last.pt")
     model.eval()
-    tokenizer = build_tokenizer(cfg, run)
+    tokenizer = build_tokenizer(resolve_run(cfg).tokenizer, run)
     encoded = encode_split_raw(model, load_split(cfg.data, "test"), tokenizer, cfg, torch.device("cpu"))
     head = model.head
     with torch.no_grad():

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from tvr.config import ConfigError, config_from_dict, load_config
 from tvr.data.feature_cache import cache_settings
-from tvr.data.tokenizer import tokenizer_spec
 from tvr.models.backbones import registry
 from tvr.models.backbones.clip.config import TinyClipConfig
 from tvr.models.backbones.two_tower.config import TwoTowerConfig
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import resolve_config
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tvr"
@@ -73,8 +73,9 @@ def test_resolution_gives_data_what_it_needs_of_the_backbone() -> None:
     cfg = resolve_config(load_config(PRESET))
     assert isinstance(cfg.model.options, toy_backbones.ToyBagOptions)
     assert (cfg.data.image_size, cfg.data.sampling) == (16, "clip4clip")
-    assert tokenizer_spec(cfg).kind == "tiny_clip_bpe"
-    settings = cache_settings(cfg, 64, __import__("torch").float16)
+    run = resolve_run(cfg)
+    assert run.tokenizer.kind == "tiny_clip_bpe"
+    settings = cache_settings(cfg, run.features, 64, __import__("torch").float16)
     assert settings["model.options"] == {"embed_dim": 16, "vocab_size": 1024, "image_size": 16}
     assert settings["model.backbone"] == toy_backbones.NAME and settings["train.seed"] == 0
     with pytest.raises(ConfigError, match=r"model\.options\.embed_dim = 0"):

@@ -14,6 +14,7 @@ from torch import nn
 from tvr.config import Config, TrainConfig, config_from_dict
 from tvr.data.tokenizer import build_tokenizer
 from tvr.models.build import build_model
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import resolve_config
 from tvr.train.data import DatasetTrainData
 from tvr.train.precision import autocast_dtype, grad_scaler
@@ -168,7 +169,9 @@ def test_gradient_checkpointing_keeps_gradients_and_saves_memory(
     cfg = resolve_config(config_from_dict(values))
     g = torch.Generator().manual_seed(0)
     if backbone == "two_tower":
-        ids, mask = build_tokenizer(cfg, tmp_path)(["a dog runs", "a cat sleeps on a mat", "two birds"], 12)
+        ids, mask = build_tokenizer(resolve_run(cfg).tokenizer, tmp_path)(
+            ["a dog runs", "a cat sleeps on a mat", "two birds"], 12
+        )
     else:  # CLIP ids: the end-of-text token is the largest id of a row
         ids, mask = torch.randint(1, 1000, (3, 12), generator=g), torch.ones(3, 12, dtype=torch.long)
         ids[:, -1] = TINY_CLIP_EOT

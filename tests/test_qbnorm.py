@@ -15,6 +15,7 @@ from tvr.eval.postprocess import dynamic_inverted_softmax, inverted_softmax, qb_
 from tvr.eval.protocol import evaluate
 from tvr.eval.runner import EncodedSplit, encode_query_bank, evaluate_encoded, select_query_bank, training_query_bank
 from tvr.models.build import build_model
+from tvr.models.run_spec import resolve_run
 from tvr.types import TextFeatures, VideoFeatures
 
 BETA = 20.0
@@ -172,7 +173,7 @@ def test_query_bank_from_training_captions(tmp_path) -> None:
     cfg.data.dataset, cfg.data.annotations, cfg.data.val_fraction = "generic", str(tmp_path), 0.0
     cfg.eval.batch_size = 3
     model = build_model(cfg).eval()
-    tokenizer = build_tokenizer(cfg, tmp_path)
+    tokenizer = build_tokenizer(resolve_run(cfg).tokenizer, tmp_path)
     assert training_query_bank(model, cfg, torch.device("cpu"), tokenizer) is None  # neither option is on
     cfg.eval.qbnorm, cfg.eval.query_bank_size = True, 4
     bank = training_query_bank(model, cfg, torch.device("cpu"), tokenizer)

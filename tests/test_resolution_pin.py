@@ -91,7 +91,7 @@ def resolution_record(preset: str) -> dict[str, Any]:
         "config": config_to_dict(cfg),
         "tokenizer": dataclasses.asdict(backbone.tokenizer(cfg.model)),
         "feature_identity": dataclasses.asdict(backbone.feature_identity(cfg)),
-        "cache_settings": cache_settings(cfg, 64, torch.float16),
+        "cache_settings": cache_settings(cfg, backbone.feature_identity(cfg), 64, torch.float16),
     }
 
 

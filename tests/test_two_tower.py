@@ -55,6 +55,7 @@ from tvr.models.backbones.two_tower.image_tower import (
 )
 from tvr.models.build import build_model
 from tvr.models.preprocess import backbone_norm
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import SplitEvaluator, resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
@@ -312,7 +313,7 @@ def test_backbone_declares_its_pixel_normalisation_and_the_data_pipeline_applies
 
 
 def test_sentence_tokenizer_pads_and_truncates(tmp_path: Path) -> None:
-    tok = build_tokenizer(config_from_dict(tiny_values()), tmp_path)
+    tok = build_tokenizer(resolve_run(config_from_dict(tiny_values())).tokenizer, tmp_path)
     assert isinstance(tok, SentenceTokenizer)
     ids, mask = tok(["a dog runs on the beach", "a cat"], 6)
     assert ids.shape == mask.shape == (2, 6) and ids.dtype == torch.long
@@ -336,7 +337,7 @@ def test_sentence_tokenizers_are_thread_safe(tmp_path: Path) -> None:
 
     from tvr.search.query_encoder import _FastTokenizer
 
-    sentence = build_tokenizer(config_from_dict(tiny_values()), tmp_path)
+    sentence = build_tokenizer(resolve_run(config_from_dict(tiny_values())).tokenizer, tmp_path)
     hf = sentence.tokenizer
     fast = _FastTokenizer(hf.backend_tokenizer.to_str(), int(hf.pad_token_id), str(hf.pad_token))
     texts = [" ".join(["a dog runs on the beach"] * (1 + n % 7)) for n in range(64)]
@@ -433,7 +434,7 @@ def test_shipped_weights_verify_and_classify_real_frames(real_scenes_model) -> N
 def test_every_head_trains_on_tiny_two_tower(tmp_path: Path, head: str) -> None:
     cfg = resolve_config(config_from_dict(tiny_values(head=head)))
     model = build_model(cfg)
-    tok = build_tokenizer(cfg, tmp_path)
+    tok = build_tokenizer(resolve_run(cfg).tokenizer, tmp_path)
     ids, mask = tok(["a dog runs on the grass", "a cat sits on a mat", "a red bus"], 12)
     batch = {
         "text_ids": ids,
@@ -466,7 +467,7 @@ def test_fine_tuned_image_tower_trains_with_fixed_batchnorm(tmp_path: Path) -> N
     assert model.backbone.image_tower.training and not model.backbone.text_tower.training
     bn = next(m for m in model.backbone.image_tower.modules() if isinstance(m, torch.nn.BatchNorm2d))
     before = bn.running_mean.clone()
-    tok = build_tokenizer(cfg, tmp_path)
+    tok = build_tokenizer(resolve_run(cfg).tokenizer, tmp_path)
     ids, mask = tok(["a dog", "a cat"], 12)
     model(
         {
@@ -575,7 +576,9 @@ def test_conse_zero_shot_on_real_clips_beats_chance(
 ) -> None:
     """End to end on the real weights and the 19 real clips: the shipped zero-shot preset, through the evaluator."""
     cfg, model = real_scenes_model
-    metrics = SplitEvaluator(cfg, "train", build_tokenizer(cfg, tmp_path))(model, torch.device("cpu"))
+    metrics = SplitEvaluator(cfg, "train", build_tokenizer(resolve_run(cfg).tokenizer, tmp_path))(
+        model, torch.device("cpu")
+    )
     assert len(load_split(cfg.data, "train").videos) == 19
     # chance: R@1 = 5.3, R@5 = 26.3; ConSE on real weights is far above it (measured: docs/benchmarks.md)
     assert metrics["t2v"]["R1"] >= 25.0 and metrics["t2v"]["R5"] >= 50.0

@@ -894,12 +894,13 @@ def check_data(
 ) -> None:
     """Check every split, video and caption a run would read; exit 1 when a run would trip, naming each problem."""
     from tvr.data.check import check_data as run_check
+    from tvr.models.run_spec import resolve_run
     from tvr.utils.io import atomic_write_json
 
     if json_path is not None:
         out_file(json_path, "--json")
     cfg = _load(config, set_)
-    report = run_check(cfg, full=full, workers=workers, tokenizer=tokenizer, progress=True)
+    report = run_check(cfg, resolve_run(cfg).tokenizer, full=full, workers=workers, tokenizer=tokenizer, progress=True)
     if json_path is not None:
         atomic_write_json(json_path, report)
     render_check_report(report, stdout_console(), json_path=json_path)

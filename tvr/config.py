@@ -343,31 +343,6 @@ def _model_section(key: str) -> Any:
     return field(default_factory=default, metadata={"section": key})
 
 
-# What the data pipeline needs of the run's backbone beyond its pixels (which resolution writes into ``data.*``): its
-# tokenizer and what decides its frozen features. ``tvr.data`` sits below the models and never reads ``cfg.model``;
-# it asks here, and the backbone registry (``tvr.models.backbones.registry``, which registers its answers when it is
-# imported) answers from the backbone's folder. Answers are derived on each question, never stored in the config, so
-# they cannot go stale and are never written out.
-_BACKBONE_ANSWERS: dict[str, Callable[[Any], Any]] = {}
-
-
-def answer_backbone_question(question: str, answer: Callable[[Any], Any]) -> None:
-    """Make :func:`ask_backbone` ``(cfg, question)`` return ``answer(cfg)``."""
-    _BACKBONE_ANSWERS[question] = answer
-
-
-def ask_backbone(cfg: Any, question: str) -> Any:
-    """The run backbone's answer to ``question`` (``tokenizer_spec``, ``feature_identity``); ConfigError when no
-    backbone registry is loaded to answer it."""
-    answer = _BACKBONE_ANSWERS.get(question)
-    if answer is None:
-        raise ConfigError(
-            f"no backbone registry is loaded to say the backbone's {question}: resolve the run config first "
-            "(tvr.pipeline.resolve_config(cfg); every tvr command does)"
-        )
-    return answer(cfg)
-
-
 @dataclass
 class ModelConfig:
     #: CLIP backbones (clip, clipvip): "tiny" (random init from ``tiny``), a local HF CLIP directory, a hub id, or an

@@ -23,11 +23,12 @@ def run_analyze(
     resolve_config(cfg)
     with torch_threads(cfg):
         from tvr.data.tokenizer import build_tokenizer
+        from tvr.models.run_spec import resolve_run
 
         device = resolve_device(cfg.train.device)
         checkpoint = Path(checkpoint)
         out = Path(out_dir)
-        tokenizer = None if cfg.data.features_dir else build_tokenizer(cfg, checkpoint.parent)
+        tokenizer = None if cfg.data.features_dir else build_tokenizer(resolve_run(cfg).tokenizer, checkpoint.parent)
         model = load_model_for_eval(cfg, checkpoint)
         model.to(device)
         if model.backbone is not None:

@@ -29,6 +29,7 @@ from tvr.data.tokenizer import TOKENIZER_FOLDER, build_tokenizer
 from tvr.models.build import build_backbone, check_data_fits_backbone, check_image_size
 from tvr.models.heads.registry import resolve_head_config
 from tvr.models.preprocess import resolve_preprocess
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline.run_folder import StartUndo
 from tvr.train.utils import seed_everything
 from tvr.utils.device import resolve_device
@@ -113,7 +114,9 @@ def _build(
     undo: StartUndo,
 ) -> dict:
     manifest_path = out_dir / MANIFEST
-    manifest = _open_manifest(cfg, out_dir, splits, cache_settings(cfg, shard_size, dtype), overwrite, undo)
+    manifest = _open_manifest(
+        cfg, out_dir, splits, cache_settings(cfg, resolve_run(cfg).features, shard_size, dtype), overwrite, undo
+    )
     encoder = _ShardEncoder.build(cfg, out_dir, dtype)
     manifest["embed_dim"] = encoder.backbone.embed_dim
     manifest["frame_dim"] = encoder.frame_dim
@@ -211,7 +214,7 @@ class _ShardEncoder:
         backbone = build_backbone(cfg.model).to(device).eval()
         backbone.maybe_half(device)
         frame_dim = getattr(backbone, "image_width", backbone.embed_dim)
-        tokenizer = build_tokenizer(cfg, out_dir)
+        tokenizer = build_tokenizer(resolve_run(cfg).tokenizer, out_dir)
         return cls(cfg, backbone, tokenizer, VideoResolver.from_config(cfg.data), device, dtype, frame_dim)
 
     def video_shard(self, ids: list[str], spans: list) -> dict:

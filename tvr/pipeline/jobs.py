@@ -15,6 +15,7 @@ from tvr.config import Config, ConfigError, save_config
 from tvr.models.build import check_image_size
 from tvr.models.heads.registry import resolve_head_config
 from tvr.models.preprocess import resolve_preprocess
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline.preflight import preflight
 from tvr.pipeline.run_folder import (
     RESUME_AUTO,
@@ -272,11 +273,12 @@ def _train_and_test(
     from tvr.train.utils import to_jsonable
 
     seed_everything(cfg.train.seed)
+    run = resolve_run(cfg)
     if cfg.data.features_dir:
         from tvr.data.feature_cache import check_cache_matches, read_manifest
 
-        check_cache_matches(cfg, read_manifest(cfg.data.features_dir))
-    tokenizer = None if cfg.data.features_dir else build_tokenizer(cfg, out_dir)
+        check_cache_matches(cfg, run.features, read_manifest(cfg.data.features_dir))
+    tokenizer = None if cfg.data.features_dir else build_tokenizer(run.tokenizer, out_dir)
     model = build_model(cfg, cached=bool(cfg.data.features_dir))
     if model.backbone is not None and cfg.model.freeze_backbone:
         model.backbone.maybe_half(dist.device)
@@ -334,7 +336,7 @@ def _run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path, dist: Di
         out_dir.mkdir(parents=True, exist_ok=True)
         # its own record, never a run's config.yaml: --out may well be the run folder the checkpoint came from
         save_config(cfg, out_dir / EVAL_CONFIG)
-    tokenizer = None if cfg.data.features_dir else build_tokenizer(cfg, Path(checkpoint).parent)
+    tokenizer = None if cfg.data.features_dir else build_tokenizer(resolve_run(cfg).tokenizer, Path(checkpoint).parent)
     model = load_model_for_eval(cfg, checkpoint)
     model.to(device)
     if model.backbone is not None:

@@ -189,10 +189,11 @@ class ModelEncoder(SearchEncoder):
         with self._tokenizer_lock:
             if self._tokenizer is None:
                 from tvr.data.tokenizer import build_tokenizer
+                from tvr.models.run_spec import resolve_run
 
                 # a tiny model's tokenizer is built locally into a private folder (read-only index folders stay so)
                 self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="tvr-tokenizer-")
-                self._tokenizer = build_tokenizer(self.cfg, self._tokenizer_dir.name)
+                self._tokenizer = build_tokenizer(resolve_run(self.cfg).tokenizer, self._tokenizer_dir.name)
             return self._tokenizer
 
     @property

@@ -19,8 +19,9 @@ one only when code is trusted: ``tvr --trust-code``).
 Resolving a run config (:func:`resolve_backbone_config`, part of every job's resolution) builds the backbone's
 sections and writes its frame size, sampling and pixel normalisation into ``data.*`` where the config leaves them
 unset. The rest of what the data pipeline needs of the backbone, its tokenizer and what decides its frozen features,
-``tvr.data`` asks through ``tvr.config.ask_backbone``, which this module answers from the backbone's folder. So
-``tvr.data`` never reads ``cfg.model``, and no module outside a backbone's folder asks which backbone it holds.
+:func:`tvr.models.run_spec.resolve_run` answers once per job from the backbone's folder, and ``tvr.data`` is handed
+those values. So ``tvr.data`` never reads ``cfg.model``, and no module outside a backbone's folder asks which
+backbone it holds.
 """
 
 from __future__ import annotations
@@ -34,14 +35,11 @@ from tvr.config import (
     Config,
     ConfigError,
     ModelConfig,
-    answer_backbone_question,
     build_section,
     check_head_import,
     import_named,
     model_section_type,
 )
-from tvr.data.feature_cache import FeatureIdentity
-from tvr.data.tokenizer import TokenizerSpec
 from tvr.data.transforms import PixelNorm
 from tvr.models.backbones.base import (
     _BACKBONES,
@@ -153,15 +151,4 @@ def _register_builtin() -> None:
             importlib.import_module(f"{package.__name__}.{info.name}.backbone")
 
 
-def _tokenizer_spec(cfg: Config) -> TokenizerSpec:
-    return resolve_backbone_sections(cfg.model).tokenizer(cfg.model)
-
-
-def _feature_identity(cfg: Config) -> FeatureIdentity:
-    return resolve_backbone_sections(cfg.model).feature_identity(cfg)
-
-
 _register_builtin()
-# what tvr.data asks of the run's backbone (tvr.config.ask_backbone)
-answer_backbone_question("tokenizer_spec", _tokenizer_spec)
-answer_backbone_question("feature_identity", _feature_identity)
