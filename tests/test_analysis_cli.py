@@ -304,7 +304,7 @@ def test_analyze_proxy_and_gravialign_checkpoints(head: str, data_root: Path, tm
     cfg = config_from_dict(tiny_values(data_root, head))
     from tvr.pipeline import resolve_config
 
-    resolve_config(cfg)
+    cfg = resolve_config(cfg)
     checkpoint = tmp_path / "model.pt"
     save_checkpoint(checkpoint, build_model(cfg))
     out = tmp_path / "analysis"

@@ -39,7 +39,7 @@ def config(**sections: dict) -> object:
 def test_the_backbone_fills_what_the_config_leaves_unset() -> None:
     cfg = config()
     assert (cfg.data.image_size, cfg.data.sampling, cfg.data.pixel_mean) == (None, None, None)
-    resolve_config(cfg)
+    cfg = resolve_config(cfg)
     assert (cfg.data.image_size, cfg.data.sampling) == (48, "clip4clip")  # the tiny CLIP's input size
     assert PixelNorm(cfg.data.pixel_mean, cfg.data.pixel_std) == CLIP_NORM
 

@@ -20,7 +20,7 @@ def run_analyze(
     ``out_dir/analysis.json``."""
     if split not in EVAL_SPLITS:
         raise ConfigError(f"--split {split!r}: expected one of {list(EVAL_SPLITS)}")
-    resolve_config(cfg)
+    cfg = resolve_config(cfg)
     with torch_threads(cfg):
         from tvr.data.tokenizer import build_tokenizer
         from tvr.models.run_spec import resolve_run

@@ -182,7 +182,7 @@ def run_train(
     serves a first launch and every restart. A preemption signal during training writes ``last.pt`` and raises
     :class:`PreemptedError` (the command line exits with :data:`PREEMPTED_EXIT_CODE`). ``small_val_reason``: why the
     caller chose a small validation split, said in place of the warning (:func:`tvr.pipeline.preflight.preflight`)."""
-    resolve_config(cfg)
+    cfg = resolve_config(cfg)
     check_run_folder(Path(out_dir), resume, overwrite)
     with torch_threads(cfg):
         return _run_train(cfg, out_dir, resume, final_test, overwrite, small_val_reason)
@@ -319,7 +319,7 @@ def run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
     share of the split (sharded evaluation) and rank 0 writes the results."""
     from tvr.utils.process_group import distributed_job
 
-    resolve_config(cfg)
+    cfg = resolve_config(cfg)
     resolve_device(cfg.train.device)  # first: a device this machine lacks fails before out_dir is written
     if not cfg.data.features_dir:
         check_image_size(cfg)

@@ -22,7 +22,7 @@ def import_checkpoint(
     from tvr.pipeline import resolve_config
     from tvr.train.checkpoint import save_checkpoint
 
-    resolve_config(cfg)
+    cfg = resolve_config(cfg)
     out = Path(out)
     if out.is_dir():
         raise UserError(f"--out {out} is a folder; expected a checkpoint file such as {out}/best.pt")
