@@ -739,7 +739,7 @@ def available_presets() -> list[str]:
 def preset_values(name_or_path: str | os.PathLike) -> dict:
     """The raw mapping of a preset (a shipped name or a file), its ``base`` chain merged, before any check: for a
     caller that builds its config from a preset (``tvr demo`` from ``cpu/clip4clip``)."""
-    return _read_yaml(resolve_preset(name_or_path))
+    return _read_yaml(preset_path(name_or_path))
 
 
 def _check_description(description: Any, path: Path) -> str:
@@ -751,7 +751,7 @@ def _check_description(description: Any, path: Path) -> str:
 def preset_description(name_or_path: str | os.PathLike) -> str:
     """The one-line ``description:`` a preset file gives itself (what it is, which paper table or ablation, what
     hardware it expects); "" when it has none. A ``base:`` preset's description is not inherited."""
-    path = resolve_preset(name_or_path)
+    path = preset_path(name_or_path)
     try:
         raw = read_yaml(path) or {}
     except DataFileError as exc:
@@ -759,7 +759,7 @@ def preset_description(name_or_path: str | os.PathLike) -> str:
     return _check_description(raw.get("description", "") if isinstance(raw, dict) else "", path)
 
 
-def resolve_preset(name_or_path: str | os.PathLike) -> Path:
+def preset_path(name_or_path: str | os.PathLike) -> Path:
     """A config file: an existing file path as given, else a shipped preset by name (``gare/msrvtt``, with or without
     ``.yaml``; ``configs/gare/msrvtt.yaml``, the repository layout before presets moved into the package, too)."""
     path = Path(name_or_path)
@@ -845,7 +845,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     ``--set head.name=clip4clip --set head.options.video_pool=mean`` works on a GARE preset in either order. A bad
     value is blamed on the ``--set`` that gave it, else on the file."""
     if path:
-        path = resolve_preset(path)
+        path = preset_path(path)
     values: dict = _read_yaml(Path(path)) if path else {}
     return config_with_overrides(values, overrides, str(path or "<overrides>"))
 

@@ -173,7 +173,7 @@ class BenchConfig:
 # ------------------------------------------------------------------------------------------------ config
 
 
-def resolve_bench_config(name_or_path: str | os.PathLike) -> Path:
+def bench_config_path(name_or_path: str | os.PathLike) -> Path:
     """A bench config file: a path as given, else a shipped one by name (``default``, ``quick``)."""
     path = Path(name_or_path)
     if path.is_file():
@@ -222,7 +222,7 @@ def _method(entry: Any, where: str) -> BenchMethod:
 
 def load_bench_config(name_or_path: str | os.PathLike) -> BenchConfig:
     """Read and check a bench config (every method's run config is checked too, before anything runs)."""
-    path = resolve_bench_config(name_or_path)
+    path = bench_config_path(name_or_path)
     try:
         raw = read_yaml(path) or {}
     except DataFileError as exc:
