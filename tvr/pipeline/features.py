@@ -25,7 +25,7 @@ from tvr.data.feature_cache import (
     check_cache_settings,
     read_manifest,
 )
-from tvr.data.tokenizer import TOKENIZER_FOLDER, build_tokenizer
+from tvr.data.tokenizer import TOKENIZER_FOLDER, TokenizerSpec, build_tokenizer
 from tvr.models.build import build_backbone, check_data_fits_backbone, check_image_size
 from tvr.models.heads.registry import resolve_head_config
 from tvr.models.preprocess import resolve_preprocess
@@ -114,10 +114,10 @@ def _build(
     undo: StartUndo,
 ) -> dict:
     manifest_path = out_dir / MANIFEST
-    manifest = _open_manifest(
-        cfg, out_dir, splits, cache_settings(cfg, resolve_run(cfg).features, shard_size, dtype), overwrite, undo
-    )
-    encoder = _ShardEncoder.build(cfg, out_dir, dtype)
+    run = resolve_run(cfg)
+    settings = cache_settings(cfg, run.features, shard_size, dtype)
+    manifest = _open_manifest(cfg, out_dir, splits, settings, overwrite, undo)
+    encoder = _ShardEncoder.build(cfg, run.tokenizer, out_dir, dtype)
     manifest["embed_dim"] = encoder.backbone.embed_dim
     manifest["frame_dim"] = encoder.frame_dim
     for split in splits:
@@ -207,14 +207,14 @@ class _ShardEncoder:
     frame_dim: int
 
     @classmethod
-    def build(cls, cfg: Config, out_dir: Path, dtype: torch.dtype) -> _ShardEncoder:
+    def build(cls, cfg: Config, tokenizer_spec: TokenizerSpec, out_dir: Path, dtype: torch.dtype) -> _ShardEncoder:
         device = resolve_device(cfg.train.device)
         # seeded like training, so a randomly initialised ("tiny") backbone is the same one a run would build
         seed_everything(cfg.train.seed)
         backbone = build_backbone(cfg.model).to(device).eval()
         backbone.maybe_half(device)
         frame_dim = getattr(backbone, "image_width", backbone.embed_dim)
-        tokenizer = build_tokenizer(resolve_run(cfg).tokenizer, out_dir)
+        tokenizer = build_tokenizer(tokenizer_spec, out_dir)
         return cls(cfg, backbone, tokenizer, VideoResolver.from_config(cfg.data), device, dtype, frame_dim)
 
     def video_shard(self, ids: list[str], spans: list) -> dict:
