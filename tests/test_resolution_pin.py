@@ -13,12 +13,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tvr.config import available_presets, config_to_dict, load_config
+from tvr.config import Config, available_presets, config_to_dict, load_config
 from tvr.data.feature_cache import cache_settings
 from tvr.models.backbones.registry import backbone_spec
 from tvr.pipeline import resolve_config
@@ -85,7 +88,12 @@ PINNED = {
 
 def resolution_record(preset: str) -> dict[str, Any]:
     """Everything resolving ``preset`` decides that a run, a checkpoint or a feature cache records."""
-    cfg = resolve_config(load_config(preset))
+    return record_of(load_config(preset))
+
+
+def record_of(loaded: Config) -> dict[str, Any]:
+    """What resolving the loaded config ``loaded`` decides (see :func:`resolution_record`)."""
+    cfg = resolve_config(loaded)
     backbone = backbone_spec(cfg.model.backbone)
     return {
         "config": config_to_dict(cfg),
@@ -106,6 +114,23 @@ def test_every_preset_is_pinned() -> None:
 @pytest.mark.parametrize("preset", sorted(PINNED))
 def test_a_preset_resolves_as_before(preset: str) -> None:
     assert digest(resolution_record(preset)) == PINNED[preset]
+
+
+def test_a_config_loaded_before_any_backbone_resolves_the_same() -> None:
+    """The command line loads a config before anything imports the backbones, so the built-in backbones' sections
+    are still mappings when it is resolved: resolving types them, and every preset gives its pinned record."""
+    script = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from tvr.config import available_presets, load_config
+loaded = {{name: load_config(name) for name in available_presets()}}
+assert "tvr.models.backbones.registry" not in sys.modules
+import test_resolution_pin as pin
+differ = [name for name, cfg in loaded.items() if pin.digest(pin.record_of(cfg)) != pin.PINNED[name]]
+print(differ)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("preset", ["cpu/clip4clip", "cpu/proxy", "clipvip/msrvtt", "two_tower/msrvtt"])

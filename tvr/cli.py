@@ -196,7 +196,6 @@ def _checked_config(make: Callable[[], Any], overrides: list[str] | None = None)
     head's options against its own dataclass). A bad value exits with code 2 and one line naming the field and the
     valid values (and the ``--set`` that gave it)."""
     from tvr.config import ConfigError, blame_overrides
-    from tvr.models.backbones import registry  # noqa: F401 (the backbones' settings sections load typed)
 
     try:
         cfg = make()
