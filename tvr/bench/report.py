@@ -498,7 +498,8 @@ def plot_sweep(record: dict[str, Any], path: str | Path, key: str = "t2v/R1") ->
         ax.errorbar(xs, means, yerr=errors, marker="o", markersize=4, capsize=3, label=method)
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xlabel(record["dial"])
-    ax.set_ylabel(f"paired {_metric_label(key)} gain over {record['baseline']} (points)")
+    # two lines: on one, a long baseline name (gare-control) runs past the axes and the label is cut off
+    ax.set_ylabel(f"paired {_metric_label(key)} gain\nover {record['baseline']} (points)")
     ax.set_title(f"{record['name']}: gain against {record['dial']}, mean and 95 % interval over "
                  f"{len(record['seeds'])} seeds", fontsize=9)  # fmt: skip
     ax.grid(alpha=0.3)
