@@ -272,10 +272,11 @@ def train_steps(cfg, batch: dict, dist_info, no_dropout: bool = False) -> dict: 
     from torch import nn
 
     from tvr.models.build import build_model
+    from tvr.models.run_spec import resolve_run
     from tvr.train.trainer import Trainer
 
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     if no_dropout:
         for module in model.modules():
             if isinstance(module, nn.Dropout):
@@ -734,11 +735,12 @@ def learning_run(cfg, batch: dict, steps: int) -> dict:  # noqa: ANN001
     import torch
 
     from tvr.models.build import build_model
+    from tvr.models.run_spec import resolve_run
     from tvr.train.trainer import Trainer
     from tvr.utils.process_group import DistInfo
 
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     losses: list[float] = []
     skipped = 0
     with tempfile.TemporaryDirectory() as tmp:

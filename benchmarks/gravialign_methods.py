@@ -196,8 +196,7 @@ def main() -> None:
 
     from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset
     from tvr.demo import demo_config
-    from tvr.models.heads.registry import resolve_head_config
-    from tvr.pipeline import run_train
+    from tvr.pipeline import resolve_config, run_train
     from tvr.utils.io import atomic_write_json
 
     command = f"cd {REPO} && .venv/bin/python benchmarks/gravialign_methods.py " + " ".join(sys.argv[1:])
@@ -232,7 +231,7 @@ def main() -> None:
                 cfg.train.epochs = args.epochs
                 cfg.train.seed = seed
                 cfg.head.options = dict(VARIANTS[name])
-                resolve_head_config(cfg.head)
+                cfg = resolve_config(cfg)
                 run = Path(tmp) / f"{name}_{seed}"
                 start = time.perf_counter()
                 run_train(cfg, run, overwrite=True, final_test=False)

@@ -193,7 +193,7 @@ def main() -> None:
 
     start = time.perf_counter()
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg).eval()
+    model = build_model(resolve_run(cfg)).eval()
     tokenizer = build_tokenizer(resolve_run(cfg).tokenizer, "/tmp")
     build_seconds = time.perf_counter() - start
 

@@ -123,7 +123,7 @@ def test_contract_build_and_encode(name: str, tmp_path: Path) -> None:
     cfg = tiny_config(name)
     spec = registry.backbone_spec(name)
     torch.manual_seed(0)
-    model = build_model(cfg).eval()
+    model = build_model(resolve_run(cfg)).eval()
     backbone = model.backbone
     for method in ("encode_text", "encode_video", "maybe_half", "enable_gradient_checkpointing"):
         assert callable(getattr(backbone, method, None)), f"{name}: the module has no {method}()"
@@ -152,7 +152,7 @@ def test_contract_build_and_encode(name: str, tmp_path: Path) -> None:
 def test_contract_checkpoint_round_trip(name: str, tmp_path: Path) -> None:
     cfg = tiny_config(name)
     torch.manual_seed(1)
-    model = build_model(cfg).eval()
+    model = build_model(resolve_run(cfg)).eval()
     with torch.no_grad():  # weights no seed builds: the file alone must carry them
         for param in model.backbone.parameters():
             param.add_(0.01 * torch.randn_like(param))

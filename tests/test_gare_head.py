@@ -17,7 +17,7 @@ from tvr.losses import symmetric_infonce
 from tvr.methods.gare import GareHead, GareOptions, Psi, gare_block
 from tvr.methods.gare.losses import gare_direction, gare_kl, gare_radius
 from tvr.models.heads.base import LN_100
-from tvr.models.heads.registry import resolve_head_config
+from tvr.pipeline import resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ PRESETS = sorted((REPO / "tvr" / "configs" / "gare").rglob("*.yaml"))
 def load(path: Path) -> Config:
     """A preset with its head options resolved against the head's dataclass (as every entry point does)."""
     cfg = load_config(path)
-    resolve_head_config(cfg.head)
+    cfg = resolve_config(cfg)
     return cfg
 
 

@@ -25,8 +25,10 @@ from tvr.methods.gravialign.losses import (
 )
 from tvr.methods.gravialign.scoring import s_align_scores, scoring_pool, sgi_product_group
 from tvr.models.heads.base import LN_100, top_k_by_dot
-from tvr.models.heads.registry import head_options, resolve_head_config
+from tvr.models.heads.registry import head_options
 from tvr.models.model import RetrievalModel
+from tvr.models.run_spec import resolve_run
+from tvr.pipeline import resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
 REPO = Path(__file__).resolve().parents[1]
@@ -1017,7 +1019,7 @@ def test_gravialign_trains_and_evaluates_through_the_cli(tmp_path: Path) -> None
 
 def load(path: Path) -> Config:
     cfg = load_config(path)
-    resolve_head_config(cfg.head)
+    cfg = resolve_config(cfg)
     return cfg
 
 
@@ -1088,7 +1090,7 @@ def test_preset_runs_a_training_step_on_a_tiny_clipvip(path: Path) -> None:
     )
     cfg.model.clipvip.checkpoint = ""
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     assert isinstance(model.head, GraviAlignHead) and model.head.options == cfg.head.options
     b, frames = 3, 2
     g = torch.Generator().manual_seed(0)
@@ -1118,7 +1120,7 @@ def test_preset_runs_a_training_step_on_a_tiny_clipvip(path: Path) -> None:
 def test_the_method_comparison_presets_are_addressable_by_name(name: str, options: dict) -> None:
     """GraviAlign as specified, guarded and contrastive: the three rows of a method comparison, by preset name."""
     cfg = load_config(name, ["head.options.mixed_weights=[0.5]"])
-    resolve_head_config(cfg.head)
+    cfg = resolve_config(cfg)
     assert cfg.head.options == dataclasses.replace(GraviAlignOptions(), mixed_weights=(0.5,), **options)
     assert GraviAlignHead(D, cfg.head.options).inference_candidates()[-1] == {"mode": "mixed", "w": 0.5}
 
@@ -1136,12 +1138,12 @@ def test_the_demo_guards_gravialign_and_keeps_every_other_default(tmp_path: Path
     from tvr.demo import demo_config
 
     cfg = demo_config(tmp_path, method="gravialign")
-    resolve_head_config(cfg.head)
+    cfg = resolve_config(cfg)
     assert (cfg.head.options.alpha, cfg.head.options.eps) == (0.01, 1e-2)
     assert cfg.head.options == dataclasses.replace(GraviAlignOptions(), alpha=0.01, eps=1e-2)
     assert GraviAlignOptions().alpha == 0.1 and GraviAlignOptions().eps == 1e-6  # presets keep the spec's ★ values
     clip4clip = demo_config(tmp_path, method="clip4clip")
-    resolve_head_config(clip4clip.head)
+    clip4clip = resolve_config(clip4clip)
     assert clip4clip.head.options == type(clip4clip.head.options)()
 
 

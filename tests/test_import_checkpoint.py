@@ -23,6 +23,7 @@ from tvr.models.import_checkpoint import (
     import_release_checkpoint,
     load_release_state_dict,
 )
+from tvr.models.run_spec import resolve_run
 from tvr.types import TextFeatures, VideoFeatures
 
 D, TEXT_LAYERS, HEADS, V_WIDTH, V_LAYERS, V_HEADS, PATCH, IMAGE, CTX, VOCAB = 32, 2, 2, 48, 2, 3, 8, 16, 77, 49408
@@ -449,4 +450,4 @@ def import_release_checkpoint_from_dict(sd: dict[str, Tensor], cfg: Config, part
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "ckpt.bin"
         torch.save(sd, path)
-        return import_release_checkpoint(path, cfg, partial=partial)
+        return import_release_checkpoint(path, resolve_run(cfg), partial=partial)

@@ -78,7 +78,7 @@ def _cached_model(head: str = "gare"):
         "head": {"name": head, "options": {"psi_dropout": 0.0}},
     }
     torch.manual_seed(0)
-    return build_model(resolve_config(config_from_dict(values)), cached=True)
+    return build_model(resolve_run(config_from_dict(values)), cached=True)
 
 
 def _trainer(out: Path, amp_dtype: str, **train) -> Trainer:
@@ -185,7 +185,7 @@ def test_gradient_checkpointing_keeps_gradients_and_saves_memory(
     def step(checkpointing: bool) -> tuple[dict[str, torch.Tensor], int]:
         values["model"]["gradient_checkpointing"] = checkpointing
         torch.manual_seed(0)
-        model = build_model(resolve_config(config_from_dict(values))).train()
+        model = build_model(resolve_run(config_from_dict(values))).train()
         with SavedTensorMeter(model.parameters()) as meter:
             loss = model(batch)["loss"]
         loss.backward()
@@ -204,7 +204,7 @@ def test_fp16_clip_keeps_the_reference_precision_under_bf16_autocast() -> None:
     """A frozen CLIP in fp16 (the reference's convert_weights) encodes in fp16 even inside a bf16 training step."""
     values = _raw_values("clip")
     torch.manual_seed(0)
-    backbone = build_model(resolve_config(config_from_dict(values))).backbone.eval()
+    backbone = build_model(resolve_run(config_from_dict(values))).backbone.eval()
     backbone.half_weights()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, 1000, (2, 12), generator=g)

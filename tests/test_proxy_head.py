@@ -26,7 +26,8 @@ from tvr.methods.proxy import (
 )
 from tvr.methods.proxy.losses import text_proxy_loss
 from tvr.models.heads.base import LN_100
-from tvr.models.heads.registry import build_head, head_options, resolve_head_config
+from tvr.models.heads.registry import build_head, head_options
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
@@ -471,9 +472,9 @@ def build_run(path: Path, overrides: list[str]):  # noqa: ANN201
     from tvr.train.optim import build_optimizer
 
     cfg = load_config(path, overrides)
-    resolve_head_config(cfg.head)
+    cfg = resolve_config(cfg)
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     return cfg, model, build_optimizer(model, cfg.train)
 
 
@@ -528,9 +529,9 @@ def test_reference_lr_groups_are_the_released_grouping_on_a_full_size_model() ->
         REPO / "tvr" / "configs" / "proxy" / "msrvtt.yaml",
         overrides + [f"model.tiny.{k}={v}" for k, v in FULL_CLIP.items()],
     )
-    resolve_head_config(cfg.head)
+    cfg = resolve_config(cfg)
     with torch.device("meta"):
-        backbone = build_backbone(cfg.model)
+        backbone = build_backbone(resolve_run(cfg))
     model = RetrievalModel(backbone, torch.nn.Identity(), build_head(cfg.head, 512, LN_100))
     opt = build_optimizer(model, cfg.train)
     got = {}
@@ -606,7 +607,7 @@ def test_presets_exist_and_follow_the_paper() -> None:
     }
     for name, (alpha, beta, dash, delta, eta, proxy_lr, lr, frames) in expected.items():
         cfg = load_config(REPO / "tvr" / "configs" / "proxy" / f"{name}.yaml")
-        resolve_config(cfg)  # head options checked; CLIP-ViP's sampling from the backbone
+        cfg = resolve_config(cfg)  # head options checked; CLIP-ViP's sampling from the backbone
         o = cfg.head.options
         assert cfg.head.name == "proxy" and cfg.model.backbone == "clipvip" and cfg.model.clipvip.proxy_projection
         assert (o.alpha, o.beta, o.dash, o.delta, o.eta) == (alpha, beta, dash, delta, eta), name

@@ -129,7 +129,7 @@ def _encoded(n: int, dim: int, frames: int, seed: int) -> EncodedSplit:
 def test_runner_adds_rows_without_touching_the_plain_ones() -> None:
     cfg = Config()
     cfg.model.temporal = "meanP"
-    model = build_model(cfg, cached=True)
+    model = build_model(resolve_run(cfg), cached=True)
     encoded = _encoded(12, cfg.model.tiny.embed_dim, 4, seed=3)
     bank = TextFeatures(torch.randn(50, 64, generator=torch.Generator().manual_seed(4)))
     plain = evaluate_encoded(model, encoded, cfg, torch.device("cpu"))
@@ -172,7 +172,7 @@ def test_query_bank_from_training_captions(tmp_path) -> None:
     cfg = Config()
     cfg.data.dataset, cfg.data.annotations, cfg.data.val_fraction = "generic", str(tmp_path), 0.0
     cfg.eval.batch_size = 3
-    model = build_model(cfg).eval()
+    model = build_model(resolve_run(cfg)).eval()
     tokenizer = build_tokenizer(resolve_run(cfg).tokenizer, tmp_path)
     assert training_query_bank(model, cfg, torch.device("cpu"), tokenizer) is None  # neither option is on
     cfg.eval.qbnorm, cfg.eval.query_bank_size = True, 4

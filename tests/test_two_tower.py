@@ -110,7 +110,7 @@ def real_scenes_model(tmp_path_factory: pytest.TempPathFactory):
         )
     )
     torch.manual_seed(0)
-    return cfg, build_model(cfg)
+    return cfg, build_model(resolve_run(cfg))
 
 
 # ------------------------------------------------------------------------------------------ pure maths
@@ -255,10 +255,10 @@ def test_two_tower_config_checks(tmp_path: Path) -> None:
     cfg = config_from_dict(tiny_values())
     cfg.data.image_size = 48
     with pytest.raises(ConfigError, match="data.image_size = 48.*set data.image_size=32"):
-        build_model(cfg)
+        build_model(resolve_run(cfg))
     cfg = config_from_dict(tiny_values(bridge="conse", freeze_image=False))
     with pytest.raises(ConfigError, match="training-free"):
-        build_model(cfg)
+        build_model(resolve_run(cfg))
     with pytest.raises(ConfigError, match="conse_class_weight"):
         config_from_dict({"model": {"two_tower": {"conse_class_weight": 1.5}}})
     with pytest.raises(ConfigError, match="conse_bank_neighbours"):
@@ -266,13 +266,13 @@ def test_two_tower_config_checks(tmp_path: Path) -> None:
     words = tiny_values(bridge="conse", head="gare", conse_class_weight=0.5)
     words["head"]["options"] = {"context": "words"}
     with pytest.raises(ConfigError, match="context = 'words'.*fused ConSE bridge"):
-        build_model(config_from_dict(words))
+        build_model(resolve_run(config_from_dict(words)))
     empty = tmp_path / "bank.txt"
     empty.write_text("# only a comment\n\n")
     for bank, message in ((empty, "has no sentences"), (tmp_path / "missing.txt", "cannot read")):
         cfg = config_from_dict(tiny_values(bridge="conse", conse_bank_weight=0.5, conse_bank=str(bank)))
         with pytest.raises(ConfigError, match=f"model.two_tower.conse_bank: {bank}.*{message}"):
-            build_model(cfg)
+            build_model(resolve_run(cfg))
     real = load_config("two_tower/zero_shot")
     assert real.model.backbone == "two_tower" and real.data.image_size is None  # the backbone's
     assert resolve_config(real).data.image_size == 240  # the preset's tower, lite1: its resolution
@@ -323,7 +323,7 @@ def test_sentence_tokenizer_pads_and_truncates(tmp_path: Path) -> None:
     cfg = config_from_dict(tiny_values())
     cfg.data.max_words = 500
     with pytest.raises(ConfigError, match="data.max_words = 500"):
-        build_model(cfg)
+        build_model(resolve_run(cfg))
 
 
 def test_sentence_tokenizers_are_thread_safe(tmp_path: Path) -> None:
@@ -433,7 +433,7 @@ def test_shipped_weights_verify_and_classify_real_frames(real_scenes_model) -> N
 @pytest.mark.parametrize("head", ["clip4clip", "gare", "proxy", "gravialign"])
 def test_every_head_trains_on_tiny_two_tower(tmp_path: Path, head: str) -> None:
     cfg = resolve_config(config_from_dict(tiny_values(head=head)))
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     tok = build_tokenizer(resolve_run(cfg).tokenizer, tmp_path)
     ids, mask = tok(["a dog runs on the grass", "a cat sits on a mat", "a red bus"], 12)
     batch = {
@@ -462,7 +462,7 @@ def test_every_head_trains_on_tiny_two_tower(tmp_path: Path, head: str) -> None:
 
 def test_fine_tuned_image_tower_trains_with_fixed_batchnorm(tmp_path: Path) -> None:
     cfg = resolve_config(config_from_dict(tiny_values(freeze_image=False)))
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     model.train()
     assert model.backbone.image_tower.training and not model.backbone.text_tower.training
     bn = next(m for m in model.backbone.image_tower.modules() if isinstance(m, torch.nn.BatchNorm2d))

@@ -390,9 +390,8 @@ class HeadConfig:
     """The method head: its registered name (or ``package.module:Class``) and that head's own options.
 
     ``options`` is the mapping read from a file until the run config is resolved
-    (``tvr.models.heads.registry.resolve_head_config``, before anything runs): that checks it against the head's
-    options dataclass (unknown keys, types, choices, ranges) and replaces it by that dataclass, the one state every
-    later reader sees.
+    (``tvr.models.run_spec.resolve_run``, before anything runs): the resolved config's options are the head's options
+    dataclass, checked (unknown keys, types, choices, ranges), the one state every later reader sees.
     """
 
     #: a registered head (clip4clip, gare, ...; see ``tvr heads``) or an import path ``my_pkg.heads:MyHead`` (which

@@ -11,14 +11,22 @@ the config it was given is not changed, and resolving a resolved config gives th
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 from tvr.config import Config
 from tvr.data.feature_cache import FeatureIdentity
 from tvr.data.tokenizer import TokenizerSpec
-from tvr.models.backbones.registry import Backbone, Preprocess, backbone_spec, resolve_backbone_config
+from tvr.models.backbones.registry import (
+    Backbone,
+    Preprocess,
+    backbone_spec,
+    data_preprocess,
+    typed_model_config,
+    with_backbone_pixels,
+)
 from tvr.models.heads.base import RetrievalHead
-from tvr.models.heads.registry import head_class, resolve_head_config
+from tvr.models.heads.registry import head_class, typed_head_config
 
 __all__ = ["RunSpec", "resolve_run"]
 
@@ -41,15 +49,17 @@ class RunSpec:
 def resolve_run(cfg: Config) -> RunSpec:
     """The run ``cfg`` describes, resolved (``cfg`` itself is left as it is). Raises ConfigError naming the field
     when the head's options or the backbone's settings do not fit them."""
-    config = copy.deepcopy(cfg)
-    resolve_head_config(config.head)  # first, as tvr.pipeline.resolve_config: a bad head option is the error named
-    preprocess = resolve_backbone_config(config)
-    backbone = backbone_spec(config.model.backbone)
+    own = copy.deepcopy(cfg)  # the description shares nothing with the caller's config
+    head = typed_head_config(own.head)  # first: a bad head option is the error named, before a backbone's
+    model = typed_model_config(own.model)
+    backbone = backbone_spec(model.backbone)
+    data = with_backbone_pixels(own.data, backbone, model)
+    config = dataclasses.replace(own, head=head, model=model, data=data)
     return RunSpec(
         config=config,
         backbone=backbone,
-        head=head_class(config.head.name),
-        preprocess=preprocess,
-        tokenizer=backbone.tokenizer(config.model),
+        head=head_class(head.name),
+        preprocess=data_preprocess(data),
+        tokenizer=backbone.tokenizer(model),
         features=backbone.feature_identity(config),
     )
