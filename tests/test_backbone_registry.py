@@ -29,11 +29,18 @@ PRESET = Path(__file__).resolve().parent / "toy_backbone.yaml"
 
 def test_the_packages_backbones_are_registered_with_their_sections() -> None:
     assert {"clip", "clipvip", "two_tower", toy_backbones.NAME} <= set(registry.available_backbones())
-    cfg = config_from_dict({"model": {"tiny": {"embed_dim": 16}, "two_tower": {"bridge": "projection"}}})
+    loaded = config_from_dict({"model": {"tiny": {"embed_dim": 16}, "two_tower": {"bridge": "projection"}}})
+    # the config layer holds a section as the mapping it read; resolving builds it into its folder's dataclass
+    assert loaded.model.tiny == {"embed_dim": 16} and loaded.model.clipvip == {}
+    cfg = resolve_config(loaded)
     assert isinstance(cfg.model.tiny, TinyClipConfig) and cfg.model.tiny.embed_dim == 16
     assert isinstance(cfg.model.two_tower, TwoTowerConfig) and cfg.model.two_tower.bridge == "projection"
+    assert loaded.model.tiny == {"embed_dim": 16}  # resolving left the loaded config as it was
+    wires = config_from_dict({"model": {"two_tower": {"bridge": "wires"}}})
     with pytest.raises(ConfigError, match=r"model\.two_tower\.bridge = 'wires': expected one of"):
-        config_from_dict({"model": {"two_tower": {"bridge": "wires"}}})
+        resolve_config(wires)
+    with pytest.raises(ConfigError, match=r"model\.tiny: expected a mapping of the backbone's settings, got 5"):
+        config_from_dict({"model": {"tiny": 5}})
 
 
 def test_an_unknown_backbone_names_the_registered_ones() -> None:

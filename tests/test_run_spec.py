@@ -1,5 +1,6 @@
-"""``tvr.models.run_spec.resolve_run``: one function turns a loaded config into the run's resolved description, the
-same one the in-place resolution gives today, without changing the config it is given."""
+"""``tvr.models.run_spec.resolve_run``: one function turns a loaded config into the run's resolved description
+without changing the config it is given; the layers below take that description (what resolving each shipped preset
+gives is pinned, from before resolution moved here, by tests/test_resolution_pin.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from tvr.pipeline import resolve_config
 
 
 @pytest.mark.parametrize("preset", available_presets())
-def test_a_run_resolves_as_the_config_does_in_place(preset: str) -> None:
-    run = resolve_run(load_config(preset))
-    cfg = resolve_config(load_config(preset))
-    assert config_to_dict(run.config) == config_to_dict(cfg)
+def test_a_run_describes_its_own_config(preset: str) -> None:
+    loaded = load_config(preset)
+    run = resolve_run(loaded)
+    cfg = resolve_config(loaded)  # the pipeline's entry point: the same resolved config, a new object
+    assert config_to_dict(run.config) == config_to_dict(cfg) and cfg is not loaded and cfg is not run.config
     assert run.backbone is backbone_spec(cfg.model.backbone)
     assert run.head is head_class(cfg.head.name)
     assert (run.preprocess.image_size, run.preprocess.sampling) == (cfg.data.image_size, cfg.data.sampling)
@@ -49,6 +51,15 @@ def test_a_run_description_cannot_be_reassigned() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.tokenizer = run.tokenizer  # type: ignore[misc]
     assert isinstance(run, RunSpec)
+
+
+def test_the_models_layer_takes_the_resolved_run() -> None:
+    from tvr.models.build import build_model
+
+    with pytest.raises(TypeError, match=r"build_model takes a resolved run .*resolve_run\(cfg\).*got Config"):
+        build_model(load_config("cpu/clip4clip"))
+    model = build_model(resolve_run(load_config("cpu/clip4clip")))
+    assert model.head.options == resolve_run(load_config("cpu/clip4clip")).config.head.options
 
 
 def test_a_bad_head_option_is_named_before_the_backbone() -> None:

@@ -311,36 +311,13 @@ class DataConfig:
 # A backbone's settings are its own dataclasses, declared in its folder (``tvr/models/backbones/<name>/``), which this
 # layer cannot import. The built-in backbones keep their sections at the keys they always had (``model.tiny``,
 # ``model.clipvip``, ``model.two_tower``: old configs and checkpoints load unchanged), and every other backbone reads
-# ``model.options``. A backbone registers the dataclass of each section it declares (:func:`register_model_section`,
-# done by ``tvr.models.backbones.registry``); a section is built into that dataclass when it is loaded, and a config
-# loaded before the registry was imported holds the mapping until the run config is resolved
-# (``tvr.models.backbones.resolve_backbone_config``, part of every job's resolution).
-
-_MODEL_SECTIONS: dict[str, type] = {}
-
-
-def register_model_section(key: str, cls: type) -> None:
-    """Make ``model.<key>`` load as the dataclass ``cls`` (a backbone's settings). Registering the same class again
-    is a no-op; another class under a taken key is an error."""
-    current = _MODEL_SECTIONS.get(key)
-    if current is not None and (current.__module__, current.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ValueError(f"model.{key} is already the section of {current.__module__}.{current.__qualname__}")
-    _MODEL_SECTIONS[key] = cls
-
-
-def model_section_type(key: str) -> type | None:
-    """The dataclass registered for ``model.<key>`` (None: none yet)."""
-    return _MODEL_SECTIONS.get(key)
+# ``model.options``. This layer holds a section as the mapping it was given; resolving the run config
+# (``tvr.models.run_spec.resolve_run``) builds it into the dataclass its backbone folder declares.
 
 
 def _model_section(key: str) -> Any:
-    """A ``model.<key>`` field: the registered dataclass's defaults, or an empty mapping while none is registered."""
-
-    def default() -> Any:
-        cls = _MODEL_SECTIONS.get(key)
-        return cls() if cls is not None else {}
-
-    return field(default_factory=default, metadata={"section": key})
+    """A ``model.<key>`` field: a mapping until the run config is resolved (empty: the section's defaults)."""
+    return field(default_factory=dict, metadata={"section": key})
 
 
 @dataclass
@@ -557,15 +534,23 @@ def _build(cls: type, values: dict, where: str) -> Any:
     for f in dataclasses.fields(cls):
         if f.name in values:
             name = f"{where}.{f.name}" if where else f.name
-            section = _MODEL_SECTIONS.get(f.metadata.get("section", ""))
             kwargs[f.name] = (
-                build_section(section, values[f.name], name)
-                if section
+                _section_mapping(values[f.name], name)
+                if f.metadata.get("section")
                 else _coerce(values[f.name], hints[f.name], name)
             )
     obj = cls(**kwargs)
     check_field_values(obj, where)
     return obj
+
+
+def _section_mapping(values: Any, where: str) -> Any:
+    """A backbone section as loaded: a mapping (or an instance of its dataclass, as code may pass one)."""
+    if values is None:
+        return {}
+    if isinstance(values, dict) or dataclasses.is_dataclass(values):
+        return copy.deepcopy(values)
+    raise ConfigError(f"{where}: expected a mapping of the backbone's settings, got {values!r}")
 
 
 def build_section(cls: type, values: Any, where: str) -> Any:
@@ -788,8 +773,9 @@ def _field_type(keys: list[str]) -> Any:
     for key in keys[:-1]:
         if not dataclasses.is_dataclass(cls):
             return None
-        section = next((f.metadata.get("section") for f in dataclasses.fields(cls) if f.name == key), None)
-        cls = _MODEL_SECTIONS.get(section) if section else typing.get_type_hints(cls).get(key)
+        if any(f.name == key and f.metadata.get("section") for f in dataclasses.fields(cls)):
+            return None  # a backbone's section: typed by its folder's dataclass when the run config is resolved
+        cls = typing.get_type_hints(cls).get(key)
     return typing.get_type_hints(cls).get(keys[-1]) if dataclasses.is_dataclass(cls) else None
 
 

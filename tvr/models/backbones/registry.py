@@ -9,12 +9,11 @@ A backbone is a folder, ``tvr/models/backbones/<name>/``, whose ``backbone.py`` 
         sections = {"tiny": TinyClipConfig, "clipvip": ClipVipConfig}
         ...
 
-The package's own folders are registered when this module is imported (so their settings sections load as their
-dataclasses from the first config on); entry points of the ``tvr.backbones`` group (how an installed package
-contributes a backbone: ``name = "package.module:BackboneClass"``) on the first lookup; code already running may
-call :func:`register_backbone` itself. A backbone anywhere else is used by import path, ``model.backbone:
-package.module:Class``, as a head is (the import runs the module's code, so a config, checkpoint or index may name
-one only when code is trusted: ``tvr --trust-code``).
+The package's own folders are registered when this module is imported; entry points of the ``tvr.backbones`` group
+(how an installed package contributes a backbone: ``name = "package.module:BackboneClass"``) on the first lookup;
+code already running may call :func:`register_backbone` itself. A backbone anywhere else is used by import path,
+``model.backbone: package.module:Class``, as a head is (the import runs the module's code, so a config, checkpoint
+or index may name one only when code is trusted: ``tvr --trust-code``).
 
 A job resolves its config once (:func:`tvr.models.run_spec.resolve_run`): the backbone's sections typed
 (:func:`typed_model_config`), its frame size, sampling and pixel normalisation written into ``data.*`` where the
@@ -39,7 +38,6 @@ from tvr.config import (
     build_section,
     check_head_import,
     import_named,
-    model_section_type,
 )
 from tvr.data.transforms import PixelNorm
 from tvr.models.backbones.base import (
@@ -50,6 +48,7 @@ from tvr.models.backbones.base import (
     _add,
     _check_backbone_class,
     register_backbone,
+    section_type,
 )
 from tvr.utils.plugins import load_entry_points
 
@@ -120,7 +119,7 @@ def typed_model_config(model_cfg: ModelConfig) -> ModelConfig:
     backbone = backbone_spec(model_cfg.backbone)
     typed = {}
     for f in dataclasses.fields(model_cfg):
-        section = model_section_type(f.metadata.get("section", ""))
+        section = section_type(f.metadata.get("section", ""))
         if section is not None:
             typed[f.name] = build_section(section, copy.deepcopy(getattr(model_cfg, f.name)), f"model.{f.name}")
     if backbone.Options is not None:
