@@ -38,7 +38,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "alpha_0.01+eps_1e-2": ("gravialign", {"alpha": 0.01, "eps": 1e-2}),
     "alpha_0.01+eps_1e-1": ("gravialign", {"alpha": 0.01, "eps": 1e-1}),
     "no_sgi_to_backbone": ("gravialign", {"sgi_to_backbone": False}),
-    # tvr/configs/gravialign/ablations/guarded.yaml
+    # tvr/methods/gravialign/presets/ablations/guarded.yaml
     "guarded": ("gravialign", {"sgi_to_backbone": False, "eps": 1e-2}),
     "guarded+infonce_both": ("gravialign", {"sgi_to_backbone": False, "eps": 1e-2, "infonce_on": "both"}),
 }

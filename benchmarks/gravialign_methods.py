@@ -45,11 +45,11 @@ VARIANTS: dict[str, dict] = {
     "alpha_0": {"alpha": 0.0},
     # the demo's options: the spec's objective with α and ε chosen so it trains from scratch
     "demo": {"alpha": 0.01, "eps": 1e-2},
-    # tvr/configs/gravialign/ablations/guarded.yaml
+    # tvr/methods/gravialign/presets/ablations/guarded.yaml
     "guarded": {"eps": 1e-2, "sgi_to_backbone": False},
-    # tvr/configs/gravialign/ablations/soft_a.yaml (A at the expected whitened sample distance)
+    # tvr/methods/gravialign/presets/ablations/soft_a.yaml (A at the expected whitened sample distance)
     "soft_a": {"a_distance": "expected"},
-    # tvr/configs/gravialign/ablations/contrastive.yaml (L_SGI-NCE)
+    # tvr/methods/gravialign/presets/ablations/contrastive.yaml (L_SGI-NCE)
     "contrastive": {"sgi_objective": "contrastive"},
     "contrastive+soft_a": {"sgi_objective": "contrastive", "a_distance": "expected"},
     "contrastive_bc": {"sgi_objective": "contrastive", "terms": "BC"},

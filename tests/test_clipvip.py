@@ -506,7 +506,7 @@ def test_build_picks_the_backbone_and_checks_the_temporal_module() -> None:
         resolve_run(Config(model=dataclasses.replace(_model_cfg(), backbone="vip")))
 
 
-PRESETS = Path(__file__).resolve().parents[1] / "tvr" / "configs" / "clipvip"
+PRESETS = Path(__file__).resolve().parents[1] / "tvr" / "models" / "backbones" / "clipvip" / "presets"
 
 
 @pytest.mark.parametrize(

@@ -249,9 +249,13 @@ def test_fused_conse_is_the_fused_score_as_one_dot_product(pooling: str) -> None
 
 def test_two_tower_config_checks(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="conse_prompt"):
-        config_from_dict({"model": {"two_tower": {"conse_prompt": "a photo"}}})
+        resolve_run(
+            config_from_dict({"model": {"two_tower": {"conse_prompt": "a photo"}}})
+        )  # a section is checked when the run is resolved
     with pytest.raises(ConfigError, match="model.two_tower.bridge"):
-        config_from_dict({"model": {"two_tower": {"bridge": "clip"}}})
+        resolve_run(
+            config_from_dict({"model": {"two_tower": {"bridge": "clip"}}})
+        )  # a section is checked when the run is resolved
     cfg = config_from_dict(tiny_values())
     cfg.data.image_size = 48
     with pytest.raises(ConfigError, match="data.image_size = 48.*set data.image_size=32"):
@@ -260,9 +264,13 @@ def test_two_tower_config_checks(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="training-free"):
         build_model(resolve_run(cfg))
     with pytest.raises(ConfigError, match="conse_class_weight"):
-        config_from_dict({"model": {"two_tower": {"conse_class_weight": 1.5}}})
+        resolve_run(
+            config_from_dict({"model": {"two_tower": {"conse_class_weight": 1.5}}})
+        )  # a section is checked when the run is resolved
     with pytest.raises(ConfigError, match="conse_bank_neighbours"):
-        config_from_dict({"model": {"two_tower": {"conse_bank_neighbours": 0}}})
+        resolve_run(
+            config_from_dict({"model": {"two_tower": {"conse_bank_neighbours": 0}}})
+        )  # a section is checked when the run is resolved
     words = tiny_values(bridge="conse", head="gare", conse_class_weight=0.5)
     words["head"]["options"] = {"context": "words"}
     with pytest.raises(ConfigError, match="context = 'words'.*fused ConSE bridge"):

@@ -699,7 +699,8 @@ def presets() -> None:
     for name in names:
         # one line a preset, so the list stays greppable (tvr presets | grep cpu/)
         print(f"{name:<{width}}  {preset_description(name)}")
-    console.print(f"[dim]({escape(str(PRESET_DIR))}; a path to your own YAML file works as well)[/dim]")
+    where = "tvr/methods/<method>/presets, tvr/models/backbones/<backbone>/presets"
+    console.print(f"[dim]({escape(str(PRESET_DIR))} and {where}; a path to your own YAML file works as well)[/dim]")
     benches = sorted(p.stem for p in (PRESET_DIR / "bench").glob("*.yaml"))
     console.print(f"[dim]bench configs for tvr bench --config: {', '.join(benches)}[/dim]")
 

@@ -1,8 +1,8 @@
 """Run configuration: nested dataclasses loaded from YAML presets with dotted ``--set`` overrides.
 
-A preset may name another preset under ``base:`` (a path relative to itself); the child's keys override the
-base's, recursively. Unknown keys are an error that names the key and the file, so a typo never silently
-falls back to a default.
+A preset may name another under ``base:`` (a file relative to itself, or a shipped preset by name); the child's keys
+override the base's, recursively. Unknown keys are an error that names the key and the file, so a typo never
+silently falls back to a default.
 """
 
 from __future__ import annotations
@@ -611,7 +611,21 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     base = raw.pop("base", None)
     if base is None:
         return raw
-    return _merge(_read_yaml(path.parent / base, (*seen, path)), raw, top=True)
+    return _merge(_read_yaml(_base_path(path, base), (*seen, path)), raw, top=True)
+
+
+def _base_path(path: Path, base: Any) -> Path:
+    """The file ``base:`` names in ``path``: a file relative to ``path``'s folder, else a shipped preset's name
+    (``base: clipvip/msrvtt``: a method's preset builds on a backbone's, which lives in another folder)."""
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{path}: base: expected a file name or a preset name, got {base!r}")
+    relative = path.parent / base
+    if relative.is_file():
+        return relative
+    shipped = _shipped_preset(Path(base).as_posix())
+    if shipped is not None:
+        return shipped
+    raise ConfigError(f"{path}: base: {base!r} is neither a file beside it nor a shipped preset (`tvr presets`)")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -705,19 +719,51 @@ def config_from_dict(values: dict, where: str = "config") -> Config:
     return config
 
 
-#: the presets that ship inside the package (``tvr/configs/<method>/<name>.yaml``), addressed as ``<method>/<name>``
-PRESET_DIR = Path(__file__).resolve().parent / "configs"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+#: the presets of no one family (``cpu/``: the CPU-sized runs of every method; ``bench/``: ``tvr bench`` configs),
+#: addressed as ``<folder>/<name>``; a method's or a backbone's presets ship in its own folder (:func:`preset_folders`)
+PRESET_DIR = _PACKAGE_DIR / "configs"
+#: the folders of the families whose members may ship presets, each in its ``<member>/presets/`` folder
+#: (``tvr/methods/gare/presets/msrvtt.yaml`` is ``gare/msrvtt``); found as files, no module is imported
+PRESET_FAMILIES = (_PACKAGE_DIR / "methods", _PACKAGE_DIR / "models" / "backbones")
 
 
 #: ``tvr/configs/bench/`` holds ``tvr bench`` configs (methods × seeds), not run configs
 BENCH_SUBDIR = "bench"
 
 
+def preset_folders() -> dict[str, Path]:
+    """Where each preset name prefix lives: ``cpu`` and ``bench`` in :data:`PRESET_DIR`, and ``<member>`` in
+    ``tvr/methods/<member>/presets/`` or ``tvr/models/backbones/<member>/presets/``."""
+    folders = {p.name: p for p in sorted(PRESET_DIR.iterdir()) if p.is_dir() and not p.name.startswith(("_", "."))}
+    for family in PRESET_FAMILIES:
+        for folder in sorted(family.glob("*/presets")):
+            taken = folders.setdefault(folder.parent.name, folder)
+            if taken != folder:  # a name two folders claim would make a preset name mean two files
+                raise ConfigError(f"presets {folder} and {taken} both claim the name {folder.parent.name!r}/")
+    return folders
+
+
 def available_presets() -> list[str]:
     """Names of the presets shipped with tvr (``gare/msrvtt``, ``gare/ablations/delta_only``, ...); the bench
     configs in ``tvr/configs/bench/`` are not run presets and are left out."""
-    names = (p.relative_to(PRESET_DIR).with_suffix("").as_posix() for p in PRESET_DIR.rglob("*.yaml"))
-    return sorted(n for n in names if not n.startswith(f"{BENCH_SUBDIR}/"))
+    names = (
+        f"{prefix}/{p.relative_to(folder).with_suffix('').as_posix()}"
+        for prefix, folder in preset_folders().items()
+        if prefix != BENCH_SUBDIR
+        for p in folder.rglob("*.yaml")
+    )
+    return sorted(names)
+
+
+def _shipped_preset(text: str) -> Path | None:
+    """The file of the shipped preset named ``text`` (``gare/msrvtt`` or ``gare/msrvtt.yaml``), None if none."""
+    prefix, _, rest = text.partition("/")
+    folder = preset_folders().get(prefix)
+    if folder is None or not rest:
+        return None
+    candidate = (folder / (rest if rest.endswith((".yaml", ".yml")) else f"{rest}.yaml")).resolve()
+    return candidate if candidate.is_file() and candidate.is_relative_to(folder.resolve()) else None
 
 
 def preset_values(name_or_path: str | os.PathLike) -> dict:
@@ -745,7 +791,8 @@ def preset_description(name_or_path: str | os.PathLike) -> str:
 
 def preset_path(name_or_path: str | os.PathLike) -> Path:
     """A config file: an existing file path as given, else a shipped preset by name (``gare/msrvtt``, with or without
-    ``.yaml``; ``configs/gare/msrvtt.yaml``, the repository layout before presets moved into the package, too)."""
+    ``.yaml``; ``configs/gare/msrvtt.yaml`` and ``tvr/configs/gare/msrvtt.yaml``, the layouts before presets moved
+    into their method's folder, too)."""
     path = Path(name_or_path)
     if path.is_file():
         return path
@@ -754,14 +801,13 @@ def preset_path(name_or_path: str | os.PathLike) -> Path:
         if text.startswith(prefix):
             text = text[len(prefix) :]
             break
-    if not text.endswith((".yaml", ".yml")):
-        text += ".yaml"
-    candidate = (PRESET_DIR / text).resolve()
-    if candidate.is_file() and candidate.is_relative_to(PRESET_DIR):
-        return candidate
+    shipped = _shipped_preset(text)
+    if shipped is not None:
+        return shipped
     if path.exists():
         raise ConfigError(f"config {name_or_path}: is a folder, expected a YAML file or a preset name")
-    close = [n for n in available_presets() if Path(n).name == Path(text).stem]
+    stem = Path(text).name.removesuffix(".yaml").removesuffix(".yml")
+    close = [n for n in available_presets() if Path(n).name == stem]
     hint = f"; did you mean {close}?" if close else " (`tvr presets` lists them)"
     raise ConfigError(f"config {name_or_path}: no such file and no shipped preset of that name{hint}")
 
