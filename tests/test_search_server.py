@@ -454,7 +454,7 @@ def test_the_query_time_limit_is_set_by_tvr_query_timeout(served, monkeypatch) -
     from tvr.search.server import DEFAULT_QUERY_TIMEOUT, query_timeout_seconds
     from tvr.utils.errors import UserError
 
-    index, _, _ = served
+    index, _, out = served
     monkeypatch.delenv("TVR_QUERY_TIMEOUT", raising=False)
     assert query_timeout_seconds() == DEFAULT_QUERY_TIMEOUT == 120
     monkeypatch.setenv("TVR_QUERY_TIMEOUT", "2.5")
@@ -465,3 +465,6 @@ def test_the_query_time_limit_is_set_by_tvr_query_timeout(served, monkeypatch) -
             create_app(index)
     with pytest.raises(ValueError, match="query_timeout"):
         create_app(index, query_timeout=0)
+    result = CliRunner().invoke(cli, ["serve", str(out), "--port", "0"], env={"TVR_QUERY_TIMEOUT": "soon"})
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "TVR_QUERY_TIMEOUT='soon': expected a number of seconds above 0" in result.output
