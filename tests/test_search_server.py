@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from tvr.cli import app as cli
 from tvr.search import open_index
+from tvr.search.batching import MicroBatcher
 from tvr.search.server import API_MAX_K, API_MAX_QUERY, create_app
 
 
@@ -27,7 +28,9 @@ def served(search_setup, tmp_path_factory):
     out = tmp_path_factory.mktemp("served") / "idx"
     assert CliRunner().invoke(cli, index_args(search_setup.videos, out, search_setup.checkpoint)).exit_code == 0
     index = open_index(out)
-    return index, TestClient(create_app(index)), out
+    app = create_app(index)
+    yield index, TestClient(app), out
+    app.state.batcher.close()  # its workers stop (the client, used outside a with block, never shuts the app down)
 
 
 def test_api_returns_the_cli_json(served) -> None:
@@ -351,3 +354,117 @@ def test_the_page_names_its_icon_and_the_server_sends_it(served) -> None:
         assert root.tag == "{http://www.w3.org/2000/svg}svg" and root.get("viewBox") == "0 0 32 32"
         assert b"http" not in icon.content.replace(b"http://www.w3.org/2000/svg", b"")  # nothing fetched from elsewhere
     assert "/favicon.svg" not in client.get("/openapi.json").json()["paths"]
+
+
+class _EchoIndex:
+    """What a micro-batcher needs of an index, answering at once (each query's text as its one "hit"): what is
+    under test is the batcher's hand-over of queries and answers between threads, not the search."""
+
+    def answer(self, queries: list) -> list:
+        sum(n * n for n in range(2000))  # a little work holding the interpreter's lock, as a batch's Python part does
+        return [[query.text] for query in queries]
+
+
+def test_no_query_is_left_waiting_when_two_workers_race_for_it() -> None:
+    """Two workers take queries from one queue, each gathering its batch for a 2 ms tick. Rounds of 16 queries
+    handed in from 16 threads at once, with the interpreter switching threads every 10 µs (how a busy machine
+    interleaves them), must each be answered within a second: with ``queue.SimpleQueue`` (CPython 3.11) a worker
+    whose timed ``get`` lost its query to the other worker after its tick ran out waited for the *next* query instead
+    of its tick, its gathered batch unanswered -- the rare hang of the concurrent-requests test above."""
+    import sys
+
+    from tvr.search.batching import MicroBatcher
+
+    batcher = MicroBatcher(_EchoIndex(), tick=1e-4, workers=2)
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            for round_ in range(500):
+                texts = [f"query {round_}.{n}" for n in range(16)]
+                futures = list(pool.map(batcher.submit, texts))
+                _, waiting = wait(futures, timeout=1.0)
+                assert not waiting, f"round {round_}: {len(waiting)} of 16 queries unanswered after 1 s"
+                assert [f.result() for f in futures] == [[text] for text in texts]
+    finally:
+        sys.setswitchinterval(switching)
+        batcher.close()
+    assert batcher.queries == 500 * 16
+
+
+def test_a_search_not_answered_in_time_is_a_503_and_its_query_is_dropped(served, monkeypatch) -> None:
+    """A request waits for its micro-batch at most ``query_timeout`` seconds, then gets a one-line 503; a query
+    still queued when its request gave up is never run, and the worker goes on answering the next ones."""
+    index, _, _ = served
+    release = threading.Event()
+    real = index.answer
+
+    def stuck_once(queries):
+        assert release.wait(60), "the test never released the worker"
+        return real(queries)
+
+    monkeypatch.setattr(index, "answer", stuck_once)
+    app = create_app(index, query_timeout=0.3, query_workers=1)
+    with TestClient(app) as client:
+        for text in ("a red screen", "a green screen"):  # the first one stuck in the worker, the second queued
+            response = client.get("/api/search", params={"q": text, "k": 1})
+            assert response.status_code == 503
+            assert response.json() == {
+                "error": "the search was not answered within 0.3 s (server busy or stuck); try again"
+            }
+        release.set()
+        response = client.get("/api/search", params={"q": "a blue screen", "k": 1})
+        assert response.status_code == 200 and response.json()[0]["video"] == "blue.mp4"
+        batcher = app.state.batcher
+        assert (batcher.batches, batcher.queries) == (2, 2)  # the green screen's query was dropped, not run
+
+
+def test_a_failed_batch_fails_its_requests_and_the_worker_goes_on(served, monkeypatch) -> None:
+    """Whatever goes wrong in a batch (the index raising, or answering too few queries) is every one of its
+    requests' JSON 500, never a request left waiting, and the same worker answers the next batch."""
+    index, _, _ = served
+    real = index.answer
+    failures = iter([RuntimeError("boom"), "too few"])
+
+    def failing_once_each(queries):
+        failure = next(failures, None)
+        if isinstance(failure, Exception):
+            raise failure
+        return real(queries)[:-1] if failure == "too few" else real(queries)
+
+    monkeypatch.setattr(index, "answer", failing_once_each)
+    app = create_app(index, query_timeout=30, query_workers=1)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        for _ in range(2):
+            response = client.get("/api/search", params={"q": "a red screen", "k": 1})
+            assert response.status_code == 500
+            assert response.json() == {"error": "internal error (RuntimeError); see the server's log"}
+        answer = client.get("/api/search", params={"q": "a red screen", "k": 1}).json()
+        assert answer[0]["video"] == "red.mp4"
+    batcher = MicroBatcher(_EchoIndex(), workers=1)
+    monkeypatch.setattr(batcher.index, "answer", lambda queries: [])
+    try:
+        error = batcher.submit("anything").exception(timeout=30)
+        assert isinstance(error, RuntimeError) and "answered 0 of a batch's 1 queries" in str(error)
+    finally:
+        batcher.close()
+
+
+def test_the_query_time_limit_is_set_by_tvr_query_timeout(served, monkeypatch) -> None:
+    from tvr.search.server import DEFAULT_QUERY_TIMEOUT, query_timeout_seconds
+    from tvr.utils.errors import UserError
+
+    index, _, out = served
+    monkeypatch.delenv("TVR_QUERY_TIMEOUT", raising=False)
+    assert query_timeout_seconds() == DEFAULT_QUERY_TIMEOUT == 120
+    monkeypatch.setenv("TVR_QUERY_TIMEOUT", "2.5")
+    assert query_timeout_seconds() == 2.5
+    for value in ("0", "-1", "soon", "inf", "nan"):
+        monkeypatch.setenv("TVR_QUERY_TIMEOUT", value)
+        with pytest.raises(UserError, match=f"TVR_QUERY_TIMEOUT='{value}': expected a number of seconds above 0"):
+            create_app(index)
+    with pytest.raises(ValueError, match="query_timeout"):
+        create_app(index, query_timeout=0)
+    result = CliRunner().invoke(cli, ["serve", str(out), "--port", "0"], env={"TVR_QUERY_TIMEOUT": "soon"})
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "TVR_QUERY_TIMEOUT='soon': expected a number of seconds above 0" in result.output

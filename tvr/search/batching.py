@@ -58,11 +58,18 @@ class MicroBatcher:
         self.index = index
         self.tick = float(tick)
         self.max_batch = int(max_batch)
-        self._waiting: queue.SimpleQueue[tuple[Query, Future] | None] = queue.SimpleQueue()
+        # queue.Queue, not queue.SimpleQueue: with several workers taking from one SimpleQueue, CPython 3.11's
+        # get(timeout=...) can wait forever instead -- a worker that wins the wake-up for a query the other worker
+        # then takes, and gets the interpreter back after its deadline, waits with a negative time, which is "no
+        # limit", until the next query arrives, its gathered batch unanswered meanwhile. Queue.get rechecks the
+        # queue and the time left under one condition (tests/test_search_server.py hands it 8,000 racing queries).
+        self._waiting: queue.Queue[tuple[Query, Future] | None] = queue.Queue()
         self._workers = [
             threading.Thread(target=self._run, name=f"tvr-query-batcher-{n}", daemon=True) for n in range(workers)
         ]
         self._closed = False
+        # held while a query is handed in and while closing: no query lands behind the workers' stop signals
+        self._handing_in = threading.Lock()
         self._count = threading.Lock()
         #: batches run and queries answered so far (their ratio: how much sharing happened)
         self.batches = 0
@@ -92,20 +99,23 @@ class MicroBatcher:
         """Hand a query in and return at once: the future's result is :meth:`search`'s answer (its exception the
         query's :class:`QueryError`). An async caller awaits it (``asyncio.wrap_future``) without holding a thread.
         ``where``: the videos and times it may answer from (:mod:`tvr.search.filters`)."""
-        if self._closed:
-            raise RuntimeError("the micro-batcher is closed")
         done: Future = Future()
-        self._waiting.put((Query(text, k, rerank, all_windows, where), done))
+        with self._handing_in:
+            if self._closed:
+                raise RuntimeError("the micro-batcher is closed")
+            self._waiting.put((Query(text, k, rerank, all_windows, where), done))
         return done
 
     def close(self) -> None:
         """Stop the workers once the queries already handed in are answered."""
-        if not self._closed:
+        with self._handing_in:
+            if self._closed:
+                return
             self._closed = True
             for _ in self._workers:
                 self._waiting.put(None)
-            for worker in self._workers:
-                worker.join()
+        for worker in self._workers:
+            worker.join()
 
     def _run(self) -> None:
         while True:
@@ -124,19 +134,30 @@ class MicroBatcher:
                     stop = True
                     break
                 batch.append(item)
-            with self._count:
-                self.batches += 1
-                self.queries += len(batch)
-            try:
-                answers = self.index.answer([query for query, _ in batch])
-            except BaseException as exc:  # noqa: BLE001 - every caller of the failed batch gets the error
-                for _, done in batch:
-                    done.set_exception(exc)
-            else:
-                for (_, done), answer in zip(batch, answers, strict=True):
-                    if isinstance(answer, QueryError):
-                        done.set_exception(answer)
-                    else:
-                        done.set_result(answer)
+            self._answer(batch)
             if stop:
                 return
+
+    def _answer(self, batch: list[tuple[Query, Future]]) -> None:
+        """Settle every future of ``batch``: its answer, its query's error, or the error that failed the batch."""
+        # a query whose caller stopped waiting (its future cancelled: the server's time limit) is not run; the others
+        # are marked running, so that no cancel can come between their answer and setting it
+        live = [(query, done) for query, done in batch if done.set_running_or_notify_cancel()]
+        if not live:
+            return
+        with self._count:
+            self.batches += 1
+            self.queries += len(live)
+        try:
+            answers = self.index.answer([query for query, _ in live])
+            if len(answers) != len(live):
+                raise RuntimeError(f"the index answered {len(answers)} of a batch's {len(live)} queries")
+        except BaseException as exc:  # noqa: BLE001 - every caller of the failed batch gets the error
+            for _, done in live:
+                done.set_exception(exc)
+            return
+        for (_, done), answer in zip(live, answers, strict=True):
+            if isinstance(answer, QueryError):
+                done.set_exception(answer)
+            else:
+                done.set_result(answer)

@@ -34,6 +34,7 @@ import contextlib
 import functools
 import io
 import logging
+import math
 import os
 import re
 import stat
@@ -73,6 +74,21 @@ API_MAX_QUERY = 500
 API_MAX_PATH = 1000
 THUMB_WIDTH = 240
 THUMB_CACHE = 512
+#: seconds a search request waits for its micro-batch's answer before it is answered 503 (``TVR_QUERY_TIMEOUT``
+#: overrides it): far longer than any batch takes, so only a stuck or hopelessly overloaded server reaches it
+DEFAULT_QUERY_TIMEOUT = 120.0
+
+
+def query_timeout_seconds() -> float:
+    """``TVR_QUERY_TIMEOUT`` (seconds, above 0), else :data:`DEFAULT_QUERY_TIMEOUT`."""
+    value = os.environ.get("TVR_QUERY_TIMEOUT", "")
+    try:
+        seconds = float(value) if value else DEFAULT_QUERY_TIMEOUT
+    except ValueError:
+        seconds = math.nan
+    if not (0 < seconds < math.inf):
+        raise UserError(f"TVR_QUERY_TIMEOUT={value!r}: expected a number of seconds above 0")
+    return seconds
 
 
 def thumbnail_jpeg(video: Path | BinaryIO, seconds: float, width: int = THUMB_WIDTH) -> bytes:
@@ -151,12 +167,17 @@ def create_app(
     micro_batch: bool = True,
     media_root: str | os.PathLike | None = None,
     query_workers: int | None = None,
+    query_timeout: float | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``index`` (see the module docstring); videos are looked up in ``media_root``
     (default: the folder this user indexed into the index, else a :class:`~tvr.utils.errors.UserError` asking for
     it). Queries are micro-batched by ``query_workers`` workers (default: one per core,
-    :func:`~tvr.search.batching.default_workers`). ``micro_batch=False``: one query at a time, each waiting for the
+    :func:`~tvr.search.batching.default_workers`); a search not answered within ``query_timeout`` seconds (default:
+    :func:`query_timeout_seconds`) is answered 503. ``micro_batch=False``: one query at a time, each waiting for the
     one before (what ``benchmarks/search_serve.py`` compares against)."""
+    query_timeout = query_timeout_seconds() if query_timeout is None else float(query_timeout)
+    if not 0 < query_timeout < math.inf:
+        raise ValueError(f"query_timeout must be a number of seconds above 0, got {query_timeout}")
     numbers = {entry["video"]: k for k, entry in enumerate(index.videos)}
     root = Path(media_root) if media_root is not None else default_media_root(index.path, index.root)
     media_files = _MediaFiles(index, root)
@@ -219,8 +240,18 @@ def create_app(
             raise HTTPException(422, str(exc).removeprefix("--")) from None
         if batcher is not None:
             # the request waits for its batch without holding a worker thread (a batcher's thread does the work)
-            done = batcher.submit(text, k, rerank=rerank, all_windows=all_windows, where=where)
-            hits = await asyncio.wrap_future(done)
+            answer = asyncio.wrap_future(batcher.submit(text, k, rerank=rerank, all_windows=all_windows, where=where))
+            try:
+                # asyncio.wait, not wait_for: a TimeoutError the search itself raised stays that error, not this 503
+                answered, _ = await asyncio.wait({answer}, timeout=query_timeout)
+            finally:
+                answer.cancel()  # nothing once answered; else the query is dropped from the batcher's queue
+            if not answered:
+                log.warning("a search was not answered within %g s: answered 503", query_timeout)
+                raise HTTPException(
+                    503, f"the search was not answered within {query_timeout:g} s (server busy or stuck); try again"
+                )
+            hits = answer.result()
         else:
             hits = await run_in_threadpool(search_alone, text, k, rerank, all_windows, where)
         # the rows are built from typed hits, so they are sent as they are: response_model (HitOut) describes them
