@@ -372,7 +372,7 @@ def test_psi_alias_must_agree_and_shapes_must_fit() -> None:
     with pytest.raises(CheckpointImportError, match="differs"):
         import_release_checkpoint_from_dict(sd, _cfg(head="gare"))
     cfg = _cfg()
-    cfg.model.tiny.vision_width = 60
+    cfg.model.tiny["vision_width"] = 60  # a loaded config holds the section as its mapping until resolved
     with pytest.raises(CheckpointImportError, match="model.clip"):
         import_release_checkpoint_from_dict(clip4clip_release(seed=7), cfg)
 

@@ -129,8 +129,9 @@ def _encoded(n: int, dim: int, frames: int, seed: int) -> EncodedSplit:
 def test_runner_adds_rows_without_touching_the_plain_ones() -> None:
     cfg = Config()
     cfg.model.temporal = "meanP"
-    model = build_model(resolve_run(cfg), cached=True)
-    encoded = _encoded(12, cfg.model.tiny.embed_dim, 4, seed=3)
+    run = resolve_run(cfg)
+    model = build_model(run, cached=True)
+    encoded = _encoded(12, run.config.model.tiny.embed_dim, 4, seed=3)
     bank = TextFeatures(torch.randn(50, 64, generator=torch.Generator().manual_seed(4)))
     plain = evaluate_encoded(model, encoded, cfg, torch.device("cpu"))
     cfg.eval.qbnorm = True
