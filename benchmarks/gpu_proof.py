@@ -243,11 +243,12 @@ def synthetic_batch(cfg, n: int, work: Path) -> dict:  # noqa: ANN001
     import torch
 
     from tvr.data.tokenizer import build_tokenizer
+    from tvr.models.run_spec import resolve_run
 
     g = torch.Generator().manual_seed(0)
     words = cfg.data.max_words
     if cfg.model.backbone == "two_tower":
-        tokenizer = build_tokenizer(cfg, work)
+        tokenizer = build_tokenizer(resolve_run(cfg).tokenizer, work)
         ids, mask = tokenizer([f"a person does thing number {k} in a room" for k in range(n)], words)
     else:  # CLIP ids: start, words, end-of-text (the largest id) at a random length
         ids = torch.randint(1, EOT - 1, (n, words), generator=g)
@@ -271,10 +272,11 @@ def train_steps(cfg, batch: dict, dist_info, no_dropout: bool = False) -> dict: 
     from torch import nn
 
     from tvr.models.build import build_model
+    from tvr.models.run_spec import resolve_run
     from tvr.train.trainer import Trainer
 
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     if no_dropout:
         for module in model.modules():
             if isinstance(module, nn.Dropout):
@@ -733,11 +735,12 @@ def learning_run(cfg, batch: dict, steps: int) -> dict:  # noqa: ANN001
     import torch
 
     from tvr.models.build import build_model
+    from tvr.models.run_spec import resolve_run
     from tvr.train.trainer import Trainer
     from tvr.utils.process_group import DistInfo
 
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     losses: list[float] = []
     skipped = 0
     with tempfile.TemporaryDirectory() as tmp:

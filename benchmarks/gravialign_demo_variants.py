@@ -38,7 +38,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "alpha_0.01+eps_1e-2": ("gravialign", {"alpha": 0.01, "eps": 1e-2}),
     "alpha_0.01+eps_1e-1": ("gravialign", {"alpha": 0.01, "eps": 1e-1}),
     "no_sgi_to_backbone": ("gravialign", {"sgi_to_backbone": False}),
-    # tvr/configs/gravialign/ablations/guarded.yaml
+    # tvr/methods/gravialign/presets/ablations/guarded.yaml
     "guarded": ("gravialign", {"sgi_to_backbone": False, "eps": 1e-2}),
     "guarded+infonce_both": ("gravialign", {"sgi_to_backbone": False, "eps": 1e-2, "infonce_on": "both"}),
 }
@@ -60,8 +60,7 @@ def main() -> None:
 
     from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset
     from tvr.demo import demo_config
-    from tvr.models.heads.registry import resolve_head_config
-    from tvr.pipeline import run_train
+    from tvr.pipeline import resolve_config, run_train
     from tvr.utils.io import atomic_write_json
 
     command = f"cd {REPO} && .venv/bin/python benchmarks/gravialign_demo_variants.py " + " ".join(sys.argv[1:])
@@ -75,7 +74,7 @@ def main() -> None:
             cfg = demo_config(data, method=method)
             cfg.train.epochs = args.epochs
             cfg.head.options = dict(options)
-            resolve_head_config(cfg.head)
+            cfg = resolve_config(cfg)
             run = Path(tmp) / name
             start = time.perf_counter()
             run_train(cfg, run, overwrite=True)

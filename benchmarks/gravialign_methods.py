@@ -45,11 +45,11 @@ VARIANTS: dict[str, dict] = {
     "alpha_0": {"alpha": 0.0},
     # the demo's options: the spec's objective with α and ε chosen so it trains from scratch
     "demo": {"alpha": 0.01, "eps": 1e-2},
-    # tvr/configs/gravialign/ablations/guarded.yaml
+    # tvr/methods/gravialign/presets/ablations/guarded.yaml
     "guarded": {"eps": 1e-2, "sgi_to_backbone": False},
-    # tvr/configs/gravialign/ablations/soft_a.yaml (A at the expected whitened sample distance)
+    # tvr/methods/gravialign/presets/ablations/soft_a.yaml (A at the expected whitened sample distance)
     "soft_a": {"a_distance": "expected"},
-    # tvr/configs/gravialign/ablations/contrastive.yaml (L_SGI-NCE)
+    # tvr/methods/gravialign/presets/ablations/contrastive.yaml (L_SGI-NCE)
     "contrastive": {"sgi_objective": "contrastive"},
     "contrastive+soft_a": {"sgi_objective": "contrastive", "a_distance": "expected"},
     "contrastive_bc": {"sgi_objective": "contrastive", "terms": "BC"},
@@ -73,10 +73,11 @@ def score_every_mode(run: Path) -> dict:
     from tvr.eval.runner import encode_split_raw
     from tvr.methods.gravialign.scoring import s_align_scores
     from tvr.models.checkpoint import load_model
+    from tvr.models.run_spec import resolve_run
 
     model, cfg = load_model(run / "last.pt")
     model.eval()
-    tokenizer = build_tokenizer(cfg, run)
+    tokenizer = build_tokenizer(resolve_run(cfg).tokenizer, run)
     encoded = encode_split_raw(model, load_split(cfg.data, "test"), tokenizer, cfg, torch.device("cpu"))
     head = model.head
     with torch.no_grad():
@@ -195,8 +196,7 @@ def main() -> None:
 
     from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset
     from tvr.demo import demo_config
-    from tvr.models.heads.registry import resolve_head_config
-    from tvr.pipeline import run_train
+    from tvr.pipeline import resolve_config, run_train
     from tvr.utils.io import atomic_write_json
 
     command = f"cd {REPO} && .venv/bin/python benchmarks/gravialign_methods.py " + " ".join(sys.argv[1:])
@@ -231,7 +231,7 @@ def main() -> None:
                 cfg.train.epochs = args.epochs
                 cfg.train.seed = seed
                 cfg.head.options = dict(VARIANTS[name])
-                resolve_head_config(cfg.head)
+                cfg = resolve_config(cfg)
                 run = Path(tmp) / f"{name}_{seed}"
                 start = time.perf_counter()
                 run_train(cfg, run, overwrite=True, final_test=False)

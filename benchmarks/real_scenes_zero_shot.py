@@ -47,6 +47,7 @@ from tvr.eval.runner import EncodedSplit, evaluate_encoded  # noqa: E402
 from tvr.models.backbones.two_tower.modeling import build_two_tower_bridge  # noqa: E402
 from tvr.models.build import build_model  # noqa: E402
 from tvr.models.preprocess import backbone_norm  # noqa: E402
+from tvr.models.run_spec import resolve_run  # noqa: E402
 from tvr.pipeline import resolve_config  # noqa: E402
 from tvr.types import TextFeatures, VideoFeatures  # noqa: E402
 from tvr.utils.io import atomic_write_json  # noqa: E402
@@ -141,7 +142,9 @@ def sweep(model, cfg, split, clips: Path, overrides: list[str], cached: dict) ->
         key = (rate, frames)
         if key not in cached:
             pixels, mask, _, _ = decode_clips(fcfg, split)
-            cached[key] = encode_towers(model, build_tokenizer(fcfg, "/tmp"), fcfg, split, pixels, mask)
+            cached[key] = encode_towers(
+                model, build_tokenizer(resolve_run(fcfg).tokenizer, "/tmp"), fcfg, split, pixels, mask
+            )
         towers = cached[key]
         for prompt, names in itertools.product(prompts, ("first", "all")):
             base = fcfg.model.two_tower
@@ -190,8 +193,8 @@ def main() -> None:
 
     start = time.perf_counter()
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg).eval()
-    tokenizer = build_tokenizer(cfg, "/tmp")
+    model = build_model(resolve_run(cfg)).eval()
+    tokenizer = build_tokenizer(resolve_run(cfg).tokenizer, "/tmp")
     build_seconds = time.perf_counter() - start
 
     pixels, mask, decode_seconds, n_frames = decode_clips(cfg, split)

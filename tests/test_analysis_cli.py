@@ -20,6 +20,7 @@ from tvr.analysis.papers import GARE_PAPER, TEXT_PROXY_PAPER
 from tvr.cli import app
 from tvr.config import config_from_dict
 from tvr.models.build import build_model
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import run_train
 from tvr.pipeline.analyze import run_analyze
 from tvr.train.checkpoint import save_checkpoint
@@ -304,9 +305,9 @@ def test_analyze_proxy_and_gravialign_checkpoints(head: str, data_root: Path, tm
     cfg = config_from_dict(tiny_values(data_root, head))
     from tvr.pipeline import resolve_config
 
-    resolve_config(cfg)
+    cfg = resolve_config(cfg)
     checkpoint = tmp_path / "model.pt"
-    save_checkpoint(checkpoint, build_model(cfg))
+    save_checkpoint(checkpoint, build_model(resolve_run(cfg)))
     out = tmp_path / "analysis"
     manifest = run_analyze(cfg, checkpoint, out, split="test", options=AnalysisOptions(max_captions=3))
     assert [f["name"] for f in manifest["figures"]] == FIGURES[head]

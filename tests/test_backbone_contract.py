@@ -19,11 +19,12 @@ import toy_backbones
 import yaml
 
 from tvr.config import Config, config_from_dict
-from tvr.data.tokenizer import build_tokenizer, tokenizer_spec
+from tvr.data.tokenizer import build_tokenizer
 from tvr.models.backbones import registry
 from tvr.models.build import build_model
 from tvr.models.checkpoint import load_model
 from tvr.models.heads.registry import head_class
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import resolve_config
 from tvr.train.checkpoint import save_checkpoint
 
@@ -66,7 +67,7 @@ def tiny_config(name: str) -> Config:
 
 
 def batch(cfg: Config, tmp_path: Path, texts: list[str], videos: int) -> dict[str, torch.Tensor]:
-    ids, mask = build_tokenizer(cfg, tmp_path / "work")(texts, cfg.data.max_words)
+    ids, mask = build_tokenizer(resolve_run(cfg).tokenizer, tmp_path / "work")(texts, cfg.data.max_words)
     size = cfg.data.image_size
     g = torch.Generator().manual_seed(0)
     mean = torch.tensor(cfg.data.pixel_mean).view(1, 1, 3, 1, 1)
@@ -113,7 +114,7 @@ def test_contract_declarations_come_from_the_settings(name: str) -> None:
     norm = spec.pixel_norm(cfg.model)
     assert len(norm.mean) == len(norm.std) == 3 and min(norm.std) > 0
     assert spec.provides(cfg.model) <= set(registry.FEATURES)
-    assert tokenizer_spec(cfg).kind  # a registered tokenizer kind: build_tokenizer below loads it
+    assert resolve_run(cfg).tokenizer.kind  # a registered tokenizer kind: build_tokenizer below loads it
     identity = spec.feature_identity(cfg)
     assert identity is not None
 
@@ -122,7 +123,7 @@ def test_contract_build_and_encode(name: str, tmp_path: Path) -> None:
     cfg = tiny_config(name)
     spec = registry.backbone_spec(name)
     torch.manual_seed(0)
-    model = build_model(cfg).eval()
+    model = build_model(resolve_run(cfg)).eval()
     backbone = model.backbone
     for method in ("encode_text", "encode_video", "maybe_half", "enable_gradient_checkpointing"):
         assert callable(getattr(backbone, method, None)), f"{name}: the module has no {method}()"
@@ -151,7 +152,7 @@ def test_contract_build_and_encode(name: str, tmp_path: Path) -> None:
 def test_contract_checkpoint_round_trip(name: str, tmp_path: Path) -> None:
     cfg = tiny_config(name)
     torch.manual_seed(1)
-    model = build_model(cfg).eval()
+    model = build_model(resolve_run(cfg)).eval()
     with torch.no_grad():  # weights no seed builds: the file alone must carry them
         for param in model.backbone.parameters():
             param.add_(0.01 * torch.randn_like(param))

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from tvr.config import ConfigError, config_from_dict, load_config
 from tvr.data.feature_cache import cache_settings
-from tvr.data.tokenizer import tokenizer_spec
 from tvr.models.backbones import registry
 from tvr.models.backbones.clip.config import TinyClipConfig
 from tvr.models.backbones.two_tower.config import TwoTowerConfig
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import resolve_config
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tvr"
@@ -29,11 +29,18 @@ PRESET = Path(__file__).resolve().parent / "toy_backbone.yaml"
 
 def test_the_packages_backbones_are_registered_with_their_sections() -> None:
     assert {"clip", "clipvip", "two_tower", toy_backbones.NAME} <= set(registry.available_backbones())
-    cfg = config_from_dict({"model": {"tiny": {"embed_dim": 16}, "two_tower": {"bridge": "projection"}}})
+    loaded = config_from_dict({"model": {"tiny": {"embed_dim": 16}, "two_tower": {"bridge": "projection"}}})
+    # the config layer holds a section as the mapping it read; resolving builds it into its folder's dataclass
+    assert loaded.model.tiny == {"embed_dim": 16} and loaded.model.clipvip == {}
+    cfg = resolve_config(loaded)
     assert isinstance(cfg.model.tiny, TinyClipConfig) and cfg.model.tiny.embed_dim == 16
     assert isinstance(cfg.model.two_tower, TwoTowerConfig) and cfg.model.two_tower.bridge == "projection"
+    assert loaded.model.tiny == {"embed_dim": 16}  # resolving left the loaded config as it was
+    wires = config_from_dict({"model": {"two_tower": {"bridge": "wires"}}})
     with pytest.raises(ConfigError, match=r"model\.two_tower\.bridge = 'wires': expected one of"):
-        config_from_dict({"model": {"two_tower": {"bridge": "wires"}}})
+        resolve_config(wires)
+    with pytest.raises(ConfigError, match=r"model\.tiny: expected a mapping of the backbone's settings, got 5"):
+        config_from_dict({"model": {"tiny": 5}})
 
 
 def test_an_unknown_backbone_names_the_registered_ones() -> None:
@@ -73,8 +80,9 @@ def test_resolution_gives_data_what_it_needs_of_the_backbone() -> None:
     cfg = resolve_config(load_config(PRESET))
     assert isinstance(cfg.model.options, toy_backbones.ToyBagOptions)
     assert (cfg.data.image_size, cfg.data.sampling) == (16, "clip4clip")
-    assert tokenizer_spec(cfg).kind == "tiny_clip_bpe"
-    settings = cache_settings(cfg, 64, __import__("torch").float16)
+    run = resolve_run(cfg)
+    assert run.tokenizer.kind == "tiny_clip_bpe"
+    settings = cache_settings(cfg, run.features, 64, __import__("torch").float16)
     assert settings["model.options"] == {"embed_dim": 16, "vocab_size": 1024, "image_size": 16}
     assert settings["model.backbone"] == toy_backbones.NAME and settings["train.seed"] == 0
     with pytest.raises(ConfigError, match=r"model\.options\.embed_dim = 0"):

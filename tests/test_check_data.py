@@ -19,6 +19,7 @@ from tvr.cli import app
 from tvr.config import Config, config_from_dict
 from tvr.data.check import check_data, probe_file
 from tvr.data.tokenizer import ClipTokenizer, build_tiny_tokenizer_files, read_clip_merges, vocabulary_from_merges
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import resolve_config
 
 
@@ -78,8 +79,13 @@ def _cfg(root: Path, **data) -> Config:
     return resolve_config(config_from_dict({"data": values, "train": {"batch_size": 2}}))
 
 
+def checked(cfg: Config, **options: object) -> dict:
+    """``tvr check-data``'s report of ``cfg``, with the tokenizer its backbone names."""
+    return check_data(cfg, resolve_run(cfg).tokenizer, **options)
+
+
 def test_every_unusable_video_is_named_with_its_reason(bad_set: Path) -> None:
-    report = check_data(_cfg(bad_set), workers=2, progress=False)
+    report = checked(_cfg(bad_set), workers=2, progress=False)
     reasons = {p["id"]: p["reason"] for p in report["videos"]["problems"]}
     assert reasons == {
         "ghost.mp4": "missing",
@@ -93,14 +99,14 @@ def test_every_unusable_video_is_named_with_its_reason(bad_set: Path) -> None:
     assert report["splits"]["test"]["usable_videos"] == 2
     assert any("5 of 11 videos are unusable" in e for e in report["errors"])
 
-    full = check_data(_cfg(bad_set), full=True, workers=1, progress=False)
+    full = checked(_cfg(bad_set), full=True, workers=1, progress=False)
     cut = next(p for p in full["videos"]["problems"] if p["id"] == "cut.mp4")
     assert cut["reason"] == "truncated" and "of the 60 frames" in cut["detail"]
     assert full["videos"]["usable"] == 5
 
 
 def test_statistics_of_usable_videos_are_exact(bad_set: Path) -> None:
-    report = check_data(_cfg(bad_set, video_pattern="{video_id}"), full=True, workers=1, progress=False)
+    report = checked(_cfg(bad_set, video_pattern="{video_id}"), full=True, workers=1, progress=False)
     stats = report["video_stats"]
     # good0..3: 10, 15, 20, 25 frames at 5 fps; fine: 12 frames at 4 fps
     assert stats["num_frames"]["min"] == 10 and stats["num_frames"]["max"] == 25
@@ -151,7 +157,7 @@ def test_caption_truncation_duplicates_and_overlaps(tmp_path: Path) -> None:
     )
     (tmp_path / "videos").mkdir()
     cfg = _cfg(tmp_path, dataset="didemo", video_pattern="{video_id}.mp4", max_words=8)
-    report = check_data(cfg, progress=False)
+    report = checked(cfg, progress=False)
     assert report["videos_in_several_splits"] == [{"id": "c", "splits": ["train", "test"]}]
     assert any("more than one split" in e for e in report["errors"])
     assert report["videos"]["by_reason"] == {"missing": 5}
@@ -222,7 +228,7 @@ def test_real_annotation_files_without_videos(shared_data: Path, tmp_path: Path)
                 }
             )
         )
-        report = check_data(cfg, tokenizer=bpe, progress=False)
+        report = checked(cfg, tokenizer=bpe, progress=False)
         assert report["videos"]["referenced"] == referenced
         assert report["videos"]["by_reason"] == {"missing": referenced} and not report["ok"]
         assert all(report["splits"][s]["status"] == "ok" for s in ("train", "val", "test"))
@@ -238,7 +244,7 @@ def test_real_annotation_files_without_videos(shared_data: Path, tmp_path: Path)
             }
         )
     )
-    report = check_data(cfg, progress=False)
+    report = checked(cfg, progress=False)
     assert any("video folder not found" in e for e in report["errors"])
     assert report["videos"]["by_reason"] == {"missing": 8394 + 1065 + 1002}
 
@@ -258,7 +264,7 @@ def test_a_caption_with_a_huge_word_is_reported_not_tokenized(tmp_path: Path) ->
     (root / "captions.jsonl").write_text(
         "".join(json.dumps({"video": v, "caption": c, "split": s}) + "\n" for v, c, s in rows)
     )
-    report = check_data(_cfg(root, generic_file="captions.jsonl"), workers=1, progress=False)
+    report = checked(_cfg(root, generic_file="captions.jsonl"), workers=1, progress=False)
     assert report["splits"]["train"]["status"] == "ok", report["errors"]
     assert report["splits"]["train"]["long_word_captions"] == 1
     assert any(

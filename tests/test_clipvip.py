@@ -29,6 +29,7 @@ from tvr.models.backbones.clipvip.modeling import (
     proxy_guided_layer,
 )
 from tvr.models.build import build_backbone, build_model
+from tvr.models.run_spec import resolve_run
 from tvr.utils.errors import UserError
 
 TINY = TinyClipConfig(
@@ -494,18 +495,18 @@ def test_build_picks_the_backbone_and_checks_the_temporal_module() -> None:
     from tvr.config import Config
 
     cfg = Config(model=_model_cfg())
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     assert isinstance(model.backbone, ClipVipBackbone) and model.temporal.kind == "none"
-    assert type(build_backbone(ModelConfig(clip="tiny", tiny=TINY))) is ClipBackbone
+    assert type(build_backbone(resolve_run(Config(model=ModelConfig(clip="tiny", tiny=TINY))))) is ClipBackbone
     meanp = dataclasses.replace(_model_cfg(), temporal="meanP")
-    assert isinstance(build_backbone(meanp), ClipVipBackbone)
+    assert isinstance(build_backbone(resolve_run(Config(model=meanp))), ClipVipBackbone)
     with pytest.raises(ValueError, match="model.temporal='seqTransf' with model.backbone=clipvip"):
-        build_backbone(dataclasses.replace(_model_cfg(), temporal="seqTransf"))
+        build_backbone(resolve_run(Config(model=dataclasses.replace(_model_cfg(), temporal="seqTransf"))))
     with pytest.raises(ValueError, match="model.backbone='vip'"):
-        build_backbone(dataclasses.replace(_model_cfg(), backbone="vip"))
+        resolve_run(Config(model=dataclasses.replace(_model_cfg(), backbone="vip")))
 
 
-PRESETS = Path(__file__).resolve().parents[1] / "tvr" / "configs" / "clipvip"
+PRESETS = Path(__file__).resolve().parents[1] / "tvr" / "models" / "backbones" / "clipvip" / "presets"
 
 
 @pytest.mark.parametrize(
@@ -587,7 +588,7 @@ def test_tiny_clipvip_trains_end_to_end_on_generated_videos(tmp_path: Path) -> N
     }
     cfg = config_from_dict(values)
     torch.manual_seed(0)
-    init = build_model(cfg).backbone.temporal_embedding.detach().clone()
+    init = build_model(resolve_run(cfg)).backbone.temporal_embedding.detach().clone()
     out = tmp_path / "run"
     summary = run_train(cfg, out)
 
@@ -598,7 +599,7 @@ def test_tiny_clipvip_trains_end_to_end_on_generated_videos(tmp_path: Path) -> N
     assert losses and all(math.isfinite(x) for x in losses)
     metrics = json.loads((out / "test_best" / "metrics.json").read_text())
     assert set(metrics["t2v"]) == {"R1", "R5", "R10", "MdR", "MnR"}
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     load_checkpoint(out / "last.pt", model)
     assert isinstance(model.backbone, ClipVipBackbone)
     assert not torch.equal(model.backbone.temporal_embedding.detach(), init)  # the new tokens trained

@@ -13,24 +13,53 @@ import yaml
 import tvr.config as config_mod
 from tvr.config import Config, ConfigError, config_from_dict, load_config, save_config
 
-CONFIGS = Path(__file__).resolve().parents[1] / "tvr" / "configs"
-#: run presets (tvr/configs/bench/ holds tvr bench configs, tested in tests/test_bench.py)
-RUN_PRESETS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.relative_to(CONFIGS).parts[0] != "bench")
+PACKAGE = Path(__file__).resolve().parents[1] / "tvr"
+CONFIGS = PACKAGE / "configs"
+#: every run preset file by its name, found on disk: cpu/ in tvr/configs (tvr/configs/bench/ holds tvr bench
+#: configs, tested in tests/test_bench.py), a method's in tvr/methods/<method>/presets/, a backbone's in
+#: tvr/models/backbones/<backbone>/presets/
+PRESET_FOLDERS = [
+    *(d for d in CONFIGS.iterdir() if d.is_dir() and d.name != "bench"),
+    *(PACKAGE / "methods").glob("*/presets"),
+    *(PACKAGE / "models" / "backbones").glob("*/presets"),
+]
+PRESET_FILES = {
+    f"{(f.parent if f.name == 'presets' else f).name}/{p.relative_to(f).with_suffix('').as_posix()}": p
+    for f in PRESET_FOLDERS
+    for p in f.rglob("*.yaml")
+}
 
 
-@pytest.mark.parametrize("preset", [p.relative_to(CONFIGS).as_posix() for p in RUN_PRESETS])
+@pytest.mark.parametrize("preset", sorted(PRESET_FILES))
 def test_every_preset_loads(preset: str) -> None:
-    cfg = load_config(CONFIGS / preset)
+    cfg = load_config(PRESET_FILES[preset])
     assert isinstance(cfg, Config)
     assert cfg.data.max_frames > 0 and cfg.data.max_words > 2
 
 
 def test_base_chain_and_overrides_are_applied_in_order() -> None:
-    cfg = load_config(CONFIGS / "clip4clip" / "didemo.yaml", ["train.lr=3e-4", "data.max_frames=16", "train.amp=false"])
+    cfg = load_config(PRESET_FILES["clip4clip/didemo"], ["train.lr=3e-4", "data.max_frames=16", "train.amp=false"])
     assert cfg.data.dataset == "didemo"  # from the child
     assert cfg.model.temporal == "seqTransf"  # inherited from the base
     assert cfg.train.lr == pytest.approx(3e-4)  # "3e-4" is a string in YAML 1.1; coerced
     assert cfg.data.max_frames == 16 and cfg.train.amp is False
+
+
+def test_a_base_is_a_file_beside_it_or_a_shipped_preset_by_name(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("base: proxy/msrvtt\ndata:\n  max_words: 20\n")
+    cfg, shipped = load_config(mine), load_config("proxy/msrvtt")
+    assert cfg.data.max_words == 20 and (cfg.head, cfg.model, cfg.train) == (shipped.head, shipped.model, shipped.train)
+    # the shipped proxy preset builds on the CLIP-ViP backbone's preset (base: clipvip/msrvtt), in another folder
+    assert shipped.train.lr == load_config("clipvip/msrvtt").train.lr
+    (tmp_path / "proxy").mkdir()
+    (tmp_path / "proxy" / "msrvtt").write_text("train:\n  epochs: 7\n")  # a file beside it wins over the name
+    assert load_config(mine).train.epochs == 7 != shipped.train.epochs
+    mine.write_text("base: nosuch/preset\n")
+    with pytest.raises(
+        ConfigError, match=r"mine.yaml: base: 'nosuch/preset' is neither a file beside it nor a shipped"
+    ):
+        load_config(mine)
 
 
 def test_unknown_key_is_named(tmp_path: Path) -> None:
@@ -55,7 +84,7 @@ def test_circular_base_is_reported(tmp_path: Path) -> None:
 
 
 def test_saved_config_round_trips(tmp_path: Path) -> None:
-    cfg = load_config(CONFIGS / "gare" / "msrvtt.yaml", ["head.options.eta=-1", "train.betas=[0.8, 0.9]"])
+    cfg = load_config(PRESET_FILES["gare/msrvtt"], ["head.options.eta=-1", "train.betas=[0.8, 0.9]"])
     save_config(cfg, tmp_path / "config.yaml")
     again = load_config(tmp_path / "config.yaml")
     assert again == cfg and again.head.options["eta"] == -1
@@ -82,7 +111,7 @@ def test_saved_config_round_trips(tmp_path: Path) -> None:
 )
 def test_choices_and_ranges_fail_at_load_with_the_valid_values(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        load_config(CONFIGS / "clip4clip" / "msrvtt.yaml", [override])
+        load_config(PRESET_FILES["clip4clip/msrvtt"], [override])
 
 
 def test_choice_lists_match_the_implementations() -> None:
@@ -101,7 +130,7 @@ def test_choice_lists_match_the_implementations() -> None:
 
 
 def test_switching_the_head_drops_the_previous_heads_options(tmp_path: Path) -> None:
-    gare = CONFIGS / "gare" / "msrvtt.yaml"
+    gare = PRESET_FILES["gare/msrvtt"]
     for overrides in (
         ["head.name=clip4clip", "head.options.video_pool=mean"],
         ["head.options.video_pool=mean", "head.name=clip4clip"],
@@ -135,12 +164,13 @@ def test_old_head_sections_are_migrated_by_config_loading_itself(caplog: pytest.
 def test_presets_are_addressed_by_name_from_any_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # no configs/ folder here: the name resolves inside the installed package
     by_name = load_config("gare/msrvtt")
-    assert by_name == load_config("gare/msrvtt.yaml") == load_config(CONFIGS / "gare" / "msrvtt.yaml")
+    assert by_name == load_config("gare/msrvtt.yaml") == load_config(PRESET_FILES["gare/msrvtt"])
     assert load_config("configs/gare/ablations/delta_only.yaml") == load_config("gare/ablations/delta_only")
+    assert load_config("tvr/configs/proxy/msrvtt.yaml") == load_config("proxy/msrvtt")  # the layout before the move
     assert "gare/msrvtt" in config_mod.available_presets()
-    assert set(config_mod.available_presets()) == {
-        p.relative_to(CONFIGS).with_suffix("").as_posix() for p in RUN_PRESETS
-    }
+    assert config_mod.available_presets() == sorted(PRESET_FILES)
+    for name, path in PRESET_FILES.items():
+        assert config_mod.preset_path(name) == path.resolve()
 
 
 def test_every_preset_describes_itself_in_one_line() -> None:
@@ -153,8 +183,7 @@ def test_every_preset_describes_itself_in_one_line() -> None:
     result = CliRunner().invoke(app, ["presets"])
     assert result.exit_code == 0, result.output
     lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
-    for path in RUN_PRESETS:
-        name = path.relative_to(CONFIGS).with_suffix("").as_posix()
+    for name, path in PRESET_FILES.items():
         own = (yaml.safe_load(path.read_text()) or {}).get("description")
         assert isinstance(own, str) and len(own) > 40 and "\n" not in own.strip(), f"{name}: no description of its own"
         assert config_mod.preset_description(name) == own.strip()
@@ -214,7 +243,12 @@ def _chain_comments(path: Path) -> str:
     text = path.read_text()
     comments = "\n".join(line for line in text.splitlines() if line.lstrip().startswith("#"))
     base = (yaml.safe_load(text) or {}).get("base")
-    return comments + ("\n" + _chain_comments(path.parent / base) if base else "")
+    if not base:
+        return comments
+    # a file beside it, else a shipped preset by name (a method's preset builds on a backbone's)
+    return (
+        comments + "\n" + _chain_comments(path.parent / base if (path.parent / base).is_file() else PRESET_FILES[base])
+    )
 
 
 def test_every_preset_notes_the_frame_rate_its_paper_used() -> None:
@@ -225,11 +259,10 @@ def test_every_preset_notes_the_frame_rate_its_paper_used() -> None:
     from tvr.config import available_presets
 
     # run presets only: the bench configs (tvr/configs/bench/) render their own synthetic clips
-    presets = [CONFIGS / f"{name}.yaml" for name in available_presets() if "/ablations/" not in name]
+    presets = [name for name in available_presets() if "/ablations/" not in name]
     assert len(presets) > 20
-    for path in presets:
-        comments = _chain_comments(path)
-        assert re.search(r"\b\d+ fps\b", comments), f"{path.relative_to(CONFIGS)}: no frame rate noted"
-    assert "24 fps" in _chain_comments(CONFIGS / "proxy" / "didemo.yaml")
-    assert "3 fps" in _chain_comments(CONFIGS / "gravialign" / "msrvtt.yaml")
-    assert "3 fps" in _chain_comments(CONFIGS / "gare" / "msvd.yaml")
+    for name in presets:
+        assert re.search(r"\b\d+ fps\b", _chain_comments(PRESET_FILES[name])), f"{name}: no frame rate noted"
+    assert "24 fps" in _chain_comments(PRESET_FILES["proxy/didemo"])
+    assert "3 fps" in _chain_comments(PRESET_FILES["gravialign/msrvtt"])
+    assert "3 fps" in _chain_comments(PRESET_FILES["gare/msvd"])

@@ -12,6 +12,7 @@ import yaml
 
 from tvr.data.synthetic import SynthConfig
 from tvr.demo import DEMO_VALIDATION, _describe_run, demo_config, demo_synth_config, prepare_demo_data, run_demo
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import resolve_config
 from tvr.pipeline.preflight import preflight
 from tvr.utils.errors import UserError
@@ -113,12 +114,12 @@ def test_the_demo_says_what_its_small_validation_split_means_instead_of_warning(
     prepare_demo_data(data, TINY)
     cfg = resolve_config(demo_config(data, quick=True))
     with caplog.at_level(logging.INFO, logger="tvr.pipeline.preflight"):
-        plain = preflight(cfg, tmp_path / "run", progress=False)
+        plain = preflight(resolve_run(cfg), tmp_path / "run", progress=False)
     assert any("raise data.val_fraction" in w for w in plain.warnings)
     assert "raise data.val_fraction" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="tvr.pipeline.preflight"):
-        demo = preflight(cfg, tmp_path / "run", progress=False, small_val_reason=DEMO_VALIDATION)
+        demo = preflight(resolve_run(cfg), tmp_path / "run", progress=False, small_val_reason=DEMO_VALIDATION)
     assert demo.warnings == []
     assert [r.levelname for r in caplog.records] == ["INFO"]
     assert (

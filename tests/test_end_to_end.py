@@ -135,7 +135,8 @@ def test_train_then_test_on_every_annotation_format(tmp_path: Path, fmt: str) ->
 
     assert summary["steps"] >= 1
     assert (out / "config.yaml").is_file() and (out / "splits.json").is_file()
-    assert resolve_config(load_config(out / "config.yaml")) == cfg  # the resolved config round-trips
+    resolved = resolve_config(cfg)
+    assert resolve_config(load_config(out / "config.yaml")) == resolved  # the resolved config round-trips
     for tag in ("last", "best"):
         metrics = json.loads((out / f"test_{tag}" / "metrics.json").read_text())
         assert set(metrics) >= {"t2v", "v2t"}

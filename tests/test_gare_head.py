@@ -17,17 +17,17 @@ from tvr.losses import symmetric_infonce
 from tvr.methods.gare import GareHead, GareOptions, Psi, gare_block
 from tvr.methods.gare.losses import gare_direction, gare_kl, gare_radius
 from tvr.models.heads.base import LN_100
-from tvr.models.heads.registry import resolve_head_config
+from tvr.pipeline import resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
 REPO = Path(__file__).resolve().parents[1]
-PRESETS = sorted((REPO / "tvr" / "configs" / "gare").rglob("*.yaml"))
+PRESETS = sorted((REPO / "tvr" / "methods" / "gare" / "presets").rglob("*.yaml"))
 
 
 def load(path: Path) -> Config:
     """A preset with its head options resolved against the head's dataclass (as every entry point does)."""
     cfg = load_config(path)
-    resolve_head_config(cfg.head)
+    cfg = resolve_config(cfg)
     return cfg
 
 
@@ -402,12 +402,12 @@ def test_few_optimisation_steps_decrease_the_loss() -> None:
 
 
 def test_presets_exist() -> None:
-    names = {p.relative_to(REPO / "tvr" / "configs" / "gare").as_posix() for p in PRESETS}
+    names = {p.relative_to(REPO / "tvr" / "methods" / "gare" / "presets").as_posix() for p in PRESETS}
     assert {"msrvtt.yaml", "msvd.yaml", "didemo.yaml", "activitynet.yaml"} <= names
     assert len([n for n in names if n.startswith("ablations/")]) >= 7
 
 
-@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.relative_to(REPO / "tvr" / "configs").as_posix())
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.relative_to(REPO / "tvr").as_posix())
 def test_preset_loads_and_runs_one_step(path: Path) -> None:
     from tvr.models.heads.registry import build_head
 
@@ -428,7 +428,7 @@ def test_preset_loads_and_runs_one_step(path: Path) -> None:
 
 
 def test_paper_settings_in_presets() -> None:
-    gare = REPO / "tvr" / "configs" / "gare"
+    gare = REPO / "tvr" / "methods" / "gare" / "presets"
     msrvtt = load(gare / "msrvtt.yaml")
     assert msrvtt.head.options == GareOptions()  # the released MSR-VTT configuration is the default
     assert (msrvtt.data.max_words, msrvtt.data.max_frames, msrvtt.model.temporal) == (32, 12, "seqTransf")
@@ -458,14 +458,14 @@ def test_paper_settings_in_presets() -> None:
     ],
 )
 def test_loss_ablation_presets(name: str, kl: int, radius: int, direction: int) -> None:
-    cfg = load(REPO / "tvr" / "configs" / "gare" / "ablations" / f"{name}.yaml")
+    cfg = load(REPO / "tvr" / "methods" / "gare" / "presets" / "ablations" / f"{name}.yaml")
     g = cfg.head.options
     assert (g.kl_weight > 0, g.radius_weight > 0, g.direction_weight > 0) == (bool(kl), bool(radius), bool(direction))
     assert cfg.data.dataset == "msrvtt"
 
 
 def test_no_gap_preset() -> None:
-    cfg = load(REPO / "tvr" / "configs" / "gare" / "ablations" / "no_gap_query.yaml")
+    cfg = load(REPO / "tvr" / "methods" / "gare" / "presets" / "ablations" / "no_gap_query.yaml")
     assert cfg.head.options.gap_query is False and cfg.head.options.context == "frames"
 
 

@@ -10,7 +10,7 @@ from gare_release_oracle import ReleaseConfig, ReleaseWeights, release_kl, relea
 from tvr.config import load_config
 from tvr.methods.gare import GareHead, GareOptions
 from tvr.methods.gare.losses import gare_kl
-from tvr.models.heads.registry import resolve_head_config
+from tvr.pipeline import resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
 D, B, F_ = 24, 7, 5
@@ -19,8 +19,7 @@ CURRENT = "gare/ablations/release_2026_05_31"
 
 def release_options() -> GareOptions:
     cfg = load_config(CURRENT)
-    resolve_head_config(cfg.head)
-    # ψ's dropout off on both sides: the comparison is of the arithmetic, not of two random masks
+    cfg = resolve_config(cfg)
     return GareOptions(**{**cfg.head.options.__dict__, "psi_dropout": 0.0})
 
 
@@ -62,8 +61,7 @@ def head_with_random_psi(seed: int) -> GareHead:
 
 def test_the_current_release_preset_is_the_shipped_msrvtt_head() -> None:
     current, shipped = load_config(CURRENT), load_config("gare/msrvtt")
-    for cfg in (current, shipped):
-        resolve_head_config(cfg.head)
+    current, shipped = resolve_config(current), resolve_config(shipped)
     assert current.head == shipped.head
     options = current.head.options
     assert (options.kl_reduction, options.kl_weight, options.mask_frames) == ("sum", 1e-4, False)

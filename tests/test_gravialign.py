@@ -25,12 +25,14 @@ from tvr.methods.gravialign.losses import (
 )
 from tvr.methods.gravialign.scoring import s_align_scores, scoring_pool, sgi_product_group
 from tvr.models.heads.base import LN_100, top_k_by_dot
-from tvr.models.heads.registry import head_options, resolve_head_config
+from tvr.models.heads.registry import head_options
 from tvr.models.model import RetrievalModel
+from tvr.models.run_spec import resolve_run
+from tvr.pipeline import resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
 REPO = Path(__file__).resolve().parents[1]
-PRESETS = sorted((REPO / "tvr" / "configs" / "gravialign").rglob("*.yaml"))
+PRESETS = sorted((REPO / "tvr" / "methods" / "gravialign" / "presets").rglob("*.yaml"))
 D = 16
 
 
@@ -1017,12 +1019,12 @@ def test_gravialign_trains_and_evaluates_through_the_cli(tmp_path: Path) -> None
 
 def load(path: Path) -> Config:
     cfg = load_config(path)
-    resolve_head_config(cfg.head)
+    cfg = resolve_config(cfg)
     return cfg
 
 
 def test_presets_exist_and_follow_the_clipvip_recipe() -> None:
-    names = {p.relative_to(REPO / "tvr" / "configs" / "gravialign").as_posix() for p in PRESETS}
+    names = {p.relative_to(REPO / "tvr" / "methods" / "gravialign" / "presets").as_posix() for p in PRESETS}
     assert {
         "msrvtt.yaml",
         "msrvtt_b16.yaml",
@@ -1038,23 +1040,23 @@ def test_presets_exist_and_follow_the_clipvip_recipe() -> None:
     } <= names
     for path in PRESETS:
         cfg = load(path)
-        clipvip = load(REPO / "tvr" / "configs" / "clipvip" / f"{cfg.data.dataset}.yaml")
+        clipvip = load(REPO / "tvr" / "models" / "backbones" / "clipvip" / "presets" / f"{cfg.data.dataset}.yaml")
         assert cfg.head.name == "gravialign" and cfg.model.backbone == "clipvip"
         assert cfg.model.clipvip.proxy_projection is False
         assert (cfg.data, cfg.train) == (clipvip.data, clipvip.train)  # CLIP-ViP's data and recipe, unchanged
         assert cfg.head.logit_scale_max == pytest.approx(math.log(200))
-    default = load(REPO / "tvr" / "configs" / "gravialign" / "msrvtt.yaml").head.options
+    default = load(REPO / "tvr" / "methods" / "gravialign" / "presets" / "msrvtt.yaml").head.options
     assert default == GraviAlignOptions()
     for name, terms in (("no_a", "BC"), ("no_b", "AC"), ("no_c", "AB")):
-        opts = load(REPO / "tvr" / "configs" / "gravialign" / "ablations" / f"{name}.yaml").head.options
+        opts = load(REPO / "tvr" / "methods" / "gravialign" / "presets" / "ablations" / f"{name}.yaml").head.options
         assert opts == dataclasses.replace(default, terms=terms)
-    guarded = load(REPO / "tvr" / "configs" / "gravialign" / "ablations" / "guarded.yaml").head.options
+    guarded = load(REPO / "tvr" / "methods" / "gravialign" / "presets" / "ablations" / "guarded.yaml").head.options
     assert guarded == dataclasses.replace(default, eps=1e-2, sgi_to_backbone=False)
-    contrastive = load(REPO / "tvr" / "configs" / "gravialign" / "ablations" / "contrastive.yaml")
+    contrastive = load(REPO / "tvr" / "methods" / "gravialign" / "presets" / "ablations" / "contrastive.yaml")
     assert contrastive.head.options == dataclasses.replace(default, sgi_objective="contrastive", sgi_tau=1.0)
-    soft_a = load(REPO / "tvr" / "configs" / "gravialign" / "ablations" / "soft_a.yaml")
+    soft_a = load(REPO / "tvr" / "methods" / "gravialign" / "presets" / "ablations" / "soft_a.yaml")
     assert soft_a.head.options == dataclasses.replace(default, a_distance="expected")
-    base = load(REPO / "tvr" / "configs" / "gravialign" / "msrvtt.yaml")
+    base = load(REPO / "tvr" / "methods" / "gravialign" / "presets" / "msrvtt.yaml")
     for variant in (contrastive, soft_a):  # the head's options are the only difference
         assert (variant.data, variant.model, variant.train, variant.eval) == (
             base.data,
@@ -1062,11 +1064,11 @@ def test_presets_exist_and_follow_the_clipvip_recipe() -> None:
             base.train,
             base.eval,
         )
-    literal = load(REPO / "tvr" / "configs" / "gravialign" / "ablations" / "literal.yaml").head.options
+    literal = load(REPO / "tvr" / "methods" / "gravialign" / "presets" / "ablations" / "literal.yaml").head.options
     assert literal == dataclasses.replace(default, per_dim_mean=False, quality="literal", logvar_clamp=False, eps=0.0)
 
 
-@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.relative_to(REPO / "tvr" / "configs").as_posix())
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.relative_to(REPO / "tvr").as_posix())
 def test_preset_runs_a_training_step_on_a_tiny_clipvip(path: Path) -> None:
     from tvr.models.backbones.clip.config import TinyClipConfig
     from tvr.models.build import build_model
@@ -1088,7 +1090,7 @@ def test_preset_runs_a_training_step_on_a_tiny_clipvip(path: Path) -> None:
     )
     cfg.model.clipvip.checkpoint = ""
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     assert isinstance(model.head, GraviAlignHead) and model.head.options == cfg.head.options
     b, frames = 3, 2
     g = torch.Generator().manual_seed(0)
@@ -1118,7 +1120,7 @@ def test_preset_runs_a_training_step_on_a_tiny_clipvip(path: Path) -> None:
 def test_the_method_comparison_presets_are_addressable_by_name(name: str, options: dict) -> None:
     """GraviAlign as specified, guarded and contrastive: the three rows of a method comparison, by preset name."""
     cfg = load_config(name, ["head.options.mixed_weights=[0.5]"])
-    resolve_head_config(cfg.head)
+    cfg = resolve_config(cfg)
     assert cfg.head.options == dataclasses.replace(GraviAlignOptions(), mixed_weights=(0.5,), **options)
     assert GraviAlignHead(D, cfg.head.options).inference_candidates()[-1] == {"mode": "mixed", "w": 0.5}
 
@@ -1136,12 +1138,12 @@ def test_the_demo_guards_gravialign_and_keeps_every_other_default(tmp_path: Path
     from tvr.demo import demo_config
 
     cfg = demo_config(tmp_path, method="gravialign")
-    resolve_head_config(cfg.head)
+    cfg = resolve_config(cfg)
     assert (cfg.head.options.alpha, cfg.head.options.eps) == (0.01, 1e-2)
     assert cfg.head.options == dataclasses.replace(GraviAlignOptions(), alpha=0.01, eps=1e-2)
     assert GraviAlignOptions().alpha == 0.1 and GraviAlignOptions().eps == 1e-6  # presets keep the spec's ★ values
     clip4clip = demo_config(tmp_path, method="clip4clip")
-    resolve_head_config(clip4clip.head)
+    clip4clip = resolve_config(clip4clip)
     assert clip4clip.head.options == type(clip4clip.head.options)()
 
 

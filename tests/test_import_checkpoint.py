@@ -23,6 +23,7 @@ from tvr.models.import_checkpoint import (
     import_release_checkpoint,
     load_release_state_dict,
 )
+from tvr.models.run_spec import resolve_run
 from tvr.types import TextFeatures, VideoFeatures
 
 D, TEXT_LAYERS, HEADS, V_WIDTH, V_LAYERS, V_HEADS, PATCH, IMAGE, CTX, VOCAB = 32, 2, 2, 48, 2, 3, 8, 16, 77, 49408
@@ -371,7 +372,7 @@ def test_psi_alias_must_agree_and_shapes_must_fit() -> None:
     with pytest.raises(CheckpointImportError, match="differs"):
         import_release_checkpoint_from_dict(sd, _cfg(head="gare"))
     cfg = _cfg()
-    cfg.model.tiny.vision_width = 60
+    cfg.model.tiny["vision_width"] = 60  # a loaded config holds the section as its mapping until resolved
     with pytest.raises(CheckpointImportError, match="model.clip"):
         import_release_checkpoint_from_dict(clip4clip_release(seed=7), cfg)
 
@@ -449,4 +450,4 @@ def import_release_checkpoint_from_dict(sd: dict[str, Tensor], cfg: Config, part
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "ckpt.bin"
         torch.save(sd, path)
-        return import_release_checkpoint(path, cfg, partial=partial)
+        return import_release_checkpoint(path, resolve_run(cfg), partial=partial)

@@ -14,6 +14,7 @@ from torch import nn
 from tvr.config import Config, TrainConfig, config_from_dict
 from tvr.data.tokenizer import build_tokenizer
 from tvr.models.build import build_model
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import resolve_config
 from tvr.train.data import DatasetTrainData
 from tvr.train.precision import autocast_dtype, grad_scaler
@@ -77,7 +78,7 @@ def _cached_model(head: str = "gare"):
         "head": {"name": head, "options": {"psi_dropout": 0.0}},
     }
     torch.manual_seed(0)
-    return build_model(resolve_config(config_from_dict(values)), cached=True)
+    return build_model(resolve_run(config_from_dict(values)), cached=True)
 
 
 def _trainer(out: Path, amp_dtype: str, **train) -> Trainer:
@@ -168,7 +169,9 @@ def test_gradient_checkpointing_keeps_gradients_and_saves_memory(
     cfg = resolve_config(config_from_dict(values))
     g = torch.Generator().manual_seed(0)
     if backbone == "two_tower":
-        ids, mask = build_tokenizer(cfg, tmp_path)(["a dog runs", "a cat sleeps on a mat", "two birds"], 12)
+        ids, mask = build_tokenizer(resolve_run(cfg).tokenizer, tmp_path)(
+            ["a dog runs", "a cat sleeps on a mat", "two birds"], 12
+        )
     else:  # CLIP ids: the end-of-text token is the largest id of a row
         ids, mask = torch.randint(1, 1000, (3, 12), generator=g), torch.ones(3, 12, dtype=torch.long)
         ids[:, -1] = TINY_CLIP_EOT
@@ -182,7 +185,7 @@ def test_gradient_checkpointing_keeps_gradients_and_saves_memory(
     def step(checkpointing: bool) -> tuple[dict[str, torch.Tensor], int]:
         values["model"]["gradient_checkpointing"] = checkpointing
         torch.manual_seed(0)
-        model = build_model(resolve_config(config_from_dict(values))).train()
+        model = build_model(resolve_run(config_from_dict(values))).train()
         with SavedTensorMeter(model.parameters()) as meter:
             loss = model(batch)["loss"]
         loss.backward()
@@ -201,7 +204,7 @@ def test_fp16_clip_keeps_the_reference_precision_under_bf16_autocast() -> None:
     """A frozen CLIP in fp16 (the reference's convert_weights) encodes in fp16 even inside a bf16 training step."""
     values = _raw_values("clip")
     torch.manual_seed(0)
-    backbone = build_model(resolve_config(config_from_dict(values))).backbone.eval()
+    backbone = build_model(resolve_run(config_from_dict(values))).backbone.eval()
     backbone.half_weights()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, 1000, (2, 12), generator=g)

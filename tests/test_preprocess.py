@@ -39,7 +39,7 @@ def config(**sections: dict) -> object:
 def test_the_backbone_fills_what_the_config_leaves_unset() -> None:
     cfg = config()
     assert (cfg.data.image_size, cfg.data.sampling, cfg.data.pixel_mean) == (None, None, None)
-    resolve_config(cfg)
+    cfg = resolve_config(cfg)
     assert (cfg.data.image_size, cfg.data.sampling) == (48, "clip4clip")  # the tiny CLIP's input size
     assert PixelNorm(cfg.data.pixel_mean, cfg.data.pixel_std) == CLIP_NORM
 
@@ -103,7 +103,7 @@ def test_an_unknown_size_is_named_when_pixels_are_needed(tmp_path: Path) -> None
     with pytest.raises(ConfigError, match=r"data.image_size is unset .* set data.image_size \(224"):
         check_pixel_settings(cfg.data)
     raw = config()
-    with pytest.raises(ConfigError, match=r"not resolved: .*resolve_preprocess"):
+    with pytest.raises(ConfigError, match=r"not resolved: .*resolve_config"):
         check_pixel_settings(raw.data)
 
 
@@ -132,6 +132,6 @@ def test_presets_leave_the_pixels_to_the_backbone() -> None:
     for name in ("clip4clip/msrvtt", "gare/msrvtt", "clipvip/msrvtt", "proxy/didemo", "gravialign/activitynet"):
         cfg = load_config(name)
         assert cfg.data.image_size is None and cfg.data.sampling is None, name
-        resolve_config(cfg)
+        cfg = resolve_config(cfg)
         expected = "clipvip" if cfg.model.backbone == "clipvip" else "clip4clip"
         assert (cfg.data.image_size, cfg.data.sampling) == (224, expected), name

@@ -26,7 +26,8 @@ from tvr.methods.proxy import (
 )
 from tvr.methods.proxy.losses import text_proxy_loss
 from tvr.models.heads.base import LN_100
-from tvr.models.heads.registry import build_head, head_options, resolve_head_config
+from tvr.models.heads.registry import build_head, head_options
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
@@ -471,9 +472,9 @@ def build_run(path: Path, overrides: list[str]):  # noqa: ANN201
     from tvr.train.optim import build_optimizer
 
     cfg = load_config(path, overrides)
-    resolve_head_config(cfg.head)
+    cfg = resolve_config(cfg)
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     return cfg, model, build_optimizer(model, cfg.train)
 
 
@@ -525,12 +526,12 @@ def test_reference_lr_groups_are_the_released_grouping_on_a_full_size_model() ->
 
     overrides = ["model.clip=tiny", "model.clipvip.checkpoint=", "head.options.lr_groups=reference"]
     cfg = load_config(
-        REPO / "tvr" / "configs" / "proxy" / "msrvtt.yaml",
+        REPO / "tvr" / "methods" / "proxy" / "presets" / "msrvtt.yaml",
         overrides + [f"model.tiny.{k}={v}" for k, v in FULL_CLIP.items()],
     )
-    resolve_head_config(cfg.head)
+    cfg = resolve_config(cfg)
     with torch.device("meta"):
-        backbone = build_backbone(cfg.model)
+        backbone = build_backbone(resolve_run(cfg))
     model = RetrievalModel(backbone, torch.nn.Identity(), build_head(cfg.head, 512, LN_100))
     opt = build_optimizer(model, cfg.train)
     got = {}
@@ -555,7 +556,7 @@ def test_lr_groups_intended_and_reference() -> None:
     from tvr.train.optim import current_lrs
     from tvr.train.schedule import build_scheduler
 
-    preset = REPO / "tvr" / "configs" / "proxy" / "msrvtt.yaml"
+    preset = REPO / "tvr" / "methods" / "proxy" / "presets" / "msrvtt.yaml"
     cfg, model, opt = build_run(preset, tiny_overrides())
     lrs = current_lrs(opt)
     assert cfg.head.options.lr_groups == "intended"
@@ -592,7 +593,7 @@ def test_lr_groups_intended_and_reference() -> None:
 
 # --------------------------------------------------------------------------------------------- presets
 
-PRESETS = sorted((REPO / "tvr" / "configs" / "proxy").glob("*.yaml"))
+PRESETS = sorted((REPO / "tvr" / "methods" / "proxy" / "presets").glob("*.yaml"))
 
 
 def test_presets_exist_and_follow_the_paper() -> None:
@@ -605,8 +606,8 @@ def test_presets_exist_and_follow_the_paper() -> None:
         "activitynet": (0.75, 0.25, "linear", 1.0, 1.0, 4e-6, 2e-6, 32),
     }
     for name, (alpha, beta, dash, delta, eta, proxy_lr, lr, frames) in expected.items():
-        cfg = load_config(REPO / "tvr" / "configs" / "proxy" / f"{name}.yaml")
-        resolve_config(cfg)  # head options checked; CLIP-ViP's sampling from the backbone
+        cfg = load_config(REPO / "tvr" / "methods" / "proxy" / "presets" / f"{name}.yaml")
+        cfg = resolve_config(cfg)  # head options checked; CLIP-ViP's sampling from the backbone
         o = cfg.head.options
         assert cfg.head.name == "proxy" and cfg.model.backbone == "clipvip" and cfg.model.clipvip.proxy_projection
         assert (o.alpha, o.beta, o.dash, o.delta, o.eta) == (alpha, beta, dash, delta, eta), name
@@ -616,16 +617,16 @@ def test_presets_exist_and_follow_the_paper() -> None:
         assert ("16" in cfg.model.clip) == (name == "msrvtt_b16")
     # B/16 = the B/32 preset on the B/16 CLIP-ViP recipe with δ = η = −1, nothing else
     b32, b16 = (
-        dataclasses.asdict(load_config(REPO / "tvr" / "configs" / "proxy" / f"{n}.yaml"))
+        dataclasses.asdict(load_config(REPO / "tvr" / "methods" / "proxy" / "presets" / f"{n}.yaml"))
         for n in ("msrvtt", "msrvtt_b16")
     )
     changed = {f"{s}.{k}" for s in b32 for k in b32[s] if b32[s][k] != b16[s][k]}
     assert changed == {"model.clip", "model.clipvip", "head.options"}
     assert b16["model"]["clipvip"] == {**b32["model"]["clipvip"], "checkpoint": b16["model"]["clipvip"]["checkpoint"]}
     assert b16["head"]["options"] == {**b32["head"]["options"], "delta": -1.0, "eta": -1.0}
-    base = load_config(REPO / "tvr" / "configs" / "proxy" / "baseline.yaml")
+    base = resolve_config(load_config(REPO / "tvr" / "methods" / "proxy" / "presets" / "baseline.yaml"))
     assert base.head.name == "clip4clip" and not base.model.clipvip.proxy_projection
-    assert base.train.epochs == load_config(REPO / "tvr" / "configs" / "proxy" / "msrvtt.yaml").train.epochs
+    assert base.train.epochs == load_config(REPO / "tvr" / "methods" / "proxy" / "presets" / "msrvtt.yaml").train.epochs
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)

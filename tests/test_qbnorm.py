@@ -15,6 +15,7 @@ from tvr.eval.postprocess import dynamic_inverted_softmax, inverted_softmax, qb_
 from tvr.eval.protocol import evaluate
 from tvr.eval.runner import EncodedSplit, encode_query_bank, evaluate_encoded, select_query_bank, training_query_bank
 from tvr.models.build import build_model
+from tvr.models.run_spec import resolve_run
 from tvr.types import TextFeatures, VideoFeatures
 
 BETA = 20.0
@@ -128,8 +129,9 @@ def _encoded(n: int, dim: int, frames: int, seed: int) -> EncodedSplit:
 def test_runner_adds_rows_without_touching_the_plain_ones() -> None:
     cfg = Config()
     cfg.model.temporal = "meanP"
-    model = build_model(cfg, cached=True)
-    encoded = _encoded(12, cfg.model.tiny.embed_dim, 4, seed=3)
+    run = resolve_run(cfg)
+    model = build_model(run, cached=True)
+    encoded = _encoded(12, run.config.model.tiny.embed_dim, 4, seed=3)
     bank = TextFeatures(torch.randn(50, 64, generator=torch.Generator().manual_seed(4)))
     plain = evaluate_encoded(model, encoded, cfg, torch.device("cpu"))
     cfg.eval.qbnorm = True
@@ -171,8 +173,8 @@ def test_query_bank_from_training_captions(tmp_path) -> None:
     cfg = Config()
     cfg.data.dataset, cfg.data.annotations, cfg.data.val_fraction = "generic", str(tmp_path), 0.0
     cfg.eval.batch_size = 3
-    model = build_model(cfg).eval()
-    tokenizer = build_tokenizer(cfg, tmp_path)
+    model = build_model(resolve_run(cfg)).eval()
+    tokenizer = build_tokenizer(resolve_run(cfg).tokenizer, tmp_path)
     assert training_query_bank(model, cfg, torch.device("cpu"), tokenizer) is None  # neither option is on
     cfg.eval.qbnorm, cfg.eval.query_bank_size = True, 4
     bank = training_query_bank(model, cfg, torch.device("cpu"), tokenizer)

@@ -22,6 +22,7 @@ from search_fixtures import VIDEOS, exhaustive_video_state, index_args, write_co
 from typer.testing import CliRunner
 
 from tvr.cli import app
+from tvr.models.run_spec import resolve_run
 from tvr.search import Hit, ann, open_index
 from tvr.search.build import IndexOptions, build_index
 from tvr.search.encoders import CheckpointEncoder, EncoderMismatchError
@@ -414,10 +415,10 @@ def gare_checkpoint(search_setup, target: Path) -> Path:
     values = config_to_dict(cfg)
     values["head"] = {"name": "gare", "logit_scale_init": 2.6592, "options": {"psi_init": "identity"}}
     gare_cfg = config_from_dict(values)
-    from tvr.models.heads.registry import resolve_head_config
+    from tvr.pipeline import resolve_config
 
-    resolve_head_config(gare_cfg.head)
-    model = build_model(gare_cfg)
+    gare_cfg = resolve_config(gare_cfg)
+    model = build_model(resolve_run(gare_cfg))
     own = model.state_dict()
     own.update({k: v for k, v in trained.state_dict().items() if not k.startswith("head.")})
     model.load_state_dict(own)

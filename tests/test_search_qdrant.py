@@ -24,6 +24,7 @@ from search_fixtures import VIDEOS, exhaustive_video_state, index_args, write_co
 from typer.testing import CliRunner
 
 from tvr.cli import app
+from tvr.models.run_spec import resolve_run
 from tvr.search import open_index
 from tvr.search.build import IndexOptions, build_index
 from tvr.search.encoders import CheckpointEncoder, EncoderMismatchError
@@ -217,7 +218,7 @@ def head_checkpoint(search_setup, target: Path, head: dict) -> Path:
     from tvr.config import config_from_dict, config_to_dict
     from tvr.models.build import build_model
     from tvr.models.checkpoint import load_model
-    from tvr.models.heads.registry import resolve_head_config
+    from tvr.pipeline import resolve_config
     from tvr.train.checkpoint import save_checkpoint
 
     trained, cfg = load_model(search_setup.checkpoint)
@@ -231,9 +232,9 @@ def head_checkpoint(search_setup, target: Path, head: dict) -> Path:
         values["data"]["sampling"] = "clipvip"
         values["head"]["options"] = {"ffn_dim": 16, "gamma": 0.3}
     head_cfg = config_from_dict(values)
-    resolve_head_config(head_cfg.head)
+    head_cfg = resolve_config(head_cfg)
     torch.manual_seed(0)
-    model = build_model(head_cfg)
+    model = build_model(resolve_run(head_cfg))
     if not proxies:
         own = model.state_dict()
         own.update({k: v for k, v in trained.state_dict().items() if not k.startswith("head.")})

@@ -11,6 +11,7 @@ import torch
 from tvr.config import config_from_dict, config_to_dict
 from tvr.models.build import build_model
 from tvr.models.checkpoint import CheckpointError, checkpoint_config, load_model
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import resolve_config
 from tvr.train.checkpoint import save_checkpoint
 from tvr.types import TextFeatures, VideoFeatures
@@ -53,7 +54,7 @@ def _scores(model) -> torch.Tensor:
 def test_the_model_is_rebuilt_from_the_checkpoint_alone(tmp_path: Path) -> None:
     cfg = _config()
     torch.manual_seed(3)  # weights that differ from what the config's seed would build
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     with torch.no_grad():
         model.head.psi.q_proj.weight.add_(0.5)
     save_checkpoint(tmp_path / "best.pt", model, config=cfg)
@@ -69,7 +70,7 @@ def test_the_model_is_rebuilt_from_the_checkpoint_alone(tmp_path: Path) -> None:
 
 def test_an_explicit_config_overrides_the_one_it_carries(tmp_path: Path) -> None:
     cfg = _config()
-    save_checkpoint(tmp_path / "best.pt", build_model(cfg), config=cfg)
+    save_checkpoint(tmp_path / "best.pt", build_model(resolve_run(cfg)), config=cfg)
     other = config_from_dict({**VALUES, "head": {"name": "gare", "options": {"context": "words", "kl_weight": 0.5}}})
     _, used = load_model(tmp_path / "best.pt", other)
     assert used.head.options.kl_weight == 0.5
@@ -77,7 +78,7 @@ def test_an_explicit_config_overrides_the_one_it_carries(tmp_path: Path) -> None
 
 def test_a_checkpoint_without_config_names_what_to_pass(tmp_path: Path) -> None:
     cfg = _config()
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     save_checkpoint(tmp_path / "old.pt", model)  # as checkpoints were written before they carried their config
     with pytest.raises(CheckpointError, match=r"old.pt: this checkpoint carries no config.*--config"):
         checkpoint_config(tmp_path / "old.pt")

@@ -9,6 +9,7 @@ import pytest
 
 from tvr.config import load_config
 from tvr.models.build import build_model
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import resolve_config
 from tvr.train.logging import TrainProgress, format_duration, format_lrs
 from tvr.train.optim import build_optimizer, current_lrs
@@ -26,7 +27,7 @@ def test_groups_sharing_a_rate_print_it_once() -> None:
 def test_the_demo_recipe_logs_one_rate(tmp_path: Path) -> None:
     """The demo's four groups (backbone and head, with and without decay) all train at lr 1e-3: one number."""
     cfg = resolve_config(load_config("cpu/clip4clip", [f"data.annotations={tmp_path}"]))
-    optimizer = build_optimizer(build_model(cfg), cfg.train)
+    optimizer = build_optimizer(build_model(resolve_run(cfg)), cfg.train)
     assert len(optimizer.param_groups) == 4
     assert format_lrs(current_lrs(optimizer)) == "1.00e-03"
 

@@ -55,6 +55,7 @@ from tvr.models.backbones.two_tower.image_tower import (
 )
 from tvr.models.build import build_model
 from tvr.models.preprocess import backbone_norm
+from tvr.models.run_spec import resolve_run
 from tvr.pipeline import SplitEvaluator, resolve_config
 from tvr.types import TextFeatures, VideoFeatures
 
@@ -109,7 +110,7 @@ def real_scenes_model(tmp_path_factory: pytest.TempPathFactory):
         )
     )
     torch.manual_seed(0)
-    return cfg, build_model(cfg)
+    return cfg, build_model(resolve_run(cfg))
 
 
 # ------------------------------------------------------------------------------------------ pure maths
@@ -248,30 +249,38 @@ def test_fused_conse_is_the_fused_score_as_one_dot_product(pooling: str) -> None
 
 def test_two_tower_config_checks(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="conse_prompt"):
-        config_from_dict({"model": {"two_tower": {"conse_prompt": "a photo"}}})
+        resolve_run(
+            config_from_dict({"model": {"two_tower": {"conse_prompt": "a photo"}}})
+        )  # a section is checked when the run is resolved
     with pytest.raises(ConfigError, match="model.two_tower.bridge"):
-        config_from_dict({"model": {"two_tower": {"bridge": "clip"}}})
+        resolve_run(
+            config_from_dict({"model": {"two_tower": {"bridge": "clip"}}})
+        )  # a section is checked when the run is resolved
     cfg = config_from_dict(tiny_values())
     cfg.data.image_size = 48
     with pytest.raises(ConfigError, match="data.image_size = 48.*set data.image_size=32"):
-        build_model(cfg)
+        build_model(resolve_run(cfg))
     cfg = config_from_dict(tiny_values(bridge="conse", freeze_image=False))
     with pytest.raises(ConfigError, match="training-free"):
-        build_model(cfg)
+        build_model(resolve_run(cfg))
     with pytest.raises(ConfigError, match="conse_class_weight"):
-        config_from_dict({"model": {"two_tower": {"conse_class_weight": 1.5}}})
+        resolve_run(
+            config_from_dict({"model": {"two_tower": {"conse_class_weight": 1.5}}})
+        )  # a section is checked when the run is resolved
     with pytest.raises(ConfigError, match="conse_bank_neighbours"):
-        config_from_dict({"model": {"two_tower": {"conse_bank_neighbours": 0}}})
+        resolve_run(
+            config_from_dict({"model": {"two_tower": {"conse_bank_neighbours": 0}}})
+        )  # a section is checked when the run is resolved
     words = tiny_values(bridge="conse", head="gare", conse_class_weight=0.5)
     words["head"]["options"] = {"context": "words"}
     with pytest.raises(ConfigError, match="context = 'words'.*fused ConSE bridge"):
-        build_model(config_from_dict(words))
+        build_model(resolve_run(config_from_dict(words)))
     empty = tmp_path / "bank.txt"
     empty.write_text("# only a comment\n\n")
     for bank, message in ((empty, "has no sentences"), (tmp_path / "missing.txt", "cannot read")):
         cfg = config_from_dict(tiny_values(bridge="conse", conse_bank_weight=0.5, conse_bank=str(bank)))
         with pytest.raises(ConfigError, match=f"model.two_tower.conse_bank: {bank}.*{message}"):
-            build_model(cfg)
+            build_model(resolve_run(cfg))
     real = load_config("two_tower/zero_shot")
     assert real.model.backbone == "two_tower" and real.data.image_size is None  # the backbone's
     assert resolve_config(real).data.image_size == 240  # the preset's tower, lite1: its resolution
@@ -312,7 +321,7 @@ def test_backbone_declares_its_pixel_normalisation_and_the_data_pipeline_applies
 
 
 def test_sentence_tokenizer_pads_and_truncates(tmp_path: Path) -> None:
-    tok = build_tokenizer(config_from_dict(tiny_values()), tmp_path)
+    tok = build_tokenizer(resolve_run(config_from_dict(tiny_values())).tokenizer, tmp_path)
     assert isinstance(tok, SentenceTokenizer)
     ids, mask = tok(["a dog runs on the beach", "a cat"], 6)
     assert ids.shape == mask.shape == (2, 6) and ids.dtype == torch.long
@@ -322,7 +331,7 @@ def test_sentence_tokenizer_pads_and_truncates(tmp_path: Path) -> None:
     cfg = config_from_dict(tiny_values())
     cfg.data.max_words = 500
     with pytest.raises(ConfigError, match="data.max_words = 500"):
-        build_model(cfg)
+        build_model(resolve_run(cfg))
 
 
 def test_sentence_tokenizers_are_thread_safe(tmp_path: Path) -> None:
@@ -336,7 +345,7 @@ def test_sentence_tokenizers_are_thread_safe(tmp_path: Path) -> None:
 
     from tvr.search.query_encoder import _FastTokenizer
 
-    sentence = build_tokenizer(config_from_dict(tiny_values()), tmp_path)
+    sentence = build_tokenizer(resolve_run(config_from_dict(tiny_values())).tokenizer, tmp_path)
     hf = sentence.tokenizer
     fast = _FastTokenizer(hf.backend_tokenizer.to_str(), int(hf.pad_token_id), str(hf.pad_token))
     texts = [" ".join(["a dog runs on the beach"] * (1 + n % 7)) for n in range(64)]
@@ -432,8 +441,8 @@ def test_shipped_weights_verify_and_classify_real_frames(real_scenes_model) -> N
 @pytest.mark.parametrize("head", ["clip4clip", "gare", "proxy", "gravialign"])
 def test_every_head_trains_on_tiny_two_tower(tmp_path: Path, head: str) -> None:
     cfg = resolve_config(config_from_dict(tiny_values(head=head)))
-    model = build_model(cfg)
-    tok = build_tokenizer(cfg, tmp_path)
+    model = build_model(resolve_run(cfg))
+    tok = build_tokenizer(resolve_run(cfg).tokenizer, tmp_path)
     ids, mask = tok(["a dog runs on the grass", "a cat sits on a mat", "a red bus"], 12)
     batch = {
         "text_ids": ids,
@@ -461,12 +470,12 @@ def test_every_head_trains_on_tiny_two_tower(tmp_path: Path, head: str) -> None:
 
 def test_fine_tuned_image_tower_trains_with_fixed_batchnorm(tmp_path: Path) -> None:
     cfg = resolve_config(config_from_dict(tiny_values(freeze_image=False)))
-    model = build_model(cfg)
+    model = build_model(resolve_run(cfg))
     model.train()
     assert model.backbone.image_tower.training and not model.backbone.text_tower.training
     bn = next(m for m in model.backbone.image_tower.modules() if isinstance(m, torch.nn.BatchNorm2d))
     before = bn.running_mean.clone()
-    tok = build_tokenizer(cfg, tmp_path)
+    tok = build_tokenizer(resolve_run(cfg).tokenizer, tmp_path)
     ids, mask = tok(["a dog", "a cat"], 12)
     model(
         {
@@ -575,7 +584,9 @@ def test_conse_zero_shot_on_real_clips_beats_chance(
 ) -> None:
     """End to end on the real weights and the 19 real clips: the shipped zero-shot preset, through the evaluator."""
     cfg, model = real_scenes_model
-    metrics = SplitEvaluator(cfg, "train", build_tokenizer(cfg, tmp_path))(model, torch.device("cpu"))
+    metrics = SplitEvaluator(cfg, "train", build_tokenizer(resolve_run(cfg).tokenizer, tmp_path))(
+        model, torch.device("cpu")
+    )
     assert len(load_split(cfg.data, "train").videos) == 19
     # chance: R@1 = 5.3, R@5 = 26.3; ConSE on real weights is far above it (measured: docs/benchmarks.md)
     assert metrics["t2v"]["R1"] >= 25.0 and metrics["t2v"]["R5"] >= 50.0

@@ -136,6 +136,7 @@ def test_ids_that_cannot_name_a_file_are_skipped_everywhere(tmp_path: Path) -> N
     from tvr.config import config_from_dict
     from tvr.data.check import check_data
     from tvr.data.datasets import VideoNameError
+    from tvr.models.run_spec import resolve_run
     from tvr.pipeline import resolve_config, run_train
 
     root = tmp_path / "data"
@@ -169,7 +170,7 @@ def test_ids_that_cannot_name_a_file_are_skipped_everywhere(tmp_path: Path) -> N
             resolver(vid)
         assert info.value.reason == "invalid name" and pickle.loads(pickle.dumps(info.value)).reason == "invalid name"
 
-    report = check_data(cfg, workers=1, progress=False)
+    report = check_data(cfg, resolve_run(cfg).tokenizer, workers=1, progress=False)
     problems = {p["id"]: p for p in report["videos"]["problems"]}
     assert {vid for vid, p in problems.items() if p["reason"] == "invalid name"} == set(bad)
 

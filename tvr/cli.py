@@ -196,7 +196,6 @@ def _checked_config(make: Callable[[], Any], overrides: list[str] | None = None)
     head's options against its own dataclass). A bad value exits with code 2 and one line naming the field and the
     valid values (and the ``--set`` that gave it)."""
     from tvr.config import ConfigError, blame_overrides
-    from tvr.models.backbones import registry  # noqa: F401 (the backbones' settings sections load typed)
 
     try:
         cfg = make()
@@ -700,7 +699,8 @@ def presets() -> None:
     for name in names:
         # one line a preset, so the list stays greppable (tvr presets | grep cpu/)
         print(f"{name:<{width}}  {preset_description(name)}")
-    console.print(f"[dim]({escape(str(PRESET_DIR))}; a path to your own YAML file works as well)[/dim]")
+    where = "tvr/methods/<method>/presets, tvr/models/backbones/<backbone>/presets"
+    console.print(f"[dim]({escape(str(PRESET_DIR))} and {where}; a path to your own YAML file works as well)[/dim]")
     benches = sorted(p.stem for p in (PRESET_DIR / "bench").glob("*.yaml"))
     console.print(f"[dim]bench configs for tvr bench --config: {', '.join(benches)}[/dim]")
 
@@ -894,12 +894,13 @@ def check_data(
 ) -> None:
     """Check every split, video and caption a run would read; exit 1 when a run would trip, naming each problem."""
     from tvr.data.check import check_data as run_check
+    from tvr.models.run_spec import resolve_run
     from tvr.utils.io import atomic_write_json
 
     if json_path is not None:
         out_file(json_path, "--json")
     cfg = _load(config, set_)
-    report = run_check(cfg, full=full, workers=workers, tokenizer=tokenizer, progress=True)
+    report = run_check(cfg, resolve_run(cfg).tokenizer, full=full, workers=workers, tokenizer=tokenizer, progress=True)
     if json_path is not None:
         atomic_write_json(json_path, report)
     render_check_report(report, stdout_console(), json_path=json_path)

@@ -1,8 +1,8 @@
 """Run configuration: nested dataclasses loaded from YAML presets with dotted ``--set`` overrides.
 
-A preset may name another preset under ``base:`` (a path relative to itself); the child's keys override the
-base's, recursively. Unknown keys are an error that names the key and the file, so a typo never silently
-falls back to a default.
+A preset may name another under ``base:`` (a file relative to itself, or a shipped preset by name); the child's keys
+override the base's, recursively. Unknown keys are an error that names the key and the file, so a typo never
+silently falls back to a default.
 """
 
 from __future__ import annotations
@@ -311,61 +311,13 @@ class DataConfig:
 # A backbone's settings are its own dataclasses, declared in its folder (``tvr/models/backbones/<name>/``), which this
 # layer cannot import. The built-in backbones keep their sections at the keys they always had (``model.tiny``,
 # ``model.clipvip``, ``model.two_tower``: old configs and checkpoints load unchanged), and every other backbone reads
-# ``model.options``. A backbone registers the dataclass of each section it declares (:func:`register_model_section`,
-# done by ``tvr.models.backbones.registry``); a section is built into that dataclass when it is loaded, and a config
-# loaded before the registry was imported holds the mapping until the run config is resolved
-# (``tvr.models.backbones.resolve_backbone_config``, part of every job's resolution).
-
-_MODEL_SECTIONS: dict[str, type] = {}
-
-
-def register_model_section(key: str, cls: type) -> None:
-    """Make ``model.<key>`` load as the dataclass ``cls`` (a backbone's settings). Registering the same class again
-    is a no-op; another class under a taken key is an error."""
-    current = _MODEL_SECTIONS.get(key)
-    if current is not None and (current.__module__, current.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ValueError(f"model.{key} is already the section of {current.__module__}.{current.__qualname__}")
-    _MODEL_SECTIONS[key] = cls
-
-
-def model_section_type(key: str) -> type | None:
-    """The dataclass registered for ``model.<key>`` (None: none yet)."""
-    return _MODEL_SECTIONS.get(key)
+# ``model.options``. This layer holds a section as the mapping it was given; resolving the run config
+# (``tvr.models.run_spec.resolve_run``) builds it into the dataclass its backbone folder declares.
 
 
 def _model_section(key: str) -> Any:
-    """A ``model.<key>`` field: the registered dataclass's defaults, or an empty mapping while none is registered."""
-
-    def default() -> Any:
-        cls = _MODEL_SECTIONS.get(key)
-        return cls() if cls is not None else {}
-
-    return field(default_factory=default, metadata={"section": key})
-
-
-# What the data pipeline needs of the run's backbone beyond its pixels (which resolution writes into ``data.*``): its
-# tokenizer and what decides its frozen features. ``tvr.data`` sits below the models and never reads ``cfg.model``;
-# it asks here, and the backbone registry (``tvr.models.backbones.registry``, which registers its answers when it is
-# imported) answers from the backbone's folder. Answers are derived on each question, never stored in the config, so
-# they cannot go stale and are never written out.
-_BACKBONE_ANSWERS: dict[str, Callable[[Any], Any]] = {}
-
-
-def answer_backbone_question(question: str, answer: Callable[[Any], Any]) -> None:
-    """Make :func:`ask_backbone` ``(cfg, question)`` return ``answer(cfg)``."""
-    _BACKBONE_ANSWERS[question] = answer
-
-
-def ask_backbone(cfg: Any, question: str) -> Any:
-    """The run backbone's answer to ``question`` (``tokenizer_spec``, ``feature_identity``); ConfigError when no
-    backbone registry is loaded to answer it."""
-    answer = _BACKBONE_ANSWERS.get(question)
-    if answer is None:
-        raise ConfigError(
-            f"no backbone registry is loaded to say the backbone's {question}: resolve the run config first "
-            "(tvr.pipeline.resolve_config(cfg); every tvr command does)"
-        )
-    return answer(cfg)
+    """A ``model.<key>`` field: a mapping until the run config is resolved (empty: the section's defaults)."""
+    return field(default_factory=dict, metadata={"section": key})
 
 
 @dataclass
@@ -415,9 +367,8 @@ class HeadConfig:
     """The method head: its registered name (or ``package.module:Class``) and that head's own options.
 
     ``options`` is the mapping read from a file until the run config is resolved
-    (``tvr.models.heads.registry.resolve_head_config``, before anything runs): that checks it against the head's
-    options dataclass (unknown keys, types, choices, ranges) and replaces it by that dataclass, the one state every
-    later reader sees.
+    (``tvr.models.run_spec.resolve_run``, before anything runs): the resolved config's options are the head's options
+    dataclass, checked (unknown keys, types, choices, ranges), the one state every later reader sees.
     """
 
     #: a registered head (clip4clip, gare, ...; see ``tvr heads``) or an import path ``my_pkg.heads:MyHead`` (which
@@ -583,15 +534,23 @@ def _build(cls: type, values: dict, where: str) -> Any:
     for f in dataclasses.fields(cls):
         if f.name in values:
             name = f"{where}.{f.name}" if where else f.name
-            section = _MODEL_SECTIONS.get(f.metadata.get("section", ""))
             kwargs[f.name] = (
-                build_section(section, values[f.name], name)
-                if section
+                _section_mapping(values[f.name], name)
+                if f.metadata.get("section")
                 else _coerce(values[f.name], hints[f.name], name)
             )
     obj = cls(**kwargs)
     check_field_values(obj, where)
     return obj
+
+
+def _section_mapping(values: Any, where: str) -> Any:
+    """A backbone section as loaded: a mapping (or an instance of its dataclass, as code may pass one)."""
+    if values is None:
+        return {}
+    if isinstance(values, dict) or dataclasses.is_dataclass(values):
+        return copy.deepcopy(values)
+    raise ConfigError(f"{where}: expected a mapping of the backbone's settings, got {values!r}")
 
 
 def build_section(cls: type, values: Any, where: str) -> Any:
@@ -652,7 +611,21 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     base = raw.pop("base", None)
     if base is None:
         return raw
-    return _merge(_read_yaml(path.parent / base, (*seen, path)), raw, top=True)
+    return _merge(_read_yaml(_base_path(path, base), (*seen, path)), raw, top=True)
+
+
+def _base_path(path: Path, base: Any) -> Path:
+    """The file ``base:`` names in ``path``: a file relative to ``path``'s folder, else a shipped preset's name
+    (``base: clipvip/msrvtt``: a method's preset builds on a backbone's, which lives in another folder)."""
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{path}: base: expected a file name or a preset name, got {base!r}")
+    relative = path.parent / base
+    if relative.is_file():
+        return relative
+    shipped = _shipped_preset(Path(base).as_posix())
+    if shipped is not None:
+        return shipped
+    raise ConfigError(f"{path}: base: {base!r} is neither a file beside it nor a shipped preset (`tvr presets`)")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -746,25 +719,57 @@ def config_from_dict(values: dict, where: str = "config") -> Config:
     return config
 
 
-#: the presets that ship inside the package (``tvr/configs/<method>/<name>.yaml``), addressed as ``<method>/<name>``
-PRESET_DIR = Path(__file__).resolve().parent / "configs"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+#: the presets of no one family (``cpu/``: the CPU-sized runs of every method; ``bench/``: ``tvr bench`` configs),
+#: addressed as ``<folder>/<name>``; a method's or a backbone's presets ship in its own folder (:func:`preset_folders`)
+PRESET_DIR = _PACKAGE_DIR / "configs"
+#: the folders of the families whose members may ship presets, each in its ``<member>/presets/`` folder
+#: (``tvr/methods/gare/presets/msrvtt.yaml`` is ``gare/msrvtt``); found as files, no module is imported
+PRESET_FAMILIES = (_PACKAGE_DIR / "methods", _PACKAGE_DIR / "models" / "backbones")
 
 
 #: ``tvr/configs/bench/`` holds ``tvr bench`` configs (methods × seeds), not run configs
 BENCH_SUBDIR = "bench"
 
 
+def preset_folders() -> dict[str, Path]:
+    """Where each preset name prefix lives: ``cpu`` and ``bench`` in :data:`PRESET_DIR`, and ``<member>`` in
+    ``tvr/methods/<member>/presets/`` or ``tvr/models/backbones/<member>/presets/``."""
+    folders = {p.name: p for p in sorted(PRESET_DIR.iterdir()) if p.is_dir() and not p.name.startswith(("_", "."))}
+    for family in PRESET_FAMILIES:
+        for folder in sorted(family.glob("*/presets")):
+            taken = folders.setdefault(folder.parent.name, folder)
+            if taken != folder:  # a name two folders claim would make a preset name mean two files
+                raise ConfigError(f"presets {folder} and {taken} both claim the name {folder.parent.name!r}/")
+    return folders
+
+
 def available_presets() -> list[str]:
     """Names of the presets shipped with tvr (``gare/msrvtt``, ``gare/ablations/delta_only``, ...); the bench
     configs in ``tvr/configs/bench/`` are not run presets and are left out."""
-    names = (p.relative_to(PRESET_DIR).with_suffix("").as_posix() for p in PRESET_DIR.rglob("*.yaml"))
-    return sorted(n for n in names if not n.startswith(f"{BENCH_SUBDIR}/"))
+    names = (
+        f"{prefix}/{p.relative_to(folder).with_suffix('').as_posix()}"
+        for prefix, folder in preset_folders().items()
+        if prefix != BENCH_SUBDIR
+        for p in folder.rglob("*.yaml")
+    )
+    return sorted(names)
+
+
+def _shipped_preset(text: str) -> Path | None:
+    """The file of the shipped preset named ``text`` (``gare/msrvtt`` or ``gare/msrvtt.yaml``), None if none."""
+    prefix, _, rest = text.partition("/")
+    folder = preset_folders().get(prefix)
+    if folder is None or not rest:
+        return None
+    candidate = (folder / (rest if rest.endswith((".yaml", ".yml")) else f"{rest}.yaml")).resolve()
+    return candidate if candidate.is_file() and candidate.is_relative_to(folder.resolve()) else None
 
 
 def preset_values(name_or_path: str | os.PathLike) -> dict:
     """The raw mapping of a preset (a shipped name or a file), its ``base`` chain merged, before any check: for a
     caller that builds its config from a preset (``tvr demo`` from ``cpu/clip4clip``)."""
-    return _read_yaml(resolve_preset(name_or_path))
+    return _read_yaml(preset_path(name_or_path))
 
 
 def _check_description(description: Any, path: Path) -> str:
@@ -776,7 +781,7 @@ def _check_description(description: Any, path: Path) -> str:
 def preset_description(name_or_path: str | os.PathLike) -> str:
     """The one-line ``description:`` a preset file gives itself (what it is, which paper table or ablation, what
     hardware it expects); "" when it has none. A ``base:`` preset's description is not inherited."""
-    path = resolve_preset(name_or_path)
+    path = preset_path(name_or_path)
     try:
         raw = read_yaml(path) or {}
     except DataFileError as exc:
@@ -784,9 +789,10 @@ def preset_description(name_or_path: str | os.PathLike) -> str:
     return _check_description(raw.get("description", "") if isinstance(raw, dict) else "", path)
 
 
-def resolve_preset(name_or_path: str | os.PathLike) -> Path:
+def preset_path(name_or_path: str | os.PathLike) -> Path:
     """A config file: an existing file path as given, else a shipped preset by name (``gare/msrvtt``, with or without
-    ``.yaml``; ``configs/gare/msrvtt.yaml``, the repository layout before presets moved into the package, too)."""
+    ``.yaml``; ``configs/gare/msrvtt.yaml`` and ``tvr/configs/gare/msrvtt.yaml``, the layouts before presets moved
+    into their method's folder, too)."""
     path = Path(name_or_path)
     if path.is_file():
         return path
@@ -795,14 +801,13 @@ def resolve_preset(name_or_path: str | os.PathLike) -> Path:
         if text.startswith(prefix):
             text = text[len(prefix) :]
             break
-    if not text.endswith((".yaml", ".yml")):
-        text += ".yaml"
-    candidate = (PRESET_DIR / text).resolve()
-    if candidate.is_file() and candidate.is_relative_to(PRESET_DIR):
-        return candidate
+    shipped = _shipped_preset(text)
+    if shipped is not None:
+        return shipped
     if path.exists():
         raise ConfigError(f"config {name_or_path}: is a folder, expected a YAML file or a preset name")
-    close = [n for n in available_presets() if Path(n).name == Path(text).stem]
+    stem = Path(text).name.removesuffix(".yaml").removesuffix(".yml")
+    close = [n for n in available_presets() if Path(n).name == stem]
     hint = f"; did you mean {close}?" if close else " (`tvr presets` lists them)"
     raise ConfigError(f"config {name_or_path}: no such file and no shipped preset of that name{hint}")
 
@@ -814,8 +819,9 @@ def _field_type(keys: list[str]) -> Any:
     for key in keys[:-1]:
         if not dataclasses.is_dataclass(cls):
             return None
-        section = next((f.metadata.get("section") for f in dataclasses.fields(cls) if f.name == key), None)
-        cls = _MODEL_SECTIONS.get(section) if section else typing.get_type_hints(cls).get(key)
+        if any(f.name == key and f.metadata.get("section") for f in dataclasses.fields(cls)):
+            return None  # a backbone's section: typed by its folder's dataclass when the run config is resolved
+        cls = typing.get_type_hints(cls).get(key)
     return typing.get_type_hints(cls).get(keys[-1]) if dataclasses.is_dataclass(cls) else None
 
 
@@ -870,7 +876,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     ``--set head.name=clip4clip --set head.options.video_pool=mean`` works on a GARE preset in either order. A bad
     value is blamed on the ``--set`` that gave it, else on the file."""
     if path:
-        path = resolve_preset(path)
+        path = preset_path(path)
     values: dict = _read_yaml(Path(path)) if path else {}
     return config_with_overrides(values, overrides, str(path or "<overrides>"))
 

@@ -15,7 +15,7 @@ from typing import Any
 from tvr.config import Config, check_head_import, config_from_dict, preset_values
 from tvr.data.synthetic import SynthConfig
 from tvr.models.heads.registry import head_class
-from tvr.models.preprocess import resolve_preprocess
+from tvr.models.run_spec import resolve_run
 from tvr.utils.data_files import DataFileError, read_json, read_yaml
 from tvr.utils.errors import UserError
 
@@ -60,9 +60,7 @@ def demo_config(data_dir: Path, quick: bool = False, method: str = "clip4clip") 
     if quick:
         for section, entries in QUICK_OVERRIDES.items():
             values[section].update(entries)
-    cfg = config_from_dict(values)
-    resolve_preprocess(cfg)
-    return cfg
+    return resolve_run(config_from_dict(values)).config
 
 
 def demo_synth_config(quick: bool) -> SynthConfig:

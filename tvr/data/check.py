@@ -23,11 +23,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tvr.config import Config, DataConfig
 from tvr.data.annotations import SPLITS, AnnotationError, RetrievalSplit, load_split
 from tvr.utils.parallel import parallel_map
+
+if TYPE_CHECKING:  # the tokenizer module imports torch; checking data does not need it
+    from tvr.data.tokenizer import TokenizerSpec
 
 #: why a video is unusable, in the order reports list them
 REASONS = (
@@ -149,14 +152,15 @@ def probe_files(
 
 
 def caption_token_counter(
-    cfg: Config, tokenizer: str | os.PathLike | None = None
+    spec: TokenizerSpec, tokenizer: str | os.PathLike | None = None
 ) -> tuple[Callable[[list[str]], tuple[list[int], list[int]]] | None, str]:
     """A function counting CLIP BPE tokens per caption (:meth:`ClipTokenizer.count_tokens_checked`: counts, and the
     positions of captions whose count is a lower bound), and where its vocabulary came from.
 
-    ``tokenizer`` (or ``model.tokenizer``, or a HF CLIP folder in ``model.clip``): a folder with vocab.json +
-    merges.txt, or CLIP's ``bpe_simple_vocab_16e6.txt.gz``. ``model.clip: tiny`` uses the tiny model's own
-    tokenizer, as a run would. Returns (None, why) when no tokenizer is configured.
+    ``tokenizer`` (or the run's tokenizer ``spec``, which names ``model.tokenizer`` or a HF CLIP folder in
+    ``model.clip``): a folder with vocab.json + merges.txt, or CLIP's ``bpe_simple_vocab_16e6.txt.gz``.
+    ``model.clip: tiny`` uses the tiny model's own tokenizer, as a run would. Returns (None, why) when no tokenizer
+    is configured.
     """
     from tvr.data.tokenizer import (
         CLIP_BPE,
@@ -164,11 +168,9 @@ def caption_token_counter(
         ClipTokenizer,
         build_tiny_tokenizer_files,
         read_clip_merges,
-        tokenizer_spec,
         vocabulary_from_merges,
     )
 
-    spec = tokenizer_spec(cfg)
     if spec.kind not in (CLIP_BPE, TINY_CLIP_BPE) and not tokenizer:
         # the backbone's own (e.g. a sentence model's WordPiece/SentencePiece) tokenizer: counting CLIP tokens would
         # mislead
@@ -238,12 +240,15 @@ class _Findings:
 
 def check_data(
     cfg: Config,
+    tokenizer_spec: TokenizerSpec,
     full: bool = False,
     workers: int = 0,
     tokenizer: str | os.PathLike | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Check the dataset of ``cfg`` (see the module docstring); returns the JSON-ready report."""
+    """Check the dataset of ``cfg`` (see the module docstring), counting caption tokens with the tokenizer
+    ``tokenizer_spec`` names (the run's: ``tvr.models.run_spec.resolve_run(cfg).tokenizer``) unless ``tokenizer``
+    is given; returns the JSON-ready report."""
     from tvr.data.datasets import check_pixel_settings
 
     data = cfg.data
@@ -266,7 +271,7 @@ def check_data(
     info = _probe_videos(paths, video_splits, problems, full, workers, progress)  # 3.
     report["videos"] = _video_summary(list(video_splits), paths, info, problems, found)
     report["video_stats"] = _video_statistics(data, info)  # 4.
-    counter, token_source = caption_token_counter(cfg, tokenizer)  # 5.
+    counter, token_source = caption_token_counter(tokenizer_spec, tokenizer)  # 5.
     report["tokenizer"] = token_source
     if counter is None:
         found.warnings.append(token_source)

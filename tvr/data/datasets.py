@@ -206,18 +206,18 @@ def build_augment(data_cfg: DataConfig) -> VideoRandAugment | None:
 
 def check_pixel_settings(data_cfg: DataConfig, image_size: bool = True) -> None:
     """``data.image_size`` and ``data.sampling`` are set: left unset, they are the backbone's, filled in when the run
-    config is resolved (:func:`tvr.models.preprocess.resolve_preprocess`; every CLI job and ``tvr.pipeline`` do
-    it), so reading clips from an unresolved config is a mistake of the caller. ``image_size=False``: only the
-    sampling is needed (``tvr check-data`` counts sampled frames but makes no pixels)."""
+    config is resolved (:func:`tvr.models.run_spec.resolve_run`; every CLI job and ``tvr.pipeline`` do it), so
+    reading clips from an unresolved config is a mistake of the caller. ``image_size=False``: only the sampling is
+    needed (``tvr check-data`` counts sampled frames but makes no pixels)."""
     if data_cfg.sampling is None:
         raise ConfigError(
             "data.sampling (and data.image_size) not resolved: they default to the backbone's; call "
-            "tvr.models.preprocess.resolve_preprocess(cfg) (or tvr.pipeline.resolve_config) first, or set them"
+            "cfg = tvr.pipeline.resolve_config(cfg) (or tvr.models.run_spec.resolve_run(cfg)) first, or set them"
         )
     if data_cfg.pixel_mean is None or data_cfg.pixel_std is None:
         raise ConfigError(
             "data.pixel_mean / data.pixel_std not resolved: they default to the backbone's normalisation; call "
-            "tvr.models.preprocess.resolve_preprocess(cfg) (or tvr.pipeline.resolve_config) first, or set them"
+            "cfg = tvr.pipeline.resolve_config(cfg) (or tvr.models.run_spec.resolve_run(cfg)) first, or set them"
         )
     if image_size and data_cfg.image_size is None:
         raise ConfigError(

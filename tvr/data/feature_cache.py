@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tvr.config import Config, ask_backbone
+from tvr.config import Config
 from tvr.utils.data_files import read_json
 from tvr.utils.errors import UserError, reason
 from tvr.utils.pickle_scan import PickleRefusedError
@@ -70,27 +70,22 @@ MATCHED_DATA_SETTINGS = (
 
 @dataclass(frozen=True)
 class FeatureIdentity:
-    """What a backbone's frozen features are a function of, as its folder declares it (``tvr.models.backbones``,
-    through ``tvr.config.ask_backbone``): ``settings`` (dotted model settings → their values, as
-    a config file writes them), ``seeded`` (the backbone is randomly initialised, so ``train.seed`` decides its
-    features too) and ``matched`` (the dotted settings a run on a cache must share with it, each with the value a
-    cache made before the setting existed was made with)."""
+    """What a backbone's frozen features are a function of, as its folder declares it (``tvr.models.backbones``;
+    a run's is ``tvr.models.run_spec.resolve_run(cfg).features``): ``settings`` (dotted model settings → their
+    values, as a config file writes them), ``seeded`` (the backbone is randomly initialised, so ``train.seed``
+    decides its features too) and ``matched`` (the dotted settings a run on a cache must share with it, each with
+    the value a cache made before the setting existed was made with)."""
 
     settings: dict[str, Any]
     seeded: bool
     matched: tuple[tuple[str, Any, Any], ...]
 
 
-def feature_identity(cfg: Config) -> FeatureIdentity:
-    """What the run config's backbone says its frozen features are a function of (its folder declares it)."""
-    return ask_backbone(cfg, "feature_identity")
-
-
-def cache_settings(cfg: Config, shard_size: int, dtype: torch.dtype) -> dict[str, Any]:
-    """What a cache built by ``cfg`` with this sharding and storage type holds, as plain values (JSON)."""
+def cache_settings(cfg: Config, identity: FeatureIdentity, shard_size: int, dtype: torch.dtype) -> dict[str, Any]:
+    """What a cache built by ``cfg`` (whose backbone's features are a function of ``identity``) with this sharding
+    and storage type holds, as plain values (JSON)."""
     from tvr.config import config_to_dict
 
-    identity = feature_identity(cfg)
     data = config_to_dict(cfg.data)
     settings: dict[str, Any] = {"shard_size": int(shard_size), "dtype": str(dtype).removeprefix("torch.")}
     settings.update(identity.settings)
@@ -214,10 +209,9 @@ def _recorded(made: dict, dotted: str, default: Any) -> Any:
     return node
 
 
-def check_cache_matches(cfg: Config, manifest: dict) -> None:
+def check_cache_matches(cfg: Config, identity: FeatureIdentity, manifest: dict) -> None:
     """Refuse to train on a cache made with other frame/word settings or another backbone (the backbone names what
-    of it must match: :func:`feature_identity`)."""
-    identity = feature_identity(cfg)
+    of it must match: ``identity.matched``)."""
     defaults = {f.name: f.default for f in dataclasses.fields(cfg.data)}
     data = [(name, getattr(cfg.data, name[5:]), defaults[name[5:]]) for name in MATCHED_DATA_SETTINGS]
     matched = [*identity.matched, *data]

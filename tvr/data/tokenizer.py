@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from tvr.config import Config, ConfigError, ask_backbone
+from tvr.config import ConfigError
 from tvr.utils.data_files import DataFileError, parse_json, read_json
 from tvr.utils.errors import UserError
 from tvr.utils.io import atomic_write_text
@@ -535,8 +535,9 @@ class ClipTokenizer:
 
 
 # --------------------------------------------------------------------------------------------- a run's tokenizer
-# Which tokenizer a run's captions take is the backbone's to say (``tvr.config.ask_backbone``, answered from the
-# backbone's folder in ``tvr.models.backbones``), so this layer never reads the model config. A spec names a kind
+# Which tokenizer a run's captions take is the backbone's to say (its folder in ``tvr.models.backbones`` declares it;
+# ``tvr.models.run_spec.resolve_run`` answers it once per job as ``RunSpec.tokenizer``), so this layer never reads the
+# model config: it is handed the spec. A spec names a kind
 # registered here (CLIP's BPE from files, the tiny model's BPE, a sentence model's own tokenizer, or one a package
 # registers with :func:`register_tokenizer`) and where its files come from.
 
@@ -609,14 +610,9 @@ register_tokenizer(TINY_CLIP_BPE, _tiny_clip_bpe)
 register_tokenizer(SENTENCE_MODEL, _sentence_model)
 
 
-def tokenizer_spec(cfg: Config) -> TokenizerSpec:
-    """The tokenizer the run config's backbone names (its folder declares it)."""
-    return ask_backbone(cfg, "tokenizer_spec")
-
-
-def build_tokenizer(cfg: Config, work_dir: str | os.PathLike):
-    """Load the tokenizer of the resolved config ``cfg`` (a callable ``(texts, max_words) -> (ids, mask)``): the one
-    its backbone names (:func:`tokenizer_spec`). For the CLIP backbones:
+def build_tokenizer(spec: TokenizerSpec, work_dir: str | os.PathLike):
+    """Load the tokenizer ``spec`` names (a callable ``(texts, max_words) -> (ids, mask)``): a run's is the one its
+    backbone names (``tvr.models.run_spec.resolve_run(cfg).tokenizer``). For the CLIP backbones:
 
     * ``model.tokenizer`` may name a folder with vocab.json + merges.txt, or CLIP's ``bpe_simple_vocab_16e6.txt.gz``
       (the full 49,408-token vocabulary is rebuilt from it into ``work_dir/tokenizer``).
@@ -626,7 +622,6 @@ def build_tokenizer(cfg: Config, work_dir: str | os.PathLike):
     ``model.backbone: two_tower`` takes its text model's own tokenizer
     (:class:`~tvr.data.sentence_tokenizer.SentenceTokenizer`, same call signature).
     """
-    spec = tokenizer_spec(cfg)
     if spec.missing:
         raise FileNotFoundError(spec.missing)
     build = _TOKENIZERS.get(spec.kind)

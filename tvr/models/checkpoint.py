@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -19,6 +19,9 @@ from tvr.utils.errors import UserError
 from tvr.utils.pickle_scan import PickleRefusedError
 from tvr.utils.seeding import seed_everything
 from tvr.utils.torch_files import TorchFileError, load_torch_file, state_dict_differences
+
+if TYPE_CHECKING:
+    from tvr.models.run_spec import RunSpec
 
 FORMAT = "tvr-checkpoint"
 VERSION = 1
@@ -94,9 +97,15 @@ def checkpoint_config_values(payload_or_path: dict[str, Any] | str | os.PathLike
 
 
 def checkpoint_config(path: str | os.PathLike) -> Config:
-    """The :class:`~tvr.config.Config` a checkpoint was trained with, head options resolved; CheckpointError when
-    it carries none."""
-    from tvr.models.heads.registry import resolve_head_config
+    """The :class:`~tvr.config.Config` a checkpoint was trained with, resolved; CheckpointError when it carries
+    none."""
+    return checkpoint_run(path).config
+
+
+def checkpoint_run(path: str | os.PathLike) -> RunSpec:
+    """The run a checkpoint was trained with, resolved (:func:`tvr.models.run_spec.resolve_run`); CheckpointError
+    when it carries none or its config does not load."""
+    from tvr.models.run_spec import resolve_run
 
     values = checkpoint_config_values(path)
     if values is None:
@@ -105,11 +114,9 @@ def checkpoint_config(path: str | os.PathLike) -> Config:
             "config with --config (its config.yaml)"
         )
     try:
-        cfg = config_from_dict(values)
+        return resolve_run(config_from_dict(values))
     except ConfigError as exc:
         raise CheckpointError(f"{path}: the config it carries does not load: {exc}") from None
-    resolve_head_config(cfg.head)
-    return cfg
 
 
 def has_backbone_weights(payload: dict[str, Any]) -> bool:
@@ -118,31 +125,32 @@ def has_backbone_weights(payload: dict[str, Any]) -> bool:
     return any(key.startswith("backbone.") for key in payload["model"])
 
 
-def load_model(checkpoint: str | os.PathLike, cfg: Config | None = None) -> tuple[nn.Module, Config]:
+def load_model(checkpoint: str | os.PathLike, cfg: Config | RunSpec | None = None) -> tuple[nn.Module, Config]:
     """Build the model a checkpoint describes and load its weights: ``(model, config)``, the model on the CPU in
-    eval mode.
+    eval mode, and the resolved config it was built from.
 
-    ``cfg`` overrides the config the checkpoint carries (needed for checkpoints written before they carried one).
+    ``cfg`` (a config, or a run a job has resolved already) overrides the config the checkpoint carries (needed for
+    checkpoints written before they carried one).
     A checkpoint trained on a feature cache holds no backbone weights (the backbone was frozen): when ``cfg`` does
     not evaluate on a cache, the frozen backbone named by ``model.clip`` is re-attached, built from the same seed
     as the cache was.
     """
     from tvr.models.build import build_backbone, build_model
-    from tvr.models.heads.registry import resolve_head_config
-    from tvr.models.preprocess import resolve_preprocess
+    from tvr.models.run_spec import RunSpec, resolve_run
 
     path = Path(checkpoint)
     payload = read_checkpoint(path, mmap=True)
     if cfg is None:
-        cfg = checkpoint_config(path)
-    resolve_head_config(cfg.head)
-    resolve_preprocess(cfg)
+        run = checkpoint_run(path)
+    else:
+        run = cfg if isinstance(cfg, RunSpec) else resolve_run(cfg)
+    cfg = run.config
     cached = bool(cfg.data.features_dir)
     has_backbone = has_backbone_weights(payload)
     seed_everything(cfg.train.seed)
-    model = build_model(cfg, cached=cached or not has_backbone)
+    model = build_model(run, cached=cached or not has_backbone)
     load_model_state(path, model, payload["model"], str(payload.get("model_class")))
     if not cached and not has_backbone:
         seed_everything(cfg.train.seed)
-        model.backbone = build_backbone(cfg.model)
+        model.backbone = build_backbone(run)
     return model.eval(), cfg

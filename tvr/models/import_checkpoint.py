@@ -32,12 +32,11 @@ import importlib
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from tvr.config import Config
 from tvr.models.backbones.clip.convert_openai import (
     METADATA_KEYS,
     ConversionError,
@@ -50,6 +49,9 @@ from tvr.utils.errors import UserError
 from tvr.utils.io import describe_file_start
 from tvr.utils.pickle_scan import PickleRefusedError
 from tvr.utils.torch_files import TorchFileError, load_torch_file
+
+if TYPE_CHECKING:
+    from tvr.models.run_spec import RunSpec
 
 #: the layout of a release that holds the CLIP and temporal weights alone; a method whose head declares
 #: ``release_keys`` adds its own layout (GARE: ``gare``, ψ)
@@ -317,9 +319,10 @@ def map_release_state_dict(
 
 
 def import_release_checkpoint(
-    path: str | os.PathLike, cfg: Config, layout: str | None = None, partial: bool = False
+    path: str | os.PathLike, run: RunSpec, layout: str | None = None, partial: bool = False
 ) -> tuple[RetrievalModel, ImportReport]:
-    """Build the model of ``cfg`` and load a CLIP4Clip / GARE release checkpoint into it.
+    """Build the model of ``run`` (:func:`tvr.models.run_spec.resolve_run`) and load a CLIP4Clip / GARE release
+    checkpoint into it.
 
     Raises :class:`CheckpointImportError` (with the report's summary) when any model tensor stays unfilled, any
     checkpoint tensor has no place, or shapes disagree — unless ``partial``, which loads what fits and leaves the
@@ -328,7 +331,7 @@ def import_release_checkpoint(
     from tvr.models.build import build_model
 
     state = load_release_state_dict(path)
-    model = build_model(cfg)
+    model = build_model(run)
     own = model.state_dict()
     tensors, report = map_release_state_dict(
         state, {k: v.shape for k, v in own.items()}, layout=layout, source=str(path)

@@ -8,7 +8,8 @@ from typing import Any
 
 from tvr.analysis.checkpoint import AnalysisOptions, analyze_encoded
 from tvr.config import EVAL_SPLITS, Config, ConfigError
-from tvr.pipeline import SplitEvaluator, load_model_for_eval, resolve_config, torch_threads
+from tvr.models.run_spec import resolve_run
+from tvr.pipeline import SplitEvaluator, load_model_for_eval, torch_threads
 from tvr.utils.device import resolve_device
 
 
@@ -20,15 +21,16 @@ def run_analyze(
     ``out_dir/analysis.json``."""
     if split not in EVAL_SPLITS:
         raise ConfigError(f"--split {split!r}: expected one of {list(EVAL_SPLITS)}")
-    resolve_config(cfg)
+    run = resolve_run(cfg)
+    cfg = run.config
     with torch_threads(cfg):
         from tvr.data.tokenizer import build_tokenizer
 
         device = resolve_device(cfg.train.device)
         checkpoint = Path(checkpoint)
         out = Path(out_dir)
-        tokenizer = None if cfg.data.features_dir else build_tokenizer(cfg, checkpoint.parent)
-        model = load_model_for_eval(cfg, checkpoint)
+        tokenizer = None if cfg.data.features_dir else build_tokenizer(run.tokenizer, checkpoint.parent)
+        model = load_model_for_eval(run, checkpoint)
         model.to(device)
         if model.backbone is not None:
             model.backbone.maybe_half(device)

@@ -27,8 +27,7 @@ from tvr.data.feature_cache import (
 )
 from tvr.data.tokenizer import TOKENIZER_FOLDER, build_tokenizer
 from tvr.models.build import build_backbone, check_data_fits_backbone, check_image_size
-from tvr.models.heads.registry import resolve_head_config
-from tvr.models.preprocess import resolve_preprocess
+from tvr.models.run_spec import RunSpec, resolve_run
 from tvr.pipeline.run_folder import StartUndo
 from tvr.train.utils import seed_everything
 from tvr.utils.device import resolve_device
@@ -65,10 +64,9 @@ def build_feature_cache(
     unknown = [s for s in splits if s not in SPLITS + EXTRA_SPLITS]
     if unknown or not splits:
         raise FeatureCacheError(f"--splits {','.join(splits)}: expected some of {', '.join(SPLITS + EXTRA_SPLITS)}")
-    resolve_head_config(cfg.head)
-    resolve_preprocess(cfg)  # the frames the backbone expects (tvr.pipeline.resolve_config, which imports this module)
-    check_image_size(cfg)
-    check_data_fits_backbone(cfg)
+    run = resolve_run(cfg)
+    check_image_size(run)
+    check_data_fits_backbone(run)
     out_dir = Path(out_dir)
     # a start that fails before its first shard (a missing annotation folder, a backbone that does not build) leaves
     # the folder as it found it, so the corrected rerun is not refused as "started with other settings"
@@ -82,7 +80,7 @@ def build_feature_cache(
     )
     # entered before the lock, so it runs after the lock is released (and its file gone)
     with undo, folder_lock(out_dir, "feature cache"):
-        return _build(cfg, out_dir, splits, shard_size, dtype, progress, overwrite, undo)
+        return _build(run, out_dir, splits, shard_size, dtype, progress, overwrite, undo)
 
 
 def _shard_files(out_dir: Path) -> list[Path]:
@@ -103,7 +101,7 @@ def _earlier_shard(path: Path) -> dict | None:
 
 @torch.no_grad()
 def _build(
-    cfg: Config,
+    run: RunSpec,
     out_dir: Path,
     splits: list[str],
     shard_size: int,
@@ -113,8 +111,10 @@ def _build(
     undo: StartUndo,
 ) -> dict:
     manifest_path = out_dir / MANIFEST
-    manifest = _open_manifest(cfg, out_dir, splits, cache_settings(cfg, shard_size, dtype), overwrite, undo)
-    encoder = _ShardEncoder.build(cfg, out_dir, dtype)
+    cfg = run.config
+    settings = cache_settings(cfg, run.features, shard_size, dtype)
+    manifest = _open_manifest(cfg, out_dir, splits, settings, overwrite, undo)
+    encoder = _ShardEncoder.build(run, out_dir, dtype)
     manifest["embed_dim"] = encoder.backbone.embed_dim
     manifest["frame_dim"] = encoder.frame_dim
     for split in splits:
@@ -204,14 +204,15 @@ class _ShardEncoder:
     frame_dim: int
 
     @classmethod
-    def build(cls, cfg: Config, out_dir: Path, dtype: torch.dtype) -> _ShardEncoder:
+    def build(cls, run: RunSpec, out_dir: Path, dtype: torch.dtype) -> _ShardEncoder:
+        cfg = run.config
         device = resolve_device(cfg.train.device)
         # seeded like training, so a randomly initialised ("tiny") backbone is the same one a run would build
         seed_everything(cfg.train.seed)
-        backbone = build_backbone(cfg.model).to(device).eval()
+        backbone = build_backbone(run).to(device).eval()
         backbone.maybe_half(device)
         frame_dim = getattr(backbone, "image_width", backbone.embed_dim)
-        tokenizer = build_tokenizer(cfg, out_dir)
+        tokenizer = build_tokenizer(run.tokenizer, out_dir)
         return cls(cfg, backbone, tokenizer, VideoResolver.from_config(cfg.data), device, dtype, frame_dim)
 
     def video_shard(self, ids: list[str], spans: list) -> dict:

@@ -13,8 +13,7 @@ import torch
 
 from tvr.config import Config, ConfigError, save_config
 from tvr.models.build import check_image_size
-from tvr.models.heads.registry import resolve_head_config
-from tvr.models.preprocess import resolve_preprocess
+from tvr.models.run_spec import RunSpec, resolve_run
 from tvr.pipeline.preflight import preflight
 from tvr.pipeline.run_folder import (
     RESUME_AUTO,
@@ -45,12 +44,12 @@ EVAL_CONFIG = "eval_config.yaml"
 
 
 def resolve_config(cfg: Config) -> Config:
-    """Check what the config layer cannot check alone (the head name and its options) and return ``cfg`` with
-    ``head.options`` as the head's options dataclass and the preprocessing the config leaves to the backbone
-    (``data.image_size``, ``data.sampling``) filled in. Idempotent; raises ConfigError naming the field."""
-    resolve_head_config(cfg.head)
-    resolve_preprocess(cfg)
-    return cfg
+    """``cfg`` resolved, as a new config (``cfg`` is not changed): what the config layer cannot check alone checked
+    (the head name and its options, the backbone's settings), ``head.options`` and the backbone's sections as their
+    dataclasses, and the preprocessing the config leaves to the backbone (``data.image_size``, ``data.sampling``,
+    the pixel normalisation) filled in. Resolving a resolved config gives an equal one; raises ConfigError naming
+    the field. The config of :func:`tvr.models.run_spec.resolve_run`, which jobs use to keep the whole description."""
+    return resolve_run(cfg).config
 
 
 @contextlib.contextmanager
@@ -181,14 +180,14 @@ def run_train(
     serves a first launch and every restart. A preemption signal during training writes ``last.pt`` and raises
     :class:`PreemptedError` (the command line exits with :data:`PREEMPTED_EXIT_CODE`). ``small_val_reason``: why the
     caller chose a small validation split, said in place of the warning (:func:`tvr.pipeline.preflight.preflight`)."""
-    resolve_config(cfg)
+    run = resolve_run(cfg)
     check_run_folder(Path(out_dir), resume, overwrite)
-    with torch_threads(cfg):
-        return _run_train(cfg, out_dir, resume, final_test, overwrite, small_val_reason)
+    with torch_threads(run.config):
+        return _run_train(run, out_dir, resume, final_test, overwrite, small_val_reason)
 
 
 def _run_train(
-    cfg: Config,
+    run: RunSpec,
     out_dir: str | Path,
     resume: bool | str,
     final_test: bool,
@@ -198,13 +197,14 @@ def _run_train(
     from tvr.utils.distributed import all_gather_object, is_main_process
     from tvr.utils.process_group import distributed_job
 
+    cfg = run.config
     # first: a device this machine lacks fails before the run folder exists. Under torchrun the job has returned
     # (its model and DDP wrapper freed) before the process group it joined is destroyed.
     with distributed_job(cfg.train.device) as dist:
         out_dir = Path(out_dir)
         # every split parsed, the video folder and the validation videos checked: fail in seconds, not after training
         checked = preflight(
-            cfg, out_dir, final_test=final_test, progress=is_main_process(), small_val_reason=small_val_reason
+            run, out_dir, final_test=final_test, progress=is_main_process(), small_val_reason=small_val_reason
         )
         created = not out_dir.exists()
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -226,7 +226,7 @@ def _run_train(
                 raise refusal
             if decisions[0][0] is not None:
                 raise RunFolderError(f"the main process could not take the run folder: {decisions[0][0]}")
-            return _train_and_test(cfg, out_dir, bool(decisions[0][1]), final_test, dist, checked, undo)
+            return _train_and_test(run, out_dir, bool(decisions[0][1]), final_test, dist, checked, undo)
 
 
 def _prepare_run_folder(cfg: Config, out_dir: Path, resume: bool | str, overwrite: bool, undo: StartUndo) -> bool:
@@ -257,7 +257,7 @@ def _checkpoint_step(path: Path) -> int | None:
 
 
 def _train_and_test(
-    cfg: Config,
+    run: RunSpec,
     out_dir: Path,
     resume: bool,
     final_test: bool,
@@ -271,13 +271,14 @@ def _train_and_test(
     from tvr.train.trainer import Trainer, seed_everything
     from tvr.train.utils import to_jsonable
 
+    cfg = run.config
     seed_everything(cfg.train.seed)
     if cfg.data.features_dir:
         from tvr.data.feature_cache import check_cache_matches, read_manifest
 
-        check_cache_matches(cfg, read_manifest(cfg.data.features_dir))
-    tokenizer = None if cfg.data.features_dir else build_tokenizer(cfg, out_dir)
-    model = build_model(cfg, cached=bool(cfg.data.features_dir))
+        check_cache_matches(cfg, run.features, read_manifest(cfg.data.features_dir))
+    tokenizer = None if cfg.data.features_dir else build_tokenizer(run.tokenizer, out_dir)
+    model = build_model(run, cached=bool(cfg.data.features_dir))
     if model.backbone is not None and cfg.model.freeze_backbone:
         model.backbone.maybe_half(dist.device)
     train_data = _train_data(cfg, out_dir, tokenizer, dist.rank, dist.world_size, checked.splits["train"])
@@ -317,25 +318,26 @@ def run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path) -> dict:
     share of the split (sharded evaluation) and rank 0 writes the results."""
     from tvr.utils.process_group import distributed_job
 
-    resolve_config(cfg)
-    resolve_device(cfg.train.device)  # first: a device this machine lacks fails before out_dir is written
-    if not cfg.data.features_dir:
-        check_image_size(cfg)
-    with torch_threads(cfg), distributed_job(cfg.train.device) as dist:
-        return _run_eval(cfg, checkpoint, out_dir, dist)
+    run = resolve_run(cfg)
+    resolve_device(run.config.train.device)  # first: a device this machine lacks fails before out_dir is written
+    if not run.config.data.features_dir:
+        check_image_size(run)
+    with torch_threads(run.config), distributed_job(run.config.train.device) as dist:
+        return _run_eval(run, checkpoint, out_dir, dist)
 
 
-def _run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path, dist: DistInfo) -> dict:
+def _run_eval(run: RunSpec, checkpoint: str | Path, out_dir: str | Path, dist: DistInfo) -> dict:
     from tvr.data.tokenizer import build_tokenizer
 
+    cfg = run.config
     device = dist.device
     out_dir = Path(out_dir)
     if dist.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         # its own record, never a run's config.yaml: --out may well be the run folder the checkpoint came from
         save_config(cfg, out_dir / EVAL_CONFIG)
-    tokenizer = None if cfg.data.features_dir else build_tokenizer(cfg, Path(checkpoint).parent)
-    model = load_model_for_eval(cfg, checkpoint)
+    tokenizer = None if cfg.data.features_dir else build_tokenizer(run.tokenizer, Path(checkpoint).parent)
+    model = load_model_for_eval(run, checkpoint)
     model.to(device)
     if model.backbone is not None:
         model.backbone.maybe_half(device)
@@ -345,9 +347,9 @@ def _run_eval(cfg: Config, checkpoint: str | Path, out_dir: str | Path, dist: Di
     return metrics
 
 
-def load_model_for_eval(cfg: Config | None, checkpoint: str | Path):
-    """The model of ``checkpoint`` with its weights (``cfg`` overrides the config the checkpoint carries; see
-    :func:`tvr.models.checkpoint.load_model`)."""
+def load_model_for_eval(cfg: Config | RunSpec | None, checkpoint: str | Path):
+    """The model of ``checkpoint`` with its weights (``cfg``, a config or a resolved run, overrides the config the
+    checkpoint carries; see :func:`tvr.models.checkpoint.load_model`)."""
     from tvr.models.checkpoint import load_model
 
     return load_model(checkpoint, cfg)[0]

@@ -19,6 +19,7 @@ from tvr.data.check import SMALL_VAL, probe_files
 from tvr.data.datasets import VideoResolver, frame_cache_reader
 from tvr.data.video import VideoDecodeError
 from tvr.models.build import check_data_fits_backbone, check_image_size
+from tvr.models.run_spec import RunSpec
 from tvr.utils.distributed import is_main_process
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def check_run_folder_path(out_dir: Path) -> None:
 
 
 def preflight(
-    cfg: Config,
+    run: RunSpec,
     out_dir: str | Path,
     final_test: bool = True,
     progress: bool = True,
@@ -51,11 +52,13 @@ def preflight(
 ) -> Preflight:
     """Parse and resolve everything the run will need; raise :class:`PreflightError` / ``AnnotationError`` naming
     the file, field or video when something would stop the run later. ``small_val_reason``: why the caller chose a
-    small validation split (the demo's); it is said, as a note, in place of the small-split warning."""
+    small validation split (the demo's); it is said, as a note, in place of the small-split warning. ``run``: the
+    job's resolved run (:func:`tvr.models.run_spec.resolve_run`)."""
+    cfg = run.config
     check_run_folder_path(Path(out_dir))
     if not cfg.data.features_dir:  # cached features were encoded already; the crop no longer reaches the backbone
-        check_image_size(cfg)
-        check_data_fits_backbone(cfg)
+        check_image_size(run)
+        check_data_fits_backbone(run)
     names = ["train", "val"] + (["test"] if final_test else [])
     splits: dict[str, RetrievalSplit] = {}
     for name in names:

@@ -19,20 +19,20 @@ def import_checkpoint(
     """Map the release state dict ``src`` onto the model ``cfg`` describes and save it at ``out`` (the resolved
     config included); ``report_path`` also receives the full key report (JSON). Returns the report. Raises
     ``CheckpointImportError`` when the file does not fit the model (nothing is written then)."""
-    from tvr.pipeline import resolve_config
+    from tvr.models.run_spec import resolve_run
     from tvr.train.checkpoint import save_checkpoint
 
-    resolve_config(cfg)
+    run = resolve_run(cfg)
     out = Path(out)
     if out.is_dir():
         raise UserError(f"--out {out} is a folder; expected a checkpoint file such as {out}/best.pt")
-    model, report = import_release_checkpoint(src, cfg, partial=partial)
+    model, report = import_release_checkpoint(src, run, partial=partial)
     state = {
         "imported_from": str(src),
         "import_layout": report.layout,
         "import_counts": {k: len(v) for k, v in report.to_dict().items() if isinstance(v, list)},
     }
-    save_checkpoint(out, model, state=state, config=cfg)
+    save_checkpoint(out, model, state=state, config=run.config)
     if report_path is not None:
         atomic_write_json(report_path, report.to_dict())
     return report

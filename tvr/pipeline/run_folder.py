@@ -222,14 +222,14 @@ def _flat(values: Any, prefix: str = "") -> dict[str, Any]:
 
 def _recorded_config(out_dir: Path) -> dict[str, Any] | None:
     """The settings ``config.yaml`` records, flattened to dotted names (None when the folder has none)."""
-    from tvr.models.heads.registry import resolve_head_config
+    from tvr.models.run_spec import resolve_run
 
     path = out_dir / CONFIG
     if not path.is_file():
         return None
     try:
-        recorded = config_from_dict(read_yaml(path) or {}, where=str(path))
-        resolve_head_config(recorded.head)  # head.options as the head's dataclass, as in the run's own config
+        # resolved as the run's own config is (a resolved record resolves to itself)
+        recorded = resolve_run(config_from_dict(read_yaml(path) or {}, where=str(path))).config
     except UntrustedCodeError:  # the record is fine: it needs --trust-code, as the run did
         raise
     except (DataFileError, ConfigError) as exc:

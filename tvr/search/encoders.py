@@ -158,15 +158,16 @@ def weights_sha256(model: torch.nn.Module, config: dict[str, Any]) -> str:
 
 
 class ModelEncoder(SearchEncoder):
-    """A tvr ``RetrievalModel`` with its resolved config: frame settings, tokenizer and pixel normalisation follow the
-    config."""
+    """A tvr ``RetrievalModel`` with the resolved run it was built from (:func:`tvr.models.run_spec.resolve_run`):
+    frame settings, tokenizer and pixel normalisation follow it."""
 
     def __init__(
-        self, model: torch.nn.Module, cfg: Any, device: str | torch.device = "cpu", batch_size: int = 32
+        self, model: torch.nn.Module, run: Any, device: str | torch.device = "cpu", batch_size: int = 32
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
-        self.cfg = cfg
+        self.run = run
+        self.cfg = cfg = run.config
         self.head = self.model.head
         self.batch_size = batch_size
         from tvr.data.datasets import data_pixel_norm
@@ -192,7 +193,7 @@ class ModelEncoder(SearchEncoder):
 
                 # a tiny model's tokenizer is built locally into a private folder (read-only index folders stay so)
                 self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="tvr-tokenizer-")
-                self._tokenizer = build_tokenizer(self.cfg, self._tokenizer_dir.name)
+                self._tokenizer = build_tokenizer(self.run.tokenizer, self._tokenizer_dir.name)
             return self._tokenizer
 
     @property
@@ -221,12 +222,13 @@ class CheckpointEncoder(ModelEncoder):
     """A tvr checkpoint (``tvr train`` / ``tvr import-checkpoint``): model, head and frame settings from the file."""
 
     def __init__(self, checkpoint: str | os.PathLike, device: str | torch.device = "cpu", batch_size: int = 32) -> None:
-        from tvr.models.checkpoint import load_model
+        from tvr.models.checkpoint import checkpoint_run, load_model
 
         self.path = Path(checkpoint).resolve()
         self.sha256 = file_sha256(self.path)
-        model, cfg = load_model(self.path)
-        super().__init__(model, cfg, device, batch_size)
+        run = checkpoint_run(self.path)
+        model, _ = load_model(self.path, run)
+        super().__init__(model, run, device, batch_size)
 
     def stamp(self) -> dict[str, Any]:
         from tvr.config import config_to_dict
@@ -250,18 +252,16 @@ class ConfigEncoder(ModelEncoder):
     def __init__(self, cfg: Any, name: str = "", device: str | torch.device = "cpu", batch_size: int = 32) -> None:
         from tvr.config import config_to_dict
         from tvr.models.build import build_model
-        from tvr.models.heads.registry import resolve_head_config
-        from tvr.models.preprocess import resolve_preprocess
+        from tvr.models.run_spec import resolve_run
         from tvr.utils.seeding import seed_everything
 
-        resolve_head_config(cfg.head)
-        resolve_preprocess(cfg)  # the backbone's image size, sampling and normalisation where the config leaves them
-        seed_everything(cfg.train.seed)
-        model = build_model(cfg)
+        run = resolve_run(cfg)  # the backbone's image size, sampling and normalisation where the config leaves them
+        seed_everything(run.config.train.seed)
+        model = build_model(run)
         self.name = name
-        self.config_values = config_to_dict(cfg)
+        self.config_values = config_to_dict(run.config)
         self.sha256 = weights_sha256(model, self.config_values)
-        super().__init__(model, cfg, device, batch_size)
+        super().__init__(model, run, device, batch_size)
 
     def stamp(self) -> dict[str, Any]:
         return {

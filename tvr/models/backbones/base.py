@@ -13,7 +13,7 @@ from typing import Any, ClassVar, TypeVar
 
 from torch import nn
 
-from tvr.config import Config, ModelConfig, config_to_dict, register_model_section
+from tvr.config import Config, ModelConfig, config_to_dict
 from tvr.data.feature_cache import FeatureIdentity
 from tvr.data.tokenizer import TokenizerSpec
 from tvr.data.transforms import CLIP_NORM, PixelNorm
@@ -164,6 +164,21 @@ def _dotted(values: dict, key: str) -> Any:
 
 
 _BACKBONES: dict[str, Backbone] = {}
+#: ``model.<key>`` → the dataclass the registered backbone that declares that section builds it into
+_SECTIONS: dict[str, type] = {}
+
+
+def section_type(key: str) -> type | None:
+    """The dataclass of the settings section ``model.<key>`` (None: no registered backbone declares it)."""
+    return _SECTIONS.get(key)
+
+
+def _register_section(key: str, cls: type) -> None:
+    """Registering the same class again is a no-op; another class under a taken key is an error."""
+    current = _SECTIONS.get(key)
+    if current is not None and (current.__module__, current.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"model.{key} is already the section of {current.__module__}.{current.__qualname__}")
+    _SECTIONS[key] = cls
 
 
 def _check_backbone_class(cls: Any, what: str) -> type[Backbone]:
@@ -184,7 +199,7 @@ def _add(name: str, cls: type[Backbone], overwrite: bool = False) -> None:
     if current is not None and not overwrite and not same:
         raise ValueError(f"backbone {name!r} is already registered by {type(current).__module__}")
     for key, section in cls.sections.items():
-        register_model_section(key, section)
+        _register_section(key, section)
     backbone = cls()
     backbone.name = name  # the instance's: one class may be registered under two names
     _BACKBONES[name] = backbone

@@ -9,39 +9,36 @@ A backbone is a folder, ``tvr/models/backbones/<name>/``, whose ``backbone.py`` 
         sections = {"tiny": TinyClipConfig, "clipvip": ClipVipConfig}
         ...
 
-The package's own folders are registered when this module is imported (so their settings sections load as their
-dataclasses from the first config on); entry points of the ``tvr.backbones`` group (how an installed package
-contributes a backbone: ``name = "package.module:BackboneClass"``) on the first lookup; code already running may
-call :func:`register_backbone` itself. A backbone anywhere else is used by import path, ``model.backbone:
-package.module:Class``, as a head is (the import runs the module's code, so a config, checkpoint or index may name
-one only when code is trusted: ``tvr --trust-code``).
+The package's own folders are registered when this module is imported; entry points of the ``tvr.backbones`` group
+(how an installed package contributes a backbone: ``name = "package.module:BackboneClass"``) on the first lookup;
+code already running may call :func:`register_backbone` itself. A backbone anywhere else is used by import path,
+``model.backbone: package.module:Class``, as a head is (the import runs the module's code, so a config, checkpoint
+or index may name one only when code is trusted: ``tvr --trust-code``).
 
-Resolving a run config (:func:`resolve_backbone_config`, part of every job's resolution) builds the backbone's
-sections and writes its frame size, sampling and pixel normalisation into ``data.*`` where the config leaves them
-unset. The rest of what the data pipeline needs of the backbone, its tokenizer and what decides its frozen features,
-``tvr.data`` asks through ``tvr.config.ask_backbone``, which this module answers from the backbone's folder. So
-``tvr.data`` never reads ``cfg.model``, and no module outside a backbone's folder asks which backbone it holds.
+A job resolves its config once (:func:`tvr.models.run_spec.resolve_run`): the backbone's sections typed
+(:func:`typed_model_config`), its frame size, sampling and pixel normalisation written into ``data.*`` where the
+config leaves them unset (:func:`with_backbone_pixels`), and what the data pipeline needs of the backbone, its
+tokenizer and what decides its frozen features, answered from the backbone's folder; ``tvr.data`` is handed those
+values. So ``tvr.data`` never reads ``cfg.model``, and no module outside a backbone's folder asks which
+backbone it holds.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import pkgutil
 
 from tvr.config import (
     REGISTERED_BACKBONES,
-    Config,
     ConfigError,
+    DataConfig,
     ModelConfig,
-    answer_backbone_question,
     build_section,
     check_head_import,
     import_named,
-    model_section_type,
 )
-from tvr.data.feature_cache import FeatureIdentity
-from tvr.data.tokenizer import TokenizerSpec
 from tvr.data.transforms import PixelNorm
 from tvr.models.backbones.base import (
     _BACKBONES,
@@ -51,6 +48,7 @@ from tvr.models.backbones.base import (
     _add,
     _check_backbone_class,
     register_backbone,
+    section_type,
 )
 from tvr.utils.plugins import load_entry_points
 
@@ -61,9 +59,10 @@ __all__ = [
     "Preprocess",
     "available_backbones",
     "backbone_spec",
+    "data_preprocess",
     "register_backbone",
-    "resolve_backbone_config",
-    "resolve_backbone_sections",
+    "typed_model_config",
+    "with_backbone_pixels",
 ]
 
 ENTRY_POINT_GROUP = "tvr.backbones"
@@ -110,39 +109,47 @@ def backbone_spec(name: str) -> Backbone:
     return _BACKBONES[name]
 
 
-# --------------------------------------------------------------------------------------------- resolution
+# --------------------------------------------------------------------------------------------- typed settings
 
 
-def resolve_backbone_sections(model_cfg: ModelConfig) -> Backbone:
-    """Check ``model.backbone`` and build every registered section of ``model_cfg`` (and ``model.options``, against
-    the backbone's :attr:`~Backbone.Options`) into its dataclass, in place; returns the backbone. Idempotent."""
+def typed_model_config(model_cfg: ModelConfig) -> ModelConfig:
+    """A copy of ``model_cfg`` with every registered section (and ``model.options``, against the backbone's
+    :attr:`~Backbone.Options`) built into its dataclass; ``model_cfg`` is not changed. ConfigError names the field
+    (or ``model.backbone``) that does not fit. Typing a typed config gives an equal one."""
     backbone = backbone_spec(model_cfg.backbone)
+    typed = {}
     for f in dataclasses.fields(model_cfg):
-        section = model_section_type(f.metadata.get("section", ""))
+        section = section_type(f.metadata.get("section", ""))
         if section is not None:
-            setattr(model_cfg, f.name, build_section(section, getattr(model_cfg, f.name), f"model.{f.name}"))
+            typed[f.name] = build_section(section, copy.deepcopy(getattr(model_cfg, f.name)), f"model.{f.name}")
     if backbone.Options is not None:
-        model_cfg.options = build_section(backbone.Options, model_cfg.options, "model.options")
+        typed["options"] = build_section(backbone.Options, copy.deepcopy(model_cfg.options), "model.options")
     elif model_cfg.options:
         raise ConfigError(f"model.options: backbone {backbone.name!r} takes no options, got {model_cfg.options!r}")
-    return backbone
+    return dataclasses.replace(model_cfg, **typed)
 
 
-def resolve_backbone_config(cfg: Config) -> Preprocess:
-    """Resolve everything the run config leaves to its backbone, in place (idempotent): its sections as their
-    dataclasses, and ``data.image_size``, ``data.sampling``, ``data.pixel_mean`` / ``data.pixel_std`` where unset
-    (values the config sets win). Returns the preprocessing the data pipeline will use."""
-    backbone = resolve_backbone_sections(cfg.model)
-    data = cfg.data
-    if data.pixel_mean is None or data.pixel_std is None:
-        norm = backbone.pixel_norm(cfg.model)
-        data.pixel_mean = data.pixel_mean if data.pixel_mean is not None else tuple(norm.mean)
-        data.pixel_std = data.pixel_std if data.pixel_std is not None else tuple(norm.std)
-    if data.image_size is None:
-        data.image_size = backbone.image_size(cfg.model)  # None still when it cannot tell without a download
-    if data.sampling is None:
-        data.sampling = backbone.sampling
-    return Preprocess(data.image_size, data.sampling, PixelNorm(tuple(data.pixel_mean), tuple(data.pixel_std)))
+def with_backbone_pixels(data_cfg: DataConfig, backbone: Backbone, model_cfg: ModelConfig) -> DataConfig:
+    """A copy of ``data_cfg`` whose ``image_size``, ``sampling``, ``pixel_mean`` and ``pixel_std`` left unset are
+    the backbone's (values the config sets win; ``model_cfg`` typed). ``image_size`` stays None when the backbone
+    cannot tell it without a download."""
+    filled = {}
+    if data_cfg.pixel_mean is None or data_cfg.pixel_std is None:
+        norm = backbone.pixel_norm(model_cfg)
+        filled["pixel_mean"] = data_cfg.pixel_mean if data_cfg.pixel_mean is not None else tuple(norm.mean)
+        filled["pixel_std"] = data_cfg.pixel_std if data_cfg.pixel_std is not None else tuple(norm.std)
+    if data_cfg.image_size is None:
+        filled["image_size"] = backbone.image_size(model_cfg)
+    if data_cfg.sampling is None:
+        filled["sampling"] = backbone.sampling
+    return dataclasses.replace(data_cfg, **filled)
+
+
+def data_preprocess(data_cfg: DataConfig) -> Preprocess:
+    """The preprocessing a resolved ``data`` section makes (frame size, sampling, pixel normalisation)."""
+    return Preprocess(
+        data_cfg.image_size, data_cfg.sampling, PixelNorm(tuple(data_cfg.pixel_mean), tuple(data_cfg.pixel_std))
+    )
 
 
 def _register_builtin() -> None:
@@ -153,15 +160,4 @@ def _register_builtin() -> None:
             importlib.import_module(f"{package.__name__}.{info.name}.backbone")
 
 
-def _tokenizer_spec(cfg: Config) -> TokenizerSpec:
-    return resolve_backbone_sections(cfg.model).tokenizer(cfg.model)
-
-
-def _feature_identity(cfg: Config) -> FeatureIdentity:
-    return resolve_backbone_sections(cfg.model).feature_identity(cfg)
-
-
 _register_builtin()
-# what tvr.data asks of the run's backbone (tvr.config.ask_backbone)
-answer_backbone_question("tokenizer_spec", _tokenizer_spec)
-answer_backbone_question("feature_identity", _feature_identity)

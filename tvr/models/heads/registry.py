@@ -17,6 +17,7 @@ by its import path, ``head.name: my_pkg.heads:MyHead``; it needs no registration
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import importlib.metadata
@@ -123,20 +124,17 @@ def head_options(name: str, values: Any = None) -> Any:
     return build_section(cls.Options, values, "head.options")
 
 
-def resolve_head_config(head_cfg: HeadConfig) -> HeadConfig:
-    """Check ``head.name`` and replace ``head.options`` by the head's validated options dataclass (in place; safe to
-    call again). Call it right after loading a config so a bad value stops the run before anything is written.
-
-    This is the one place a mapping becomes options: every job resolves its config when it loads it
-    (``tvr.pipeline.resolve_config``, a checkpoint's config in ``tvr.models.checkpoint``), and from then on
-    ``head.options`` is the head's ``Options`` dataclass, read by attribute, never a mapping."""
-    head_cfg.options = head_options(head_cfg.name, head_cfg.options)
-    return head_cfg
+def typed_head_config(head_cfg: HeadConfig) -> HeadConfig:
+    """A copy of ``head_cfg`` whose ``options`` are the head's validated options dataclass (``head_cfg`` is not
+    changed); ConfigError names ``head.name`` or the option that does not fit. Every job types its head once, when
+    it resolves its config (:func:`tvr.models.run_spec.resolve_run`); from then on ``head.options`` is read by
+    attribute, never as a mapping."""
+    return dataclasses.replace(head_cfg, options=head_options(head_cfg.name, copy.deepcopy(head_cfg.options)))
 
 
 def build_head(head_cfg: HeadConfig, dim: int, logit_scale_init: float) -> RetrievalHead:
-    """Build the head named ``head_cfg.name`` for ``dim``-dimensional features. ``head_cfg`` is resolved first (in
-    place, as :func:`resolve_head_config` does), so the config the head was built from holds the options it uses.
+    """Build the head named ``head_cfg.name`` for ``dim``-dimensional features from its options (a resolved run's
+    ``head`` holds them typed; a mapping is checked and typed first, leaving ``head_cfg`` as it is).
 
     ``logit_scale_init`` is the backbone's value (ln 100 for pretrained CLIP); ``head_cfg.logit_scale_init``
     overrides it when set.
@@ -144,6 +142,6 @@ def build_head(head_cfg: HeadConfig, dim: int, logit_scale_init: float) -> Retri
     if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
         raise ValueError(f"build_head: dim must be a positive integer, got {dim!r}")
     cls = head_class(head_cfg.name)
-    options = resolve_head_config(head_cfg).options
+    options = head_options(head_cfg.name, head_cfg.options)
     scale = float(head_cfg.logit_scale_init) if head_cfg.logit_scale_init is not None else float(logit_scale_init)
     return cls(dim, options, logit_scale_init=scale, logit_scale_max=head_cfg.logit_scale_max)
