@@ -8,9 +8,10 @@ A format module registers itself with the :func:`register_dataset_format` class 
 
 Formats are found without a hand-kept list, as heads are: the first lookup imports every module of the
 ``tvr.data.formats`` package (except ``base``, ``reading``, ``registry`` and ``_*`` modules, which hold no format).
-Registering also lets ``data.dataset`` name the format (:func:`tvr.config.register_dataset_name`), so a format
-defined elsewhere is registered by importing its module before its config is loaded. (No entry-point group: a config
-is checked when it loads, before anything would look the group up.)
+An installed package contributes a format as an entry point of the ``tvr.datasets`` group (``name =
+"package.module:FormatClass"``), found on the first lookup as the package's own modules are; code already running may
+register one with :func:`register_dataset_format`. ``data.dataset`` is checked against this registry when the run is
+resolved (:func:`tvr.models.run_spec.resolve_run`), as ``head.name`` is against the heads'.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from tvr.config import register_dataset_name
 from tvr.data.formats.base import DatasetFormat
 from tvr.data.formats.reading import AnnotationError
 from tvr.utils.plugins import Registry
@@ -26,15 +26,18 @@ from tvr.utils.plugins import Registry
 F = TypeVar("F", bound=type[DatasetFormat])
 
 PACKAGE = "tvr.data.formats"
+#: the entry-point group through which an installed package contributes a dataset format
+ENTRY_POINT_GROUP = "tvr.datasets"
 
 
 def _named(name: str, cls: type[DatasetFormat]) -> None:
     cls.name = name
-    register_dataset_name(name)
 
 
 #: modules of the package that hold no format: base, reading, registry
-_FORMATS = Registry("dataset", DatasetFormat, PACKAGE, frozenset({"base", "reading", "registry"}), None, _named)
+_FORMATS = Registry(
+    "dataset", DatasetFormat, PACKAGE, frozenset({"base", "reading", "registry"}), ENTRY_POINT_GROUP, _named
+)
 
 
 def register_dataset_format(name: str, *, overwrite: bool = False) -> Callable[[F], F]:
