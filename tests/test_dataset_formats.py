@@ -99,6 +99,36 @@ def test_formats_of_installed_packages_join_through_entry_points(monkeypatch: py
         registry._FORMATS._classes.pop("plugged_tsv", None)
 
 
+class PathTsv(ToyTsv):
+    """The toy format named by import path (``data.dataset: test_dataset_formats:PathTsv``), registered by no one."""
+
+
+def test_a_format_by_import_path_needs_trusted_code(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tvr.cli import app
+    from tvr.config import trusting_code
+    from tvr.pipeline import resolve_config
+
+    spec = "test_dataset_formats:PathTsv"
+    with pytest.raises(ConfigError, match=r"data.dataset = 'test_dataset_formats:PathTsv' is an import path"):
+        load_config(None, [f"data.dataset={spec}"])
+    folder = _toy_folder(tmp_path)
+    with trusting_code():
+        cfg = resolve_config(load_config(None, [f"data.dataset={spec}", f"data.annotations={folder}"]))
+        same = load_config(None, ["data.dataset=toy_tsv", f"data.annotations={folder}"]).data
+        assert cfg.data.dataset == spec and load_split(cfg.data, "train").videos == load_split(same, "train").videos
+        assert load_split(cfg.data, "test").name == f"{spec}/test" and spec in available_dataset_formats()
+        for bad, message in (
+            ("test_dataset_formats:ConfigError", "expected a DatasetFormat subclass"),
+            ("no_such_module_xyz:Format", "cannot import module 'no_such_module_xyz'"),
+        ):
+            with pytest.raises(ConfigError, match=message):
+                resolve_config(load_config(None, [f"data.dataset={bad}"]))
+    refused = CliRunner().invoke(app, ["check-data", "--config", "cpu/clip4clip", "--set", f"data.dataset={spec}"])
+    assert refused.exit_code == 2 and "tvr --trust-code" in refused.output
+
+
 def test_data_dataset_is_checked_when_the_run_is_resolved(tmp_path: Path) -> None:
     """As ``head.name`` and ``model.backbone``: the config layer keeps the name, resolving the run checks it against
     the formats registered (tvr's own modules, and this file's ``toy_tsv``), before anything runs."""

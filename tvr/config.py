@@ -102,6 +102,8 @@ def import_named(spec: str, where: str) -> Any:
 
 #: what a backbone refused for want of trust says needs none
 REGISTERED_BACKBONES = "registered backbones (`model.backbone` names: the package's folders and entry points)"
+#: what a dataset format refused for want of trust says needs none
+REGISTERED_DATASETS = "registered dataset formats (`data.dataset` names: tvr/data/formats and entry points)"
 
 
 #: ceilings of the sizes of randomly initialised models (``model.tiny``, ``model.two_tower.tiny``, the temporal
@@ -687,6 +689,7 @@ def config_from_dict(values: dict, where: str = "config") -> Config:
     prefix = "" if where == "config" else f"{where}."
     check_head_import(config.head.name, f"{prefix}head.name")
     check_head_import(config.model.backbone, f"{prefix}model.backbone", REGISTERED_BACKBONES)
+    check_head_import(config.data.dataset, f"{prefix}data.dataset", REGISTERED_DATASETS)
     return config
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from tvr.config import Config, ConfigError
 from tvr.data.feature_cache import FeatureIdentity
-from tvr.data.formats.registry import available_dataset_formats
+from tvr.data.formats.registry import available_dataset_formats, dataset_format_class
 from tvr.data.tokenizer import TokenizerSpec
 from tvr.models.backbones.registry import (
     Backbone,
@@ -48,10 +48,11 @@ class RunSpec:
 
 
 def check_dataset_name(name: str) -> None:
-    """``data.dataset`` names a registered dataset format; ConfigError listing the known ones otherwise."""
-    known = available_dataset_formats()
-    if name not in known:
-        raise ConfigError(f"data.dataset = {name!r}: expected one of {known}")
+    """``data.dataset`` names a registered dataset format (or, with trusted code, one by import path); ConfigError
+    listing the known ones otherwise."""
+    if dataset_format_class(name) is None:
+        known = available_dataset_formats()
+        raise ConfigError(f"data.dataset = {name!r}: expected one of {known} (or 'package.module:Class')")
 
 
 def resolve_run(cfg: Config) -> RunSpec:

@@ -10,8 +10,10 @@ Formats are found without a hand-kept list, as heads are: the first lookup impor
 ``tvr.data.formats`` package (except ``base``, ``reading``, ``registry`` and ``_*`` modules, which hold no format).
 An installed package contributes a format as an entry point of the ``tvr.datasets`` group (``name =
 "package.module:FormatClass"``), found on the first lookup as the package's own modules are; code already running may
-register one with :func:`register_dataset_format`. ``data.dataset`` is checked against this registry when the run is
-resolved (:func:`tvr.models.run_spec.resolve_run`), as ``head.name`` is against the heads'.
+register one with :func:`register_dataset_format`; a format anywhere else is used by import path, ``data.dataset:
+package.module:Class``, as a head is (the import runs the module's code, so a config may name one only when code is
+trusted: ``tvr --trust-code``). ``data.dataset`` is checked against this registry when the run is resolved
+(:func:`tvr.models.run_spec.resolve_run`), as ``head.name`` is against the heads'.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from tvr.config import REGISTERED_DATASETS, ConfigError, check_head_import, import_named
 from tvr.data.formats.base import DatasetFormat
 from tvr.data.formats.reading import AnnotationError
 from tvr.utils.plugins import Registry
@@ -58,9 +61,24 @@ def builtin_dataset_formats() -> list[str]:
     return sorted(name for name, cls in _FORMATS.classes().items() if cls.__module__.startswith(f"{PACKAGE}."))
 
 
+def dataset_format_class(name: str) -> type[DatasetFormat] | None:
+    """The format class ``data.dataset`` names: a registered name, or an import path ``package.module:Class`` (with
+    trusted code; imported and registered under that path). None for an unknown name; ConfigError (UntrustedCodeError
+    without trust) for an import path that does not give a format."""
+    if isinstance(name, str) and ":" in name:
+        check_head_import(name, "data.dataset", REGISTERED_DATASETS)  # each time: a file may not choose code
+        if _FORMATS.get(name) is None:
+            try:
+                cls = _FORMATS.check(import_named(name, "data.dataset"), f"data.dataset = {name!r}")
+            except TypeError as exc:
+                raise ConfigError(str(exc)) from None
+            _FORMATS.register(name)(cls)
+    return _FORMATS.get(name)
+
+
 def dataset_format(name: str) -> DatasetFormat:
     """The format ``data.dataset`` names (an AnnotationError listing the known ones otherwise)."""
-    cls = _FORMATS.get(name)
+    cls = dataset_format_class(name)
     if cls is None:
         raise AnnotationError(f"data.dataset must be one of {available_dataset_formats()}, got {name!r}")
     return cls()
