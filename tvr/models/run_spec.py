@@ -57,10 +57,10 @@ def check_dataset_name(name: str) -> None:
 
 def resolve_run(cfg: Config) -> RunSpec:
     """The run ``cfg`` describes, resolved (``cfg`` itself is left as it is). Raises ConfigError naming the field
-    when the head's options or the backbone's settings do not fit them."""
+    when the dataset format, the head's options or the backbone's settings do not fit them (in that order)."""
     own = copy.deepcopy(cfg)  # the description shares nothing with the caller's config
     check_dataset_name(own.data.dataset)
-    head = typed_head_config(own.head)  # first: a bad head option is the error named, before a backbone's
+    head = typed_head_config(own.head)  # before the backbone: a bad head option is the error named
     model = typed_model_config(own.model)
     backbone = backbone_spec(model.backbone)
     data = with_backbone_pixels(own.data, backbone, model)
