@@ -75,9 +75,77 @@ def test_a_format_outside_tvr_is_read_held_out_and_described(tmp_path: Path) -> 
         load_split(cfg, "train")
 
 
-def test_data_dataset_still_refuses_an_unregistered_name_when_the_config_loads() -> None:
-    with pytest.raises(ConfigError, match=r"data.dataset = 'kinetics': expected one of \['msrvtt', "):
-        load_config(None, ["data.dataset=kinetics"])
+class PluggedTsv(ToyTsv):
+    """The toy format as an installed package would contribute it: through an entry point, never imported here."""
+
+
+def test_formats_of_installed_packages_join_through_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    from tvr.data.formats import registry
+
+    group = registry.ENTRY_POINT_GROUP
+    good = importlib.metadata.EntryPoint("plugged_tsv", "test_dataset_formats:PluggedTsv", group)
+    broken = importlib.metadata.EntryPoint("broken", "no_such_module_xyz:Format", group)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [good, broken])
+    monkeypatch.setattr(registry._FORMATS, "_discovered", False)
+    try:
+        assert "plugged_tsv" in available_dataset_formats() and "broken" not in available_dataset_formats()
+        assert dataset_format("plugged_tsv").name == "plugged_tsv" and ToyTsv.name == "toy_tsv"
+        from tvr.pipeline import resolve_config
+
+        assert resolve_config(load_config(None, ["data.dataset=plugged_tsv"])).data.dataset == "plugged_tsv"
+    finally:
+        registry._FORMATS._classes.pop("plugged_tsv", None)
+
+
+class PathTsv(ToyTsv):
+    """The toy format named by import path (``data.dataset: test_dataset_formats:PathTsv``), registered by no one."""
+
+
+def test_a_format_by_import_path_needs_trusted_code(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tvr.cli import app
+    from tvr.config import trusting_code
+    from tvr.pipeline import resolve_config
+
+    spec = "test_dataset_formats:PathTsv"
+    with pytest.raises(ConfigError, match=r"data.dataset = 'test_dataset_formats:PathTsv' is an import path"):
+        load_config(None, [f"data.dataset={spec}"])
+    folder = _toy_folder(tmp_path)
+    with trusting_code():
+        cfg = resolve_config(load_config(None, [f"data.dataset={spec}", f"data.annotations={folder}"]))
+        same = load_config(None, ["data.dataset=toy_tsv", f"data.annotations={folder}"]).data
+        assert cfg.data.dataset == spec and load_split(cfg.data, "train").videos == load_split(same, "train").videos
+        assert load_split(cfg.data, "test").name == f"{spec}/test" and spec in available_dataset_formats()
+        for bad, message in (
+            ("test_dataset_formats:ConfigError", "expected a DatasetFormat subclass"),
+            ("no_such_module_xyz:Format", "cannot import module 'no_such_module_xyz'"),
+        ):
+            with pytest.raises(ConfigError, match=message):
+                resolve_config(load_config(None, [f"data.dataset={bad}"]))
+    refused = CliRunner().invoke(app, ["check-data", "--config", "cpu/clip4clip", "--set", f"data.dataset={spec}"])
+    assert refused.exit_code == 2 and "tvr --trust-code" in refused.output
+
+
+def test_data_dataset_is_checked_when_the_run_is_resolved(tmp_path: Path) -> None:
+    """As ``head.name`` and ``model.backbone``: the config layer keeps the name, resolving the run checks it against
+    the formats registered (tvr's own modules, and this file's ``toy_tsv``), before anything runs."""
+    from typer.testing import CliRunner
+
+    from tvr.cli import app
+    from tvr.pipeline import resolve_config
+
+    loaded = load_config(None, ["data.dataset=kinetics"])
+    assert loaded.data.dataset == "kinetics"
+    known = r"\['activitynet', 'didemo', 'generic', 'msrvtt', 'msvd', .*'toy_tsv'"
+    with pytest.raises(ConfigError, match=rf"data.dataset = 'kinetics': expected one of {known}"):
+        resolve_config(loaded)
+    assert resolve_config(load_config(None, ["data.dataset=toy_tsv"])).data.dataset == "toy_tsv"
+    result = CliRunner().invoke(app, ["check-data", "--config", "cpu/clip4clip", "--set", "data.dataset=kinetics"])
+    assert result.exit_code == 2
+    assert "--set data.dataset=kinetics: data.dataset = 'kinetics': expected one of ['activitynet'" in result.output
 
 
 def test_register_dataset_format_refuses_a_taken_name_and_a_non_format() -> None:

@@ -18,7 +18,7 @@ import re
 import signal
 import types
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,8 @@ def import_named(spec: str, where: str) -> Any:
 
 #: what a backbone refused for want of trust says needs none
 REGISTERED_BACKBONES = "registered backbones (`model.backbone` names: the package's folders and entry points)"
+#: what a dataset format refused for want of trust says needs none
+REGISTERED_DATASETS = "registered dataset formats (`data.dataset` names: tvr/data/formats and entry points)"
 
 
 #: ceilings of the sizes of randomly initialised models (``model.tiny``, ``model.two_tower.tiny``, the temporal
@@ -197,37 +199,6 @@ def check_field_values(obj: Any, where: str) -> None:
 # --------------------------------------------------------------------------------------------- schema
 # Choice lists name the implementations' own constants (tests/test_config.py checks that they agree).
 
-#: the dataset formats of tvr itself (one module each in ``tvr/data/formats/``); a format registered from elsewhere
-#: (``tvr.data.formats.registry.register_dataset_format``) adds its name with :func:`register_dataset_name`
-DATASETS = ("msrvtt", "msvd", "didemo", "activitynet", "generic")
-
-
-class _OpenChoices(Sequence[str]):
-    """The values a choice field accepts where code registered at run time adds more (``data.dataset``: the data
-    layer's registry adds each dataset format it registers; this layer cannot import it)."""
-
-    def __init__(self, values: Sequence[str]) -> None:
-        self._values = list(values)
-
-    def add(self, value: str) -> None:
-        if value not in self._values:
-            self._values.append(value)
-
-    def __getitem__(self, index: Any) -> Any:
-        return self._values[index]
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-
-_DATASET_NAMES = _OpenChoices(DATASETS)
-
-
-def register_dataset_name(name: str) -> None:
-    """Let ``data.dataset`` name a dataset format registered outside tvr (registering a name twice is a no-op)."""
-    _DATASET_NAMES.add(name)
-
-
 SAMPLINGS = ("clip4clip", "clipvip")
 TEMPORALS = ("meanP", "seqTransf", "none")
 SCHEDULES = ("warmup_cosine", "constant")
@@ -251,8 +222,10 @@ PREEMPTION_SIGNALS = tuple(
 
 @dataclass
 class DataConfig:
-    #: msrvtt | msvd | didemo | activitynet | generic
-    dataset: str = field(default="msrvtt", metadata={"choices": _DATASET_NAMES, "allow": ()})
+    #: a registered dataset format (``tvr/data/formats/<name>.py``): msrvtt | msvd | didemo | activitynet | generic,
+    #: or one registered from elsewhere (``tvr.data.formats.registry.register_dataset_format``); checked when the run
+    #: is resolved, as ``head.name`` and ``model.backbone`` are
+    dataset: str = "msrvtt"
     #: folder holding the dataset's annotation files (standard names, see docs/datasets.md)
     annotations: str = ""
     #: folder holding the video files
@@ -716,6 +689,7 @@ def config_from_dict(values: dict, where: str = "config") -> Config:
     prefix = "" if where == "config" else f"{where}."
     check_head_import(config.head.name, f"{prefix}head.name")
     check_head_import(config.model.backbone, f"{prefix}model.backbone", REGISTERED_BACKBONES)
+    check_head_import(config.data.dataset, f"{prefix}data.dataset", REGISTERED_DATASETS)
     return config
 
 

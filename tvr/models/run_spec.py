@@ -14,8 +14,9 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
-from tvr.config import Config
+from tvr.config import Config, ConfigError
 from tvr.data.feature_cache import FeatureIdentity
+from tvr.data.formats.registry import available_dataset_formats, dataset_format_class
 from tvr.data.tokenizer import TokenizerSpec
 from tvr.models.backbones.registry import (
     Backbone,
@@ -46,11 +47,20 @@ class RunSpec:
     features: FeatureIdentity
 
 
+def check_dataset_name(name: str) -> None:
+    """``data.dataset`` names a registered dataset format (or, with trusted code, one by import path); ConfigError
+    listing the known ones otherwise."""
+    if dataset_format_class(name) is None:
+        known = available_dataset_formats()
+        raise ConfigError(f"data.dataset = {name!r}: expected one of {known} (or 'package.module:Class')")
+
+
 def resolve_run(cfg: Config) -> RunSpec:
     """The run ``cfg`` describes, resolved (``cfg`` itself is left as it is). Raises ConfigError naming the field
-    when the head's options or the backbone's settings do not fit them."""
+    when the dataset format, the head's options or the backbone's settings do not fit them (in that order)."""
     own = copy.deepcopy(cfg)  # the description shares nothing with the caller's config
-    head = typed_head_config(own.head)  # first: a bad head option is the error named, before a backbone's
+    check_dataset_name(own.data.dataset)
+    head = typed_head_config(own.head)  # before the backbone: a bad head option is the error named
     model = typed_model_config(own.model)
     backbone = backbone_spec(model.backbone)
     data = with_backbone_pixels(own.data, backbone, model)

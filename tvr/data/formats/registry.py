@@ -8,9 +8,12 @@ A format module registers itself with the :func:`register_dataset_format` class 
 
 Formats are found without a hand-kept list, as heads are: the first lookup imports every module of the
 ``tvr.data.formats`` package (except ``base``, ``reading``, ``registry`` and ``_*`` modules, which hold no format).
-Registering also lets ``data.dataset`` name the format (:func:`tvr.config.register_dataset_name`), so a format
-defined elsewhere is registered by importing its module before its config is loaded. (No entry-point group: a config
-is checked when it loads, before anything would look the group up.)
+An installed package contributes a format as an entry point of the ``tvr.datasets`` group (``name =
+"package.module:FormatClass"``), found on the first lookup as the package's own modules are; code already running may
+register one with :func:`register_dataset_format`; a format anywhere else is used by import path, ``data.dataset:
+package.module:Class``, as a head is (the import runs the module's code, so a config may name one only when code is
+trusted: ``tvr --trust-code``). ``data.dataset`` is checked against this registry when the run is resolved
+(:func:`tvr.models.run_spec.resolve_run`), as ``head.name`` is against the heads'.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from tvr.config import register_dataset_name
+from tvr.config import REGISTERED_DATASETS, ConfigError, check_head_import, import_named
 from tvr.data.formats.base import DatasetFormat
 from tvr.data.formats.reading import AnnotationError
 from tvr.utils.plugins import Registry
@@ -26,15 +29,18 @@ from tvr.utils.plugins import Registry
 F = TypeVar("F", bound=type[DatasetFormat])
 
 PACKAGE = "tvr.data.formats"
+#: the entry-point group through which an installed package contributes a dataset format
+ENTRY_POINT_GROUP = "tvr.datasets"
 
 
 def _named(name: str, cls: type[DatasetFormat]) -> None:
     cls.name = name
-    register_dataset_name(name)
 
 
 #: modules of the package that hold no format: base, reading, registry
-_FORMATS = Registry("dataset", DatasetFormat, PACKAGE, frozenset({"base", "reading", "registry"}), None, _named)
+_FORMATS = Registry(
+    "dataset", DatasetFormat, PACKAGE, frozenset({"base", "reading", "registry"}), ENTRY_POINT_GROUP, _named
+)
 
 
 def register_dataset_format(name: str, *, overwrite: bool = False) -> Callable[[F], F]:
@@ -55,9 +61,24 @@ def builtin_dataset_formats() -> list[str]:
     return sorted(name for name, cls in _FORMATS.classes().items() if cls.__module__.startswith(f"{PACKAGE}."))
 
 
+def dataset_format_class(name: str) -> type[DatasetFormat] | None:
+    """The format class ``data.dataset`` names: a registered name, or an import path ``package.module:Class`` (with
+    trusted code; imported and registered under that path). None for an unknown name; ConfigError (UntrustedCodeError
+    without trust) for an import path that does not give a format."""
+    if isinstance(name, str) and ":" in name:
+        check_head_import(name, "data.dataset", REGISTERED_DATASETS)  # each time: a file may not choose code
+        if _FORMATS.get(name) is None:
+            try:
+                cls = _FORMATS.check(import_named(name, "data.dataset"), f"data.dataset = {name!r}")
+            except TypeError as exc:
+                raise ConfigError(str(exc)) from None
+            _FORMATS.register(name)(cls)
+    return _FORMATS.get(name)
+
+
 def dataset_format(name: str) -> DatasetFormat:
     """The format ``data.dataset`` names (an AnnotationError listing the known ones otherwise)."""
-    cls = _FORMATS.get(name)
+    cls = dataset_format_class(name)
     if cls is None:
         raise AnnotationError(f"data.dataset must be one of {available_dataset_formats()}, got {name!r}")
     return cls()
