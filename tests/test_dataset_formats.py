@@ -75,6 +75,33 @@ def test_a_format_outside_tvr_is_read_held_out_and_described(tmp_path: Path) -> 
         load_split(cfg, "train")
 
 
+@register_dataset_format("toy_tsv_extra")
+class ToyTsvExtra(ToyTsv):
+    """The toy format with an extra split of its own, ``test_short`` (the test rows again), declared, not listed."""
+
+    extra_splits = ("test_short",)
+
+    def read(self, folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
+        return super().read(folder, cfg, "test" if split == "test_short" else split)
+
+
+def test_a_formats_own_extra_split_is_known_everywhere_splits_are_named(tmp_path: Path) -> None:
+    from tvr.data.annotations import evaluation_splits, extra_splits, known_splits
+    from tvr.pipeline import resolve_config
+
+    assert {"test_multi", "test_short"} <= set(extra_splits()) and "test_short" in known_splits()
+    assert evaluation_splits()[:2] == ("val", "test") and evaluation_splits()[-1] == "train"
+    folder = _toy_folder(tmp_path)
+    cfg = resolve_config(
+        load_config(None, ["data.dataset=toy_tsv_extra", f"data.annotations={folder}", "eval.split=test_short"])
+    )
+    assert load_split(cfg.data, "test_short").texts == load_split(cfg.data, "test").texts
+    with pytest.raises(AnnotationError, match="split 'test_short' does not exist for toy_tsv "):
+        load_split(load_config(None, ["data.dataset=toy_tsv", f"data.annotations={folder}"]).data, "test_short")
+    with pytest.raises(ConfigError, match=r"eval.split = 'nosuch': expected one of \['val', 'test', "):
+        resolve_config(load_config(None, ["eval.split=nosuch"]))
+
+
 class PluggedTsv(ToyTsv):
     """The toy format as an installed package would contribute it: through an entry point, never imported here."""
 

@@ -23,15 +23,29 @@ from typing import Any
 from tvr.config import DataConfig
 from tvr.data.formats.base import SplitPart
 from tvr.data.formats.reading import AnnotationError, clear_cache
-from tvr.data.formats.registry import builtin_dataset_formats, dataset_format
+from tvr.data.formats.registry import builtin_dataset_formats, dataset_format, registered_dataset_formats
 
 SPLITS = ("train", "val", "test")
-#: extra split names a feature cache may hold: the MSR-VTT 1k-A test with all 20 captions per video
-#: (``MSRVTT_test1ka.jsonl``); a format declares the ones it reads (``DatasetFormat.extra_splits``)
-EXTRA_SPLITS = ("test_multi",)
 PROTOCOLS = ("one_to_one", "multi_caption", "paragraph")
 #: the dataset formats of tvr itself (``tvr/data/formats/``)
 DATASETS = tuple(builtin_dataset_formats())
+
+
+def extra_splits() -> tuple[str, ...]:
+    """The split names beyond train / val / test that some registered format reads (MSR-VTT: ``test_multi``, the
+    1k-A test with all 20 captions per video), each format declaring its own (``DatasetFormat.extra_splits``)."""
+    names = {split for cls in registered_dataset_formats().values() for split in cls.extra_splits}
+    return tuple(sorted(names))
+
+
+def known_splits() -> tuple[str, ...]:
+    """Every split name a split may be read as (and a feature cache may hold): train, val, test and the extras."""
+    return SPLITS + extra_splits()
+
+
+def evaluation_splits() -> tuple[str, ...]:
+    """What ``eval.split`` and ``tvr analyze --split`` may name: val, test, the formats' extra splits, train."""
+    return ("val", "test", *extra_splits(), "train")
 
 
 @dataclass
@@ -160,10 +174,10 @@ def _check_cfg(cfg: DataConfig) -> Path:
 
 def _resolve(cfg: DataConfig, split: str) -> tuple[SplitPart, dict[str, Any]]:
     """The part for ``split`` after the validation hold-out, and a description of where it came from."""
-    if split not in SPLITS + EXTRA_SPLITS:
-        raise AnnotationError(f"split must be one of {SPLITS + EXTRA_SPLITS}, got {split!r}")
+    if split not in known_splits():
+        raise AnnotationError(f"split must be one of {known_splits()}, got {split!r}")
     reader = dataset_format(cfg.dataset)
-    if split in EXTRA_SPLITS and split not in reader.extra_splits:
+    if split not in SPLITS and split not in reader.extra_splits:
         raise AnnotationError(f"split {split!r} does not exist for {cfg.dataset} (no format file holds it)")
     folder = _check_cfg(cfg)
     if split.startswith("test"):
@@ -245,6 +259,9 @@ def describe_split_source(cfg: DataConfig) -> dict[str, Any]:
 
 __all__ = [
     "DATASETS",
+    "evaluation_splits",
+    "extra_splits",
+    "known_splits",
     "PROTOCOLS",
     "SPLITS",
     "AnnotationError",

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tvr.config import Config, ConfigError
+from tvr.data.annotations import evaluation_splits
 from tvr.data.feature_cache import FeatureIdentity
 from tvr.data.formats.registry import available_dataset_formats, dataset_format_class
 from tvr.data.tokenizer import TokenizerSpec
@@ -60,6 +61,8 @@ def resolve_run(cfg: Config) -> RunSpec:
     when the dataset format, the head's options or the backbone's settings do not fit them (in that order)."""
     own = copy.deepcopy(cfg)  # the description shares nothing with the caller's config
     check_dataset_name(own.data.dataset)
+    if own.eval.split not in evaluation_splits():
+        raise ConfigError(f"eval.split = {own.eval.split!r}: expected one of {list(evaluation_splits())}")
     head = typed_head_config(own.head)  # before the backbone: a bad head option is the error named
     model = typed_model_config(own.model)
     backbone = backbone_spec(model.backbone)

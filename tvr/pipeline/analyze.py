@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from tvr.analysis.checkpoint import AnalysisOptions, analyze_encoded
-from tvr.config import EVAL_SPLITS, Config, ConfigError
+from tvr.config import Config, ConfigError
+from tvr.data.annotations import evaluation_splits
 from tvr.models.run_spec import resolve_run
 from tvr.pipeline import SplitEvaluator, load_model_for_eval, torch_threads
 from tvr.utils.device import resolve_device
@@ -19,8 +20,8 @@ def run_analyze(
     """Analyse ``checkpoint`` (a model of ``cfg``) on ``split`` (val by default: the held-out validation split; a
     test-split analysis is labelled as such on every figure). Returns the manifest written to
     ``out_dir/analysis.json``."""
-    if split not in EVAL_SPLITS:
-        raise ConfigError(f"--split {split!r}: expected one of {list(EVAL_SPLITS)}")
+    if split not in evaluation_splits():
+        raise ConfigError(f"--split {split!r}: expected one of {list(evaluation_splits())}")
     run = resolve_run(cfg)
     cfg = run.config
     with torch_threads(cfg):

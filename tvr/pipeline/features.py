@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from tvr.config import Config, config_to_dict
-from tvr.data.annotations import EXTRA_SPLITS, SPLITS, load_split
+from tvr.data.annotations import known_splits, load_split
 from tvr.data.datasets import VideoDataset, VideoResolver, collate_videos
 from tvr.data.feature_cache import (
     CACHE_FORMAT,
@@ -61,9 +61,9 @@ def build_feature_cache(
     removes an earlier cache's manifest and shards first. One job per cache folder (a lock)."""
     if shard_size < 1:
         raise FeatureCacheError(f"--shard-size {shard_size}: expected a positive number of items per shard")
-    unknown = [s for s in splits if s not in SPLITS + EXTRA_SPLITS]
+    unknown = [s for s in splits if s not in known_splits()]
     if unknown or not splits:
-        raise FeatureCacheError(f"--splits {','.join(splits)}: expected some of {', '.join(SPLITS + EXTRA_SPLITS)}")
+        raise FeatureCacheError(f"--splits {','.join(splits)}: expected some of {', '.join(known_splits())}")
     run = resolve_run(cfg)
     check_image_size(run)
     check_data_fits_backbone(run)
@@ -74,7 +74,7 @@ def build_feature_cache(
         out_dir,
         created_folder=not out_dir.exists(),
         files=(MANIFEST,),
-        folders=(TOKENIZER_FOLDER, *SPLITS, *EXTRA_SPLITS),
+        folders=(TOKENIZER_FOLDER, *known_splits()),
         rewritten=(MANIFEST,),
         work="its first feature shard",
     )
@@ -84,7 +84,7 @@ def build_feature_cache(
 
 
 def _shard_files(out_dir: Path) -> list[Path]:
-    folders = [out_dir / split for split in SPLITS + EXTRA_SPLITS if (out_dir / split).is_dir()]
+    folders = [out_dir / split for split in known_splits() if (out_dir / split).is_dir()]
     return [p for folder in folders for p in sorted(folder.iterdir()) if _SHARD.match(p.name)]
 
 
@@ -163,7 +163,7 @@ def _open_manifest(
     if overwrite:
         for path in [manifest_path, *_shard_files(out_dir)]:
             path.unlink(missing_ok=True)
-    for folder in [out_dir, *(out_dir / split for split in SPLITS + EXTRA_SPLITS)]:
+    for folder in [out_dir, *(out_dir / split for split in known_splits())]:
         remove_stale_temporaries(folder)  # writes of a killed run
     undo.record()
     if manifest_path.is_file():

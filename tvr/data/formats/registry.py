@@ -56,6 +56,12 @@ def available_dataset_formats() -> list[str]:
     return _FORMATS.names()
 
 
+def registered_dataset_formats() -> dict[str, type[DatasetFormat]]:
+    """Every registered format class by name (this package's, entry points', and those registered so far, by name or
+    by import path), without importing anything a config names."""
+    return _FORMATS.classes()
+
+
 def builtin_dataset_formats() -> list[str]:
     """Names of the formats that are modules of this package."""
     return sorted(name for name, cls in _FORMATS.classes().items() if cls.__module__.startswith(f"{PACKAGE}."))
