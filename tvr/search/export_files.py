@@ -20,8 +20,9 @@ import logging
 import math
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tvr.utils.data_files import DataFileError, parse_json
 from tvr.utils.errors import first_line
@@ -42,6 +43,7 @@ META_MAX_BYTES = 4 << 20
 STALE_SECONDS = 3600.0
 
 _warned: set[str] = set()
+T = TypeVar("T")
 
 
 def warn_once(log: logging.Logger, message: str, key: str | None = None) -> None:
@@ -60,6 +62,28 @@ def not_used(log: logging.Logger, what: str, folder: Path, exc: BaseException) -
     if isinstance(exc, UntrustedFileError) and exc.path.is_relative_to(folder) and exc.path != folder:
         detail = f"{exc.path.relative_to(folder)}: {exc.why}"  # the folder is named once
     warn_once(log, f"not using the {what} in {folder} ({detail}); loading the full model", key)
+
+
+def load_current_export(log: logging.Logger, what: str, folder: Path, current: Callable[[Path], T | None]) -> T | None:
+    """``current(folder)``, the export in ``folder`` when it is the one wanted (else None), for a search to use: None
+    too when it was removed meanwhile (another process writing it anew), and one warning when it exists but cannot be
+    used (an unusable export is only slower: the caller falls back to the full model)."""
+    try:
+        return current(folder)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        not_used(log, what, folder, exc)
+        return None
+
+
+def written_already(current: Callable[[], object | None]) -> bool:
+    """Whether ``current()`` finds the wanted export written already, for an exporter to skip its work; one that
+    cannot be read counts as none (it is written anew)."""
+    try:
+        return current() is not None
+    except Exception:  # noqa: BLE001 - see the docstring
+        return False
 
 
 class ExportFormatError(UntrustedFileError):

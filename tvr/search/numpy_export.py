@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from tvr.models.backbones.base import NotExportableError, SentenceQuerySide
-from tvr.search.export_files import ExportWriter, write_failed
+from tvr.search.export_files import ExportWriter, write_failed, written_already
 from tvr.search.numpy_query import (
     FORMAT,
     TOKENIZER,
@@ -111,11 +111,8 @@ def export_numpy_query(encoder: Any, probes: list[str]) -> Path | None:
         return None
     stamp = encoder.stamp()
     folder = numpy_export_folder(stamp)
-    try:
-        if current_numpy_export(stamp, folder) is not None:
-            return folder
-    except Exception:  # noqa: BLE001 - an export that cannot be used is written anew
-        pass
+    if written_already(lambda: current_numpy_export(stamp, folder)):
+        return folder
     try:
         side = _query_side(encoder)
         arrays, shape, tokenizer = _tower(side, encoder.tokenizer())

@@ -41,7 +41,15 @@ from typing import Any
 
 import numpy as np
 
-from tvr.search.export_files import ExportFiles, bad_meta, check_fields, export_exists, is_count, is_number, not_used
+from tvr.search.export_files import (
+    ExportFiles,
+    bad_meta,
+    check_fields,
+    export_exists,
+    is_count,
+    is_number,
+    load_current_export,
+)
 from tvr.search.stamps import check_stamp, checkpoint_file_state, numpy_queries_enabled
 from tvr.utils.io import cache_root
 from tvr.utils.private_files import UntrustedFileError
@@ -300,14 +308,9 @@ def load_numpy_query_encoder(stamp: dict[str, Any]) -> NumpyQueryEncoder | None:
     docstring) is one warning."""
     if not numpy_queries_enabled() or not stamp.get("id"):
         return None
-    folder = numpy_export_folder(stamp)
-    try:
-        return current_numpy_export(stamp, folder)
-    except FileNotFoundError:
-        return None  # removed meanwhile (another process writing it anew)
-    except Exception as exc:  # noqa: BLE001 - an unusable export is only slower: the torch path is the fallback
-        not_used(log, "numpy query side", folder, exc)
-        return None
+    return load_current_export(
+        log, "numpy query side", numpy_export_folder(stamp), lambda folder: current_numpy_export(stamp, folder)
+    )
 
 
 def current_numpy_export(stamp: dict[str, Any], folder: Path) -> NumpyQueryEncoder | None:

@@ -50,8 +50,9 @@ from tvr.search.export_files import (
     export_exists,
     is_count,
     is_number,
-    not_used,
+    load_current_export,
     write_failed,
+    written_already,
 )
 from tvr.search.numpy_query import export_root  # one folder for both kinds of export
 from tvr.search.stamps import checkpoint_file_state, quick_queries_enabled
@@ -256,14 +257,9 @@ def load_query_encoder(stamp: dict[str, Any]) -> QueryEncoder | None:
     (module docstring) is one warning."""
     if not quick_queries_enabled() or not stamp.get("id"):
         return None
-    folder = export_folder(stamp)
-    try:
-        return _current_export(stamp, folder)
-    except FileNotFoundError:
-        return None  # removed meanwhile (another process writing it anew)
-    except Exception as exc:  # noqa: BLE001 - an unusable export is only slower: the full model is the fallback
-        not_used(log, "query encoder", folder, exc)
-        return None
+    return load_current_export(
+        log, "query encoder", export_folder(stamp), lambda folder: _current_export(stamp, folder)
+    )
 
 
 def _current_export(stamp: dict[str, Any], folder: Path) -> QueryEncoder | None:
@@ -307,11 +303,8 @@ def export_query_encoder(encoder: Any) -> Path | None:
         export_numpy_query(encoder, list(PROBE_TEXTS))
     except Exception as exc:  # noqa: BLE001 - see the docstring
         log.info("the query side of this model was not exported to numpy: %s", exc)
-    try:
-        if _current_export(stamp, folder) is not None:
-            return folder
-    except Exception:  # noqa: BLE001 - an export that cannot be used is written anew
-        pass
+    if written_already(lambda: _current_export(stamp, folder)):
+        return folder
     try:
         return _write_export(encoder, stamp, folder)
     except Exception as exc:  # noqa: BLE001 - see the docstring
