@@ -6,6 +6,7 @@ backbone it holds (tvr/data never reads the model config)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.metadata
 import json
 from pathlib import Path
@@ -58,6 +59,19 @@ def test_register_backbone_refuses_a_taken_name_and_a_non_backbone() -> None:
 
     with pytest.raises(TypeError, match="Backbone subclass"):
         registry.register_backbone("bad")(object)  # type: ignore[arg-type]
+
+    @dataclasses.dataclass
+    class OtherTiny:
+        width: int = 8
+
+    with pytest.raises(ValueError, match=r"model.tiny is already the section of tvr.models.backbones.clip.config"):
+
+        @registry.register_backbone("other_tiny")
+        class OtherSections(toy_backbones.ToyBag):
+            sections = {"tiny": OtherTiny}  # noqa: RUF012 - a ClassVar in the base class
+
+    assert "other_tiny" not in registry.available_backbones()
+    assert registry.section_type("tiny") is TinyClipConfig  # what the built-in clip and clipvip declare
 
 
 def test_backbones_of_installed_packages_join_through_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:

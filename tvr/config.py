@@ -69,9 +69,11 @@ class UntrustedCodeError(ConfigError):
     """A config, checkpoint or index names a head by import path, and the user has not said to trust code."""
 
 
-def check_head_import(name: Any, where: str = "head.name", registered: str = "registered heads (`tvr heads`)") -> None:
-    """Refuse a head (or, with ``registered`` naming them, a backbone) named by import path unless code is trusted
-    (see above); a plain name passes."""
+def check_import_trusted(
+    name: Any, where: str = "head.name", registered: str = "registered heads (`tvr heads`)"
+) -> None:
+    """Refuse a head (or, with ``registered`` naming them, a backbone or a dataset format) named by import path unless
+    code is trusted (see above); a plain name passes."""
     if not isinstance(name, str) or ":" not in name or code_trusted():
         return
     module = name.partition(":")[0]
@@ -688,9 +690,9 @@ def config_from_dict(values: dict, where: str = "config") -> Config:
         values = migrate(values)
     config = _build(Config, values, "" if where == "config" else where)
     prefix = "" if where == "config" else f"{where}."
-    check_head_import(config.head.name, f"{prefix}head.name")
-    check_head_import(config.model.backbone, f"{prefix}model.backbone", REGISTERED_BACKBONES)
-    check_head_import(config.data.dataset, f"{prefix}data.dataset", REGISTERED_DATASETS)
+    check_import_trusted(config.head.name, f"{prefix}head.name")
+    check_import_trusted(config.model.backbone, f"{prefix}model.backbone", REGISTERED_BACKBONES)
+    check_import_trusted(config.data.dataset, f"{prefix}data.dataset", REGISTERED_DATASETS)
     return config
 
 

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tvr.config import Config, check_head_import, config_from_dict, preset_values
+from tvr.config import Config, check_import_trusted, config_from_dict, preset_values
 from tvr.data.synthetic import SynthConfig
 from tvr.models.heads.registry import head_class
 from tvr.models.run_spec import resolve_run
@@ -44,7 +44,7 @@ def demo_config(data_dir: Path, quick: bool = False, method: str = "clip4clip") 
     values["data"]["annotations"] = str(data_dir)
     values["data"]["video_dir"] = str(data_dir / "videos")
     values["head"]["name"] = method
-    check_head_import(method, "--method")
+    check_import_trusted(method, "--method")
     head = head_class(method)
     values["head"]["options"] = dict(head.demo_options)
     if "proxies" in head.requires:

@@ -209,7 +209,7 @@ class QueryEncoder(SearchEncoder):
     has_image_side = False
 
     def __init__(self, folder: str | os.PathLike) -> None:
-        from tvr.config import HeadConfig, build_section, check_head_import
+        from tvr.config import HeadConfig, build_section, check_import_trusted
         from tvr.models.heads.registry import build_head
         from tvr.utils.torch_files import load_torch_bytes
 
@@ -227,7 +227,7 @@ class QueryEncoder(SearchEncoder):
                 self.text_path = torch.jit.load(io.BytesIO(files.read("text.pt")), map_location="cpu")
             head_meta = self.meta["head"]
             head_cfg = build_section(HeadConfig, head_meta["config"], "the exported head config")
-            check_head_import(head_cfg.name, "the exported head config's head.name")  # as for the full model
+            check_import_trusted(head_cfg.name, "the exported head config's head.name")  # as for the full model
             self.head = build_head(head_cfg, int(head_meta["dim"]), float(head_meta["logit_scale_init"]))
             state = load_torch_bytes(files.read("head.pt"), self.folder / "head.pt")
         self.head.load_state_dict(state)

@@ -62,8 +62,8 @@ class Registry:
             self.discover()  # the package's own classes first, so that a taken name is known
             self.check(cls, f"register {self.kind} {name!r}")
             current = self._classes.get(name)
-            if current is not None and not overwrite and _qualified(current) != _qualified(cls):
-                raise ValueError(f"{self.kind} {name!r} is already registered by {_qualified(current)}")
+            if current is not None and not overwrite and qualified_name(current) != qualified_name(cls):
+                raise ValueError(f"{self.kind} {name!r} is already registered by {qualified_name(current)}")
             self._add(name, cls)
             return cls
 
@@ -95,5 +95,7 @@ class Registry:
         return dict(self._classes)
 
 
-def _qualified(cls: type) -> str:
+def qualified_name(cls: type) -> str:
+    """``module.QualName`` of a class: how registries tell the same class registered again (a module imported
+    twice) from another class under a taken name."""
     return f"{cls.__module__}.{cls.__qualname__}"

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from tvr.config import REGISTERED_DATASETS, ConfigError, check_head_import, import_named
+from tvr.config import REGISTERED_DATASETS, ConfigError, check_import_trusted, import_named
 from tvr.data.formats.base import DatasetFormat
 from tvr.data.formats.reading import AnnotationError
 from tvr.utils.plugins import Registry
@@ -72,7 +72,7 @@ def dataset_format_class(name: str) -> type[DatasetFormat] | None:
     trusted code; imported and registered under that path). None for an unknown name; ConfigError (UntrustedCodeError
     without trust) for an import path that does not give a format."""
     if isinstance(name, str) and ":" in name:
-        check_head_import(name, "data.dataset", REGISTERED_DATASETS)  # each time: a file may not choose code
+        check_import_trusted(name, "data.dataset", REGISTERED_DATASETS)  # each time: a file may not choose code
         if _FORMATS.get(name) is None:
             try:
                 cls = _FORMATS.check(import_named(name, "data.dataset"), f"data.dataset = {name!r}")

@@ -17,6 +17,7 @@ from tvr.config import Config, ModelConfig, config_to_dict
 from tvr.data.feature_cache import FeatureIdentity
 from tvr.data.tokenizer import TokenizerSpec
 from tvr.data.transforms import CLIP_NORM, PixelNorm
+from tvr.utils.plugins import qualified_name
 
 B = TypeVar("B", bound=type["Backbone"])
 
@@ -164,21 +165,12 @@ def _dotted(values: dict, key: str) -> Any:
 
 
 _BACKBONES: dict[str, Backbone] = {}
-#: ``model.<key>`` → the dataclass the registered backbone that declares that section builds it into
-_SECTIONS: dict[str, type] = {}
 
 
 def section_type(key: str) -> type | None:
-    """The dataclass of the settings section ``model.<key>`` (None: no registered backbone declares it)."""
-    return _SECTIONS.get(key)
-
-
-def _register_section(key: str, cls: type) -> None:
-    """Registering the same class again is a no-op; another class under a taken key is an error."""
-    current = _SECTIONS.get(key)
-    if current is not None and (current.__module__, current.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ValueError(f"model.{key} is already the section of {current.__module__}.{current.__qualname__}")
-    _SECTIONS[key] = cls
+    """The dataclass of the settings section ``model.<key>`` that the registered backbones declare (None: none does;
+    two may declare one key only with the same class, which :func:`_add` holds)."""
+    return next((type(b).sections[key] for b in _BACKBONES.values() if key in type(b).sections), None)
 
 
 def _check_backbone_class(cls: Any, what: str) -> type[Backbone]:
@@ -192,14 +184,12 @@ def _check_backbone_class(cls: Any, what: str) -> type[Backbone]:
 
 def _add(name: str, cls: type[Backbone], overwrite: bool = False) -> None:
     current = _BACKBONES.get(name)
-    same = current is not None and (type(current).__module__, type(current).__qualname__) == (
-        cls.__module__,
-        cls.__qualname__,
-    )
-    if current is not None and not overwrite and not same:
+    if current is not None and not overwrite and qualified_name(type(current)) != qualified_name(cls):
         raise ValueError(f"backbone {name!r} is already registered by {type(current).__module__}")
     for key, section in cls.sections.items():
-        _register_section(key, section)
+        taken = section_type(key)
+        if taken is not None and qualified_name(taken) != qualified_name(section):
+            raise ValueError(f"model.{key} is already the section of {qualified_name(taken)}")
     backbone = cls()
     backbone.name = name  # the instance's: one class may be registered under two names
     _BACKBONES[name] = backbone

@@ -36,7 +36,7 @@ from tvr.config import (
     DataConfig,
     ModelConfig,
     build_section,
-    check_head_import,
+    check_import_trusted,
     import_named,
 )
 from tvr.data.transforms import PixelNorm
@@ -99,7 +99,7 @@ def backbone_spec(name: str) -> Backbone:
     """The :class:`Backbone` of ``model.backbone``: a registered name, or an import path ``package.module:Class``
     (with trusted code, as a head's); ConfigError naming the known ones."""
     if isinstance(name, str) and ":" in name:
-        check_head_import(name, "model.backbone", REGISTERED_BACKBONES)  # each time: a file may not choose code
+        check_import_trusted(name, "model.backbone", REGISTERED_BACKBONES)  # each time: a file may not choose code
         if name not in _BACKBONES:
             return _import_path(name)
     if name not in _BACKBONES:

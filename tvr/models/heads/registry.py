@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from tvr.config import ConfigError, HeadConfig, build_section, import_named
 from tvr.models.heads.base import RetrievalHead
+from tvr.utils.plugins import qualified_name
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,8 @@ def register_head(name: str, *, overwrite: bool = False) -> Callable[[H], H]:
     def decorate(cls: H) -> H:
         _check_head_class(cls, f"register_head({name!r})")
         current = _HEADS.get(name)
-        same = current is not None and (current.__module__, current.__qualname__) == (cls.__module__, cls.__qualname__)
-        if current is not None and not overwrite and not same:
-            raise ValueError(f"head {name!r} is already registered by {current.__module__}.{current.__qualname__}")
+        if current is not None and not overwrite and qualified_name(current) != qualified_name(cls):
+            raise ValueError(f"head {name!r} is already registered by {qualified_name(current)}")
         cls.name = name
         _HEADS[name] = cls
         return cls
