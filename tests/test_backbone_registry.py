@@ -19,7 +19,9 @@ from typer.testing import CliRunner
 from tvr.config import ConfigError, config_from_dict, load_config
 from tvr.data.feature_cache import cache_settings
 from tvr.models.backbones import registry
-from tvr.models.backbones.clip.config import TinyClipConfig
+from tvr.models.backbones.base import setting_owner
+from tvr.models.backbones.clip.config import ClipSettings, TinyClipConfig
+from tvr.models.backbones.clipvip.config import ClipVipSettings
 from tvr.models.backbones.two_tower.config import TwoTowerConfig
 from tvr.models.run_spec import resolve_run
 from tvr.pipeline import resolve_config
@@ -28,11 +30,34 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tvr"
 PRESET = Path(__file__).resolve().parent / "toy_backbone.yaml"
 
 
+@dataclasses.dataclass
+class OtherTiny:
+    width: int = 8
+
+
+@dataclasses.dataclass
+class OtherSettings:
+    """Declares ``model.tiny`` otherwise than the CLIP backbones do."""
+
+    tiny: OtherTiny = dataclasses.field(default_factory=OtherTiny)
+
+
+@dataclasses.dataclass
+class BagSettings:
+    """A backbone from elsewhere naming its own key, ``model.bag``."""
+
+    #: the bag's sizes
+    bag: toy_backbones.ToyBagOptions = dataclasses.field(default_factory=toy_backbones.ToyBagOptions)
+
+
 def test_the_packages_backbones_are_registered_with_their_sections() -> None:
     assert {"clip", "clipvip", "two_tower", toy_backbones.NAME} <= set(registry.available_backbones())
     loaded = config_from_dict({"model": {"tiny": {"embed_dim": 16}, "two_tower": {"bridge": "projection"}}})
-    # the config layer holds a section as the mapping it read; resolving builds it into its folder's dataclass
-    assert loaded.model.tiny == {"embed_dim": 16} and loaded.model.clipvip == {}
+    # the config layer holds a backbone's settings as it read them; resolving builds them into its folder's
+    # dataclasses, with the defaults of those the config leaves out
+    assert loaded.model.tiny == {"embed_dim": 16} and "clipvip" not in loaded.model.declared
+    with pytest.raises(AttributeError, match="resolve_run"):
+        _ = loaded.model.clipvip
     cfg = resolve_config(loaded)
     assert isinstance(cfg.model.tiny, TinyClipConfig) and cfg.model.tiny.embed_dim == 16
     assert isinstance(cfg.model.two_tower, TwoTowerConfig) and cfg.model.two_tower.bridge == "projection"
@@ -40,8 +65,10 @@ def test_the_packages_backbones_are_registered_with_their_sections() -> None:
     wires = config_from_dict({"model": {"two_tower": {"bridge": "wires"}}})
     with pytest.raises(ConfigError, match=r"model\.two_tower\.bridge = 'wires': expected one of"):
         resolve_config(wires)
-    with pytest.raises(ConfigError, match=r"model\.tiny: expected a mapping of the backbone's settings, got 5"):
-        config_from_dict({"model": {"tiny": 5}})
+    with pytest.raises(ConfigError, match=r"model\.tiny: expected a mapping, got 5"):
+        resolve_config(config_from_dict({"model": {"tiny": 5}}))
+    with pytest.raises(ConfigError, match=r"model: unknown key\(s\) \['tinny'\]; valid keys: \[.*'tiny'"):
+        resolve_config(config_from_dict({"model": {"tinny": {}}}))
 
 
 def test_an_unknown_backbone_names_the_registered_ones() -> None:
@@ -60,18 +87,48 @@ def test_register_backbone_refuses_a_taken_name_and_a_non_backbone() -> None:
     with pytest.raises(TypeError, match="Backbone subclass"):
         registry.register_backbone("bad")(object)  # type: ignore[arg-type]
 
-    @dataclasses.dataclass
-    class OtherTiny:
-        width: int = 8
-
-    with pytest.raises(ValueError, match=r"model.tiny is already the section of tvr.models.backbones.clip.config"):
+    with pytest.raises(ValueError, match=r"model\.tiny is already declared otherwise by .*clip\.config\.ClipSettings"):
 
         @registry.register_backbone("other_tiny")
         class OtherSections(toy_backbones.ToyBag):
-            sections = {"tiny": OtherTiny}  # noqa: RUF012 - a ClassVar in the base class
+            Settings = OtherSettings
 
     assert "other_tiny" not in registry.available_backbones()
-    assert registry.section_type("tiny") is TinyClipConfig  # what the built-in clip and clipvip declare
+    assert setting_owner("tiny") is ClipSettings  # what the built-in clip and clipvip declare
+    assert [f.name for f in dataclasses.fields(ClipVipSettings)] == ["clip", "tiny", "clipvip"]
+
+
+def test_a_backbone_from_elsewhere_declares_its_settings_as_the_built_in_ones_do() -> None:
+    """A backbone outside the package names its own ``model.<key>`` settings with a ``Settings`` dataclass, as clip
+    (``model.clip``, ``model.tiny``) and two_tower (``model.two_tower``) do: typed, checked, recorded and part of its
+    feature identity; a run on another backbone does not record them."""
+
+    @registry.register_backbone("named_bag")
+    class NamedBag(toy_backbones.ToyBag):
+        Settings = BagSettings
+
+        def image_size(self, model_cfg):  # type: ignore[no-untyped-def]
+            return model_cfg.bag.image_size
+
+    try:
+        cfg = resolve_config(load_config(PRESET, ["model.backbone=named_bag", "model.bag.image_size=8"]))
+        assert isinstance(cfg.model.bag, toy_backbones.ToyBagOptions) and cfg.model.bag.image_size == 8
+        assert cfg.data.image_size == 8
+        recorded = yaml.safe_load(yaml.safe_dump(config_from_dict({"model": {"bag": {"embed_dim": 4}}}).model.declared))
+        assert recorded == {"bag": {"embed_dim": 4}}
+        written = resolve_config(config_from_dict({"model": {"backbone": "named_bag"}}))
+        assert {"clip", "tiny", "clipvip", "two_tower", "bag"} <= set(written.model.declared)
+        features = resolve_run(cfg).features
+        assert features.settings["model.bag"] == {"embed_dim": 16, "vocab_size": 1024, "image_size": 8}
+        assert [name for name, *_ in features.matched] == ["model.backbone", "model.bag"]
+        with pytest.raises(ConfigError, match=r"model\.bag\.image_size = 0: expected a number >= 4"):
+            resolve_config(load_config(PRESET, ["model.backbone=named_bag", "model.bag.image_size=0"]))
+        clip_run = resolve_config(config_from_dict({}))
+        assert "bag" not in clip_run.model.declared and {"clip", "tiny", "clipvip", "two_tower"} <= set(
+            clip_run.model.declared
+        )
+    finally:
+        registry._BACKBONES.pop("named_bag", None)
 
 
 def test_backbones_of_installed_packages_join_through_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -141,10 +141,35 @@ def bounded(
     return field(default=default, metadata={"range": (ge, gt, le, lt), "allow": tuple(allow)})
 
 
-def omitted_when_empty(default_factory: Callable[[], Any]) -> Any:
-    """A field that is written out only when it holds something (one added after configs were recorded: leaving its
-    empty default out keeps recorded configs and the identities built from them as they were)."""
-    return field(default_factory=default_factory, metadata={"omit_empty": True})
+def declared_settings() -> Any:
+    """The store of a section's plug-in settings: the keys its plug-in declares (a backbone's ``model.<key>``, a
+    dataset format's ``data.<key>``), held as loaded (a mapping or a value) until the run is resolved and then as
+    typed values; written out beside the section's own fields, so a recorded config reads the same either way."""
+    return field(default_factory=dict, metadata={"declared": True})
+
+
+class DeclaredSettings:
+    """A section whose plug-in declares some of its keys (:func:`declared_settings` holds them): they read and set
+    like fields (``cfg.model.clipvip``, ``cfg.data.train_split``). The layer below the plug-ins cannot know their
+    defaults, so a key the loaded config does not set is there once the run is resolved
+    (``tvr.models.run_spec.resolve_run``), not before."""
+
+    def __getattr__(self, name: str) -> Any:  # only reached when ``name`` is not an attribute
+        store = self.__dict__.get("declared")
+        if name.startswith("__") or store is None:
+            raise AttributeError(name)
+        if name in store:
+            return store[name]
+        raise AttributeError(
+            f"{type(self).__name__}.{name}: not set; a setting a plug-in declares has its default once the run is "
+            "resolved (tvr.models.run_spec.resolve_run)"
+        )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dataclass_fields__ or name.startswith("_"):  # type: ignore[attr-defined]
+            object.__setattr__(self, name, value)
+        else:
+            self.__dict__["declared"][name] = value
 
 
 def _range_text(ge: Any, gt: Any, le: Any, lt: Any) -> str:
@@ -222,7 +247,10 @@ PREEMPTION_SIGNALS = tuple(
 
 
 @dataclass
-class DataConfig:
+class DataConfig(DeclaredSettings):
+    #: the settings the dataset format declares (``data.<key>``: its ``Settings`` dataclass, e.g. msrvtt's
+    #: ``train_split``, generic's ``generic_file``), held as loaded until the run config is resolved
+    declared: Any = declared_settings()
     #: a registered dataset format (``tvr/data/formats/<name>.py``): msrvtt | msvd | didemo | activitynet | generic,
     #: or one registered from elsewhere (``tvr.data.formats.registry.register_dataset_format``); checked when the run
     #: is resolved, as ``head.name`` and ``model.backbone`` are
@@ -236,10 +264,6 @@ class DataConfig:
     #: allow video files that resolve (after ``..`` and symlinks) outside ``video_dir``; off: such a video is skipped
     #: and listed with reason "outside video_dir" (a stray ``../x.mp4`` or absolute path in a user CSV)
     allow_outside_video_dir: bool = False
-    #: MSR-VTT training list: 9k | 7k ; ignored elsewhere
-    train_split: str = choice("9k", "9k", "7k")
-    #: generic format: path of the CSV / JSONL file (relative to ``annotations``)
-    generic_file: str = "captions.csv"
     #: fraction of training videos held out for validation where a dataset has no official val split
     val_fraction: float = bounded(0.05, ge=0.0, lt=1.0)
     val_seed: int = 0
@@ -281,38 +305,24 @@ class DataConfig:
     limit_eval: int = bounded(0, ge=0)
 
 
-# --------------------------------------------------------------------------------------------- backbone sections
-# A backbone's settings are its own dataclasses, declared in its folder (``tvr/models/backbones/<name>/``), which this
-# layer cannot import. The built-in backbones keep their sections at the keys they always had (``model.tiny``,
-# ``model.clipvip``, ``model.two_tower``: old configs and checkpoints load unchanged), and every other backbone reads
-# ``model.options``. This layer holds a section as the mapping it was given; resolving the run config
-# (``tvr.models.run_spec.resolve_run``) builds it into the dataclass its backbone folder declares.
-
-
-def _model_section(key: str) -> Any:
-    """A ``model.<key>`` field: a mapping until the run config is resolved (empty: the section's defaults)."""
-    return field(default_factory=dict, metadata={"section": key})
+# --------------------------------------------------------------------------------------------- model
+# A backbone's settings are its own, declared in its folder (``tvr/models/backbones/<name>/``: its ``Settings``
+# dataclass), which this layer cannot import; every backbone, built in or not, is configured the same way, by the
+# ``model.<key>`` keys its ``Settings`` has (the CLIP backbones' ``model.clip`` and ``model.tiny``, CLIP-ViP's
+# ``model.clipvip``, the two-tower's ``model.two_tower``, another package's backbone its own). This layer holds them
+# as loaded; resolving the run config (``tvr.models.run_spec.resolve_run``) types them.
 
 
 @dataclass
-class ModelConfig:
-    #: CLIP backbones (clip, clipvip): "tiny" (random init from ``tiny``), a local HF CLIP directory, a hub id, or an
-    #: OpenAI ``ViT-B-32.pt`` file
-    clip: str = "tiny"
-    #: the tiny random CLIP's sizes (``tvr.models.backbones.clip.config.TinyClipConfig``)
-    tiny: Any = _model_section("tiny")
+class ModelConfig(DeclaredSettings):
+    #: the settings the backbone declares (``model.<key>``: its ``Settings`` dataclass; ``tvr backbones`` lists
+    #: them), held as loaded until the run config is resolved
+    declared: Any = declared_settings()
     #: a registered backbone (``tvr/models/backbones/<name>/``): clip (per-frame CLIP image features, then ``temporal``)
     #: | clipvip (CLIP-ViP video tower on the same CLIP weights: one pooled video feature + M proxies; needs
     #: ``temporal: none``) | two_tower (a sentence-transformers text model + an ImageNet image model, section
     #: ``two_tower``; ``clip`` and ``tiny`` are not used) | one registered by another package
     backbone: str = "clip"
-    #: CLIP-ViP's section (``tvr.models.backbones.clipvip.config.ClipVipConfig``)
-    clipvip: Any = _model_section("clipvip")
-    #: the two-tower backbone's section (``tvr.models.backbones.two_tower.config.TwoTowerConfig``)
-    two_tower: Any = _model_section("two_tower")
-    #: the options of a backbone that has no section of its own (one registered by another package): its
-    #: ``Options`` dataclass, checked when the run config is resolved
-    options: Any = omitted_when_empty(dict)
     #: folder with the tokenizer files (vocab.json + merges.txt); empty = the checkpoint's own
     tokenizer: str = ""
     #: train only the temporal module and the head (always true when training on cached features)
@@ -502,31 +512,22 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
 
 def _build(cls: type, values: dict, where: str) -> Any:
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
+    fields = dataclasses.fields(cls)
+    store = next((f.name for f in fields if f.metadata.get("declared")), None)
+    known = {f.name for f in fields} - {store}
     unknown = sorted(set(values) - known)
-    if unknown:
+    if (unknown and store is None) or (store is not None and store in values):  # the store is no key of its own
         raise ConfigError(f"{where or 'config'}: unknown key(s) {unknown}; valid keys: {sorted(known)}")
-    kwargs = {}
-    for f in dataclasses.fields(cls):
+    kwargs: dict[str, Any] = {}
+    for f in fields:
         if f.name in values:
             name = f"{where}.{f.name}" if where else f.name
-            kwargs[f.name] = (
-                _section_mapping(values[f.name], name)
-                if f.metadata.get("section")
-                else _coerce(values[f.name], hints[f.name], name)
-            )
+            kwargs[f.name] = _coerce(values[f.name], hints[f.name], name)
+    if store is not None:  # checked against the plug-in's Settings when the run config is resolved
+        kwargs[store] = {key: copy.deepcopy(values[key]) for key in unknown}
     obj = cls(**kwargs)
     check_field_values(obj, where)
     return obj
-
-
-def _section_mapping(values: Any, where: str) -> Any:
-    """A backbone section as loaded: a mapping (or an instance of its dataclass, as code may pass one)."""
-    if values is None:
-        return {}
-    if isinstance(values, dict) or dataclasses.is_dataclass(values):
-        return copy.deepcopy(values)
-    raise ConfigError(f"{where}: expected a mapping of the backbone's settings, got {values!r}")
 
 
 def build_section(cls: type, values: Any, where: str) -> Any:
@@ -544,6 +545,40 @@ def build_section(cls: type, values: Any, where: str) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"{where}: expected a mapping of {cls.__name__} fields, got {values!r}")
     return _build(cls, values, where)
+
+
+def declaration_text(settings: type, key: str) -> str:
+    """How the ``Settings`` dataclass ``settings`` declares ``key`` (its type and default): two plug-ins may declare
+    one key only alike."""
+    found = next(f for f in dataclasses.fields(settings) if f.name == key)
+    kind = typing.get_type_hints(settings)[key]
+    default = found.default if found.default is not dataclasses.MISSING else found.default_factory()  # type: ignore[misc]
+    name = f"{kind.__module__}.{kind.__qualname__}" if isinstance(kind, type) else repr(kind)
+    return f"{name} = {config_to_dict(default)!r}"
+
+
+def typed_declared_settings(
+    given: dict[str, Any],
+    recorded: list[type],
+    owner_of: Callable[[str], type | None],
+    where: str,
+    valid: set[str],
+) -> dict[str, Any]:
+    """A section's declared settings (``where``: "model" or "data") built into their plug-ins' ``Settings``: every
+    dataclass in ``recorded`` with its defaults, then the one ``owner_of`` names for each other key ``given`` sets.
+    ConfigError for a key no plug-in declares (listing ``valid``) or a value that does not fit (naming the field)."""
+    plain = {key: config_to_dict(value) for key, value in given.items()}
+    owners = {key: owner_of(key) for key in plain}
+    unknown = sorted(key for key, owner in owners.items() if owner is None)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(valid)}")
+    typed: dict[str, Any] = {}
+    for settings in dict.fromkeys([*recorded, *owners.values()]):
+        names = [f.name for f in dataclasses.fields(settings)]
+        built = build_section(settings, {name: plain[name] for name in names if name in plain}, where)
+        for name in names:
+            typed.setdefault(name, getattr(built, name))
+    return typed
 
 
 def _switch_head(values: dict, name: Any) -> None:
@@ -796,9 +831,7 @@ def _field_type(keys: list[str]) -> Any:
     for key in keys[:-1]:
         if not dataclasses.is_dataclass(cls):
             return None
-        if any(f.name == key and f.metadata.get("section") for f in dataclasses.fields(cls)):
-            return None  # a backbone's section: typed by its folder's dataclass when the run config is resolved
-        cls = typing.get_type_hints(cls).get(key)
+        cls = typing.get_type_hints(cls).get(key)  # a plug-in's setting has none: typed when the run is resolved
     return typing.get_type_hints(cls).get(keys[-1]) if dataclasses.is_dataclass(cls) else None
 
 
@@ -884,16 +917,19 @@ def config_with_overrides(values: dict, overrides: list[str] | tuple[str, ...] =
 
 
 def config_to_dict(config: Any) -> dict:
-    """The settings of a config (or of one of its sections) as plain values: tuples become lists, and empty
-    :func:`omitted_when_empty` fields are left out."""
+    """The settings of a config (or of one of its sections) as plain values: tuples become lists, and a plug-in's
+    declared settings sit beside the section's own fields."""
 
     def convert(v: Any) -> Any:
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            return {
-                f.name: convert(getattr(v, f.name))
-                for f in dataclasses.fields(v)
-                if not (f.metadata.get("omit_empty") and not getattr(v, f.name))
-            }
+            out = {}
+            for f in dataclasses.fields(v):
+                value = getattr(v, f.name)
+                if f.metadata.get("declared"):  # a plug-in's settings sit beside the section's fields
+                    out.update({key: convert(setting) for key, setting in value.items()})
+                else:
+                    out[f.name] = convert(value)
+            return out
         if isinstance(v, (tuple, list)):
             return [convert(x) for x in v]
         if isinstance(v, dict):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tvr.config import DataConfig
+from tvr.config import DataConfig, config_to_dict
 from tvr.data.formats.base import SplitPart
 from tvr.data.formats.reading import AnnotationError, clear_cache
 from tvr.data.formats.registry import builtin_dataset_formats, dataset_format, registered_dataset_formats
@@ -234,8 +234,8 @@ def describe_split_source(cfg: DataConfig) -> dict[str, Any]:
         "limit_train": cfg.limit_train,
         "limit_eval": cfg.limit_eval,
     }
-    for setting in dataset_format(cfg.dataset).settings:  # what only this format reads (msrvtt: train_split)
-        out[setting] = getattr(cfg, setting)
+    own = dataset_format(cfg.dataset).settings(cfg)  # what only this format reads (msrvtt: train_split)
+    out.update(config_to_dict(own) if own is not None else {})
     splits: dict[str, Any] = {}
     for split in SPLITS:
         try:

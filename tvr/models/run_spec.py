@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from tvr.config import Config, ConfigError
 from tvr.data.annotations import evaluation_splits
 from tvr.data.feature_cache import FeatureIdentity
-from tvr.data.formats.registry import available_dataset_formats, dataset_format_class
+from tvr.data.formats.registry import available_dataset_formats, dataset_format_class, typed_data_config
 from tvr.data.tokenizer import TokenizerSpec
 from tvr.models.backbones.registry import (
     Backbone,
@@ -66,7 +66,7 @@ def resolve_run(cfg: Config) -> RunSpec:
     head = typed_head_config(own.head)  # before the backbone: a bad head option is the error named
     model = typed_model_config(own.model)
     backbone = backbone_spec(model.backbone)
-    data = with_backbone_pixels(own.data, backbone, model)
+    data = with_backbone_pixels(typed_data_config(own.data), backbone, model)
     config = dataclasses.replace(own, head=head, model=model, data=data)
     return RunSpec(
         config=config,

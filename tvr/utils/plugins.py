@@ -28,7 +28,8 @@ class Registry:
     """Named classes of one kind (subclasses of ``base``), found without a hand-kept list: the first lookup imports
     every module and sub-package of ``package`` (except those in ``skip`` and ``_*`` ones, which hold none; each
     registers its classes with :meth:`register`) and, where ``group`` is given, every entry point of that group (how
-    an installed package contributes one). ``on_add(name, cls)`` runs for each class added (e.g. to name it)."""
+    an installed package contributes one). ``on_add(name, cls)`` runs for each class before it is added (to name
+    it, or to refuse it)."""
 
     def __init__(
         self,
@@ -50,9 +51,9 @@ class Registry:
         return cls
 
     def _add(self, name: str, cls: type) -> None:
-        self._classes[name] = cls
-        if self._on_add is not None:
+        if self._on_add is not None:  # first: it may refuse the class
             self._on_add(name, cls)
+        self._classes[name] = cls
 
     def register(self, name: str, *, overwrite: bool = False) -> Callable[[Any], Any]:
         """Class decorator: register the class as ``name``. Another class under a taken name is an error unless

@@ -11,12 +11,13 @@ Conventions shared by all formats:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from tvr.config import DataConfig
+from tvr.config import DataConfig, build_section, config_to_dict
 from tvr.data.formats.reading import (
     AnnotationError,
     annotation_error,
@@ -106,12 +107,21 @@ class DatasetFormat:
 
     #: the registry name (``data.dataset``), set by the decorator
     name: ClassVar[str] = ""
-    #: the ``data.*`` settings only this format reads; a run's ``splits.json`` records them
-    settings: ClassVar[tuple[str, ...]] = ()
+    #: the settings only this format reads, a dataclass whose fields are ``data.<key>`` keys (msrvtt's
+    #: ``train_split``); a run's ``splits.json`` records them. None: it reads none
+    Settings: ClassVar[type | None] = None
     #: split names beyond train / val / test that this format reads (MSR-VTT: ``test_multi``)
     extra_splits: ClassVar[tuple[str, ...]] = ()
     #: the evaluation protocol of its test split (spec §6); None where the files decide (generic)
     protocol: ClassVar[str | None] = None
+
+    def settings(self, cfg: DataConfig) -> Any:
+        """Its :attr:`Settings` as ``cfg`` sets them (defaults for those it leaves out; ConfigError for a bad one)."""
+        if self.Settings is None:
+            return None
+        names = {f.name for f in dataclasses.fields(self.Settings)}
+        given = {key: config_to_dict(value) for key, value in cfg.declared.items() if key in names}
+        return build_section(self.Settings, given, "data")
 
     def read(self, folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
         """``split`` (train | val | test | one of :attr:`extra_splits`) from the annotation ``folder``; None for a

@@ -4,6 +4,7 @@ relative to ``data.annotations``); rows without a split are training rows.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from tvr.config import DataConfig
@@ -64,7 +65,7 @@ def _generic_rows(path: Path) -> list[tuple[int, str, str, str]]:
 
 
 def _generic_part(folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
-    path = Path(cfg.generic_file)
+    path = Path(Generic().settings(cfg).generic_file)
     if not path.is_absolute():
         path = folder / path
     if not path.is_file():
@@ -88,9 +89,17 @@ def _generic_part(folder: Path, cfg: DataConfig, split: str) -> SplitPart | None
     return part
 
 
+@dataclass
+class GenericSettings:
+    """The ``data.*`` settings only the generic format reads."""
+
+    #: path of the CSV / JSONL captions file (relative to ``data.annotations``)
+    generic_file: str = "captions.csv"
+
+
 @register_dataset_format("generic")
 class Generic(DatasetFormat):
-    settings = ("generic_file",)
+    Settings = GenericSettings
 
     def read(self, folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
         return _generic_part(folder, cfg, split)

@@ -9,10 +9,11 @@ caption per held-out video (the smallest ``sen_id``), so validation poses the 1k
 from __future__ import annotations
 
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tvr.config import DataConfig
+from tvr.config import DataConfig, choice
 from tvr.data.formats.base import DatasetFormat, SplitPart, groups_part, jsonl_groups
 from tvr.data.formats.reading import (
     AnnotationError,
@@ -166,14 +167,13 @@ def _msrvtt_part(folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
         groups = jsonl_groups(path, "JSON lines {clip_id, text[]} (MSR-VTT 1k-A, all captions)")
         return groups_part(groups, "multi_caption", [path.name])
     # train
-    if cfg.train_split not in MSRVTT_TRAIN_LISTS:
-        raise AnnotationError(f"data.train_split must be one of {sorted(MSRVTT_TRAIN_LISTS)}, got {cfg.train_split!r}")
-    list_path = folder / MSRVTT_TRAIN_LISTS[cfg.train_split]
+    train_split = MsrVtt().settings(cfg).train_split
+    list_path = folder / MSRVTT_TRAIN_LISTS[train_split]
     expected = "a CSV with a 'video_id' column, one training video per row"
     sentences, known, caption_files = _load_msrvtt_captions(folder)
     if not list_path.is_file():
         raise annotation_error(
-            list_path, f"file not found; data.train_split={cfg.train_split!r} needs {list_path.name} ({expected})"
+            list_path, f"file not found; data.train_split={train_split!r} needs {list_path.name} ({expected})"
         )
     rows = cached_parse("msrvtt-train-list", [list_path], lambda: read_csv(list_path, ("video_id",), expected))
     train: dict[str, int] = {}
@@ -201,10 +201,18 @@ def _msrvtt_part(folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
     )
 
 
+@dataclass
+class MsrVttSettings:
+    """The ``data.*`` settings only the MSR-VTT format reads."""
+
+    #: the training list: 9k (MSRVTT_train.9k.csv, the 1k-A protocol's) | 7k (MSRVTT_train.7k.csv)
+    train_split: str = choice("9k", *MSRVTT_TRAIN_LISTS)
+
+
 @register_dataset_format("msrvtt")
 class MsrVtt(DatasetFormat):
     protocol = "one_to_one"
-    settings = ("train_split",)
+    Settings = MsrVttSettings
     extra_splits = ("test_multi",)
 
     def read(self, folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:

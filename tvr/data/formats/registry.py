@@ -18,10 +18,19 @@ trusted: ``tvr --trust-code``). ``data.dataset`` is checked against this registr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TypeVar
 
-from tvr.config import REGISTERED_DATASETS, ConfigError, check_import_trusted, import_named
+from tvr.config import (
+    REGISTERED_DATASETS,
+    ConfigError,
+    DataConfig,
+    check_import_trusted,
+    declaration_text,
+    import_named,
+    typed_declared_settings,
+)
 from tvr.data.formats.base import DatasetFormat
 from tvr.data.formats.reading import AnnotationError
 from tvr.utils.plugins import Registry
@@ -34,7 +43,27 @@ ENTRY_POINT_GROUP = "tvr.datasets"
 
 
 def _named(name: str, cls: type[DatasetFormat]) -> None:
+    if cls.Settings is not None and not (isinstance(cls.Settings, type) and dataclasses.is_dataclass(cls.Settings)):
+        raise TypeError(f"dataset format {name!r}: Settings must be a dataclass, got {cls.Settings!r}")
+    for f in _settings_fields(cls):
+        if f.name in {g.name for g in dataclasses.fields(DataConfig)}:
+            raise ValueError(f"dataset format {name!r}: data.{f.name} is a field of every dataset; name it otherwise")
+        owner = _setting_owner(f.name)
+        if owner is not None and declaration_text(owner, f.name) != declaration_text(cls.Settings, f.name):
+            raise ValueError(f"data.{f.name} is already declared otherwise by {owner.__module__}.{owner.__qualname__}")
     cls.name = name
+
+
+def _settings_fields(cls: type[DatasetFormat]) -> tuple[dataclasses.Field, ...]:
+    return dataclasses.fields(cls.Settings) if cls.Settings is not None else ()
+
+
+def _setting_owner(key: str) -> type | None:
+    """The ``Settings`` of a registered format that declares ``data.<key>`` (None: none does)."""
+    for cls in _FORMATS.classes().values():
+        if any(f.name == key for f in _settings_fields(cls)):
+            return cls.Settings
+    return None
 
 
 #: modules of the package that hold no format: base, reading, registry
@@ -88,3 +117,19 @@ def dataset_format(name: str) -> DatasetFormat:
     if cls is None:
         raise AnnotationError(f"data.dataset must be one of {available_dataset_formats()}, got {name!r}")
     return cls()
+
+
+def typed_data_config(data_cfg: DataConfig) -> DataConfig:
+    """A copy of ``data_cfg`` whose format settings (``data.<key>``, declared by the formats' ``Settings``) are built
+    into their dataclasses: the format's own and the built-in formats' (a resolved config has always carried
+    ``train_split`` and ``generic_file``, so identities recorded from configs stay as they were), with their
+    defaults, and any other a registered format declares that the config sets. ConfigError names the key no format
+    declares, or the field that does not fit (``data.dataset`` must name a registered format)."""
+    chosen = dataset_format_class(data_cfg.dataset)
+    classes = registered_dataset_formats()
+    builtin = [classes[name] for name in builtin_dataset_formats()]
+    recorded = [cls.Settings for cls in (*builtin, chosen) if cls is not None and cls.Settings is not None]
+    valid = {f.name for f in dataclasses.fields(DataConfig)} - {"declared"}
+    valid |= {f.name for f in _settings_fields(chosen)} if chosen is not None else set()
+    typed = typed_declared_settings(data_cfg.declared, list(dict.fromkeys(recorded)), _setting_owner, "data", valid)
+    return dataclasses.replace(data_cfg, declared=typed)

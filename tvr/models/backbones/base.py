@@ -13,7 +13,7 @@ from typing import Any, ClassVar, TypeVar
 
 from torch import nn
 
-from tvr.config import Config, ModelConfig, config_to_dict
+from tvr.config import Config, ModelConfig, config_to_dict, declaration_text
 from tvr.data.feature_cache import FeatureIdentity
 from tvr.data.tokenizer import TokenizerSpec
 from tvr.data.transforms import CLIP_NORM, PixelNorm
@@ -69,14 +69,16 @@ class Backbone:
 
     #: the registered name (``model.backbone``), set on the instance :func:`register_backbone` registers
     name: str = ""
-    #: ``model.<key>`` sections the backbone reads, with their dataclasses (the built-in backbones keep their
-    #: historical keys); a backbone with none declares :attr:`Options` instead, read from ``model.options``
-    sections: ClassVar[dict[str, type]] = {}
-    #: the dataclass of ``model.options`` (None: the backbone takes none)
+    #: the settings it reads, a dataclass whose fields are ``model.<key>`` keys (``clip``'s: ``model.clip``, the
+    #: weights, and ``model.tiny``, a section of its own dataclass); two backbones may share a key when they
+    #: declare it alike (clip and clipvip share ``clip`` and ``tiny``). None: it reads none
+    Settings: ClassVar[type | None] = None
+    #: shorthand for a ``Settings`` of one section, ``model.options`` of this dataclass
     Options: ClassVar[type | None] = None
     #: the model settings (``model.<field>``) its frozen features are a function of, in the order a feature cache's
     #: manifest records them (what a run on a cache must share with it: :meth:`matched_settings`)
-    feature_settings: ClassVar[tuple[str, ...]] = ("backbone", "options", "tokenizer", "clip_fp16_on_cuda")
+    #: (None: ``backbone``, its own settings, ``tokenizer``, ``clip_fp16_on_cuda``)
+    feature_settings: ClassVar[tuple[str, ...] | None] = None
     #: how to make it provide per-video proxies when it can (for the error a head that reads them gets), e.g.
     #: ``model.backbone=clipvip and model.clipvip.proxy_projection=true``; "" = it cannot
     proxy_hint: ClassVar[str] = ""
@@ -141,7 +143,7 @@ class Backbone:
 
     def matched_settings(self, model_cfg: ModelConfig) -> tuple[str, ...]:
         """The model settings (dotted below ``model``) a run on a feature cache must share with the cache."""
-        return ("backbone", "options")
+        return ("backbone", *(f.name for f in settings_fields(type(self))))
 
     # ------------------------------------------------------------------ resolution
     def feature_identity(self, cfg: Config) -> FeatureIdentity:
@@ -150,7 +152,11 @@ class Backbone:
         setting's default)."""
         values = config_to_dict(cfg.model)
         defaults = config_to_dict(ModelConfig())
-        settings = {f"model.{key}": values.get(key) for key in self.feature_settings}
+        for settings in recorded_settings(self):
+            defaults.update(config_to_dict(settings()))
+        own = tuple(f.name for f in settings_fields(type(self)))
+        keys = self.feature_settings or ("backbone", *own, "tokenizer", "clip_fp16_on_cuda")
+        settings = {f"model.{key}": values.get(key) for key in keys}
         matched = tuple(
             (f"model.{key}", _dotted(values, key), None if "." in key else defaults.get(key))
             for key in self.matched_settings(cfg.model)
@@ -165,20 +171,49 @@ def _dotted(values: dict, key: str) -> Any:
 
 
 _BACKBONES: dict[str, Backbone] = {}
+#: the package that ships the built-in backbones (every resolved config records their settings: recorded_settings)
+_BUILTIN_PACKAGE = __name__.rpartition(".")[0] + "."
 
 
-def section_type(key: str) -> type | None:
-    """The dataclass of the settings section ``model.<key>`` that the registered backbones declare (None: none does;
-    two may declare one key only with the same class, which :func:`_add` holds)."""
-    return next((type(b).sections[key] for b in _BACKBONES.values() if key in type(b).sections), None)
+def settings_fields(cls: type[Backbone]) -> tuple[dataclasses.Field, ...]:
+    """The ``model.<key>`` settings a backbone class declares (its ``Settings`` fields)."""
+    return dataclasses.fields(cls.Settings) if cls.Settings is not None else ()
+
+
+def setting_owner(key: str) -> type | None:
+    """The ``Settings`` dataclass of a registered backbone that declares ``model.<key>`` (None: none does; two
+    declare one key only alike, which :func:`_add` holds)."""
+    for backbone in _BACKBONES.values():
+        if any(f.name == key for f in settings_fields(type(backbone))):
+            return type(backbone).Settings
+    return None
+
+
+def recorded_settings(backbone: Backbone) -> list[type]:
+    """The ``Settings`` a run on ``backbone`` records, typed with their defaults: every built-in backbone's (a
+    resolved config has always carried them, so the identities recorded from configs stay as they were), then the
+    backbone's own."""
+    builtin = [type(b).Settings for b in _BACKBONES.values() if type(b).__module__.startswith(_BUILTIN_PACKAGE)]
+    ordered = [s for s in (*builtin, type(backbone).Settings) if s is not None]
+    return list(dict.fromkeys(ordered))
 
 
 def _check_backbone_class(cls: Any, what: str) -> type[Backbone]:
     if not (isinstance(cls, type) and issubclass(cls, Backbone)):
         raise TypeError(f"{what}: expected a Backbone subclass, got {cls!r}")
-    for key, section in {**cls.sections, **({"options": cls.Options} if cls.Options else {})}.items():
-        if not (isinstance(section, type) and dataclasses.is_dataclass(section)):
-            raise TypeError(f"{what}: section model.{key} must be a dataclass, got {section!r}")
+    if cls.Options is not None and cls.Settings is None:
+        if not (isinstance(cls.Options, type) and dataclasses.is_dataclass(cls.Options)):
+            raise TypeError(f"{what}: Options must be a dataclass, got {cls.Options!r}")
+        options = cls.Options
+        cls.Settings = dataclasses.make_dataclass(
+            f"{cls.__name__}Settings", [("options", options, dataclasses.field(default_factory=options))]
+        )
+    if cls.Settings is not None and not (isinstance(cls.Settings, type) and dataclasses.is_dataclass(cls.Settings)):
+        raise TypeError(f"{what}: Settings must be a dataclass, got {cls.Settings!r}")
+    taken = {f.name for f in dataclasses.fields(ModelConfig)}
+    for f in settings_fields(cls):
+        if f.name in taken:
+            raise TypeError(f"{what}: setting model.{f.name} is a field every backbone has; name it otherwise")
     return cls
 
 
@@ -186,10 +221,10 @@ def _add(name: str, cls: type[Backbone], overwrite: bool = False) -> None:
     current = _BACKBONES.get(name)
     if current is not None and not overwrite and qualified_name(type(current)) != qualified_name(cls):
         raise ValueError(f"backbone {name!r} is already registered by {type(current).__module__}")
-    for key, section in cls.sections.items():
-        taken = section_type(key)
-        if taken is not None and qualified_name(taken) != qualified_name(section):
-            raise ValueError(f"model.{key} is already the section of {qualified_name(taken)}")
+    for f in settings_fields(cls):
+        owner = setting_owner(f.name)
+        if owner is not None and declaration_text(owner, f.name) != declaration_text(cls.Settings, f.name):
+            raise ValueError(f"model.{f.name} is already declared otherwise by {qualified_name(owner)}")
     backbone = cls()
     backbone.name = name  # the instance's: one class may be registered under two names
     _BACKBONES[name] = backbone

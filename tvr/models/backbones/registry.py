@@ -6,7 +6,7 @@ A backbone is a folder, ``tvr/models/backbones/<name>/``, whose ``backbone.py`` 
 
     @register_backbone("clipvip")
     class ClipVip(Clip):
-        sections = {"tiny": TinyClipConfig, "clipvip": ClipVipConfig}
+        Settings = ClipVipSettings  # model.clip, model.tiny, model.clipvip
         ...
 
 The package's own folders are registered when this module is imported; entry points of the ``tvr.backbones`` group
@@ -25,7 +25,6 @@ backbone it holds.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import importlib
 import pkgutil
@@ -35,9 +34,9 @@ from tvr.config import (
     ConfigError,
     DataConfig,
     ModelConfig,
-    build_section,
     check_import_trusted,
     import_named,
+    typed_declared_settings,
 )
 from tvr.data.transforms import PixelNorm
 from tvr.models.backbones.base import (
@@ -47,8 +46,10 @@ from tvr.models.backbones.base import (
     Preprocess,
     _add,
     _check_backbone_class,
+    recorded_settings,
     register_backbone,
-    section_type,
+    setting_owner,
+    settings_fields,
 )
 from tvr.utils.plugins import load_entry_points
 
@@ -113,20 +114,17 @@ def backbone_spec(name: str) -> Backbone:
 
 
 def typed_model_config(model_cfg: ModelConfig) -> ModelConfig:
-    """A copy of ``model_cfg`` with every registered section (and ``model.options``, against the backbone's
-    :attr:`~Backbone.Options`) built into its dataclass; ``model_cfg`` is not changed. ConfigError names the field
-    (or ``model.backbone``) that does not fit. Typing a typed config gives an equal one."""
+    """A copy of ``model_cfg`` whose backbone settings (``model.<key>``, declared by the backbones' ``Settings``)
+    are built into their dataclasses: the backbone's own and the built-in backbones' (:func:`recorded_settings`,
+    with their defaults), and any other a registered backbone declares that the config sets. ``model_cfg`` is not
+    changed. ConfigError names the key that no backbone declares, or the field that does not fit. Typing a typed
+    config gives an equal one."""
     backbone = backbone_spec(model_cfg.backbone)
-    typed = {}
-    for f in dataclasses.fields(model_cfg):
-        section = section_type(f.metadata.get("section", ""))
-        if section is not None:
-            typed[f.name] = build_section(section, copy.deepcopy(getattr(model_cfg, f.name)), f"model.{f.name}")
-    if backbone.Options is not None:
-        typed["options"] = build_section(backbone.Options, copy.deepcopy(model_cfg.options), "model.options")
-    elif model_cfg.options:
-        raise ConfigError(f"model.options: backbone {backbone.name!r} takes no options, got {model_cfg.options!r}")
-    return dataclasses.replace(model_cfg, **typed)
+    _load_entry_points()  # an installed package's backbone may declare a key the config sets
+    valid = {f.name for f in dataclasses.fields(ModelConfig)} - {"declared"}
+    valid |= {f.name for f in settings_fields(type(backbone))}
+    typed = typed_declared_settings(model_cfg.declared, recorded_settings(backbone), setting_owner, "model", valid)
+    return dataclasses.replace(model_cfg, declared=typed)
 
 
 def with_backbone_pixels(data_cfg: DataConfig, backbone: Backbone, model_cfg: ModelConfig) -> DataConfig:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
 
 from torch import nn
 
 from tvr.config import Config, ConfigError, ModelConfig
 from tvr.data.tokenizer import CLIP_BPE, TINY_CLIP_BPE, TokenizerSpec
 from tvr.models.backbones.base import Backbone, register_backbone
-from tvr.models.backbones.clip.config import TinyClipConfig
+from tvr.models.backbones.clip.config import ClipSettings
 from tvr.models.backbones.clip.image_size import clip_image_size
 
 #: the model settings a CLIP-family feature cache records (every built-in backbone's, as caches always have)
@@ -19,7 +18,7 @@ CLIP_FEATURE_SETTINGS = ("clip", "tiny", "backbone", "clipvip", "two_tower", "to
 
 @register_backbone("clip")
 class Clip(Backbone):
-    sections: ClassVar[dict[str, type]] = {"tiny": TinyClipConfig}
+    Settings = ClipSettings
     feature_settings = CLIP_FEATURE_SETTINGS
 
     def matched_settings(self, model_cfg: ModelConfig) -> tuple[str, ...]:

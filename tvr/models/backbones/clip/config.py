@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tvr.config import MAX_TINY_HEADS, MAX_TINY_LAYERS, MAX_TINY_WIDTH, bounded
 
@@ -27,3 +27,14 @@ class TinyClipConfig:
     patch_size: int = bounded(8, ge=1, le=256)
     context_length: int = bounded(77, ge=3, le=1024)
     vocab_size: int = bounded(49408, ge=3, le=262_144)
+
+
+@dataclass
+class ClipSettings:
+    """The ``model.*`` settings the CLIP backbones (clip, clipvip) read."""
+
+    #: "tiny" (random init from ``model.tiny``), a local HF CLIP directory, a hub id, or an OpenAI ``ViT-B-32.pt``
+    #: file
+    clip: str = "tiny"
+    #: the tiny random CLIP's sizes (used when ``clip`` is "tiny")
+    tiny: TinyClipConfig = field(default_factory=TinyClipConfig)

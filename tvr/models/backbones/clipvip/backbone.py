@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from torch import nn
 
 from tvr.config import Config, ConfigError, ModelConfig
 from tvr.models.backbones.base import register_backbone
 from tvr.models.backbones.clip.backbone import Clip
-from tvr.models.backbones.clip.config import TinyClipConfig
-from tvr.models.backbones.clipvip.config import ClipVipConfig
+from tvr.models.backbones.clipvip.config import ClipVipSettings
 
 #: temporal modules allowed on top of a backbone that pools the video itself (both are the identity on one slot)
 CLIPVIP_TEMPORAL = ("none", "meanP")
@@ -18,7 +15,7 @@ CLIPVIP_TEMPORAL = ("none", "meanP")
 
 @register_backbone("clipvip")
 class ClipVip(Clip):
-    sections: ClassVar[dict[str, type]] = {"tiny": TinyClipConfig, "clipvip": ClipVipConfig}
+    Settings = ClipVipSettings
     sampling = "clipvip"
     proxy_hint = "model.backbone=clipvip and model.clipvip.proxy_projection=true"
 

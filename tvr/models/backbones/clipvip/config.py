@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tvr.config import bounded
+from tvr.models.backbones.clip.config import ClipSettings
 
 
 @dataclass
@@ -21,3 +22,11 @@ class ClipVipConfig:
     #: TV-ProxyNet's bias-free ``visual_projection_patch``: return the M projected proxy tokens as
     #: ``VideoFeatures.proxies``; off = no such parameter (heads that ignore proxies must not carry it)
     proxy_projection: bool = False
+
+
+@dataclass
+class ClipVipSettings(ClipSettings):
+    """The ``model.*`` settings the clipvip backbone reads: the CLIP weights it starts from and its own section."""
+
+    #: CLIP-ViP's video tower (proxies, temporal slots, its post-pretrained checkpoint)
+    clipvip: ClipVipConfig = field(default_factory=ClipVipConfig)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from torch import nn
 
 from tvr.config import Config, ConfigError, ModelConfig
@@ -11,7 +9,7 @@ from tvr.data.tokenizer import SENTENCE_MODEL, TokenizerSpec
 from tvr.data.transforms import PixelNorm
 from tvr.models.backbones.base import Backbone, register_backbone
 from tvr.models.backbones.clip.backbone import CLIP_FEATURE_SETTINGS
-from tvr.models.backbones.two_tower.config import TwoTowerConfig
+from tvr.models.backbones.two_tower.config import TwoTowerSettings
 
 #: the tower settings a run on a cache must share with it (the bridge may differ: it runs on the cached features)
 TOWER_SETTINGS = ("text_model", "image_model", "image_weights")
@@ -19,7 +17,7 @@ TOWER_SETTINGS = ("text_model", "image_model", "image_weights")
 
 @register_backbone("two_tower")
 class TwoTower(Backbone):
-    sections: ClassVar[dict[str, type]] = {"two_tower": TwoTowerConfig}
+    Settings = TwoTowerSettings
     feature_settings = CLIP_FEATURE_SETTINGS
     proxy_hint = "model.backbone=two_tower (which derives them)"
 

@@ -90,3 +90,11 @@ class TwoTowerConfig:
     def conse_fusion(self) -> bool:
         """Whether the ConSE bridge fuses class-space scoring or the sentence bank into its vectors."""
         return self.conse_class_weight > 0 or self.conse_bank_weight > 0
+
+
+@dataclass
+class TwoTowerSettings:
+    """The ``model.*`` settings the two_tower backbone reads."""
+
+    #: its towers, bridge and ConSE options
+    two_tower: TwoTowerConfig = field(default_factory=TwoTowerConfig)
