@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import importlib
 import logging
 import math
@@ -172,6 +173,22 @@ class DeclaredSettings:
             self.__dict__["declared"][name] = value
 
 
+def takes_declared_keywords(cls: type) -> type:
+    """Class decorator over a ``@dataclass`` with :func:`declared_settings`: its constructor also takes the declared
+    settings as keywords (``ModelConfig(clip="tiny", tiny=TinyClipConfig())``), as it did when they were fields."""
+    init = cls.__init__
+    own = {f.name for f in dataclasses.fields(cls)}
+
+    @functools.wraps(init)
+    def init_taking_declared(self: Any, *args: Any, **kwargs: Any) -> None:
+        declared = {key: kwargs.pop(key) for key in list(kwargs) if key not in own}
+        init(self, *args, **kwargs)
+        self.declared = {**self.declared, **declared}  # its own mapping: dataclasses.replace passes the old one
+
+    cls.__init__ = init_taking_declared  # type: ignore[misc]
+    return cls
+
+
 def _range_text(ge: Any, gt: Any, le: Any, lt: Any) -> str:
     low = f">= {ge}" if ge is not None else (f"> {gt}" if gt is not None else "")
     high = f"<= {le}" if le is not None else (f"< {lt}" if lt is not None else "")
@@ -246,6 +263,7 @@ PREEMPTION_SIGNALS = tuple(
 )
 
 
+@takes_declared_keywords
 @dataclass
 class DataConfig(DeclaredSettings):
     #: the settings the dataset format declares (``data.<key>``: its ``Settings`` dataclass, e.g. msrvtt's
@@ -313,6 +331,7 @@ class DataConfig(DeclaredSettings):
 # as loaded; resolving the run config (``tvr.models.run_spec.resolve_run``) types them.
 
 
+@takes_declared_keywords
 @dataclass
 class ModelConfig(DeclaredSettings):
     #: the settings the backbone declares (``model.<key>``: its ``Settings`` dataclass; ``tvr backbones`` lists
