@@ -19,6 +19,7 @@ from tvr.data.formats.registry import (
     dataset_format,
     register_dataset_format,
 )
+from tvr.pipeline import resolve_config
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tvr"
 TOY_FILE = "pairs.tsv"
@@ -28,8 +29,11 @@ TOY_FILE = "pairs.tsv"
 class ToyTsv(DatasetFormat):
     """``pairs.tsv``: one ``split<TAB>video<TAB>caption`` a line; no val rows, so validation is held out."""
 
+    def pairs_file(self, folder: Path, cfg: DataConfig) -> Path:
+        return folder / TOY_FILE
+
     def read(self, folder: Path, cfg: DataConfig, split: str) -> SplitPart | None:
-        path = folder / TOY_FILE
+        path = self.pairs_file(folder, cfg)
         pairs = []
         for number, line in enumerate(read_text(path, "split<TAB>video<TAB>caption lines").splitlines(), start=1):
             fields = line.split("\t")
@@ -75,6 +79,60 @@ def test_a_format_outside_tvr_is_read_held_out_and_described(tmp_path: Path) -> 
     (folder / TOY_FILE).write_text("train\tonly two\n")
     with pytest.raises(AnnotationError, match=r"pairs.tsv line 1: expected 3 tab-separated fields"):
         load_split(cfg, "train")
+
+
+@dataclasses.dataclass
+class NamedTsvSettings:
+    """What only the ``toy_tsv_named`` format reads: ``data.tsv_file``."""
+
+    #: the pairs file, relative to ``data.annotations``
+    tsv_file: str = TOY_FILE
+
+
+@register_dataset_format("toy_tsv_named")
+class NamedTsv(ToyTsv):
+    """``toy_tsv`` reading the file its own setting, ``data.tsv_file``, names."""
+
+    Settings = NamedTsvSettings
+
+    def pairs_file(self, folder: Path, cfg: DataConfig) -> Path:
+        return folder / self.settings(cfg).tsv_file
+
+
+def test_a_format_outside_tvr_declares_settings_of_its_own(tmp_path: Path) -> None:
+    """A format names its own ``data.<key>`` settings as msrvtt (``train_split``) and generic (``generic_file``) do:
+    read, typed when the run is resolved, recorded in the run's split description, checked; a run on another format
+    does not record them, and a key no format declares is one line naming the valid ones."""
+    folder = _toy_folder(tmp_path)
+    (folder / "mine.tsv").write_text("train\tm0\tmine\ntest\tm1\tmine too\n")
+    chosen = [
+        "data.dataset=toy_tsv_named",
+        f"data.annotations={folder}",
+        "data.tsv_file=mine.tsv",
+        "data.val_fraction=0",
+    ]
+    cfg = resolve_config(load_config(None, chosen)).data
+    assert cfg.tsv_file == "mine.tsv" and load_split(cfg, "test").texts == ["mine too"]
+    assert describe_split_source(cfg)["tsv_file"] == "mine.tsv"
+    assert load_split(load_config(None, chosen).data, "test").texts == ["mine too"]  # unresolved: read the same
+    msrvtt = resolve_config(load_config(None, [])).data
+    assert "tsv_file" not in msrvtt.declared and set(msrvtt.declared) == {"generic_file", "train_split"}
+    with pytest.raises(ConfigError, match=r"data: unknown key\(s\) \['tsv_fil'\]; valid keys: \[.*'tsv_file'"):
+        resolve_config(load_config(None, ["data.dataset=toy_tsv_named", "data.tsv_fil=x"]))
+    with pytest.raises(ConfigError, match=r"data\.train_split = '8k': expected one of \['9k', '7k'\]"):
+        resolve_config(load_config(None, ["data.train_split=8k"]))
+    with pytest.raises(ValueError, match=r"data\.train_split is already declared otherwise"):
+
+        @register_dataset_format("toy_tsv_clash")
+        class Clash(ToyTsv):
+            Settings = ClashSettings
+
+
+@dataclasses.dataclass
+class ClashSettings:
+    """Declares msrvtt's ``data.train_split`` otherwise."""
+
+    train_split: int = 9
 
 
 @register_dataset_format("toy_tsv_extra")
