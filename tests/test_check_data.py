@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from videos import write_test_video
 
 from tvr.cli import app
-from tvr.config import Config, config_from_dict
+from tvr.config import Config, config_from_dict, config_to_dict
 from tvr.data.check import check_data, probe_file
 from tvr.data.tokenizer import ClipTokenizer, build_tiny_tokenizer_files, read_clip_merges, vocabulary_from_merges
 from tvr.models.run_spec import resolve_run
@@ -127,7 +127,7 @@ def test_probe_file_directly(tmp_path: Path) -> None:
 
 def test_a_clean_dataset_passes_and_the_cli_exit_codes(bad_set: Path, tmp_path: Path) -> None:
     config = tmp_path / "cfg.yaml"
-    config.write_text(yaml.safe_dump({"data": {**_cfg(bad_set).data.__dict__}, "train": {"batch_size": 2}}))
+    config.write_text(yaml.safe_dump({"data": config_to_dict(_cfg(bad_set).data), "train": {"batch_size": 2}}))
     json_path = tmp_path / "out" / "report.json"
     result = CliRunner().invoke(app, ["check-data", "-c", str(config), "--json", str(json_path), "-j", "2"])
     assert result.exit_code == 1, result.output

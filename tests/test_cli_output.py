@@ -110,3 +110,25 @@ def test_messages_on_a_piped_stderr_are_whole_lines() -> None:
     assert done.returncode == 0
     line = f"bench configs for tvr bench --config: {benches}"
     assert len(line) > 80 and line in done.stderr.splitlines()
+
+
+def test_backbones_and_datasets_list_the_settings_each_declares() -> None:
+    """``tvr backbones`` / ``tvr datasets`` show what each backbone / dataset format reads, from its ``Settings``
+    dataclass (a section's fields one level down), with default, allowed values and its ``#:`` description."""
+    done = tvr_piped("backbones")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    tables = done.stdout.split("model.backbone: ")
+    clipvip = next(t for t in tables if t.startswith("clipvip\n"))
+    rows = {line.split("│")[1].strip(): line for line in clipvip.splitlines() if line.count("│") >= 4}
+    assert {"clip", "tiny", "tiny.embed_dim", "clipvip", "clipvip.num_proxies"} <= set(rows)
+    assert "'tiny'" in rows["clip"] and "a local HF CLIP directory" in rows["clip"]
+    assert ">= 1 and <= 1024" in rows["tiny.embed_dim"]
+    two_tower = next(t for t in tables if t.startswith("two_tower\n"))
+    assert "two_tower.bridge" in two_tower and "tiny.embed_dim" not in two_tower
+    done = tvr_piped("datasets")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    msrvtt = next(t for t in done.stdout.split("data.dataset: ") if t.startswith("msrvtt "))
+    assert msrvtt.startswith("msrvtt (splits: train, val, test, test_multi)")
+    assert "train_split" in msrvtt and "'9k' | '7k'" not in msrvtt and "9k | 7k" in msrvtt
+    msvd = next(t for t in done.stdout.split("data.dataset: ") if t.startswith("msvd "))
+    assert "(no settings of its own)" in msvd

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import tvr.pipeline
 from tvr.cli import app
 from tvr.config import ConfigError, config_from_dict, load_config
-from tvr.pipeline import run_train
+from tvr.pipeline import resolve_config, run_train
 
 runner = CliRunner()
 
@@ -86,12 +86,25 @@ def test_import_checkpoint_key_lists_and_flag_names(tmp_path: Path) -> None:
 
 def test_text_fields_take_set_values_literally() -> None:
     cfg = load_config(
-        "clip4clip/msrvtt", ["data.video_pattern={video_id}.mp4", "data.annotations=[x]/y", "model.clip={a: b}"]
+        "clip4clip/msrvtt", ["data.video_pattern={video_id}.mp4", "data.annotations=[x]/y", "model.clip=[x]/y"]
     )
     assert cfg.data.video_pattern == "{video_id}.mp4"
-    assert cfg.data.annotations == "[x]/y" and cfg.model.clip == "{a: b}"
+    assert cfg.data.annotations == "[x]/y" and cfg.model.clip == "[x]/y"  # a backbone's setting: no valid YAML
     with pytest.raises(ConfigError, match=r"--set train\.lr=\{a\}: train\.lr: expected a number"):
         load_config("clip4clip/msrvtt", ["train.lr={a}"])  # not a text field: still YAML
+    # a backbone's setting is typed when the run is resolved, so YAML's mapping reaches it (quote it for the text)
+    with pytest.raises(ConfigError, match=r"^--set model\.clip=\{a: b\}: model\.clip: expected a string"):
+        resolve_config_blamed(["model.clip={a: b}"])
+    assert resolve_config(load_config("clip4clip/msrvtt", ['model.clip="{a: b}"'])).model.clip == "{a: b}"
+
+
+def resolve_config_blamed(overrides: list[str]) -> None:
+    from tvr.config import blame_overrides
+
+    try:
+        resolve_config(load_config("clip4clip/msrvtt", overrides))
+    except ConfigError as exc:
+        raise blame_overrides(exc, overrides) or exc from None
 
 
 def test_bad_set_values_are_blamed_on_the_set(tmp_path: Path) -> None:

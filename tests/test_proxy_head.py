@@ -3,7 +3,6 @@ per-pair loop over the generator, γ as a validation-chosen setting, the LR grou
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
@@ -14,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import tvr.methods.proxy.scoring as proxy_module
-from tvr.config import ConfigError, HeadConfig, load_config
+from tvr.config import ConfigError, HeadConfig, config_to_dict, load_config
 from tvr.methods.clip4clip import Clip4ClipHead
 from tvr.methods.proxy import (
     ProxyGenerator,
@@ -617,7 +616,7 @@ def test_presets_exist_and_follow_the_paper() -> None:
         assert ("16" in cfg.model.clip) == (name == "msrvtt_b16")
     # B/16 = the B/32 preset on the B/16 CLIP-ViP recipe with δ = η = −1, nothing else
     b32, b16 = (
-        dataclasses.asdict(load_config(REPO / "tvr" / "methods" / "proxy" / "presets" / f"{n}.yaml"))
+        config_to_dict(resolve_config(load_config(REPO / "tvr" / "methods" / "proxy" / "presets" / f"{n}.yaml")))
         for n in ("msrvtt", "msrvtt_b16")
     )
     changed = {f"{s}.{k}" for s in b32 for k in b32[s] if b32[s][k] != b16[s][k]}

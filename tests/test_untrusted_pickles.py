@@ -438,8 +438,9 @@ def test_a_checkpoint_config_cannot_size_a_model_without_bound(tmp_path: Path) -
     """A checkpoint carries its config; a tiny CLIP's sizes are capped, so a 40,000,000-word vocabulary (10 GB at
     width 64) is refused before any model is built."""
     from tvr.config import config_from_dict, config_to_dict
+    from tvr.pipeline import resolve_config
 
-    values = config_to_dict(config_from_dict({"model": {"clip": "tiny"}}))
+    values = config_to_dict(resolve_config(config_from_dict({"model": {"clip": "tiny"}})))
     values["model"]["tiny"]["vocab_size"] = 40_000_000
     path = tmp_path / "huge.pt"
     save_checkpoint(path, torch.nn.Linear(2, 2), state={})

@@ -654,38 +654,78 @@ def bench_report(
 app.add_typer(bench_app, name="bench")
 
 
+def _settings_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(dotted name, default, allowed values, description) of each field of the settings dataclass ``cls``, a
+    section's fields one level down (``tiny.embed_dim``)."""
+    import dataclasses
+
+    from tvr.config import field_rule_text
+    from tvr.utils.fielddoc import field_comments
+
+    rows = []
+    comments = field_comments(cls)
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if dataclasses.is_dataclass(default) and not prefix:
+            rows.append((f"{f.name}", "", "", comments.get(f.name, "")))
+            rows += _settings_rows(type(default), f"{f.name}.")
+            continue
+        rows.append((f"{prefix}{f.name}", repr(default), field_rule_text(f), comments.get(f.name, "")))
+    return rows
+
+
+def _print_settings(title: str, cls: type | None, column: str, empty: str) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left")
+    for heading in (column, "default", "allowed", "description"):
+        table.add_column(heading)
+    rows = _settings_rows(cls) if cls is not None else []
+    for row in rows:
+        # Text cells: descriptions hold brackets ("[logvar_min, logvar_max]") that are not markup
+        table.add_row(*map(Text, row))
+    if not rows:
+        table.add_row("-", "", "", empty)
+    stdout_console().print(table)
+
+
 @app.command()
 def heads() -> None:
     """List the method heads (registered in tvr.methods or by installed packages), their options (set under
     head.options) with defaults, allowed values and what each does."""
-    import dataclasses
-
-    from rich.table import Table
-    from rich.text import Text
-
-    from tvr.config import field_rule_text
     from tvr.models.heads.registry import available_heads, head_class
-    from tvr.utils.fielddoc import field_comments
 
-    out = stdout_console()
     for name in available_heads():
         cls = head_class(name)
         # indexability may depend on the options (CLIP4Clip: mean pooling only); show it for the defaults
         indexable = cls(8, cls.Options()).indexable
-        table = Table(
-            title=f"head.name: {name} (indexable with its defaults: {'yes' if indexable else 'no'})",
-            title_justify="left",
-        )
-        for column in ("option", "default", "allowed", "description"):
-            table.add_column(column)
-        comments = field_comments(cls.Options)
-        for f in dataclasses.fields(cls.Options):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            # Text cells: option descriptions hold brackets ("[logvar_min, logvar_max]") that are not markup
-            table.add_row(Text(f.name), Text(repr(default)), Text(field_rule_text(f)), Text(comments.get(f.name, "")))
-        if not dataclasses.fields(cls.Options):
-            table.add_row("-", "", "", "(no options)")
-        out.print(table)
+        title = f"head.name: {name} (indexable with its defaults: {'yes' if indexable else 'no'})"
+        _print_settings(title, cls.Options, "option", "(no options)")
+
+
+@app.command()
+def backbones() -> None:
+    """List the backbones (registered in tvr/models/backbones or by installed packages) and the settings each reads
+    (set as model.<setting>), with defaults, allowed values and what each does."""
+    from tvr.models.backbones.registry import available_backbones, backbone_spec
+
+    for name in available_backbones():
+        settings = type(backbone_spec(name)).Settings
+        _print_settings(f"model.backbone: {name}", settings, "model.<setting>", "(no settings)")
+
+
+@app.command()
+def datasets() -> None:
+    """List the dataset formats (registered in tvr/data/formats or by installed packages; docs/datasets.md) and the
+    settings only each reads (set as data.<setting>), with defaults, allowed values and what each does."""
+    from tvr.data.formats.registry import available_dataset_formats, dataset_format
+
+    for name in available_dataset_formats():
+        fmt = dataset_format(name)
+        splits = ", ".join(("train", "val", "test", *fmt.extra_splits))
+        title = f"data.dataset: {name} (splits: {splits})"
+        _print_settings(title, fmt.Settings, "data.<setting>", "(no settings of its own)")
 
 
 @app.command()

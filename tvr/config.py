@@ -867,14 +867,19 @@ def _is_text_field(annotation: Any) -> bool:
 
 def _parse_override_for_field(text: str) -> tuple[list[str], Any]:
     """:func:`parse_override`, except that a text field takes the value as written when YAML would read a mapping
-    or a list, or nothing valid at all: ``data.video_pattern={video_id}.mp4`` is a pattern, not YAML."""
-    if "=" in text and _is_text_field(_field_type([p for p in text.split("=", 1)[0].strip().split(".") if p])):
+    or a list, or nothing valid at all: ``data.video_pattern={video_id}.mp4`` is a pattern, not YAML. A setting this
+    layer does not type (a head option, a backbone's or a dataset format's setting: typed when the run is resolved)
+    takes YAML's value, and the text as written where it is no valid YAML."""
+    if "=" not in text:
+        return parse_override(text)
+    field_type = _field_type([p for p in text.split("=", 1)[0].strip().split(".") if p])
+    if field_type is None or _is_text_field(field_type):
         raw = text.split("=", 1)[1]
         try:
             keys, value = parse_override(text)
         except ConfigError:
             return [p for p in text.split("=", 1)[0].strip().split(".") if p], raw.strip()
-        return keys, raw.strip() if isinstance(value, (dict, list)) else value
+        return keys, raw.strip() if field_type is not None and isinstance(value, (dict, list)) else value
     return parse_override(text)
 
 
@@ -890,6 +895,11 @@ def blame_overrides(exc: ConfigError, overrides: list[str] | tuple[str, ...]) ->
         dotted = ".".join(keys)
         parent = ".".join(keys[:-1])
         unknown_key = f"'{keys[-1]}'" in message and (not parent or message.startswith(parent))
+        # a section the override reaches into that is itself unknown (model.options.x where nothing declares options)
+        unknown_key |= any(
+            message.startswith(f"{'.'.join(keys[:i])}: unknown key") and f"'{keys[i]}'" in message
+            for i in range(1, len(keys) - 1)
+        )
         if re.search(rf"(^|[\s'\[(]){re.escape(dotted)}([\s:=\[\]'.,]|$)", message) or unknown_key:
             culprits.append(text)
     if not culprits:

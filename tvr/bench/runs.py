@@ -103,14 +103,12 @@ METRICS = ("R1", "R5", "R10", "MdR", "MnR")
 DIRECTIONS = ("t2v", "v2t")
 #: model fields that do not change what the frozen backbone outputs (so do not split the feature cache)
 _NOT_FEATURE_FIELDS = ("temporal", "temporal_layers", "freeze_backbone", "frame_chunk", "clip_fp16_on_cuda")
-#: data fields that decide what gets encoded
+#: data fields that decide what gets encoded (with the settings the dataset formats declare: train_split, ...)
 _FEATURE_DATA_FIELDS = (
     "dataset",
     "annotations",
     "video_dir",
     "video_pattern",
-    "train_split",
-    "generic_file",
     "val_fraction",
     "val_seed",
     "max_words",
@@ -525,7 +523,7 @@ def feature_key(cfg: Config, data_digest: str = "") -> str:
     initialised backbone is built from and the data's content (``data_digest``: a set rendered again with other
     dials into the same folder is other data). Methods that agree on these share one cache."""
     model = {k: v for k, v in config_to_dict(cfg.model).items() if k not in _NOT_FEATURE_FIELDS}
-    data = {k: getattr(cfg.data, k) for k in _FEATURE_DATA_FIELDS}
+    data = {k: getattr(cfg.data, k) for k in (*_FEATURE_DATA_FIELDS, *cfg.data.declared)}
     # the seed builds a randomly initialised backbone (tiny test models); every method's cache uses the run config's
     if data_digest:  # the content is named by its digest: where the bench folder lies does not matter
         data = {k: v for k, v in data.items() if k not in ("annotations", "video_dir")}

@@ -36,7 +36,8 @@ class FeatureCacheError(UserError, ValueError):
 
 
 CACHE_FORMAT = 1
-#: the data settings that decide what a cache holds; with the backbone's (:class:`FeatureIdentity`) its manifest
+#: the data settings that decide what a cache holds, with those the dataset formats declare (a resolved config's
+#: ``data.train_split``, ``data.generic_file``, …); with the backbone's (:class:`FeatureIdentity`) its manifest
 #: records them before the first shard is written, and ``tvr features`` resumes a cache only with the same values
 #: (else shards of two models or two shardings mix)
 FEATURE_DATA_SETTINGS = (
@@ -45,8 +46,6 @@ FEATURE_DATA_SETTINGS = (
     "data.video_dir",
     "data.video_pattern",
     "data.allow_outside_video_dir",
-    "data.train_split",
-    "data.generic_file",
     "data.val_fraction",
     "data.val_seed",
     "data.max_words",
@@ -90,6 +89,7 @@ def cache_settings(cfg: Config, identity: FeatureIdentity, shard_size: int, dtyp
     settings: dict[str, Any] = {"shard_size": int(shard_size), "dtype": str(dtype).removeprefix("torch.")}
     settings.update(identity.settings)
     settings.update({name: data[name.split(".")[1]] for name in FEATURE_DATA_SETTINGS})
+    settings.update({f"data.{key}": data[key] for key in cfg.data.declared})
     if identity.seeded:
         settings["train.seed"] = cfg.train.seed
     return settings
