@@ -266,13 +266,13 @@ PREEMPTION_SIGNALS = tuple(
 @takes_declared_keywords
 @dataclass
 class DataConfig(DeclaredSettings):
-    #: the settings the dataset format declares (``data.<key>``: its ``Settings`` dataclass, e.g. msrvtt's
-    #: ``train_split``, generic's ``generic_file``), held as loaded until the run config is resolved
-    declared: Any = declared_settings()
     #: a registered dataset format (``tvr/data/formats/<name>.py``): msrvtt | msvd | didemo | activitynet | generic,
     #: or one registered from elsewhere (``tvr.data.formats.registry.register_dataset_format``); checked when the run
     #: is resolved, as ``head.name`` and ``model.backbone`` are
     dataset: str = "msrvtt"
+    #: the settings only the dataset format reads (``data.<key>``, its ``Settings``: msrvtt's ``train_split``,
+    #: generic's ``generic_file``; ``tvr datasets`` lists them), held as loaded until the run config is resolved
+    declared: Any = declared_settings()
     #: folder holding the dataset's annotation files (standard names, see docs/datasets.md)
     annotations: str = ""
     #: folder holding the video files

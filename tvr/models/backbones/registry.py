@@ -15,7 +15,7 @@ code already running may call :func:`register_backbone` itself. A backbone anywh
 ``model.backbone: package.module:Class``, as a head is (the import runs the module's code, so a config, checkpoint
 or index may name one only when code is trusted: ``tvr --trust-code``).
 
-A job resolves its config once (:func:`tvr.models.run_spec.resolve_run`): the backbone's sections typed
+A job resolves its config once (:func:`tvr.models.run_spec.resolve_run`): the backbone's settings typed
 (:func:`typed_model_config`), its frame size, sampling and pixel normalisation written into ``data.*`` where the
 config leaves them unset (:func:`with_backbone_pixels`), and what the data pipeline needs of the backbone, its
 tokenizer and what decides its frozen features, answered from the backbone's folder; ``tvr.data`` is handed those
