@@ -3,9 +3,10 @@ start and handed to the layers below as values.
 
 :func:`resolve_run` is the one function that turns a loaded :class:`~tvr.config.Config` into a :class:`RunSpec`:
 the head's options checked and typed, the backbone's and the dataset format's settings typed, the frame size,
-sampling and pixel normalisation the config leaves unset taken from the backbone, and what the data pipeline needs of the backbone (its
-tokenizer, what its frozen features are a function of) answered from the backbone's folder. It works on a copy, so
-the config it was given is not changed, and resolving a resolved config gives the same description again.
+sampling and pixel normalisation the config leaves unset taken from the backbone, and what the data pipeline needs
+of the backbone (its tokenizer, what its frozen features are a function of) answered from the backbone's folder. It
+works on a copy, so the config it was given is not changed, and resolving a resolved config gives the same
+description again.
 """
 
 from __future__ import annotations
