@@ -854,6 +854,13 @@ def _field_type(keys: list[str]) -> Any:
     return typing.get_type_hints(cls).get(keys[-1]) if dataclasses.is_dataclass(cls) else None
 
 
+def _is_declared_setting(keys: list[str]) -> bool:
+    """Whether dotted ``keys`` name a plug-in's own setting, ``<section>.<key>`` of a section with a
+    :func:`declared_settings` store."""
+    section = typing.get_type_hints(Config).get(keys[0]) if len(keys) == 2 else None
+    return dataclasses.is_dataclass(section) and any(f.metadata.get("declared") for f in dataclasses.fields(section))
+
+
 def _is_text_field(annotation: Any) -> bool:
     if annotation is str:
         return True
@@ -867,13 +874,14 @@ def _is_text_field(annotation: Any) -> bool:
 
 def _parse_override_for_field(text: str) -> tuple[list[str], Any]:
     """:func:`parse_override`, except that a text field takes the value as written when YAML would read a mapping
-    or a list, or nothing valid at all: ``data.video_pattern={video_id}.mp4`` is a pattern, not YAML. A setting this
-    layer does not type (a head option, a backbone's or a dataset format's setting: typed when the run is resolved)
-    takes YAML's value, and the text as written where it is no valid YAML."""
+    or a list, or nothing valid at all: ``data.video_pattern={video_id}.mp4`` is a pattern, not YAML. A backbone's or
+    a dataset format's own setting (``model.clip``, ``data.generic_file``: typed when the run is resolved) takes
+    YAML's value, and the text as written where it is no valid YAML."""
     if "=" not in text:
         return parse_override(text)
-    field_type = _field_type([p for p in text.split("=", 1)[0].strip().split(".") if p])
-    if field_type is None or _is_text_field(field_type):
+    keys = [p for p in text.split("=", 1)[0].strip().split(".") if p]
+    field_type = _field_type(keys)
+    if _is_text_field(field_type) or (field_type is None and _is_declared_setting(keys)):
         raw = text.split("=", 1)[1]
         try:
             keys, value = parse_override(text)
