@@ -17,7 +17,9 @@
 # stamp itself instead of reading a query export the old code left (and the user's ~/.cache is not touched).
 # Usage: bash tools/compat_check.sh [OLD_REV]     (about 3 minutes on 2 cores; works in a temporary folder)
 set -Eeuo pipefail
-trap 'echo "compat_check: FAILED at line $((BASH_LINENO[0] ? BASH_LINENO[0] : LINENO)): $BASH_COMMAND" >&2' ERR
+# fd 3: the script's stderr, which a failing command's own redirection (2>/dev/null) does not swallow
+exec 3>&2
+trap 'echo "compat_check: FAILED at line $((BASH_LINENO[0] ? BASH_LINENO[0] : LINENO)): $BASH_COMMAND" >&3' ERR
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 rev="${1:-2e128fb}"
 py="$repo/.venv/bin/python"
