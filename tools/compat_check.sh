@@ -15,7 +15,7 @@
 #     changes, and results.json's results_sha256 is the same.
 # Old and new code keep separate caches (TVR_CACHE_DIR) in the temporary folder: this checkout recomputes every
 # stamp itself instead of reading a query export the old code left (and the user's ~/.cache is not touched).
-# Usage: bash tools/compat_check.sh [OLD_REV]     (about 3 minutes on 2 cores; works in a temporary folder)
+# Usage: bash tools/compat_check.sh [OLD_REV]     (2 to 3 minutes on 2 cores; works in a temporary folder)
 set -Eeuo pipefail
 # fd 3: the script's stderr, which a failing command's own redirection (2>/dev/null) does not swallow
 exec 3>&2
