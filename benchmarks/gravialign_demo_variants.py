@@ -1,8 +1,8 @@
 """GraviAlign training behaviour on the demo set: which head options keep the positive-only L_SGI from collapsing.
 
 Each variant trains the demo's model (a random tiny CLIP of the real architecture from scratch, seqTransf, lr 1e-3,
-batch 32, grad clip 1.0; `tvr.demo.demo_config`, whose head options the variant's replace — "default" is the head's
-defaults, not its ``demo_options``) on the demo's synthetic data for ``--epochs`` epochs, one thread,
+batch 32, grad clip 1.0; `tvr.bench.demo.demo_config`, whose head options the variant's replace — "default" is the
+head's defaults, not its ``demo_options``) on the demo's synthetic data for ``--epochs`` epochs, one thread,
 then evaluates the test split (30 videos, chance R@1 3.3, R@10 33.3) with the validation-selected checkpoint. What
 matters is the last training InfoNCE (ln 32 = 3.466 means every similarity is equal: the features collapsed), the
 terms of S_align, and the gradient norm before clipping; 30 test videos are too few to rank methods.
@@ -58,8 +58,8 @@ def main() -> None:
 
     import torch
 
-    from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset
-    from tvr.demo import demo_config
+    from tvr.bench.demo import demo_config
+    from tvr.bench.synthetic import SynthConfig, generate_synthetic_dataset
     from tvr.pipeline import resolve_config, run_train
     from tvr.utils.io import atomic_write_json
 

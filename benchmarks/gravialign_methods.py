@@ -2,7 +2,7 @@
 times the demo's, against controls, over several seeds.
 
 Each variant trains the demo's model (a random tiny CLIP of the real architecture from scratch, seqTransf, lr 1e-3,
-batch 32, grad clip 1.0, one compute thread; ``tvr.demo.demo_config``, whose head options the variant's replace:
+batch 32, grad clip 1.0, one compute thread; ``tvr.bench.demo.demo_config``, whose head options the variant's replace:
 "alpha_0" is the head's defaults with α = 0, and so on) on a synthetic set of ``--videos`` videos of which ``--test``
 form the test split (default 540 / 300: the demo trains on ~210 and tests on 30). The last checkpoint of each run is
 then scored on the test split under every mode at once, from one encoding:
@@ -194,8 +194,8 @@ def main() -> None:
 
     import torch
 
-    from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset
-    from tvr.demo import demo_config
+    from tvr.bench.demo import demo_config
+    from tvr.bench.synthetic import SynthConfig, generate_synthetic_dataset
     from tvr.pipeline import resolve_config, run_train
     from tvr.utils.io import atomic_write_json
 

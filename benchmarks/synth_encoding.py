@@ -79,7 +79,7 @@ def _decode(path: Path) -> np.ndarray:
 
 def worker(name: str, clips: int, repeats: int) -> None:
     """Render the clips, encode each ``repeats`` times; print one JSON line of hashes and timings."""
-    from tvr.data.synthetic import SynthConfig, make_video_specs, render_video_frames
+    from tvr.bench.synthetic import SynthConfig, make_video_specs, render_video_frames
 
     cfg = SynthConfig(**SYNTH)
     specs = make_video_specs(cfg)

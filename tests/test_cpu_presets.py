@@ -11,10 +11,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from tvr.bench.demo import DEMO_PRESET, demo_config, demo_synth_config
+from tvr.bench.synthetic import SynthConfig, generate_synthetic_dataset
 from tvr.cli import app
 from tvr.config import config_to_dict, load_config
-from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset
-from tvr.demo import DEMO_PRESET, demo_config, demo_synth_config
 from tvr.pipeline import resolve_config
 
 METHODS = ["clip4clip", "gare", "proxy", "gravialign"]
@@ -67,7 +67,7 @@ def test_a_cpu_preset_is_the_demo_of_its_method(method: str, tmp_path: Path) -> 
 def test_the_synth_command_the_presets_give_renders_the_demos_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tvr.data.synthetic
+    import tvr.bench.synthetic
 
     asked: list[SynthConfig] = []
 
@@ -76,7 +76,7 @@ def test_the_synth_command_the_presets_give_renders_the_demos_set(
         counts = {"num_train": 189, "num_validate": 21, "num_test": 30, "num_sentences": 1200, "num_frames": 24}
         return {"num_videos": cfg.num_videos, "codec": "libx264", **counts}
 
-    monkeypatch.setattr(tvr.data.synthetic, "generate_synthetic_dataset", generate)
+    monkeypatch.setattr(tvr.bench.synthetic, "generate_synthetic_dataset", generate)
     comments = (Path(__file__).resolve().parents[1] / "tvr" / "configs" / "cpu" / "clip4clip.yaml").read_text()
     command = next(line for line in comments.splitlines() if "tvr synth --out" in line)
     args = command.split("#")[1].split()[2:6]  # "--out synth --num-videos 240"

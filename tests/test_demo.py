@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tvr.data.synthetic import SynthConfig
-from tvr.demo import DEMO_VALIDATION, _describe_run, demo_config, demo_synth_config, prepare_demo_data, run_demo
+from tvr.bench.demo import DEMO_VALIDATION, _describe_run, demo_config, demo_synth_config, prepare_demo_data, run_demo
+from tvr.bench.synthetic import SynthConfig
 from tvr.models.run_spec import resolve_run
 from tvr.pipeline import resolve_config
 from tvr.pipeline.preflight import preflight
@@ -35,14 +35,14 @@ def test_a_set_with_other_settings_is_regenerated_and_named(tmp_path: Path, capl
     assert videos(data) == [f"video{i}.mp4" for i in range(4)]
     first = (data / "videos" / "video0.mp4").stat().st_mtime_ns
 
-    with caplog.at_level(logging.INFO, logger="tvr.demo"):
+    with caplog.at_level(logging.INFO, logger="tvr.bench.demo"):
         prepare_demo_data(data, TINY)  # the same settings: reused, not rendered again
     assert (data / "videos" / "video0.mp4").stat().st_mtime_ns == first
     assert "reusing the synthetic set" in caplog.text
 
     bigger = dataclasses.replace(TINY, num_videos=6, num_test=2)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="tvr.demo"):
+    with caplog.at_level(logging.WARNING, logger="tvr.bench.demo"):
         prepare_demo_data(data, bigger)
     assert f"regenerating the synthetic set in {data}" in caplog.text
     assert "num_videos 4 → 6, num_test 1 → 2" in caplog.text
@@ -71,18 +71,18 @@ def test_an_interrupted_set_is_regenerated_and_a_foreign_folder_is_left_alone(tm
 def test_the_demo_says_which_run_it_replaces(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import tvr.demo
+    import tvr.bench.demo
     import tvr.pipeline
 
     calls = []
-    monkeypatch.setattr(tvr.demo, "prepare_demo_data", lambda data, synth: calls.append(synth))
+    monkeypatch.setattr(tvr.bench.demo, "prepare_demo_data", lambda data, synth: calls.append(synth))
     monkeypatch.setattr(
         tvr.pipeline,
         "run_train",
         lambda cfg, out, overwrite, small_val_reason: {"out": out, "overwrite": overwrite},
     )
     out = tmp_path / "demo"
-    with caplog.at_level(logging.WARNING, logger="tvr.demo"):
+    with caplog.at_level(logging.WARNING, logger="tvr.bench.demo"):
         summary = run_demo(out, quick=True)
     assert summary == {"out": out / "run", "overwrite": True} and calls == [demo_synth_config(True)]
     assert "replacing" not in caplog.text  # nothing to replace yet
@@ -90,7 +90,7 @@ def test_the_demo_says_which_run_it_replaces(
     (out / "run").mkdir(parents=True)
     (out / "run" / "config.yaml").write_text(yaml.safe_dump({"head": {"name": "proxy"}, "train": {"max_steps": 4}}))
     (out / "run" / "best.pt").write_bytes(b"")
-    with caplog.at_level(logging.WARNING, logger="tvr.demo"):
+    with caplog.at_level(logging.WARNING, logger="tvr.bench.demo"):
         run_demo(out, quick=False)
     assert f"replacing the previous demo run in {out / 'run'} (head proxy, quick, 4 steps)" in caplog.text
     assert calls[-1] == demo_synth_config(False)

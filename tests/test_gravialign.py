@@ -1135,7 +1135,7 @@ def test_builds_with_the_registry_defaults() -> None:
 
 def test_the_demo_guards_gravialign_and_keeps_every_other_default(tmp_path: Path) -> None:
     # the demo trains from scratch at lr 1e-3, where the spec's α, ε collapse the features (docs/benchmarks.md)
-    from tvr.demo import demo_config
+    from tvr.bench.demo import demo_config
 
     cfg = demo_config(tmp_path, method="gravialign")
     cfg = resolve_config(cfg)

@@ -1,12 +1,13 @@
 """The package's import graph: layers point one way and no tvr module imports itself back (static, from the AST).
 
-Layers, top to bottom (docs/architecture.md): ``tvr.cli``/``tvr.__main__`` → ``tvr.demo``, ``tvr.bench`` (siblings:
-the bench is imported by the CLI alone) → ``tvr.pipeline`` → ``tvr.methods`` → ``tvr.train``, ``tvr.eval``,
-``tvr.search``, ``tvr.analysis`` → ``tvr.models`` → ``tvr.data`` → ``tvr.losses``, ``tvr.config``, ``tvr.types``,
-``tvr.utils``. A module may import from any layer below its own, with two limits: in the train/eval/search/analysis
-layer train and eval never import each other (search and analysis may use eval), and the CLI never imports
-``tvr.train``: a job that trains, or writes a training checkpoint, is a pipeline job, so the CLI and Python callers
-run the same code. Every import counts, including the ones inside functions (a lazy import is still a dependency).
+Layers, top to bottom (docs/architecture.md): ``tvr.cli``/``tvr.__main__`` → ``tvr.bench`` (synthetic data with
+dials, the demo, runs, statistics, reports, sweeps: imported by the CLI alone) → ``tvr.pipeline`` → ``tvr.methods`` →
+``tvr.train``, ``tvr.eval``, ``tvr.search``, ``tvr.analysis`` → ``tvr.models`` → ``tvr.data`` → ``tvr.losses``,
+``tvr.config``, ``tvr.types``, ``tvr.utils``. A module may import from any layer below its own, with two limits:
+in the train/eval/search/analysis layer train and eval never import each other (search and analysis may use eval),
+and the CLI never imports ``tvr.train``: a job that trains, or writes a training checkpoint, is a pipeline job, so
+the CLI and Python callers run the same code.
+Every import counts, including the ones inside functions (a lazy import is still a dependency).
 
 A method's folder ``tvr/methods/<method>/`` sits above analysis and evaluation, so its ``figures`` module (or
 package) may use ``tvr.analysis`` and ``tvr.eval`` like any module of its layer; nothing below imports a method
@@ -28,7 +29,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tvr"
 #: the layers, top to bottom; a part may import from every layer below its own
 LAYERS: list[set[str]] = [
     {"cli", "__main__"},
-    {"demo", "bench"},  # siblings: the bench (runs, statistics, report) is imported by the CLI alone
+    {"bench"},  # synthetic data, the demo, runs, statistics, report, sweeps: imported by the CLI alone
     {"pipeline"},
     {"methods"},
     {"train", "eval", "search", "analysis"},

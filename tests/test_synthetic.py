@@ -12,8 +12,7 @@ import av
 import numpy as np
 import pytest
 
-from tvr.config import ConfigError
-from tvr.data.synthetic import (
+from tvr.bench.synthetic import (
     COLOUR_WORDS,
     COLOURS,
     SHAPE_WORDS,
@@ -26,6 +25,7 @@ from tvr.data.synthetic import (
     render_video_frames,
     resolve_codec,
 )
+from tvr.config import ConfigError
 
 SMALL = SynthConfig(num_videos=14, num_test=4, captions_per_video=3, fps=4, seconds=2.0, size=32, seed=3)
 ANNOTATION_FILES = (
@@ -204,7 +204,7 @@ def test_lossless_renders_in_two_processes_are_identical_and_decode_to_the_frame
 
     cfg = SynthConfig(**{**SMALL.__dict__, "lossless": True, "val_like_test": True, "val_fraction": 0.3})
     script = (
-        "import sys; from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset; "
+        "import sys; from tvr.bench.synthetic import SynthConfig, generate_synthetic_dataset; "
         f"generate_synthetic_dataset(sys.argv[1], SynthConfig(**{cfg.__dict__!r}))"
     )
     for name in ("a", "b"):
@@ -231,7 +231,7 @@ def test_same_seed_same_bytes_and_frames(tmp_path: Path) -> None:
     import sys
 
     script = (
-        "import sys; from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset; "
+        "import sys; from tvr.bench.synthetic import SynthConfig, generate_synthetic_dataset; "
         f"generate_synthetic_dataset(sys.argv[1], SynthConfig(**{SMALL.__dict__!r}))"
     )
     for name in ("a", "b"):

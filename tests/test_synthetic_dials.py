@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tvr.data import photos as photos_mod
-from tvr.data.synthetic import (
+from tvr.bench import photos as photos_mod
+from tvr.bench.synthetic import (
     COLOUR_WORDS,
     COLOURS,
     MIN_PHOTOS,

@@ -495,7 +495,7 @@ def synth(
     """Render a synthetic captioned video set (real mp4 files) in the MSR-VTT annotation format; the dials are
     recorded in OUT/synth_meta.json."""
     out_folder(out)
-    from tvr.data.synthetic import SynthConfig, generate_synthetic_dataset
+    from tvr.bench.synthetic import SynthConfig, generate_synthetic_dataset
 
     summary = generate_synthetic_dataset(
         out,
@@ -543,7 +543,7 @@ def demo(
 ) -> None:
     """Synthesise a dataset, train a small randomly initialised model on CPU, evaluate, print metrics."""
     out_folder(out)
-    from tvr.demo import run_demo
+    from tvr.bench.demo import run_demo
 
     summary = run_demo(out, quick=quick, method=method)
     for tag, metrics in summary.get("test", {}).items():

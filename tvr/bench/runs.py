@@ -3,7 +3,7 @@
 What a bench does, in order (every step resumable: a killed bench picks up where it stopped and ends with the
 numbers an uninterrupted one gives):
 
-1. **Data**: renders the synthetic set its config describes (``synth:``, the dials of :mod:`tvr.data.synthetic`)
+1. **Data**: renders the synthetic set its config describes (``synth:``, the dials of :mod:`tvr.bench.synthetic`)
    into ``OUT/data`` — losslessly, so every clip decodes to its rendered frames and a re-render is byte-identical,
    and with validation built like the test (whole twin / false-negative groups per split, one full caption per
    validation video) unless the config says otherwise — or reads the annotation folder its ``data:`` names. The
@@ -361,7 +361,7 @@ def _hypothesis(entry: Any, where: str, methods: list[str], baseline: str) -> di
 
 def synth_config(bench: BenchConfig):
     """The bench's SynthConfig: its ``synth:`` section over :data:`BENCH_SYNTH_DEFAULTS`, checked."""
-    from tvr.data.synthetic import SynthConfig
+    from tvr.bench.synthetic import SynthConfig
 
     known = set(SynthConfig.__dataclass_fields__)
     unknown = sorted(set(bench.synth or {}) - known)
@@ -461,7 +461,7 @@ def prepare_data(
     if bench.synth is None:
         return {"dials": {"annotations": bench.data.get("annotations"), "dataset": bench.data.get("dataset", "msrvtt")},
                 "digest": ""}  # fmt: skip
-    from tvr.data.synthetic import generate_synthetic_dataset
+    from tvr.bench.synthetic import generate_synthetic_dataset
 
     cfg = synth_config(bench)
     folder = data_dir(bench, out_dir)

@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tvr.bench.synthetic import SynthConfig
 from tvr.config import Config, check_import_trusted, config_from_dict, preset_values
-from tvr.data.synthetic import SynthConfig
 from tvr.models.heads.registry import head_class
 from tvr.models.run_spec import resolve_run
 from tvr.utils.data_files import DataFileError, read_json, read_yaml
@@ -83,7 +83,7 @@ def prepare_demo_data(data_dir: Path, synth: SynthConfig) -> None:
     """Make ``data_dir`` hold the synthetic set ``synth`` describes: reuse a set generated with exactly these
     settings, else (re)generate it, saying what is replaced (e.g. the quick demo's 60 videos before the full
     demo). A folder that holds something other than a demo set (or an interrupted one) is not touched."""
-    from tvr.data.synthetic import generate_synthetic_dataset
+    from tvr.bench.synthetic import generate_synthetic_dataset
 
     wanted = dataclasses.asdict(synth)
     recorded = _recorded_synth(data_dir)
