@@ -16,16 +16,27 @@ class TinyClipConfig:
     width 64 asked for 10 GB before the checkpoint's tensors were compared with it).
     """
 
+    #: width of the joint text-video space (both projections' output)
     embed_dim: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
+    #: width of the text transformer
     text_width: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
+    #: text transformer layers (seqTransf copies its first ones)
     text_layers: int = bounded(4, ge=1, le=MAX_TINY_LAYERS)
+    #: attention heads per text layer
     text_heads: int = bounded(4, ge=1, le=MAX_TINY_HEADS)
+    #: width of the vision transformer
     vision_width: int = bounded(64, ge=1, le=MAX_TINY_WIDTH)
+    #: vision transformer layers
     vision_layers: int = bounded(2, ge=1, le=MAX_TINY_LAYERS)
+    #: attention heads per vision layer
     vision_heads: int = bounded(4, ge=1, le=MAX_TINY_HEADS)
+    #: input frame side in pixels (a multiple of patch_size; data.image_size defaults to it)
     image_size: int = bounded(32, ge=1, le=1024)
+    #: side of a vision patch in pixels
     patch_size: int = bounded(8, ge=1, le=256)
+    #: text positions (CLIP: 77); data.max_words may not exceed it
     context_length: int = bounded(77, ge=3, le=1024)
+    #: token ids the text embedding table holds (CLIP's BPE: 49408)
     vocab_size: int = bounded(49408, ge=3, le=262_144)
 
 
