@@ -659,13 +659,13 @@ def _settings_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str
     section's fields one level down (``tiny.embed_dim``)."""
     import dataclasses
 
-    from tvr.config import field_rule_text
+    from tvr.config import field_default, field_rule_text
     from tvr.utils.fielddoc import field_comments
 
     rows = []
     comments = field_comments(cls)
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = field_default(f)
         if dataclasses.is_dataclass(default) and not prefix:
             rows.append((f"{f.name}", "", "", comments.get(f.name, "")))
             rows += _settings_rows(type(default), f"{f.name}.")

@@ -19,7 +19,7 @@ import re
 import signal
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -566,30 +566,64 @@ def build_section(cls: type, values: Any, where: str) -> Any:
     return _build(cls, values, where)
 
 
+def field_default(f: dataclasses.Field) -> Any:
+    """A dataclass field's default value (its factory's product for a ``default_factory`` field)."""
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
+def settings_fields(settings: type | None) -> tuple[dataclasses.Field, ...]:
+    """The keys a plug-in's ``Settings`` dataclass declares (none for a plug-in without one)."""
+    return dataclasses.fields(settings) if settings is not None else ()
+
+
+def settings_owner(key: str, declared: Iterable[type | None]) -> type | None:
+    """The first of the ``Settings`` dataclasses ``declared`` that has ``key`` (None: none has)."""
+    return next((s for s in declared if any(f.name == key for f in settings_fields(s))), None)
+
+
 def declaration_text(settings: type, key: str) -> str:
     """How the ``Settings`` dataclass ``settings`` declares ``key`` (its type and default): two plug-ins may declare
     one key only alike."""
     found = next(f for f in dataclasses.fields(settings) if f.name == key)
     kind = typing.get_type_hints(settings)[key]
-    default = found.default if found.default is not dataclasses.MISSING else found.default_factory()  # type: ignore[misc]
     name = f"{kind.__module__}.{kind.__qualname__}" if isinstance(kind, type) else repr(kind)
-    return f"{name} = {config_to_dict(default)!r}"
+    return f"{name} = {config_to_dict(field_default(found))!r}"
+
+
+def check_settings_declaration(
+    settings: Any, section: type, declared: Iterable[type | None], where: str, what: str
+) -> None:
+    """Refuse a plug-in's ``Settings`` (named ``what``) for the ``where`` section (of dataclass ``section``) that is
+    no dataclass (TypeError), or that declares a key the section has itself or one that another of the ``declared``
+    declares otherwise (ValueError)."""
+    if settings is None:
+        return
+    if not (isinstance(settings, type) and dataclasses.is_dataclass(settings)):
+        raise TypeError(f"{what}: Settings must be a dataclass, got {settings!r}")
+    own = {f.name for f in dataclasses.fields(section)}
+    for f in dataclasses.fields(settings):
+        if f.name in own:
+            raise ValueError(f"{what}: {where}.{f.name} is a field of every {where} section; name it otherwise")
+        owner = settings_owner(f.name, declared)
+        if owner is not None and declaration_text(owner, f.name) != declaration_text(settings, f.name):
+            raise ValueError(
+                f"{what}: {where}.{f.name} is already declared otherwise by {owner.__module__}.{owner.__qualname__}"
+            )
 
 
 def typed_declared_settings(
-    given: dict[str, Any],
-    recorded: list[type],
-    owner_of: Callable[[str], type | None],
-    where: str,
-    valid: set[str],
+    section: Any, own: type | None, recorded: list[type], declared: list[type | None], where: str
 ) -> dict[str, Any]:
-    """A section's declared settings (``where``: "model" or "data") built into their plug-ins' ``Settings``: every
-    dataclass in ``recorded`` with its defaults, then the one ``owner_of`` names for each other key ``given`` sets.
-    ConfigError for a key no plug-in declares (listing ``valid``) or a value that does not fit (naming the field)."""
-    plain = {key: config_to_dict(value) for key, value in given.items()}
-    owners = {key: owner_of(key) for key in plain}
+    """The settings the plug-ins declare in ``section`` (the ``where`` section: "model" or "data") built into their
+    ``Settings``: every dataclass in ``recorded`` with its defaults, then, for each other key the section sets, the
+    one of ``declared`` (every registered plug-in's) that has it. ConfigError for a key none declares (listing the
+    section's fields and ``own``'s, the chosen plug-in's) or a value that does not fit (naming the field)."""
+    plain = {key: config_to_dict(value) for key, value in section.declared.items()}
+    owners = {key: settings_owner(key, declared) for key in plain}
     unknown = sorted(key for key, owner in owners.items() if owner is None)
     if unknown:
+        valid = {f.name for f in dataclasses.fields(section) if not f.metadata.get("declared")}
+        valid |= {f.name for f in settings_fields(own)}
         raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(valid)}")
     typed: dict[str, Any] = {}
     for settings in dict.fromkeys([*recorded, *owners.values()]):

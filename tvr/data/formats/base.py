@@ -11,13 +11,12 @@ Conventions shared by all formats:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tvr.config import DataConfig, build_section, config_to_dict
+from tvr.config import DataConfig, build_section, config_to_dict, settings_fields
 from tvr.data.formats.reading import (
     AnnotationError,
     annotation_error,
@@ -119,7 +118,7 @@ class DatasetFormat:
         """Its :attr:`Settings` as ``cfg`` sets them (defaults for those it leaves out; ConfigError for a bad one)."""
         if self.Settings is None:
             return None
-        names = {f.name for f in dataclasses.fields(self.Settings)}
+        names = {f.name for f in settings_fields(self.Settings)}
         given = {key: config_to_dict(value) for key, value in cfg.declared.items() if key in names}
         return build_section(self.Settings, given, "data")
 

@@ -27,7 +27,7 @@ from tvr.config import (
     ConfigError,
     DataConfig,
     check_import_trusted,
-    declaration_text,
+    check_settings_declaration,
     import_named,
     typed_declared_settings,
 )
@@ -43,27 +43,9 @@ ENTRY_POINT_GROUP = "tvr.datasets"
 
 
 def _named(name: str, cls: type[DatasetFormat]) -> None:
-    if cls.Settings is not None and not (isinstance(cls.Settings, type) and dataclasses.is_dataclass(cls.Settings)):
-        raise TypeError(f"dataset format {name!r}: Settings must be a dataclass, got {cls.Settings!r}")
-    for f in _settings_fields(cls):
-        if f.name in {g.name for g in dataclasses.fields(DataConfig)}:
-            raise ValueError(f"dataset format {name!r}: data.{f.name} is a field of every dataset; name it otherwise")
-        owner = _setting_owner(f.name)
-        if owner is not None and declaration_text(owner, f.name) != declaration_text(cls.Settings, f.name):
-            raise ValueError(f"data.{f.name} is already declared otherwise by {owner.__module__}.{owner.__qualname__}")
+    declared = [c.Settings for c in _FORMATS.classes().values()]
+    check_settings_declaration(cls.Settings, DataConfig, declared, "data", f"dataset format {name!r}")
     cls.name = name
-
-
-def _settings_fields(cls: type[DatasetFormat]) -> tuple[dataclasses.Field, ...]:
-    return dataclasses.fields(cls.Settings) if cls.Settings is not None else ()
-
-
-def _setting_owner(key: str) -> type | None:
-    """The ``Settings`` of a registered format that declares ``data.<key>`` (None: none does)."""
-    for cls in _FORMATS.classes().values():
-        if any(f.name == key for f in _settings_fields(cls)):
-            return cls.Settings
-    return None
 
 
 #: modules of the package that hold no format: base, reading, registry
@@ -129,7 +111,7 @@ def typed_data_config(data_cfg: DataConfig) -> DataConfig:
     classes = registered_dataset_formats()
     builtin = [classes[name] for name in builtin_dataset_formats()]
     recorded = [cls.Settings for cls in (*builtin, chosen) if cls is not None and cls.Settings is not None]
-    valid = {f.name for f in dataclasses.fields(DataConfig)} - {"declared"}
-    valid |= {f.name for f in _settings_fields(chosen)} if chosen is not None else set()
-    typed = typed_declared_settings(data_cfg.declared, list(dict.fromkeys(recorded)), _setting_owner, "data", valid)
+    own = chosen.Settings if chosen is not None else None
+    declared = [cls.Settings for cls in classes.values()]
+    typed = typed_declared_settings(data_cfg, own, list(dict.fromkeys(recorded)), declared, "data")
     return dataclasses.replace(data_cfg, declared=typed)

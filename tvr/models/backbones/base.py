@@ -13,7 +13,7 @@ from typing import Any, ClassVar, TypeVar
 
 from torch import nn
 
-from tvr.config import Config, ModelConfig, config_to_dict, declaration_text
+from tvr.config import Config, ModelConfig, check_settings_declaration, config_to_dict, settings_fields, settings_owner
 from tvr.data.feature_cache import FeatureIdentity
 from tvr.data.tokenizer import TokenizerSpec
 from tvr.data.transforms import CLIP_NORM, PixelNorm
@@ -83,6 +83,14 @@ class Backbone:
     #: ``model.backbone=clipvip and model.clipvip.proxy_projection=true``; "" = it cannot
     proxy_hint: ClassVar[str] = ""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        options = cls.__dict__.get("Options")
+        if options is not None and "Settings" not in cls.__dict__:  # the shorthand: one key, model.options
+            cls.Settings = dataclasses.make_dataclass(
+                f"{cls.__name__}Settings", [("options", options, dataclasses.field(default_factory=options))]
+            )
+
     # ------------------------------------------------------------------ declared
     def provides(self, model_cfg: ModelConfig) -> frozenset[str]:
         """Which of :data:`FEATURES` its (bridged) features carry with these settings."""
@@ -143,7 +151,7 @@ class Backbone:
 
     def matched_settings(self, model_cfg: ModelConfig) -> tuple[str, ...]:
         """The model settings (dotted below ``model``) a run on a feature cache must share with the cache."""
-        return ("backbone", *(f.name for f in settings_fields(type(self))))
+        return ("backbone", *(f.name for f in settings_fields(self.Settings)))
 
     # ------------------------------------------------------------------ resolution
     def feature_identity(self, cfg: Config) -> FeatureIdentity:
@@ -154,7 +162,7 @@ class Backbone:
         defaults = config_to_dict(ModelConfig())
         for settings in recorded_settings(self):
             defaults.update(config_to_dict(settings()))
-        own = tuple(f.name for f in settings_fields(type(self)))
+        own = tuple(f.name for f in settings_fields(self.Settings))
         keys = self.feature_settings or ("backbone", *own, "tokenizer", "clip_fp16_on_cuda")
         settings = {f"model.{key}": values.get(key) for key in keys}
         matched = tuple(
@@ -175,18 +183,14 @@ _BACKBONES: dict[str, Backbone] = {}
 _BUILTIN_PACKAGE = __name__.rpartition(".")[0] + "."
 
 
-def settings_fields(cls: type[Backbone]) -> tuple[dataclasses.Field, ...]:
-    """The ``model.<key>`` settings a backbone class declares (its ``Settings`` fields)."""
-    return dataclasses.fields(cls.Settings) if cls.Settings is not None else ()
-
-
 def setting_owner(key: str) -> type | None:
     """The ``Settings`` dataclass of a registered backbone that declares ``model.<key>`` (None: none does; two
-    declare one key only alike, which :func:`_add` holds)."""
-    for backbone in _BACKBONES.values():
-        if any(f.name == key for f in settings_fields(type(backbone))):
-            return type(backbone).Settings
-    return None
+    declare one key only alike, which :func:`_check_backbone_class` holds)."""
+    return settings_owner(key, _declared_settings())
+
+
+def _declared_settings() -> list[type | None]:
+    return [type(b).Settings for b in _BACKBONES.values()]
 
 
 def recorded_settings(backbone: Backbone) -> list[type]:
@@ -201,19 +205,9 @@ def recorded_settings(backbone: Backbone) -> list[type]:
 def _check_backbone_class(cls: Any, what: str) -> type[Backbone]:
     if not (isinstance(cls, type) and issubclass(cls, Backbone)):
         raise TypeError(f"{what}: expected a Backbone subclass, got {cls!r}")
-    if cls.Options is not None and cls.Settings is None:
-        if not (isinstance(cls.Options, type) and dataclasses.is_dataclass(cls.Options)):
-            raise TypeError(f"{what}: Options must be a dataclass, got {cls.Options!r}")
-        options = cls.Options
-        cls.Settings = dataclasses.make_dataclass(
-            f"{cls.__name__}Settings", [("options", options, dataclasses.field(default_factory=options))]
-        )
-    if cls.Settings is not None and not (isinstance(cls.Settings, type) and dataclasses.is_dataclass(cls.Settings)):
-        raise TypeError(f"{what}: Settings must be a dataclass, got {cls.Settings!r}")
-    taken = {f.name for f in dataclasses.fields(ModelConfig)}
-    for f in settings_fields(cls):
-        if f.name in taken:
-            raise TypeError(f"{what}: setting model.{f.name} is a field every backbone has; name it otherwise")
+    if cls.Options is not None and not (isinstance(cls.Options, type) and dataclasses.is_dataclass(cls.Options)):
+        raise TypeError(f"{what}: Options must be a dataclass, got {cls.Options!r}")
+    check_settings_declaration(cls.Settings, ModelConfig, _declared_settings(), "model", what)
     return cls
 
 
@@ -221,10 +215,6 @@ def _add(name: str, cls: type[Backbone], overwrite: bool = False) -> None:
     current = _BACKBONES.get(name)
     if current is not None and not overwrite and qualified_name(type(current)) != qualified_name(cls):
         raise ValueError(f"backbone {name!r} is already registered by {type(current).__module__}")
-    for f in settings_fields(cls):
-        owner = setting_owner(f.name)
-        if owner is not None and declaration_text(owner, f.name) != declaration_text(cls.Settings, f.name):
-            raise ValueError(f"model.{f.name} is already declared otherwise by {qualified_name(owner)}")
     backbone = cls()
     backbone.name = name  # the instance's: one class may be registered under two names
     _BACKBONES[name] = backbone

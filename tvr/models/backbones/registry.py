@@ -46,10 +46,9 @@ from tvr.models.backbones.base import (
     Preprocess,
     _add,
     _check_backbone_class,
+    _declared_settings,
     recorded_settings,
     register_backbone,
-    setting_owner,
-    settings_fields,
 )
 from tvr.utils.plugins import load_entry_points
 
@@ -121,9 +120,8 @@ def typed_model_config(model_cfg: ModelConfig) -> ModelConfig:
     config gives an equal one."""
     backbone = backbone_spec(model_cfg.backbone)
     _load_entry_points()  # an installed package's backbone may declare a key the config sets
-    valid = {f.name for f in dataclasses.fields(ModelConfig)} - {"declared"}
-    valid |= {f.name for f in settings_fields(type(backbone))}
-    typed = typed_declared_settings(model_cfg.declared, recorded_settings(backbone), setting_owner, "model", valid)
+    declared = _declared_settings()
+    typed = typed_declared_settings(model_cfg, backbone.Settings, recorded_settings(backbone), declared, "model")
     return dataclasses.replace(model_cfg, declared=typed)
 
 
